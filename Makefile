@@ -1,0 +1,27 @@
+# The two commands of the README: `make demo` and `make test` set everything up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch/torchvision first and by exact release where this machine keeps them on disk;
+	# pyproject pins loosely (torch>=2.4) for everyone else.
+	$(BIN)/pip install --quiet "torch>=2.4" "torchvision>=0.19"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/selfsup pretrain moco-v3-vit-digits
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) runs

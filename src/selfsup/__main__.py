@@ -1,0 +1,5 @@
+import sys
+
+from selfsup.cli import main
+
+sys.exit(main())

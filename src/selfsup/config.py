@@ -1,0 +1,325 @@
+"""Typed, validated run configuration: presets (YAML) + ``dotted.key=value`` overrides → dataclasses.
+
+Every mistake is a ``UserError`` with one line naming the key and the fix (close keys suggested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from selfsup.errors import UserError
+from selfsup.optim import OptimConfig
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+@dataclass
+class DataConfig:
+    """Which images, where from, and how they are batched."""
+
+    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder
+    root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
+    image_size: int | None = None  # None: the dataset's native size
+    batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
+    num_workers: int = 0  # decoding workers (imagefolder); in-memory datasets need none
+    load_size: int = 256  # imagefolder: images are decoded to this square size before GPU augmentation
+    unlabeled: bool = False  # stl10: pretrain on train + unlabeled
+    download: bool = False  # torchvision download when the files are absent (never in tests)
+
+    def validate(self) -> None:
+        from selfsup.data.datasets import DATASETS
+
+        if self.name not in DATASETS:
+            raise UserError(f"data.name={self.name!r} is not known; use one of {', '.join(DATASETS)}")
+        if self.batch_size < 1:
+            raise UserError(f"data.batch_size={self.batch_size} must be >= 1")
+        if self.image_size is not None and self.image_size < 4:
+            raise UserError(f"data.image_size={self.image_size} is too small; use >= 4")
+
+
+@dataclass
+class AugmentSection:
+    """Multi-view augmentation: a recipe's two branches plus overrides (see selfsup.data.views)."""
+
+    recipe: str | None = None  # None: the method's own recipe
+    crop_min: float | None = None  # overrides of both branches
+    hflip_p: float | None = None
+    jitter_p: float | None = None
+    grayscale_p: float | None = None
+    blur_p: float | None = None
+    solarize_p: float | None = None
+    branch1: dict = field(default_factory=dict)  # per-branch overrides of AugmentConfig fields
+    branch2: dict = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """The backbone: own MoCo v3 ViT, torchvision ResNet, or ``timm:<name>``."""
+
+    backbone: str = "vit_micro"
+    patch_size: int = 16
+    pool: str = "cls"  # cls | avg (ViT)
+    stop_grad_conv1: bool = False  # MoCo v3's frozen random patch projection
+    drop_path_rate: float = 0.0
+    small_stem: bool = False  # ResNet: 3×3 stride-1 conv1 and no max-pool, for small images
+
+    def validate(self) -> None:
+        if self.pool not in ("cls", "avg"):
+            raise UserError(f"model.pool={self.pool!r} is not known; use cls or avg")
+        if not 0 <= self.drop_path_rate < 1:
+            raise UserError(f"model.drop_path_rate={self.drop_path_rate} must be in [0, 1)")
+
+
+@dataclass
+class TrainerConfig:
+    """The Lightning Trainer: devices, precision, strategy, checkpoints, logging."""
+
+    max_epochs: int = 100
+    accelerator: str = "auto"  # auto | cpu | gpu
+    devices: Any = "auto"  # int, list of ids, or "auto"
+    num_nodes: int = 1
+    strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
+    precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed
+    sync_batchnorm: bool = True  # SyncBN across processes (MoCo v3 official); no-op in one process
+    gradient_clip_val: float | None = None
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 0  # 0: a checkpoint at each epoch end only
+    limit_train_batches: float | int = 1.0
+    progress_bar: bool = True
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.max_epochs < 1:
+            raise UserError(f"trainer.max_epochs={self.max_epochs} must be >= 1")
+        if self.precision not in ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true"):
+            raise UserError(f"trainer.precision={self.precision!r} is not known; use 32-true, 16-mixed or bf16-mixed")
+
+
+@dataclass
+class EvalConfig:
+    """The kNN accuracy printed at the end of pretraining (DINO style)."""
+
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    batch_size: int = 512
+
+    def validate(self) -> None:
+        if self.knn_k < 1:
+            raise UserError(f"eval.knn_k={self.knn_k} must be >= 1")
+
+
+@dataclass
+class RunConfig:
+    """A whole pretraining run."""
+
+    method: Any  # the method's own dataclass, chosen by method.name (see selfsup.methods)
+    name: str | None = None  # run folder name; None: <preset>-<timestamp>
+    output_dir: str = "runs"
+    description: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentSection = field(default_factory=AugmentSection)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# --------------------------------------------------------------------------- presets and overrides
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped presets."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())[:160]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a config file must be a mapping of keys to values")
+    return data
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Recursive dict merge; ``override`` wins."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_preset(name_or_path: str) -> dict:
+    """A preset by name or a YAML path, with its ``base:`` chain merged underneath."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            close = difflib.get_close_matches(name_or_path, preset_names(), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "run `selfsup presets` for the list"
+            raise UserError(f"no preset or YAML file named {name_or_path!r}; {hint}")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    data.pop("summary", None)
+    return merge(load_preset(base), data) if base else data
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["a.b=1", "c=x"]`` → ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.max_epochs=5)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"override {item!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = value
+    return out
+
+
+# --------------------------------------------------------------------------- typed construction
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(value, tp, key: str):
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except UserError as e:
+                errors.append(e)
+        names = " or ".join(_type_name(a) for a in args if a is not type(None))
+        raise UserError(f"{key}={value!r} has the wrong type; expected {names}")
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{key}={value!r} has the wrong type; expected a list like [0.9, 0.999]")
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
+            raise UserError(f"{key}={value!r} needs {len(args)} values")
+        inner = args[0] if args else Any
+        return origin(_coerce(v, inner, key) for v in value)
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{key}={value!r} has the wrong type; expected a mapping")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{key}={value!r} has the wrong type; expected true or false")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{key}={value!r} has the wrong type; expected a number")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{key}={value!r} has the wrong type; expected an integer")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise UserError(f"{key}={value!r} has the wrong type; expected a string")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    return value
+
+
+def build(cls, data: dict | None, prefix: str):
+    """Construct dataclass ``cls`` from ``data``, rejecting unknown keys (with close suggestions)."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise UserError(f"{prefix} must be a mapping of keys to values, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(f'{prefix}.{c}' for c in close)}?" if close else f"valid keys: {', '.join(names)}"
+            raise UserError(f"unknown config key '{prefix}.{key}'; {hint}")
+        kwargs[key] = _coerce(value, hints[key], f"{prefix}.{key}")
+    obj = cls(**kwargs)
+    if hasattr(obj, "validate"):
+        obj.validate()
+    return obj
+
+
+def resolve(data: dict) -> RunConfig:
+    """A validated RunConfig from a merged preset + overrides mapping."""
+    from selfsup.methods import METHODS
+
+    data = dict(data)
+    method = dict(data.pop("method", None) or {})
+    name = method.pop("name", None)
+    if name not in METHODS:
+        close = difflib.get_close_matches(str(name), list(METHODS), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"use one of {', '.join(METHODS)}"
+        raise UserError(f"method.name={name!r} is not known; {hint}")
+    method_cfg = build(METHODS[name].Config, method, "method")
+    top = {f.name for f in dataclasses.fields(RunConfig)} - {"method"}
+    for key in data:
+        if key not in top:
+            close = difflib.get_close_matches(str(key), sorted(top), n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else f"valid sections: method, {', '.join(sorted(top))}"
+            raise UserError(f"unknown config key '{key}'; {hint}")
+    sections = {}
+    hints = typing.get_type_hints(RunConfig)
+    for key, value in data.items():
+        sections[key] = _coerce(value, hints[key], key)
+    return RunConfig(method=method_cfg, **sections)
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    """A plain mapping (YAML-safe) of the resolved config, method name included."""
+    from selfsup.methods import method_name
+
+    out = dataclasses.asdict(cfg)
+    out["method"] = {"name": method_name(cfg.method), **out["method"]}
+
+    def plain(x):
+        if isinstance(x, tuple):
+            return [plain(v) for v in x]
+        if isinstance(x, list):
+            return [plain(v) for v in x]
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    return plain(out)
+
+
+def load_run_config(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
+    """Preset or YAML + overrides → validated RunConfig."""
+    return resolve(merge(load_preset(name_or_path), parse_overrides(overrides or [])))

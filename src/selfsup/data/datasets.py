@@ -1,0 +1,232 @@
+"""Datasets as uint8 image tensors with fixed train/test splits.
+
+Small datasets (digits, Fashion-MNIST, CIFAR, STL-10) live in memory as one (N, C, H, W) uint8
+tensor, so a batch is one indexing operation. ``imagefolder`` decodes files lazily in DataLoader
+workers to a fixed ``load_size`` square; augmentation then runs batched on the device.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from selfsup.errors import UserError
+
+FASHION_MNIST_DEFAULT = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass
+class ImageDataset:
+    """Images (uint8, N×C×H×W, or lazily decoded), integer labels, and normalisation statistics."""
+
+    name: str
+    images: Tensor | "FolderImages"
+    labels: Tensor
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def channels(self) -> int:
+        return self.images.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        return self.images.shape[-1]
+
+    def __getitem__(self, index: Tensor) -> tuple[Tensor, Tensor]:
+        """A whole batch at once: ``index`` is a 1-D tensor of sample indices."""
+        return self.images[index], self.labels[index]
+
+
+def _split(n: int, test_fraction: float, seed: int = 0) -> tuple[Tensor, Tensor]:
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_test = int(round(n * test_fraction))
+    return perm[n_test:].sort().values, perm[:n_test].sort().values
+
+
+def _stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    x = images.float().div_(255).transpose(0, 1).reshape(images.shape[1], -1)
+    return tuple(round(v, 4) for v in x.mean(1).tolist()), tuple(round(v, 4) for v in x.std(1).tolist())
+
+
+def load_digits(split: str, root: str | None = None) -> ImageDataset:
+    """scikit-learn's bundled 8×8 handwritten digits (1797 images, 0–16 scaled to 0–255); a fixed 80/20 split."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    images = torch.from_numpy(np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
+    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    train_idx, test_idx = _split(len(labels), 0.2)
+    mean, std = _stats(images[train_idx])
+    idx = train_idx if split == "train" else test_idx
+    return ImageDataset("digits", images[idx].contiguous(), labels[idx].contiguous(), 10, mean, std)
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """An IDX file (the MNIST format), gzip-compressed or plain."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+        zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+        if zero != 0 or dtype_code != 0x08:
+            raise ValueError("bad magic number")
+        shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+        array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+        return array.reshape(shape)
+    except (OSError, ValueError, EOFError, struct.error) as e:
+        raise UserError(f"{path} is not a readable IDX file ({e}); delete it and get the file again") from None
+
+
+def _find_fashion_mnist(root: str | None, download: bool) -> Path:
+    candidates = [Path(root)] if root else [FASHION_MNIST_DEFAULT]
+    for base in candidates:
+        for folder in (base, base / "FashionMNIST" / "raw", base / "fashion-mnist"):
+            if all((folder / f).exists() or (folder / f[:-3]).exists() for pair in FASHION_MNIST_FILES.values() for f in pair):
+                return folder
+    if download:
+        import torchvision
+
+        target = Path(root or "data")
+        torchvision.datasets.FashionMNIST(str(target), train=True, download=True)
+        torchvision.datasets.FashionMNIST(str(target), train=False, download=True)
+        return target / "FashionMNIST" / "raw"
+    looked = ", ".join(str(c) for c in candidates)
+    raise UserError(
+        f"no Fashion-MNIST IDX files (train-images-idx3-ubyte.gz, ...) in {looked}; install them with "
+        "`apt-get install dataset-fashion-mnist`, point data.root at them, or set data.download=true"
+    )
+
+
+def load_fashion_mnist(split: str, root: str | None = None, download: bool = False) -> ImageDataset:
+    """Fashion-MNIST from the standard IDX files: 60,000 train / 10,000 test, 28×28 grayscale."""
+    folder = _find_fashion_mnist(root, download)
+    image_file, label_file = FASHION_MNIST_FILES["train" if split == "train" else "test"]
+    pick = lambda f: folder / f if (folder / f).exists() else folder / f[:-3]  # noqa: E731
+    images = torch.from_numpy(_read_idx(pick(image_file)).copy()).unsqueeze(1)
+    labels = torch.from_numpy(_read_idx(pick(label_file)).astype(np.int64))
+    if images.shape[0] != labels.shape[0]:
+        raise UserError(f"{folder}: {images.shape[0]} images but {labels.shape[0]} labels; the files do not belong together")
+    return ImageDataset("fashion-mnist", images, labels, 10, (0.2860,), (0.3530,))
+
+
+def _torchvision_dataset(name: str, split: str, root: str | None, download: bool, unlabeled: bool) -> ImageDataset:
+    """CIFAR-10/100 and STL-10 through torchvision, from files already present (``download`` to fetch)."""
+    import torchvision
+
+    root_path = root or "data"
+    try:
+        if name in ("cifar10", "cifar100"):
+            cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+            ds = cls(root_path, train=split == "train", download=download)
+            images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+            labels = torch.tensor(ds.targets, dtype=torch.int64)
+            mean, std = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)) if name == "cifar10" else (
+                (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
+            return ImageDataset(name, images, labels, len(ds.classes), mean, std)
+        stl_split = ("train+unlabeled" if unlabeled else "train") if split == "train" else "test"
+        ds = torchvision.datasets.STL10(root_path, split=stl_split, download=download)
+        images = torch.from_numpy(ds.data)
+        labels = torch.from_numpy(ds.labels.astype(np.int64))  # −1 for unlabeled images
+        return ImageDataset(name, images, labels, 10, (0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713))
+    except RuntimeError as e:
+        if "not found or corrupted" in str(e) or "download=True" in str(e):
+            raise UserError(f"no {name} files in {Path(root_path).resolve()}; point data.root at the folder "
+                            "that holds them, or set data.download=true") from None
+        raise
+
+
+class FolderImages:
+    """Lazily decoded image files, resized (shorter side) and centre-cropped to ``size`` as uint8 C×size×size."""
+
+    def __init__(self, files: list[Path], size: int):
+        self.files, self.size = files, size
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.files), 3, self.size, self.size)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def load(self, i: int) -> Tensor:
+        from PIL import Image, UnidentifiedImageError
+
+        path = self.files[i]
+        try:
+            with Image.open(path) as im:
+                im = im.convert("RGB")
+                scale = self.size / min(im.size)
+                w, h = max(self.size, round(im.width * scale)), max(self.size, round(im.height * scale))
+                im = im.resize((w, h), Image.BILINEAR)
+                left, top = (w - self.size) // 2, (h - self.size) // 2
+                im = im.crop((left, top, left + self.size, top + self.size))
+                array = np.asarray(im, dtype=np.uint8)
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
+        return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+    def __getitem__(self, index) -> Tensor:
+        if isinstance(index, Tensor):
+            index = index.tolist()
+        if isinstance(index, int):
+            return self.load(index)
+        return torch.stack([self.load(i) for i in index])
+
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+
+
+def load_imagefolder(split: str, root: str | None, load_size: int) -> ImageDataset:
+    """``root/{train,val|test}/<class>/<image>`` (torchvision ImageFolder layout); classes sorted by name."""
+    if not root:
+        raise UserError("data.name=imagefolder needs data.root=<folder with train/ and val/ subfolders>")
+    base = Path(root)
+    names = ("train",) if split == "train" else ("val", "test")
+    folder = next((base / n for n in names if (base / n).is_dir()), None)
+    if folder is None:
+        raise UserError(f"no {' or '.join(names)}/ folder in {base}; an imagefolder root holds train/<class>/*.jpg and val/<class>/*.jpg")
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    files, labels = [], []
+    for label, cls in enumerate(classes):
+        for f in sorted((folder / cls).rglob("*")):
+            if f.suffix.lower() in IMAGE_SUFFIXES:
+                files.append(f)
+                labels.append(label)
+    if not files:
+        raise UserError(f"no image files in {folder}/<class>/; an imagefolder root holds train/<class>/*.jpg")
+    return ImageDataset("imagefolder", FolderImages(files, load_size), torch.tensor(labels), len(classes),
+                        IMAGENET_MEAN, IMAGENET_STD)
+
+
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder")
+
+
+def load_dataset(cfg, split: str) -> ImageDataset:
+    """The ``split`` ("train" or "test") of the dataset named by the DataConfig ``cfg``."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be train or test, got {split!r}")
+    if cfg.name == "digits":
+        return load_digits(split)
+    if cfg.name == "fashion-mnist":
+        return load_fashion_mnist(split, cfg.root, cfg.download)
+    if cfg.name in ("cifar10", "cifar100", "stl10"):
+        return _torchvision_dataset(cfg.name, split, cfg.root, cfg.download, cfg.unlabeled)
+    if cfg.name == "imagefolder":
+        return load_imagefolder(split, cfg.root, cfg.load_size)
+    raise UserError(f"data.name={cfg.name!r} is not known; use one of {', '.join(DATASETS)}")

@@ -1,0 +1,54 @@
+"""Batches of indices → batches of uint8 images, one indexing operation per batch.
+
+``EpochBatchSampler`` draws one permutation per (seed, epoch); global batch i is the slice
+``perm[i·B·W:(i+1)·B·W]`` and process r takes its r-th sub-slice, so the processes' batches
+concatenated in rank order are exactly the single-process batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from selfsup.data.datasets import ImageDataset, FolderImages
+
+
+class EpochBatchSampler(Sampler):
+    """Yields this process's index batches for one epoch; ``set_epoch`` reshuffles (drop_last)."""
+
+    def __init__(self, n: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, drop_last: bool = True):
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.rank, self.world_size, self.shuffle, self.drop_last = rank, world_size, shuffle, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        global_batch = self.batch_size * self.world_size
+        return self.n // global_batch if self.drop_last else -(-self.n // global_batch)
+
+    def __iter__(self):
+        if self.shuffle:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        else:
+            order = torch.arange(self.n)
+        global_batch = self.batch_size * self.world_size
+        for i in range(len(self)):
+            chunk = order[i * global_batch : (i + 1) * global_batch]
+            yield chunk[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+
+def batch_loader(dataset: ImageDataset, sampler: EpochBatchSampler, num_workers: int = 0,
+                 pin_memory: bool = False) -> DataLoader:
+    """A DataLoader whose items are whole batches ``(uint8 images, labels)`` picked by ``sampler``."""
+    lazy = isinstance(dataset.images, FolderImages)
+    return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers if lazy else 0,
+                      pin_memory=pin_memory, persistent_workers=lazy and num_workers > 0)
+
+
+def sequential_loader(dataset: ImageDataset, batch_size: int, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
+    """All samples in order, in batches (feature extraction)."""
+    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=False, drop_last=False)
+    return batch_loader(dataset, sampler, num_workers, pin_memory)

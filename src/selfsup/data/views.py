@@ -1,0 +1,301 @@
+"""Batched, per-sample random augmentation of image tensors on the training device.
+
+Replaces per-image PIL pipelines in worker processes: every op works on a whole
+(B, C, H, W) float batch at once, each sample drawing its own parameters, and all
+randomness comes from the ``torch.Generator`` passed in, so a given (generator
+state, input) always produces the same views (used for exact resume).
+
+Reproduced recipe (MoCo v3 / BYOL / SimSiam / SimCLR), in order: RandomResizedCrop
++ horizontal flip, ColorJitter (random op order), RandomGrayscale, GaussianBlur,
+Solarize, Normalize. Known, deliberate differences from the PIL/torchvision pipeline:
+crop and resize are one bilinear ``grid_sample`` without antialiasing; ColorJitter
+uses one random op order per batch rather than per image; pixels stay float (no
+8-bit rounding between ops).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "AugmentConfig", "recipe_branches", "MultiViewAugment", "EvalTransform",
+    "sample_crop_boxes", "resized_crop_flip", "adjust_brightness", "adjust_contrast",
+    "adjust_saturation", "adjust_hue", "rgb_to_grayscale", "random_grayscale",
+    "blur_kernel_size", "gaussian_blur", "solarize",
+]
+
+_LUMA = (0.299, 0.587, 0.114)  # ITU-R 601-2, as PIL's convert("L"); torchvision uses 0.2989 for R
+
+
+@dataclass
+class AugmentConfig:
+    """One augmentation branch (the official MoCo v3 / BYOL augmentation, as parameters)."""
+    crop_min: float = 0.08      # RandomResizedCrop scale=(crop_min, crop_max) of the area
+    crop_max: float = 1.0
+    hflip_p: float = 0.5
+    jitter_p: float = 0.8       # ColorJitter(brightness, contrast, saturation, hue) applied with prob jitter_p
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.2
+    hue: float = 0.1
+    grayscale_p: float = 0.2
+    blur_p: float = 1.0         # GaussianBlur with sigma ~ U(blur_sigma_min, blur_sigma_max), given for 224-px images
+    blur_sigma_min: float = 0.1
+    blur_sigma_max: float = 2.0
+    solarize_p: float = 0.0     # PIL ImageOps.solarize(threshold=128): pixels >= 128/255 become 1 - x
+
+
+_RECIPES = ("moco_v3", "byol", "simsiam", "simclr")
+
+
+def recipe_branches(recipe: str) -> tuple[AugmentConfig, AugmentConfig]:
+    """The two augmentation branches of an official recipe (a preset may override fields)."""
+    if recipe in ("moco_v3", "byol"):
+        base = AugmentConfig(crop_min=0.08, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
+        return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)
+    if recipe == "simsiam":
+        base = AugmentConfig(crop_min=0.2, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, blur_p=0.5)
+        return base, replace(base)
+    if recipe == "simclr":  # colour-jitter strength s = 1.0 -> (0.8 s, 0.8 s, 0.8 s, 0.2 s)
+        base = AugmentConfig(crop_min=0.08, brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2, blur_p=0.5)
+        return base, replace(base)
+    raise ValueError(f"unknown augmentation recipe {recipe!r}; known recipes: {', '.join(_RECIPES)}")
+
+
+# ----------------------------------------------------------------------------- ops
+
+def _per_sample(v: Tensor) -> Tensor:
+    return v.view(-1, 1, 1, 1)
+
+
+def _uniform(lo: float, hi: float, shape: tuple[int, ...], g: torch.Generator, device) -> Tensor:
+    return torch.rand(shape, generator=g, device=device) * (hi - lo) + lo
+
+
+def sample_crop_boxes(n: int, height: int, width: int, scale: tuple[float, float],
+                      generator: torch.Generator, device=None,
+                      ratio: tuple[float, float] = (3 / 4, 4 / 3), tries: int = 10
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """torchvision RandomResizedCrop.get_params for n samples at once: (top, left, h, w) in whole pixels."""
+    area = _uniform(scale[0], scale[1], (n, tries), generator, device) * (height * width)
+    aspect = torch.exp(_uniform(math.log(ratio[0]), math.log(ratio[1]), (n, tries), generator, device))
+    w = torch.round(torch.sqrt(area * aspect))
+    h = torch.round(torch.sqrt(area / aspect))
+    ok = (w >= 1) & (w <= width) & (h >= 1) & (h <= height)
+    first = ok.to(torch.int32).argmax(dim=1, keepdim=True)  # first accepted try (argmax picks the first max)
+    w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)
+    u = torch.rand((n, 2), generator=generator, device=device)
+    top = torch.minimum(torch.floor(u[:, 0] * (height - h + 1)), height - h)
+    left = torch.minimum(torch.floor(u[:, 1] * (width - w + 1)), width - w)
+    # No try accepted: central crop with the aspect ratio clamped to the range.
+    if width / height < min(ratio):
+        fw, fh = width, round(width / min(ratio))
+    elif width / height > max(ratio):
+        fw, fh = round(height * max(ratio)), height
+    else:
+        fw, fh = width, height
+    found = ok.any(dim=1)
+    return (torch.where(found, top, float((height - fh) // 2)), torch.where(found, left, float((width - fw) // 2)),
+            torch.where(found, h, float(fh)), torch.where(found, w, float(fw)))
+
+
+def resized_crop_flip(x: Tensor, top: Tensor, left: Tensor, h: Tensor, w: Tensor, flip: Tensor,
+                      size: int) -> Tensor:
+    """RandomResizedCrop's crop + bilinear resize (no antialias) and RandomHorizontalFlip, one grid_sample."""
+    b, c, height, width = x.shape
+    theta = x.new_zeros(b, 2, 3)
+    sx = (w / width).to(x.dtype)
+    theta[:, 0, 0] = torch.where(flip, -sx, sx)   # flipping = reading the crop right to left
+    theta[:, 0, 2] = (2 * left + w) / width - 1   # crop centre in normalised [-1, 1] coordinates
+    theta[:, 1, 1] = h / height
+    theta[:, 1, 2] = (2 * top + h) / height - 1
+    grid = F.affine_grid(theta, [b, c, size, size], align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def rgb_to_grayscale(x: Tensor) -> Tensor:
+    """Luma 0.299 R + 0.587 G + 0.114 B (PIL convert("L")), as (B, 1, H, W)."""
+    return x[:, 0:1] * _LUMA[0] + x[:, 1:2] * _LUMA[1] + x[:, 2:3] * _LUMA[2]
+
+
+def _blend(a: Tensor, b: Tensor, factor: Tensor) -> Tensor:
+    f = _per_sample(factor)
+    return (f * a + (1 - f) * b).clamp_(0, 1)
+
+
+def adjust_brightness(x: Tensor, factor: Tensor) -> Tensor:
+    """torchvision adjust_brightness: x * factor, clamped to [0, 1]; factor is per sample (B,)."""
+    return (x * _per_sample(factor)).clamp_(0, 1)
+
+
+def adjust_contrast(x: Tensor, factor: Tensor) -> Tensor:
+    """torchvision adjust_contrast: blend with the per-image mean of its grayscale, clamped."""
+    gray = rgb_to_grayscale(x) if x.shape[1] == 3 else x
+    return _blend(x, gray.mean(dim=(1, 2, 3), keepdim=True), factor)
+
+
+def adjust_saturation(x: Tensor, factor: Tensor) -> Tensor:
+    """torchvision adjust_saturation: blend with the grayscale image, clamped (no-op for 1 channel)."""
+    return _blend(x, rgb_to_grayscale(x), factor) if x.shape[1] == 3 else x
+
+
+def adjust_hue(x: Tensor, shift: Tensor) -> Tensor:
+    """torchvision adjust_hue: rotate the HSV hue by shift turns (per sample), keeping S and V."""
+    if x.shape[1] != 3:
+        return x
+    minc, maxc = torch.aminmax(x, dim=1, keepdim=True)
+    chroma = maxc - minc
+    safe = torch.where(chroma > 0, chroma, torch.ones_like(chroma))
+    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    hue6 = torch.where(maxc == r, (g - b) / safe,  # hue in sixths of a turn (any branch agrees on ties)
+                       torch.where(maxc == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    hue6 = hue6 + 6 * _per_sample(shift)
+    # HSV -> RGB: channel n in (R, G, B) = (5, 3, 1) is V - C * clamp(min(k, 4 - k), 0, 1), k = (n + H6) mod 6.
+    k = torch.remainder(x.new_tensor([5.0, 3.0, 1.0]).view(1, 3, 1, 1) + hue6, 6)
+    return maxc - chroma * torch.minimum(k, 4 - k).clamp_(0, 1)
+
+
+def random_grayscale(x: Tensor, apply: Tensor) -> Tensor:
+    """RandomGrayscale: the luma replicated to 3 channels where apply (B,) is true."""
+    if x.shape[1] != 3:
+        return x
+    return torch.where(_per_sample(apply), rgb_to_grayscale(x).expand_as(x), x)
+
+
+def blur_kernel_size(image_size: int) -> int:
+    """Odd Gaussian kernel about 10% of the image side (23 at 224 px, as BYOL / SimCLR), at least 3."""
+    return max(3, 2 * round(0.05 * image_size) + 1)
+
+
+def gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
+    """torchvision gaussian_blur (reflect padding) with per-sample sigma (B,); sigma 0 leaves a sample as is."""
+    b, c, height, width = x.shape
+    pad = kernel_size // 2
+    t = torch.arange(kernel_size, device=x.device, dtype=x.dtype) - pad
+    # A tiny sigma underflows every tap but the centre to exactly 0: the identity kernel.
+    kern = torch.exp(-0.5 * (t / sigma.to(x.dtype).clamp_min(1e-3)[:, None]) ** 2)
+    kern = (kern / kern.sum(dim=1, keepdim=True)).repeat_interleave(c, dim=0)  # (B*C, k)
+    y = F.pad(x.reshape(1, b * c, height, width), (pad, pad, pad, pad), mode="reflect")
+    y = F.conv2d(y, kern.view(b * c, 1, kernel_size, 1), groups=b * c)
+    y = F.conv2d(y, kern.view(b * c, 1, 1, kernel_size), groups=b * c)
+    return y.view(b, c, height, width)
+
+
+def solarize(x: Tensor, apply: Tensor, threshold: float = 0.5) -> Tensor:
+    """Solarize: x -> 1 - x where x >= threshold (on 8-bit values, PIL's threshold=128) and apply (B,)."""
+    return torch.where(_per_sample(apply) & (x >= threshold), 1 - x, x)
+
+
+# ------------------------------------------------------------------------ modules
+
+def _to_float(images: Tensor) -> Tensor:
+    if images.dtype == torch.uint8:
+        return images.float().div_(255)
+    if not images.is_floating_point():
+        raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
+    return images.float()
+
+
+class _Normalizing(torch.nn.Module):
+    def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float]):
+        super().__init__()
+        if len(mean) != len(std):
+            raise ValueError(f"mean has {len(mean)} values but std has {len(std)}")
+        self.image_size = int(image_size)
+        self.register_buffer("mean", torch.tensor(list(mean), dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(list(std), dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+
+    def _check(self, images: Tensor) -> None:
+        if images.dim() != 4:
+            raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+        n, c = self.mean.shape[1], images.shape[1]
+        if n != c:
+            raise ValueError(f"normalisation statistics have {n} channels but the images have {c} channels; "
+                             f"set the dataset's mean/std for {c} channels")
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        return (x - self.mean.to(x.device)).div_(self.std.to(x.device))
+
+
+class MultiViewAugment(_Normalizing):
+    """One random view per branch of a (B, C, H, W) batch; per-sample parameters, randomness from `generator`.
+
+    ColorJitter applies brightness, contrast, saturation and hue in a random order, as torchvision, but the
+    order is drawn ONCE PER BATCH (one permutation from the generator) instead of per image, which keeps the
+    op vectorised; each sample still draws its own factors and whether it is jittered at all.
+    """
+
+    def __init__(self, branches: Sequence[AugmentConfig], image_size: int,
+                 mean: Sequence[float], std: Sequence[float]):
+        super().__init__(image_size, mean, std)
+        if not branches:
+            raise ValueError("MultiViewAugment needs at least one branch")
+        self.branches = tuple(branches)
+        self.kernel_size = blur_kernel_size(self.image_size)
+
+    @torch.no_grad()
+    def forward(self, images: Tensor, generator: torch.Generator) -> list[Tensor]:
+        self._check(images)
+        x = _to_float(images)
+        return [self._view(x, cfg, generator) for cfg in self.branches]
+
+    def _view(self, x: Tensor, cfg: AugmentConfig, g: torch.Generator) -> Tensor:
+        b, _, height, width = x.shape
+        dev = x.device
+        # Every parameter is drawn whatever the probabilities, in a fixed order, so the generator's stream
+        # is consumed the same way by every config; ops whose probability is 0 are then skipped.
+
+        def coin(p: float) -> Tensor:
+            return torch.rand(b, generator=g, device=dev) < p
+
+        def factor(strength: float) -> Tensor:  # ColorJitter: U(max(0, 1 - s), 1 + s)
+            return _uniform(max(0.0, 1 - strength), 1 + strength, (b,), g, dev)
+
+        top, left, h, w = sample_crop_boxes(b, height, width, (cfg.crop_min, cfg.crop_max), g, dev)
+        x = resized_crop_flip(x, top, left, h, w, coin(cfg.hflip_p), self.image_size)
+
+        jitter = coin(cfg.jitter_p)
+        jitter_ops = (  # (op, strength, per-sample factor, neutral factor for samples without jitter)
+            (adjust_brightness, cfg.brightness, factor(cfg.brightness), 1.0),
+            (adjust_contrast, cfg.contrast, factor(cfg.contrast), 1.0),
+            (adjust_saturation, cfg.saturation, factor(cfg.saturation), 1.0),
+            (adjust_hue, cfg.hue, _uniform(-cfg.hue, cfg.hue, (b,), g, dev), 0.0),
+        )
+        order = torch.randperm(4, generator=g, device=dev).tolist()  # one op order for the whole batch
+        if cfg.jitter_p > 0:
+            for op, strength, value, neutral in (jitter_ops[i] for i in order):
+                if strength > 0:  # torchvision skips an op whose strength is 0
+                    x = op(x, torch.where(jitter, value, neutral))
+
+        gray = coin(cfg.grayscale_p)
+        if cfg.grayscale_p > 0:
+            x = random_grayscale(x, gray)
+
+        blur = coin(cfg.blur_p)
+        sigma = _uniform(cfg.blur_sigma_min, cfg.blur_sigma_max, (b,), g, dev) * (self.image_size / 224)
+        if cfg.blur_p > 0:
+            x = gaussian_blur(x, torch.where(blur, sigma, 0.0), self.kernel_size)
+
+        sol = coin(cfg.solarize_p)
+        if cfg.solarize_p > 0:
+            x = solarize(x, sol)
+        return self._normalize(x)
+
+
+class EvalTransform(_Normalizing):
+    """Deterministic evaluation transform: bilinear antialiased resize to image_size (if needed), normalise."""
+
+    @torch.no_grad()
+    def forward(self, images: Tensor) -> Tensor:
+        self._check(images)
+        x = _to_float(images)
+        if tuple(x.shape[-2:]) != (self.image_size, self.image_size):
+            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
+                              align_corners=False, antialias=True)
+        return self._normalize(x)

@@ -1,0 +1,39 @@
+"""Gathers across processes, with and without gradient; identity in a single process."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) of the default process group, (0, 1) when not distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def gather_no_grad(x: Tensor) -> Tensor:
+    """Concatenate ``x`` of every process in rank order; no gradient (MoCo v3's keys)."""
+    _, size = world()
+    if size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def gather_with_grad(x: Tensor) -> Tensor:
+    """Concatenate ``x`` of every process, differentiable (SimCLR's negatives).
+
+    The backward sums each slice's gradient over all processes (torch.distributed.nn.all_gather),
+    so after DDP's gradient averaging the result equals one process on the concatenated batch.
+    """
+    _, size = world()
+    if size == 1:
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x.contiguous()))

@@ -1,0 +1,180 @@
+"""Pretraining on the Lightning engine: run folder, data module, Trainer, export, final kNN.
+
+A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, ``metrics.csv``,
+``tensorboard/``, ``backbone_init.safetensors`` (the random init, the kNN floor),
+``backbone.safetensors`` (the exported backbone) and ``knn.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import yaml
+
+from selfsup.config import RunConfig, resolve, to_dict
+from selfsup.data.datasets import ImageDataset, load_dataset
+from selfsup.data.loader import EpochBatchSampler, batch_loader
+from selfsup.errors import UserError
+from selfsup.eval.features import extract_features
+from selfsup.eval.knn import knn_accuracy
+from selfsup.export import export_backbone
+from selfsup.methods import METHODS, DataInfo, SSLMethod, method_name
+from selfsup.methods.base import backbone_kwargs
+
+
+class PretrainData(pl.LightningDataModule):
+    """The training split as whole uint8 batches; each process takes its slice of the global batch."""
+
+    def __init__(self, cfg: RunConfig, dataset: ImageDataset):
+        super().__init__()
+        self.cfg, self.dataset = cfg, dataset
+
+    def train_dataloader(self):
+        world_size = self.trainer.world_size
+        if self.cfg.data.batch_size % world_size:
+            raise UserError(f"data.batch_size={self.cfg.data.batch_size} is the global batch and must divide "
+                            f"by the {world_size} processes")
+        local = self.cfg.data.batch_size // world_size
+        if len(self.dataset) < self.cfg.data.batch_size:
+            raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
+                            "training images; lower it")
+        sampler = EpochBatchSampler(len(self.dataset), local, seed=self.cfg.trainer.seed,
+                                    rank=self.trainer.global_rank, world_size=world_size)
+        return batch_loader(self.dataset, sampler, self.cfg.data.num_workers,
+                            pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
+
+
+def data_info(cfg: RunConfig, dataset: ImageDataset) -> DataInfo:
+    """Channels, model input size and normalisation of the run's dataset."""
+    image_size = cfg.data.image_size or dataset.image_size
+    return DataInfo(dataset.channels, image_size, tuple(dataset.mean), tuple(dataset.std))
+
+
+def build_method(cfg: RunConfig, info: DataInfo) -> SSLMethod:
+    """The LightningModule of ``cfg.method`` (seeded, so the init is reproducible)."""
+    pl.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
+    try:
+        return METHODS[method_name(cfg.method)](cfg, info)
+    except ValueError as e:  # e.g. image size not divisible by the patch size, or channel mismatch
+        raise UserError(f"{' '.join(str(e).split())}") from None
+
+
+def backbone_meta(cfg: RunConfig, info: DataInfo) -> dict:
+    """How to rebuild the backbone (stored in the exported file)."""
+    return {"backbone": cfg.model.backbone, "kwargs": backbone_kwargs(cfg, info), "image_size": info.image_size,
+            "in_chans": info.channels, "mean": list(info.mean), "std": list(info.std), "dataset": cfg.data.name,
+            "method": method_name(cfg.method)}
+
+
+def new_run_dir(cfg: RunConfig, preset: str) -> Path:
+    """A fresh run folder ``output_dir/name`` (default name: preset and time)."""
+    name = cfg.name or f"{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(cfg.output_dir) / name
+    if (run_dir / "checkpoints").exists():
+        raise UserError(f"run folder {run_dir} already holds a run; continue it with --resume {run_dir} "
+                        "or choose another name=...")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def load_run(run_dir: Path) -> RunConfig:
+    """The resolved config of an existing run folder."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise UserError(f"{run_dir} is not a selfsup run folder (no config.yaml); pass the folder a pretrain run made")
+    return resolve(yaml.safe_load(path.read_text()))
+
+
+def check_checkpoint(path: Path, model: SSLMethod) -> None:
+    """A readable checkpoint whose weights fit ``model``, or a one-line UserError."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        state = ckpt["state_dict"]
+    except Exception as e:
+        raise UserError(f"{path} is not a readable selfsup checkpoint ({type(e).__name__}); "
+                        "delete it to restart the run from scratch") from None
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    mismatched = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or mismatched or set(state) - set(own):
+        what = f"missing {missing[0]}" if missing else (f"shape of {mismatched[0]}" if mismatched else "extra weights")
+        raise UserError(f"checkpoint {path} does not fit this run's model ({what}); it was made with another config")
+
+
+def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
+    """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    t = cfg.trainer
+    checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
+                                 every_n_train_steps=t.checkpoint_every_n_steps or None,
+                                 every_n_epochs=None if t.checkpoint_every_n_steps else 1)
+    loggers = [CSVLogger(run_dir, name="", version=""), TensorBoardLogger(run_dir, name="tensorboard", version="")]
+    try:
+        return pl.Trainer(
+            default_root_dir=run_dir, max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices,
+            num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=t.sync_batchnorm,
+            gradient_clip_val=t.gradient_clip_val, log_every_n_steps=t.log_every_n_steps,
+            limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
+            enable_model_summary=False, callbacks=[checkpoint], logger=loggers, use_distributed_sampler=False,
+            num_sanity_val_steps=0,
+        )
+    except (ValueError, RuntimeError, TypeError) as e:  # Lightning's own messages for bad devices/strategy
+        raise UserError(f"trainer: {str(e).splitlines()[0]}") from None
+
+
+def knn_report(backbone, init_backbone, cfg: RunConfig, info: DataInfo, train: ImageDataset) -> dict:
+    """Weighted kNN (k, T from cfg.eval) on the test split for the trained and the random backbone."""
+    test = load_dataset(cfg.data, "test")
+    k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
+    out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
+    for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
+        ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+        out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
+    return out
+
+
+def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
+    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print kNN accuracy."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
+    train = load_dataset(cfg.data, "train")
+    info = data_info(cfg, train)
+    model = build_method(cfg, info)
+    meta = backbone_meta(cfg, info)
+    ckpt_path = None
+    if resume:
+        ckpt_path = run_dir / "checkpoints" / "last.ckpt"
+        if not ckpt_path.exists():
+            raise UserError(f"{run_dir} has no checkpoints/last.ckpt to resume from; start it again without --resume")
+        check_checkpoint(ckpt_path, model)
+    else:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        export_backbone(model.backbone, run_dir / "backbone_init.safetensors", meta)
+    trainer = make_trainer(cfg, run_dir)
+    trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path)
+    if not trainer.is_global_zero:
+        return run_dir
+    if trainer.interrupted:
+        print(f"interrupted; continue with: selfsup pretrain --resume {run_dir}")
+        return run_dir
+    backbone = model.backbone.cpu()
+    export_backbone(backbone, run_dir / "backbone.safetensors", meta)
+    init_backbone = copy.deepcopy(backbone)
+    init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
+    report = knn_report(backbone, init_backbone, cfg, info, train)
+    (run_dir / "knn.json").write_text(json.dumps(report, indent=2))
+    print(f"kNN (k={report['k']}, T={report['temperature']}) on {cfg.data.name} test ({report['test_size']} images):")
+    for key in ("pretrained", "random_init"):
+        print(f"  {key:<12} top-1 {report[key]['top1']:6.2f}%   top-5 {report[key]['top5']:6.2f}%")
+    print(f"run folder: {run_dir}")
+    return run_dir

@@ -1,0 +1,16 @@
+"""The one exception type for mistakes a user can make: the CLI prints its message and exits 2."""
+
+
+class UserError(Exception):
+    """A bad input the user can fix: its message is one line naming the thing and the fix."""
+
+    exit_code = 2
+
+
+def clean_message(exc: BaseException) -> str:
+    """One line for the user, also for a UserError re-raised from a DataLoader worker."""
+    text = str(exc)
+    if "Original Traceback" in text:  # torch.utils.data wraps worker exceptions with the traceback
+        last = text.strip().splitlines()[-1]
+        text = last.split(": ", 1)[1] if ": " in last else last
+    return " ".join(text.split())

@@ -1,0 +1,182 @@
+"""The shared plumbing of every method: backbone, batched views, schedules, EMA, optimiser, logging.
+
+A method subclasses ``SSLMethod``, builds its heads in ``__init__`` and writes ``forward_views``:
+views in, a dict of named tensors out (``loss`` plus detached embeddings/projections/predictions
+that instruments and online evaluators read).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+
+from selfsup.data.views import AugmentConfig, MultiViewAugment, recipe_branches
+from selfsup.distributed import world
+from selfsup.errors import UserError
+from selfsup.models.backbones import build_backbone
+from selfsup.optim import build_optimizer, param_groups
+from selfsup.schedules import momentum_cosine, scaled_lr, warmup_cosine
+
+
+@dataclass
+class DataInfo:
+    """What a method needs to know of its data: channels, model input size, normalisation."""
+
+    channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+class NonFiniteLoss(UserError):
+    """The loss became NaN or Inf: training stops and the last good checkpoint stays as it was."""
+
+
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` that receives no gradient (a momentum / EMA target)."""
+    target = copy.deepcopy(module)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target
+
+
+@torch.no_grad()
+def momentum_update(online: list[Tensor], target: list[Tensor], m: float) -> None:
+    """``target ← m · target + (1 − m) · online`` for each pair of parameters (MoCo / BYOL EMA)."""
+    torch._foreach_lerp_(target, online, 1.0 - m)
+
+
+def backbone_kwargs(cfg, info: DataInfo) -> dict:
+    """The keyword arguments of ``build_backbone`` for this run (also stored with an exported backbone)."""
+    m = cfg.model
+    return dict(in_chans=info.channels, image_size=info.image_size, patch_size=m.patch_size,
+                drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
+                small_stem=m.small_stem)
+
+
+def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
+    """The recipe's two branches with the config's overrides applied."""
+    a = cfg.augment
+    try:
+        branches = list(recipe_branches(a.recipe or default_recipe))
+    except ValueError as e:
+        raise UserError(f"augment.recipe: {e}") from None
+    shared = {k: getattr(a, k) for k in ("crop_min", "hflip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p")
+              if getattr(a, k) is not None}
+    fields = set(AugmentConfig.__dataclass_fields__)
+    out = []
+    for i, (branch, extra) in enumerate(zip(branches, (a.branch1, a.branch2)), start=1):
+        unknown = set(extra) - fields
+        if unknown:
+            raise UserError(f"unknown config key 'augment.branch{i}.{sorted(unknown)[0]}'; valid: {', '.join(sorted(fields))}")
+        out.append(AugmentConfig(**{**branch.__dict__, **shared, **extra}))
+    return out
+
+
+class SSLMethod(pl.LightningModule):
+    """Base of every method. Subclasses set ``Config`` and ``recipe`` and write ``forward_views``."""
+
+    Config: type
+    recipe: str = "moco_v3"
+
+    def __init__(self, cfg, info: DataInfo):
+        super().__init__()
+        self.cfg, self.info = cfg, info
+        try:
+            self.backbone = build_backbone(cfg.model.backbone, **backbone_kwargs(cfg, info))
+        except ValueError as e:
+            raise UserError(f"model: {e}") from None
+        self.augment = MultiViewAugment(augment_branches(cfg, self.recipe), info.image_size, info.mean, info.std)
+        self.momentum = getattr(cfg.method, "momentum", 0.0)
+        self.total_steps = 1
+        self._ema_pairs: list[tuple[nn.Module, nn.Module]] = []
+        self._generator: torch.Generator | None = None
+
+    # ----------------------------------------------------------------- to write in a method
+    def forward_views(self, views: list[Tensor]) -> dict[str, Tensor]:
+        """Views → {"loss": ..., other named tensors}."""
+        raise NotImplementedError
+
+    def momentum_target(self, online: nn.Module) -> nn.Module:
+        """A frozen copy of ``online`` that ``update_momentum_encoder`` keeps as its EMA."""
+        target = frozen_copy(online)
+        self._ema_pairs.append((online, target))
+        return target
+
+    def update_momentum_encoder(self) -> None:
+        """EMA step of every momentum target with the current coefficient ``self.momentum``."""
+        if not self._ema_pairs:
+            return
+        online = [p for o, _ in self._ema_pairs for p in o.parameters()]
+        target = [p for _, t in self._ema_pairs for p in t.parameters()]
+        momentum_update(online, target, self.momentum)
+
+    # ----------------------------------------------------------------- schedules
+    @property
+    def global_batch_size(self) -> int:
+        return self.cfg.data.batch_size
+
+    def on_fit_start(self) -> None:
+        self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
+        self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        """Per-iteration lr (warmup + cosine, linear scaling) and momentum (cosine ramp or constant)."""
+        step, o = self.trainer.global_step, self.cfg.optim
+        peak = scaled_lr(o.base_lr, self.global_batch_size)
+        final = scaled_lr(o.min_lr, self.global_batch_size)
+        lr = warmup_cosine(step, self.total_steps, int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
+        for group in self.trainer.optimizers[0].param_groups:
+            group["lr"] = (peak if group["fixed_lr"] else lr) * group["lr_scale"]
+        m = self.cfg.method
+        if hasattr(m, "momentum"):
+            cosine = getattr(m, "momentum_schedule", "cosine") == "cosine"
+            self.momentum = momentum_cosine(step, self.total_steps, m.momentum) if cosine else m.momentum
+        self.log("train/lr", lr, on_step=True, on_epoch=False)
+
+    # ----------------------------------------------------------------- the step
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """Augment on the device: per-sample random views from a generator seeded by (seed, step, rank)."""
+        if self.trainer is None or not self.trainer.training:
+            return batch
+        images, labels = batch
+        if self._generator is None or self._generator.device != images.device:
+            self._generator = torch.Generator(device=images.device)
+        rank, size = world()
+        self._generator.manual_seed((self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * size + rank)
+        return self.augment(images, self._generator), labels
+
+    def training_step(self, batch, batch_idx: int):
+        views, labels = batch
+        out = self.forward_views(views)
+        loss = out["loss"]
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(
+                f"the loss became {loss.item()} at step {self.trainer.global_step}; training stopped and the last "
+                "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        if hasattr(self.cfg.method, "momentum"):
+            self.log("train/momentum", self.momentum, on_step=True, on_epoch=False)
+        out["labels"] = labels
+        return out
+
+    def configure_optimizers(self):
+        modules = {name: child for name, child in self.named_children() if name != "augment"}
+        return build_optimizer(param_groups(modules, self.cfg.optim), self.cfg.optim)
+
+    # ----------------------------------------------------------------- exact resume
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("rng_state")
+        if state:
+            torch.set_rng_state(state["torch"])
+            if "cuda" in state and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,62 @@
+"""BYOL (Grill et al. 2020): an online predictor regresses an EMA target's projection.
+
+Loss ``2 − 2·cos(p, sg(z'))`` per direction, summed over the two directions and averaged over the
+batch (official byol_experiment.py); target decay τ = 1 − (1 − τ_base)·½(1 + cos(πt/T)).
+Heads: Linear (with bias) → BN → ReLU → Linear, 4096 → 256, no final BN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from selfsup.errors import UserError
+from selfsup.losses import byol_regression
+from selfsup.methods.base import SSLMethod
+from selfsup.models.heads import mlp
+
+
+@dataclass
+class BYOLConfig:
+    """BYOL hyper-parameters; defaults from the paper / official code (1000-epoch τ_base 0.996)."""
+
+    momentum: float = 0.996  # τ_base
+    momentum_schedule: str = "cosine"  # cosine (official) | constant
+    proj_hidden_dim: int = 4096
+    dim: int = 256
+    pred_hidden_dim: int = 4096
+
+    def validate(self) -> None:
+        if not 0 <= self.momentum <= 1:
+            raise UserError(f"method.momentum={self.momentum} must be in [0, 1]")
+        if self.momentum_schedule not in ("cosine", "constant"):
+            raise UserError(f"method.momentum_schedule={self.momentum_schedule!r}; use cosine or constant")
+
+
+class BYOL(SSLMethod):
+    """p = predictor(projector(backbone(x))); z' = target_projector(target_backbone(x'))."""
+
+    Config = BYOLConfig
+    recipe = "byol"
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c = cfg.method
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 2, bias=True)
+        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, bias=True)
+        self.target_backbone = self.momentum_target(self.backbone)
+        self.target_projector = self.momentum_target(self.projector)
+
+    def forward_views(self, views):
+        x1, x2 = views
+        self.update_momentum_encoder()
+        h1, h2 = self.backbone(x1), self.backbone(x2)
+        z1, z2 = self.projector(h1), self.projector(h2)
+        p1, p2 = self.predictor(z1), self.predictor(z2)
+        with torch.no_grad():
+            t1 = self.target_projector(self.target_backbone(x1))
+            t2 = self.target_projector(self.target_backbone(x2))
+        loss = byol_regression(p1, t2) + byol_regression(p2, t1)
+        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
+                "prediction": p1.detach(), "target": t2}

@@ -1,0 +1,71 @@
+"""MoCo v3 (Chen, Xie, He 2021): symmetric InfoNCE between a predictor's queries and momentum keys.
+
+Follows facebookresearch/moco-v3 builder.py: heads are bias-free MLPs ending in BN(affine=False);
+the momentum encoder (backbone + projector, no predictor) is updated at the start of the step,
+before the keys are computed (alg. 1 updates after the optimiser step: the keys are the same);
+each view is forwarded separately; keys are gathered from all processes without gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from selfsup.distributed import gather_no_grad, world
+from selfsup.errors import UserError
+from selfsup.losses import info_nce
+from selfsup.methods.base import SSLMethod
+from selfsup.models.heads import mlp
+
+
+@dataclass
+class MoCoV3Config:
+    """MoCo v3 hyper-parameters; defaults are the official ViT recipe (CONFIG.md)."""
+
+    temperature: float = 0.2  # code default 1.0 (the ResNet recipe); ViT commands and paper: 0.2
+    momentum: float = 0.99  # m0
+    momentum_schedule: str = "cosine"  # cosine (code: m rises to 1) | constant (paper's ViT default)
+    proj_layers: int = 3  # ViT 3, ResNet 2
+    proj_hidden_dim: int = 4096
+    dim: int = 256
+    pred_hidden_dim: int = 4096
+    pred_last_bn: bool = True  # ViT predictor ends in BN(affine=False); ResNet's does not
+
+    def validate(self) -> None:
+        if self.temperature <= 0:
+            raise UserError(f"method.temperature={self.temperature} must be > 0")
+        if not 0 <= self.momentum <= 1:
+            raise UserError(f"method.momentum={self.momentum} must be in [0, 1]")
+        if self.momentum_schedule not in ("cosine", "constant"):
+            raise UserError(f"method.momentum_schedule={self.momentum_schedule!r}; use cosine or constant")
+
+
+class MoCoV3(SSLMethod):
+    """q = predictor(projector(backbone(x))); k = momentum_projector(momentum_backbone(x))."""
+
+    Config = MoCoV3Config
+    recipe = "moco_v3"
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c = cfg.method
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True)
+        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bn=c.pred_last_bn)
+        self.momentum_backbone = self.momentum_target(self.backbone)
+        self.momentum_projector = self.momentum_target(self.projector)
+
+    def forward_views(self, views):
+        x1, x2 = views
+        self.update_momentum_encoder()
+        h1, h2 = self.backbone(x1), self.backbone(x2)
+        z1, z2 = self.projector(h1), self.projector(h2)
+        q1, q2 = self.predictor(z1), self.predictor(z2)
+        with torch.no_grad():
+            k1 = self.momentum_projector(self.momentum_backbone(x1))
+            k2 = self.momentum_projector(self.momentum_backbone(x2))
+        rank, _ = world()
+        t = self.cfg.method.temperature
+        loss = info_nce(q1, gather_no_grad(k2), t, rank=rank) + info_nce(q2, gather_no_grad(k1), t, rank=rank)
+        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
+                "prediction": q1.detach(), "target": k2}

@@ -1,0 +1,56 @@
+"""SimCLR (Chen et al. 2020): NT-Xent over 2N views, negatives from every process (with gradient).
+
+As the official TF code, both views go through the network as one concatenated batch. The
+projection head is bias-free Linear → BN → ReLU → Linear → BN (SimCLR v2 style; the official
+head uses BN in every layer). ``decoupled=True`` drops the positive from the denominator (DCL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from selfsup.distributed import gather_with_grad, world
+from selfsup.errors import UserError
+from selfsup.losses import nt_xent
+from selfsup.methods.base import SSLMethod
+from selfsup.models.heads import mlp
+
+
+@dataclass
+class SimCLRConfig:
+    """SimCLR hyper-parameters; τ = 0.1 is the paper's large-batch ImageNet value."""
+
+    temperature: float = 0.1
+    proj_hidden_dim: int = 2048
+    dim: int = 128
+    proj_layers: int = 2
+    decoupled: bool = False
+
+    def validate(self) -> None:
+        if self.temperature <= 0:
+            raise UserError(f"method.temperature={self.temperature} must be > 0")
+
+
+class SimCLR(SSLMethod):
+    """z = projector(backbone(x)) for both views at once; loss = NT-Xent(z1, z2)."""
+
+    Config = SimCLRConfig
+    recipe = "simclr"
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c = cfg.method
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True)
+
+    def forward_views(self, views):
+        x1, x2 = views
+        h = self.backbone(torch.cat([x1, x2]))
+        z = self.projector(h)
+        (h1, h2), (z1, z2) = h.chunk(2), z.chunk(2)
+        rank, _ = world()
+        c = self.cfg.method
+        loss = nt_xent(z1, z2, c.temperature, all_z1=gather_with_grad(z1), all_z2=gather_with_grad(z2),
+                       rank=rank, decoupled=c.decoupled)
+        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}

@@ -1,0 +1,45 @@
+"""SimSiam (Chen & He 2021): a predictor and a stop-gradient, no momentum encoder, no negatives.
+
+Loss ``½ D(p1, sg(z2)) + ½ D(p2, sg(z1))`` with D = −cos (official main_simsiam.py). Projector:
+3 bias-free layers, the last followed by BN(affine=False); predictor: dim → 512 (BN, ReLU) → dim
+(the last Linear with bias). ``optim.fix_predictor_lr`` keeps the predictor's lr at its peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from selfsup.losses import negative_cosine
+from selfsup.methods.base import SSLMethod
+from selfsup.models.heads import mlp
+
+
+@dataclass
+class SimSiamConfig:
+    """SimSiam hyper-parameters; defaults from the official ImageNet code."""
+
+    proj_hidden_dim: int = 2048
+    dim: int = 2048
+    pred_hidden_dim: int = 512
+
+
+class SimSiam(SSLMethod):
+    """z = projector(backbone(x)); p = predictor(z)."""
+
+    Config = SimSiamConfig
+    recipe = "simsiam"
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c = cfg.method
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 3, last_bn=True)
+        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True)
+
+    def forward_views(self, views):
+        x1, x2 = views
+        h1, h2 = self.backbone(x1), self.backbone(x2)
+        z1, z2 = self.projector(h1), self.projector(h2)
+        p1, p2 = self.predictor(z1), self.predictor(z2)
+        loss = 0.5 * (negative_cosine(p1, z2) + negative_cosine(p2, z1))
+        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
+                "prediction": p1.detach(), "target": z2.detach()}

@@ -1,0 +1,106 @@
+"""Optimisers and parameter groups: LARS (MoCo v3 / BYOL), AdamW, SGD; predictor lr and wd."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from selfsup.errors import UserError
+
+
+class LARS(torch.optim.Optimizer):
+    """LARS as in moco-v3 ``optimizer.py``: parameters with ``ndim <= 1`` get neither weight decay
+    nor adaptation; for the rest ``dp = g + wd·p``, trust ``q = η‖p‖/‖dp‖`` (1 where a norm is 0),
+    ``μ ← m·μ + q·dp``, ``p ← p − lr·μ``."""
+
+    def __init__(self, params, lr: float = 0.0, weight_decay: float = 0.0, momentum: float = 0.9,
+                 trust_coefficient: float = 0.001):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                dp = p.grad
+                if p.ndim > 1:
+                    dp = dp.add(p, alpha=group["weight_decay"])
+                    param_norm, update_norm = torch.norm(p), torch.norm(dp)
+                    one = torch.ones_like(param_norm)
+                    q = torch.where(param_norm > 0.0,
+                                    torch.where(update_norm > 0, group["trust_coefficient"] * param_norm / update_norm, one),
+                                    one)
+                    dp = dp.mul(q)
+                state = self.state[p]
+                if "mu" not in state:
+                    state["mu"] = torch.zeros_like(p)
+                mu = state["mu"]
+                mu.mul_(group["momentum"]).add_(dp)
+                p.add_(mu, alpha=-group["lr"])
+        return loss
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and schedule. ``lr = base_lr · global_batch / 256``, warmup then cosine, per iteration."""
+
+    name: str = "adamw"  # adamw | lars | sgd
+    base_lr: float = 1.5e-4
+    weight_decay: float = 0.1
+    momentum: float = 0.9  # SGD and LARS
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW
+    trust_coefficient: float = 0.001  # LARS
+    warmup_epochs: float = 0.0
+    min_lr: float = 0.0
+    decay_1d: bool = True  # AdamW/SGD: decay biases and norm weights too (the official MoCo v3 / SimSiam code does)
+    predictor_lr_mult: float = 1.0  # predictor lr = mult × scheduled lr (DirectPred studies 1–10×)
+    predictor_weight_decay: float | None = None  # None: same as weight_decay
+    fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
+
+    def validate(self) -> None:
+        if self.name not in ("adamw", "lars", "sgd"):
+            raise UserError(f"optim.name={self.name!r} is not known; use one of adamw, lars, sgd")
+        for key in ("base_lr", "weight_decay", "warmup_epochs", "min_lr", "predictor_lr_mult"):
+            if getattr(self, key) < 0:
+                raise UserError(f"optim.{key}={getattr(self, key)} must be >= 0")
+        if not 0 <= self.momentum < 1:
+            raise UserError(f"optim.momentum={self.momentum} must be in [0, 1)")
+
+
+def param_groups(modules: dict[str, nn.Module], cfg: OptimConfig) -> list[dict]:
+    """One group per (predictor or not) × (decayed or not); each carries ``lr_scale`` and ``fixed_lr``.
+
+    ``modules`` maps a name to a sub-module; the one named ``predictor`` gets the predictor lr
+    multiplier and weight decay. Frozen parameters (e.g. MoCo v3's random patch projection) are left out.
+    """
+    groups = []
+    for name, module in modules.items():
+        is_pred = name == "predictor"
+        wd = cfg.predictor_weight_decay if (is_pred and cfg.predictor_weight_decay is not None) else cfg.weight_decay
+        params = [p for p in module.parameters() if p.requires_grad]
+        no_decay = [] if (cfg.decay_1d or cfg.name == "lars") else [p for p in params if p.ndim <= 1]
+        decay = [p for p in params if all(p is not q for q in no_decay)]
+        common = dict(lr_scale=cfg.predictor_lr_mult if is_pred else 1.0, fixed_lr=is_pred and cfg.fix_predictor_lr,
+                      name=name)
+        if decay:
+            groups.append(dict(params=decay, weight_decay=wd, **common))
+        if no_decay:
+            groups.append(dict(params=no_decay, weight_decay=0.0, **common))
+    return groups
+
+
+def build_optimizer(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimiser named by ``cfg.name`` over ``groups`` (lr is set each step by the schedule)."""
+    if cfg.name == "lars":
+        return LARS(groups, lr=0.0, momentum=cfg.momentum, trust_coefficient=cfg.trust_coefficient)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=0.0, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=0.0, betas=tuple(cfg.betas))
