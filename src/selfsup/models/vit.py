@@ -1,0 +1,201 @@
+"""MoCo v3 Vision Transformer: fixed 2-D sin-cos positions, MoCo v3 init, optional frozen patch projection.
+
+Parameter names follow timm's ``VisionTransformer`` so a ``state_dict`` loads there with ``strict=True``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VIT_SIZES = {
+    "vit_micro": dict(embed_dim=128, depth=4, num_heads=4),
+    "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small": dict(embed_dim=384, depth=12, num_heads=12),
+    "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
+    "vit_large": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+
+
+def build_2d_sincos_position_embedding(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """(1, 1 + g*g, D) sin-cos table as in MoCo v3's ``build_2d_sincos_position_embedding``; class position zeros."""
+    if embed_dim % 4 != 0:
+        raise ValueError(f"embed_dim must be divisible by 4 for the 2-D sin-cos position embedding, got {embed_dim}")
+    grid_w, grid_h = torch.meshgrid(
+        torch.arange(grid_size, dtype=torch.float32), torch.arange(grid_size, dtype=torch.float32), indexing="ij"
+    )
+    pos_dim = embed_dim // 4
+    omega = 1.0 / temperature ** (torch.arange(pos_dim, dtype=torch.float32) / pos_dim)
+    out_w = torch.einsum("m,d->md", grid_w.flatten(), omega)
+    out_h = torch.einsum("m,d->md", grid_h.flatten(), omega)
+    pe = torch.cat([out_w.sin(), out_w.cos(), out_h.sin(), out_h.cos()], dim=1)
+    return torch.cat([torch.zeros(1, embed_dim), pe], dim=0)[None]
+
+
+class DropPath(nn.Module):
+    """Per-sample stochastic depth: zero a sample's residual branch with probability p, rescale by 1/(1-p)."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping p x p patches -> D via a strided conv (timm name: ``patch_embed.proj``)."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv Linear, laid out (3, heads, head_dim) as in timm."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(B, N, D))
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU -> fc2."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + dp(attn(norm1(x))); x + dp(mlp(norm2(x)))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, drop_path: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class VisionTransformer(nn.Module):
+    """MoCo v3 ViT (official ``vits.py``): sin-cos positions fixed, class token, pre-norm blocks.
+
+    ``pool="cls"`` returns the final-LayerNorm class token; ``pool="avg"`` returns the mean of the
+    final-LayerNorm patch tokens (timm ``global_pool='avg', fc_norm=False``; MoCo's own no-class-token
+    variant, which drops the final norm, is not reproduced).
+    """
+
+    def __init__(
+        self,
+        image_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_path_rate: float = 0.0,
+        pool: str = "cls",
+        stop_grad_conv1: bool = False,
+    ):
+        super().__init__()
+        if pool not in ("cls", "avg"):
+            raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
+        if image_size % patch_size != 0:
+            raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
+        self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
+        self.embed_dim = self.num_features = embed_dim
+        self.depth, self.pool = depth, pool
+        grid = image_size // patch_size
+
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(build_2d_sincos_position_embedding(grid, embed_dim), requires_grad=False)
+        rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r) for r in rates])
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self._init_weights(stop_grad_conv1)
+
+    @torch.no_grad()
+    def _init_weights(self, stop_grad_conv1: bool) -> None:
+        """MoCo v3 init: qkv uniform per Q/K/V, xavier elsewhere, zero biases, cls std 1e-6, patch conv as Linear."""
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                if name.endswith("qkv"):
+                    bound = math.sqrt(6.0 / (m.weight.shape[0] // 3 + m.weight.shape[1]))
+                    nn.init.uniform_(m.weight, -bound, bound)
+                else:
+                    nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        proj = self.patch_embed.proj
+        bound = math.sqrt(6.0 / (self.in_chans * self.patch_size**2 + self.embed_dim))
+        nn.init.uniform_(proj.weight, -bound, bound)
+        nn.init.zeros_(proj.bias)
+        if stop_grad_conv1:
+            proj.weight.requires_grad_(False)
+            proj.bias.requires_grad_(False)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        C, S = self.in_chans, self.image_size
+        if x.ndim != 4 or tuple(x.shape[1:]) != (C, S, S):
+            raise ValueError(f"ViT expects ({C}, {S}, {S}) images, got a tensor of shape {tuple(x.shape)}")
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """All tokens (B, 1+N, D) after the final LayerNorm; token 0 is the class token."""
+        self._check_input(x)
+        x = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.norm(self.blocks(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The (B, D) feature: class token (pool='cls') or mean of patch tokens (pool='avg')."""
+        x = self.forward_features(x)
+        return x[:, 0] if self.pool == "cls" else x[:, 1:].mean(dim=1)
+
+    def layer_id(self, param_name: str) -> int:
+        """Depth index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 for the rest."""
+        if param_name.startswith(("patch_embed", "cls_token", "pos_embed")):
+            return 0
+        if param_name.startswith("blocks."):
+            return int(param_name.split(".")[1]) + 1
+        return self.depth + 1
