@@ -8,7 +8,10 @@ A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, ``metr
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -26,12 +29,34 @@ from selfsup.methods import METHODS, DataInfo, SSLMethod, method_name
 from selfsup.methods.base import backbone_kwargs
 
 
+class ResumeSampler(EpochBatchSampler):
+    """The epoch's batches minus those a mid-epoch checkpoint already trained on (exact mid-epoch resume).
+
+    Lightning restarts a non-stateful loader from the epoch's first batch while counting the consumed
+    ones as fetched; ``consumed()`` (read when iteration starts) is that count, 0 at a fresh epoch.
+    """
+
+    def __init__(self, *args, consumed=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.consumed = consumed
+
+    def __iter__(self):
+        skip = self.consumed() if self.consumed is not None else 0
+        for i, batch in enumerate(super().__iter__()):
+            if i >= skip:
+                yield batch
+
+
 class PretrainData(pl.LightningDataModule):
     """The training split as whole uint8 batches; each process takes its slice of the global batch."""
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset):
         super().__init__()
         self.cfg, self.dataset = cfg, dataset
+
+    def _consumed(self) -> int:
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return done if done < self.trainer.num_training_batches else 0
 
     def train_dataloader(self):
         world_size = self.trainer.world_size
@@ -42,8 +67,8 @@ class PretrainData(pl.LightningDataModule):
         if len(self.dataset) < self.cfg.data.batch_size:
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
                             "training images; lower it")
-        sampler = EpochBatchSampler(len(self.dataset), local, seed=self.cfg.trainer.seed,
-                                    rank=self.trainer.global_rank, world_size=world_size)
+        sampler = ResumeSampler(len(self.dataset), local, seed=self.cfg.trainer.seed,
+                                rank=self.trainer.global_rank, world_size=world_size, consumed=self._consumed)
         return batch_loader(self.dataset, sampler, self.cfg.data.num_workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 
@@ -105,8 +130,30 @@ def check_checkpoint(path: Path, model: SSLMethod) -> None:
         raise UserError(f"checkpoint {path} does not fit this run's model ({what}); it was made with another config")
 
 
+class _DropTips(logging.Filter):
+    """Drops Lightning's advertising tips; keeps every real message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡")
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning notices that do not apply to selfsup's design (documented choices)."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        for handler_owner in (logging.getLogger(name), logging.getLogger(f"{name}.utilities.rank_zero")):
+            handler_owner.addFilter(_DropTips())
+    for pattern in (
+        ".*overridden `on_after_batch_transfer`.*",  # augmentation on the device is intended to live in the module
+        ".*Experiment logs directory .* exists and is not empty.*",  # the run folder holds config.yaml first
+        ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+        ".*does not have many workers.*",  # in-memory datasets need no workers
+    ):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
 def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
+    quiet_lightning()
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -146,18 +193,24 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
 
     from safetensors.torch import load_file
 
-    run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
+    # Lightning's DDP launcher re-runs this command in one process per device: the children
+    # (LOCAL_RANK > 0) join the run folder their parent made instead of making their own.
+    child = os.environ.get("LOCAL_RANK", "0") != "0" and "SELFSUP_RUN_DIR" in os.environ
+    if child:
+        run_dir = Path(os.environ["SELFSUP_RUN_DIR"])
+    else:
+        run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
+        os.environ["SELFSUP_RUN_DIR"] = str(run_dir)
     train = load_dataset(cfg.data, "train")
     info = data_info(cfg, train)
     model = build_method(cfg, info)
     meta = backbone_meta(cfg, info)
-    ckpt_path = None
-    if resume:
-        ckpt_path = run_dir / "checkpoints" / "last.ckpt"
+    ckpt_path = run_dir / "checkpoints" / "last.ckpt" if resume else None
+    if ckpt_path is not None:
         if not ckpt_path.exists():
             raise UserError(f"{run_dir} has no checkpoints/last.ckpt to resume from; start it again without --resume")
         check_checkpoint(ckpt_path, model)
-    else:
+    elif not child:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         export_backbone(model.backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
