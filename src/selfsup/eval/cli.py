@@ -1,0 +1,399 @@
+"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN``: results in RUN/eval/*.json + a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from selfsup.errors import UserError
+
+DEFAULT_KS = (10, 20, 100, 200)
+
+
+# --------------------------------------------------------------------------- shared plumbing
+
+
+class Context:
+    """The source, device, datasets and cached features of one ``selfsup eval`` call."""
+
+    def __init__(self, args):
+        from selfsup.eval.cache import default_device
+        from selfsup.eval.data import data_config
+        from selfsup.eval.source import load_source
+
+        self.args = args
+        self.device = _device(args.device) if args.device else default_device()
+        self.source = load_source(args.ckpt)
+        if args.out:
+            self.source.out_dir = Path(args.out)
+        self.data_cfg = data_config(self.source, args.data, args.root)
+        self._splits: dict = {}
+
+    @property
+    def out_dir(self) -> Path:
+        return self.source.out_dir
+
+    def data_key(self, cfg) -> str:
+        return json.dumps([cfg.name, cfg.root, cfg.load_size])
+
+    def split(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize"):
+        """A dataset split checked against the backbone (cached in memory)."""
+        from selfsup.eval.data import load_split
+
+        cfg = cfg or self.data_cfg
+        key = (self.data_key(cfg), name)
+        if key not in self._splits:
+            self._splits[key] = load_split(cfg, name, self.source.meta, self.args.resize if resize is None else resize,
+                                           flag)
+        return self._splits[key]
+
+    def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize"):
+        """(features, labels) of a split, through the feature cache."""
+        from selfsup.eval.cache import features
+
+        cfg = cfg or self.data_cfg
+        dataset = self.split(name, cfg, resize, flag)
+        return features(self.source, dataset, name, self.data_key(cfg), self.args.batch_size, self.device,
+                        not self.args.no_cache)
+
+    def header(self) -> dict:
+        return {"source": str(self.source.weights), "backbone": self.source.meta["backbone"],
+                "method": self.source.meta.get("method"), "dataset": self.data_cfg.name}
+
+
+def _device(name: str) -> torch.device:
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device name; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name} asked for a GPU but none is available; use --device cpu")
+    return dev
+
+
+def _positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise UserError(f"{flag} {value} must be >= 1")
+    return value
+
+
+def _parse_ks(text: str | None, n_train: int) -> list[int]:
+    """``10,20,100`` → [10, 20, 100]; the default list drops k larger than the training set."""
+    if text is None:
+        ks = [k for k in DEFAULT_KS if k <= n_train] or [n_train]
+        return ks
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UserError(f"--k {text!r} is not a comma-separated list of integers (e.g. --k 10,20,100,200)") from None
+    if not ks:
+        raise UserError("--k needs at least one value (e.g. --k 20)")
+    for k in ks:
+        if k < 1:
+            raise UserError(f"--k {k} must be >= 1")
+        if k > n_train:
+            raise UserError(f"--k {k} is larger than the {n_train} training samples; choose k <= {n_train}")
+    return ks
+
+
+def _parse_temperature(text: str, majority: bool) -> float | None:
+    if majority or text.lower() in ("none", "majority"):
+        return None
+    try:
+        t = float(text)
+    except ValueError:
+        raise UserError(f"--temperature {text!r} is not a number; use e.g. 0.07, or none for majority voting") from None
+    if not t > 0:
+        raise UserError(f"--temperature {t} must be > 0 (or none for majority voting)")
+    return t
+
+
+# --------------------------------------------------------------------------- evaluations
+
+
+def run_knn(ctx: Context) -> dict:
+    """Weighted (DINO) or majority-vote kNN for each k."""
+    from selfsup.eval.knn import knn_sweep
+    from selfsup.eval.report import print_table, write_json
+
+    a = ctx.args
+    temperature = _parse_temperature(getattr(a, "temperature", "0.07"), getattr(a, "majority", False))
+    ftr, ytr = ctx.features("train")
+    fte, yte = ctx.features("test")
+    ks = _parse_ks(getattr(a, "k", None), len(ytr))
+    t0 = time.perf_counter()
+    res = knn_sweep(ftr.to(ctx.device), ytr, fte.to(ctx.device), yte, ks, (temperature,))
+    seconds = time.perf_counter() - t0
+    (vote, by_k), = res.items()
+    out = {**ctx.header(), "voting": vote, "temperature": temperature, "train_size": len(ytr), "test_size": len(yte),
+           "results": by_k, "seconds": seconds}
+    write_json(ctx.out_dir, "knn", out)
+    print_table(f"kNN ({vote}) on {ctx.data_cfg.name}: {len(ytr)} train / {len(yte)} test",
+                ["k", "top-1 %", "top-5 %"], [[k[2:], r["top1"], r["top5"]] for k, r in by_k.items()])
+    return out
+
+
+def _aug_defaults(ctx: Context, a) -> tuple[float, float]:
+    """Crop scale and flip probability: the flags, else the run's augment overrides, else 0.08 / 0.5."""
+    aug = getattr(ctx.source.run_cfg, "augment", None)
+    crop = a.crop_min if a.crop_min is not None else (getattr(aug, "crop_min", None) or 0.08)
+    flip = a.hflip if a.hflip is not None else (aug.hflip_p if aug is not None and aug.hflip_p is not None else 0.5)
+    return crop, flip
+
+
+def run_linear(ctx: Context, mode: str | None = None) -> dict:
+    """MoCo v3 linear probe: the fast path on cached features, or with augmentation."""
+    from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
+    from selfsup.eval.report import print_table, write_json
+    from selfsup.schedules import scaled_lr
+
+    a = ctx.args
+    mode = mode or a.mode or ("augmented" if ctx.device.type == "cuda" else "features")
+    crop, flip = _aug_defaults(ctx, a) if hasattr(a, "crop_min") else (0.08, 0.5)
+    cfg = ProbeConfig(epochs=_positive(getattr(a, "epochs", None) or 90, "--epochs"),
+                      batch_size=_positive(getattr(a, "probe_batch", 256), "--probe-batch"),
+                      base_lr=getattr(a, "lr", None), crop_min=crop, hflip_p=flip)
+    base = cfg.base_lr if cfg.base_lr is not None else default_base_lr(ctx.source.meta["backbone"])
+    train, test = ctx.split("train"), ctx.split("test")
+    lr = scaled_lr(base, min(cfg.batch_size, len(train)))
+    t0 = time.perf_counter()
+    if mode == "features":
+        ftr, ytr = ctx.features("train")
+        fte, yte = ctx.features("test")
+        res = probe_features(ftr, ytr, fte, yte, max(train.num_classes, int(ytr.max()) + 1), cfg, lr, ctx.device)
+    else:
+        res = probe_augmented(ctx.source.backbone, train, test, ctx.source.meta, cfg, lr, ctx.device)
+    out = {**ctx.header(), "mode": mode, "protocol": "moco_v3", "epochs": cfg.epochs, "batch_size": cfg.batch_size,
+           "base_lr": base, "lr": lr, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
+           **res, "seconds": time.perf_counter() - t0}
+    write_json(ctx.out_dir, "linear", out)
+    rows = [["test", res["test"]["top1"], res["test"]["top5"]]]
+    if "train" in res:
+        rows.append(["train", res["train"]["top1"], res["train"]["top5"]])
+    print_table(f"linear probe ({mode}, {cfg.epochs} epochs, lr {lr:g}) on {ctx.data_cfg.name}",
+                ["split", "top-1 %", "top-5 %"], rows)
+    return out
+
+
+def run_finetune(ctx: Context) -> dict:
+    """End-to-end fine-tuning with layer-wise lr decay and drop path."""
+    from selfsup.eval.finetune import FinetuneConfig, finetune
+    from selfsup.eval.report import print_table, write_json
+    from selfsup.export import export_backbone
+    from selfsup.models.backbones import build_backbone
+
+    a = ctx.args
+    meta = ctx.source.meta
+    is_vit = hasattr(ctx.source.backbone, "layer_id")
+    crop, flip = _aug_defaults(ctx, a)
+    if not 0 <= a.drop_path < 1:
+        raise UserError(f"--drop-path {a.drop_path} must be in [0, 1)")
+    if not 0 < a.layer_decay <= 1:
+        raise UserError(f"--layer-decay {a.layer_decay} must be in (0, 1]")
+    cfg = FinetuneConfig(epochs=_positive(a.epochs, "--epochs"), warmup_epochs=a.warmup_epochs,
+                         batch_size=_positive(a.ft_batch, "--ft-batch"), base_lr=a.lr, weight_decay=a.weight_decay,
+                         layer_decay=a.layer_decay if is_vit else 1.0, drop_path=a.drop_path, crop_min=crop,
+                         hflip_p=flip)
+    train, test = ctx.split("train"), ctx.split("test")
+    kwargs = dict(meta["kwargs"], drop_path_rate=cfg.drop_path)
+    backbone = build_backbone(meta["backbone"], **kwargs)
+    backbone.load_state_dict(ctx.source.backbone.state_dict())
+    t0 = time.perf_counter()
+    res = finetune(backbone, train, test, meta, cfg, ctx.device)
+    out = {**ctx.header(), "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs, "batch_size": cfg.batch_size,
+           "base_lr": cfg.base_lr, "layer_decay": cfg.layer_decay, "drop_path": cfg.drop_path,
+           "weight_decay": cfg.weight_decay, **res, "seconds": time.perf_counter() - t0}
+    export_backbone(backbone.cpu(), ctx.out_dir / "finetuned_backbone.safetensors",
+                    {k: v for k, v in meta.items() if k != "format"} | {"kwargs": kwargs})
+    write_json(ctx.out_dir, "finetune", out)
+    print_table(f"fine-tuning ({cfg.epochs} epochs, layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
+                f"on {ctx.data_cfg.name}", ["split", "top-1 %", "top-5 %"],
+                [["test", res["test"]["top1"], res["test"]["top5"]]])
+    return out
+
+
+def run_rankme(ctx: Context) -> dict:
+    """RankMe, effective rank (99% variance) and norm statistics of the train-split embeddings."""
+    from selfsup.eval.report import print_table, write_json
+    from selfsup.eval.spectrum import effective_rank, norm_stats, rankme, subsample
+
+    a = ctx.args
+    split = getattr(a, "split", "train")
+    feats, _ = ctx.features(split)
+    sub = subsample(feats, _positive(getattr(a, "max_samples", 25_600), "--max-samples"))
+    out = {**ctx.header(), "split": split, "samples": len(sub), "dim": feats.shape[1], "rankme": rankme(sub),
+           "effective_rank_99": effective_rank(sub, 0.99), "norms": norm_stats(feats)}
+    write_json(ctx.out_dir, "rankme", out)
+    n = out["norms"]
+    print_table(f"embedding spectrum on {ctx.data_cfg.name} {split} ({len(sub)} samples, dim {out['dim']})",
+                ["RankMe", "eff. rank 99%", "norm mean", "norm p5", "norm p50", "norm p95"],
+                [[out["rankme"], out["effective_rank_99"], n["mean"], n["p5"], n["p50"], n["p95"]]])
+    return out
+
+
+def _parse_classes(spec: str, num_classes: int) -> list[int]:
+    try:
+        classes = sorted({int(c) for c in spec.split(",") if c.strip()})
+    except ValueError:
+        raise UserError(f"--ood classes:{spec} is not a list of class indices (e.g. --ood classes:8,9)") from None
+    if not classes or any(not 0 <= c < num_classes for c in classes) or len(classes) >= num_classes:
+        raise UserError(f"--ood classes:{spec} must name some but not all of the classes 0..{num_classes - 1}")
+    return classes
+
+
+def run_norms_ood(ctx: Context, ood: str) -> dict:
+    """Embedding-norm OOD score: AUROC of in-distribution test (positive) vs the OOD set, and a histogram."""
+    from selfsup.eval.data import data_config
+    from selfsup.eval.ood import auroc, histogram, norm_scores
+    from selfsup.eval.report import print_table, write_json
+
+    ftr, ytr = ctx.features("train")
+    fte, yte = ctx.features("test")
+    if ood.startswith("classes:"):
+        classes = _parse_classes(ood[len("classes:"):], ctx.split("train").num_classes)
+        held = torch.isin(yte, torch.tensor(classes))
+        ftr = ftr[~torch.isin(ytr, torch.tensor(classes))]
+        f_ood, fte = fte[held], fte[~held]
+        tag = "classes-" + "-".join(map(str, classes))
+    else:
+        cfg = data_config(ctx.source, ood, getattr(ctx.args, "ood_root", None))
+        f_ood, _ = ctx.features("test", cfg, resize=True)
+        tag = cfg.name
+    if len(fte) == 0 or len(f_ood) == 0:
+        raise UserError(f"--ood {ood} leaves no in-distribution or no OOD test samples; choose other classes")
+    mean_norm = float(ftr.norm(dim=1).mean())
+    s_in, s_ood = norm_scores(fte, mean_norm), norm_scores(f_ood, mean_norm)
+    area = auroc(s_in, s_ood)
+    png = histogram(s_in, s_ood, ctx.out_dir / f"norms-ood-{tag}.png",
+                    f"{ctx.data_cfg.name} vs {tag}: AUROC {area:.3f}")
+    out = {**ctx.header(), "ood": ood, "train_mean_norm": mean_norm, "auroc": area, "in_size": len(s_in),
+           "ood_size": len(s_ood), "in_score_mean": float(s_in.mean()), "ood_score_mean": float(s_ood.mean()),
+           "plot": str(png)}
+    write_json(ctx.out_dir, f"norms-ood-{tag}", out)
+    print_table(f"norm OOD score: {ctx.data_cfg.name} test (in) vs {tag} (OOD)",
+                ["AUROC", "in mean score", "OOD mean score", "in n", "OOD n"],
+                [[area, out["in_score_mean"], out["ood_score_mean"], len(s_in), len(s_ood)]])
+    print(f"  histogram: {png}")
+    return out
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_knn(args) -> int:
+    run_knn(Context(args))
+    return 0
+
+
+def cmd_linear(args) -> int:
+    run_linear(Context(args))
+    return 0
+
+
+def cmd_finetune(args) -> int:
+    run_finetune(Context(args))
+    return 0
+
+
+def cmd_rankme(args) -> int:
+    run_rankme(Context(args))
+    return 0
+
+
+def cmd_norms_ood(args) -> int:
+    run_norms_ood(Context(args), args.ood)
+    return 0
+
+
+def cmd_all(args) -> int:
+    """The standard set: kNN, linear probe (fast path), RankMe / effective rank / norms, norm OOD if --ood."""
+    from selfsup.eval.report import write_json
+
+    ctx = Context(args)
+    summary = {**ctx.header(), "knn": run_knn(ctx)["results"]}
+    summary["linear"] = run_linear(ctx, mode="features")["test"]
+    r = run_rankme(ctx)
+    summary.update(rankme=r["rankme"], effective_rank_99=r["effective_rank_99"], norms=r["norms"])
+    if args.ood:
+        summary["norms_ood_auroc"] = run_norms_ood(ctx, args.ood)["auroc"]
+    else:
+        print("(norm OOD scoring skipped: pass --ood DATASET or --ood classes:8,9)")
+    write_json(ctx.out_dir, "all", summary)
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ckpt", metavar="CKPT_OR_RUN", help="run folder, exported backbone .safetensors, or a run's .ckpt")
+    p.add_argument("--data", help="dataset name (default: the one the backbone was trained on)")
+    p.add_argument("--root", help="dataset folder (default: the run's data.root, else the dataset's default)")
+    p.add_argument("--resize", action="store_true", help="resize images of another size to the backbone's input")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--batch-size", type=int, default=512, help="feature extraction batch (default 512)")
+    p.add_argument("--out", help="folder for the results (default: RUN/eval)")
+    p.add_argument("--no-cache", action="store_true", help="extract features again instead of reusing the cache")
+
+
+def _knn_args(p) -> None:
+    p.add_argument("--k", help="comma-separated neighbour counts (default 10,20,100,200)")
+    p.add_argument("--temperature", default="0.07", help="vote weight exp(sim/T) (default 0.07); none: majority")
+    p.add_argument("--majority", action="store_true", help="plain majority voting (same as --temperature none)")
+
+
+def _aug_args(p) -> None:
+    p.add_argument("--crop-min", type=float, help="RandomResizedCrop minimum area (default: run's, else 0.08)")
+    p.add_argument("--hflip", type=float, help="flip probability (default: run's, else 0.5)")
+
+
+def add_eval_parser(subparsers) -> None:
+    """The ``selfsup eval`` command and its subcommands."""
+    ev = subparsers.add_parser("eval", help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all")
+    sub = ev.add_subparsers(dest="eval_command", required=True)
+
+    p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
+    _common(p)
+    _knn_args(p)
+    p.set_defaults(func=cmd_knn)
+
+    p = sub.add_parser("linear", help="linear probe, MoCo v3 protocol")
+    _common(p)
+    p.add_argument("--mode", choices=("features", "augmented"),
+                   help="features: cached features, no augmentation (default on CPU); augmented: crop + flip (GPU default)")
+    p.add_argument("--epochs", type=int, default=90, help="default 90 (MoCo v3)")
+    p.add_argument("--probe-batch", type=int, default=256, help="classifier batch (default 256)")
+    p.add_argument("--lr", type=float, help="base lr, scaled by batch/256 (default 3 for ViT, 0.1 otherwise)")
+    _aug_args(p)
+    p.set_defaults(func=cmd_linear)
+
+    p = sub.add_parser("finetune", help="end-to-end fine-tuning: layer-wise lr decay, drop path, AdamW")
+    _common(p)
+    p.add_argument("--epochs", type=int, default=5, help="default 5 (small, for CPUs)")
+    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--ft-batch", type=int, default=128, help="training batch (default 128)")
+    p.add_argument("--lr", type=float, default=1e-3, help="base lr, scaled by batch/256 (default 1e-3)")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--layer-decay", type=float, default=0.75, help="ViT layer-wise lr decay (default 0.75)")
+    p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate (default 0.1)")
+    _aug_args(p)
+    p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("rankme", help="RankMe, effective rank (99%% variance), embedding norm statistics")
+    _common(p)
+    p.add_argument("--split", choices=("train", "test"), default="train")
+    p.add_argument("--max-samples", type=int, default=25_600, help="rows used for the spectrum (default 25600)")
+    p.set_defaults(func=cmd_rankme)
+
+    p = sub.add_parser("norms-ood", help="embedding-norm OOD score: AUROC and histogram")
+    _common(p)
+    p.add_argument("--ood", required=True, help="OOD dataset name (its test split), or classes:8,9 (held-out classes)")
+    p.add_argument("--ood-root", help="folder of the OOD dataset")
+    p.set_defaults(func=cmd_norms_ood)
+
+    p = sub.add_parser("all", help="knn, linear (fast path), rankme and norm statistics (+ norms-ood with --ood)")
+    _common(p)
+    p.add_argument("--ood", help="OOD dataset or classes:8,9 for the norm OOD score")
+    p.add_argument("--ood-root", help="folder of the OOD dataset")
+    p.set_defaults(func=cmd_all)

@@ -1,0 +1,128 @@
+"""What to evaluate: a run folder, an exported backbone (.safetensors) or a Lightning .ckpt → backbone + metadata.
+
+A run folder gives its ``backbone.safetensors``, else ``checkpoints/last.ckpt`` rebuilt with its
+``config.yaml``. Results go to ``RUN/eval/`` (an exported file outside a run: ``<file>-eval/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from selfsup.errors import UserError
+
+WHAT = "pass a selfsup run folder, an exported backbone .safetensors, or a run's checkpoints/*.ckpt"
+
+
+@dataclass
+class EvalSource:
+    """A loaded backbone, how to rebuild it (``meta``), where its weights and its run live."""
+
+    backbone: nn.Module
+    meta: dict
+    weights: Path
+    run_dir: Path | None
+    out_dir: Path
+    run_cfg: object | None = None  # RunConfig of the run, when there is one
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the weights for the feature cache: resolved path, size and modification time."""
+        st = self.weights.stat()
+        raw = f"{self.weights.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def _raw_config(run_dir: Path) -> dict:
+    import yaml
+
+    path = run_dir / "config.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        raise UserError(f"{path} is not valid YAML; restore the run's config.yaml") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} is not a selfsup run config; restore the run's config.yaml")
+    return raw
+
+
+def _run_cfg(run_dir: Path | None):
+    """The run's data and augment sections (without importing the methods and Lightning)."""
+    from types import SimpleNamespace
+
+    from selfsup.config import AugmentSection, DataConfig
+
+    if run_dir is None or not (run_dir / "config.yaml").exists():
+        return None
+    raw = _raw_config(run_dir)
+
+    def section(cls, key):
+        values = raw.get(key) or {}
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+
+    return SimpleNamespace(data=section(DataConfig, "data"), augment=section(AugmentSection, "augment"))
+
+
+def _from_exported(path: Path, run_dir: Path | None) -> EvalSource:
+    from selfsup.export import load_exported
+
+    backbone, meta = load_exported(path)
+    out = run_dir / "eval" if run_dir else path.with_name(f"{path.stem}-eval")
+    return EvalSource(backbone, meta, path, run_dir, out, _run_cfg(run_dir))
+
+
+def _from_checkpoint(path: Path) -> EvalSource:
+    """The backbone weights (``backbone.*``) of a pretraining checkpoint, rebuilt from the run's config."""
+    from selfsup.data.datasets import load_dataset
+    from selfsup.engine import backbone_meta, data_info
+    from selfsup.export import read_meta
+    from selfsup.models.backbones import build_backbone
+
+    run_dir = next((d for d in (path.parent.parent, path.parent) if (d / "config.yaml").exists()), None)
+    if run_dir is None:
+        raise UserError(f"{path} is not inside a selfsup run folder (no config.yaml next to checkpoints/); {WHAT}")
+    cfg = _run_cfg(run_dir)
+    init = run_dir / "backbone_init.safetensors"
+    if init.exists():
+        meta = read_meta(init)
+    else:
+        from selfsup.config import resolve
+
+        full = resolve(_raw_config(run_dir))
+        meta = backbone_meta(full, data_info(full, load_dataset(full.data, "train")))
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        state = {k[len("backbone."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.")}
+    except Exception as e:
+        raise UserError(f"{path} is not a readable selfsup checkpoint ({type(e).__name__}); {WHAT}") from None
+    if not state:
+        raise UserError(f"{path} holds no backbone weights; {WHAT}")
+    backbone = build_backbone(meta["backbone"], **meta["kwargs"])
+    try:
+        backbone.load_state_dict(state)
+    except RuntimeError as e:
+        raise UserError(f"{path}: weights do not fit the run's {meta['backbone']} ({str(e).splitlines()[0]})") from None
+    return EvalSource(backbone, meta, path, run_dir, run_dir / "eval", cfg)
+
+
+def load_source(location: str | Path) -> EvalSource:
+    """Resolve CKPT_OR_RUN (run folder, exported .safetensors, or .ckpt) to an :class:`EvalSource`."""
+    path = Path(location)
+    if not path.exists():
+        raise UserError(f"{path} does not exist; {WHAT}")
+    if path.is_dir():
+        if (path / "backbone.safetensors").exists():
+            return _from_exported(path / "backbone.safetensors", path)
+        if (path / "checkpoints" / "last.ckpt").exists():
+            return _from_checkpoint(path / "checkpoints" / "last.ckpt")
+        raise UserError(f"{path} is not a selfsup run folder (no backbone.safetensors or checkpoints/last.ckpt); {WHAT}")
+    if path.suffix == ".safetensors":
+        run_dir = path.parent if (path.parent / "config.yaml").exists() else None
+        return _from_exported(path, run_dir)
+    if path.suffix == ".ckpt":
+        return _from_checkpoint(path)
+    raise UserError(f"{path} is not a selfsup run or exported backbone; {WHAT}")
