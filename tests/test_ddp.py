@@ -128,13 +128,14 @@ def ddp_results(tmp_path_factory):
     return {v: [torch.load(tmp / f"{v}-{r}.pt") for r in range(WORLD)] for v in VARIANTS}
 
 
-def reference(variant: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One process, the whole batch (not distributed: the gathers are identities)."""
+def reference(variant: str) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[str]]:
+    """One process, the whole batch (not distributed: the gathers are identities); also the trainable names."""
     assert not dist.is_initialized()
     method = method_for(variant)
     loss = method.forward_views(fixed_views())["loss"]
     loss.backward()
-    return loss.detach(), {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, [n for n, p in method.named_parameters() if p.requires_grad]
 
 
 def _max_rel_err(grads: dict, ref: dict) -> float:
@@ -144,8 +145,7 @@ def _max_rel_err(grads: dict, ref: dict) -> float:
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_ddp_matches_single_process(ddp_results, name):
     results = ddp_results[name]
-    ref_loss, ref_grads = reference(name)
-    trainable = [n for n, p in method_for(name).named_parameters() if p.requires_grad]
+    ref_loss, ref_grads, trainable = reference(name)
     assert sorted(ref_grads) == sorted(trainable)
     # the per-rank losses differ (different halves), their mean is the whole-batch loss
     losses = [r["loss"] for r in results]
@@ -163,7 +163,7 @@ def test_ddp_matches_single_process(ddp_results, name):
 @pytest.mark.parametrize("variant", WRONG_SIMCLR)
 def test_wrong_simclr_gathers_are_caught(ddp_results, variant):
     """The power of the comparison: a wrong gather keeps the loss but changes the gradient."""
-    ref_loss, ref_grads = reference("simclr")
+    ref_loss, ref_grads, _ = reference("simclr")
     results = ddp_results[variant]
     torch.testing.assert_close(sum(r["loss"] for r in results) / WORLD, ref_loss, rtol=1e-5, atol=1e-6)
     assert _max_rel_err(results[0]["grads"], ref_grads) > 1e-2
