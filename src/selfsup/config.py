@@ -110,10 +110,21 @@ class EvalConfig:
     knn_k: int = 20
     knn_temperature: float = 0.07
     batch_size: int = 512
+    knn_every_n_steps: int = 0  # kNN monitor during pretraining (monitor/knn_top1) every N steps; 0 = off
+    knn_monitor_train: int = 5000  # fixed train / test subset sizes of the monitor
+    knn_monitor_test: int = 1000
+    online_probe: bool = False  # online linear probe on detached embeddings (monitor/probe_acc)
+    online_probe_lr: float = 1e-3
 
     def validate(self) -> None:
         if self.knn_k < 1:
             raise UserError(f"eval.knn_k={self.knn_k} must be >= 1")
+        if self.knn_every_n_steps < 0:
+            raise UserError(f"eval.knn_every_n_steps={self.knn_every_n_steps} must be >= 0 (0 turns the monitor off)")
+        if self.knn_monitor_train < 1 or self.knn_monitor_test < 1:
+            raise UserError("eval.knn_monitor_train and eval.knn_monitor_test must be >= 1")
+        if not self.online_probe_lr > 0:
+            raise UserError(f"eval.online_probe_lr={self.online_probe_lr} must be > 0")
 
 
 @dataclass

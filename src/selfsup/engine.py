@@ -157,6 +157,8 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+    from selfsup.instruments import monitor_callbacks
+
     t = cfg.trainer
     checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                  every_n_train_steps=t.checkpoint_every_n_steps or None,
@@ -168,7 +170,8 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
             num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=t.sync_batchnorm,
             gradient_clip_val=t.gradient_clip_val, log_every_n_steps=t.log_every_n_steps,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
-            enable_model_summary=False, callbacks=[checkpoint], logger=loggers, use_distributed_sampler=False,
+            enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg)], logger=loggers,
+            use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )
     except (ValueError, RuntimeError, TypeError) as e:  # Lightning's own messages for bad devices/strategy

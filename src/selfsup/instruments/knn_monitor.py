@@ -1,0 +1,82 @@
+"""Dense kNN monitor: weighted kNN top-1 of the current backbone every N optimiser steps (MoCo v3's dips).
+
+A fixed random subset of the training and test splits is embedded by the backbone in eval mode (no
+gradient, train mode restored after), on the first process only; logs ``monitor/knn_top1``.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from selfsup.data.datasets import ImageDataset, load_dataset
+from selfsup.data.views import EvalTransform
+from selfsup.eval.knn import knn_accuracy
+
+
+def fixed_subset(dataset: ImageDataset, size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(uint8 images, labels) of at most ``size`` samples drawn once with ``seed`` (labelled samples only)."""
+    labelled = (dataset.labels >= 0).nonzero().squeeze(1)
+    pick = labelled[torch.randperm(len(labelled), generator=torch.Generator().manual_seed(seed))[:size]]
+    pick = pick.sort().values
+    return dataset.images[pick], dataset.labels[pick]
+
+
+class KNNMonitor(pl.Callback):
+    """Every ``every_n_steps`` steps: kNN top-1 (%) of a fixed test subset against a fixed train subset."""
+
+    def __init__(self, every_n_steps: int, k: int = 20, temperature: float | None = 0.07, train_size: int = 5000,
+                 test_size: int = 1000, batch_size: int = 512, seed: int = 0,
+                 train: ImageDataset | None = None, test: ImageDataset | None = None):
+        super().__init__()
+        if every_n_steps < 1:
+            raise ValueError("every_n_steps must be >= 1")
+        self.every, self.k, self.temperature = every_n_steps, k, temperature
+        self.train_size, self.test_size, self.batch_size, self.seed = train_size, test_size, batch_size, seed
+        self._train, self._test = train, test
+        self.history: list[tuple[int, float]] = []
+        self._data = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.is_global_zero or self._data is not None:
+            return
+        train = self._train if self._train is not None else trainer.datamodule.dataset
+        test = self._test if self._test is not None else load_dataset(pl_module.cfg.data, "test")
+        xtr, ytr = fixed_subset(train, self.train_size, self.seed)
+        xte, yte = fixed_subset(test, self.test_size, self.seed + 1)
+        self._data = (xtr, ytr, xte, yte, min(self.k, len(ytr)))
+
+    @torch.no_grad()
+    def _embed(self, backbone, images: Tensor, transform, device) -> Tensor:
+        amp = device.type == "cuda"
+        out = []
+        for i in range(0, len(images), self.batch_size):
+            x = transform(images[i : i + self.batch_size].to(device, non_blocking=True))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                out.append(backbone(x).float())
+        return torch.cat(out)
+
+    def measure(self, pl_module) -> float:
+        """kNN top-1 (%) of the current backbone on the fixed subsets; the backbone's mode is restored."""
+        xtr, ytr, xte, yte, k = self._data
+        backbone, info = pl_module.backbone, pl_module.info
+        transform = EvalTransform(info.image_size, info.mean, info.std).to(pl_module.device)
+        was_training = backbone.training
+        backbone.eval()
+        try:
+            ftr = self._embed(backbone, xtr, transform, pl_module.device)
+            fte = self._embed(backbone, xte, transform, pl_module.device)
+        finally:
+            backbone.train(was_training)
+        return knn_accuracy(ftr, ytr.to(ftr.device), fte, yte.to(fte.device), k, self.temperature)["top1"]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step
+        if step % self.every or not trainer.is_global_zero or self._data is None:
+            return
+        if self.history and self.history[-1][0] == step:  # accumulation: several batches per step
+            return
+        top1 = self.measure(pl_module)
+        self.history.append((step, top1))
+        pl_module.log("monitor/knn_top1", top1, on_step=True, on_epoch=False, rank_zero_only=True)
