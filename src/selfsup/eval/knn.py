@@ -68,7 +68,7 @@ def topk_accuracy(scores: Tensor, labels: Tensor) -> dict[str, float]:
     """Top-1 and top-5 accuracy in percent (top-5 = top-C when there are fewer than 5 classes)."""
     top = scores.topk(min(5, scores.shape[1]), dim=1).indices
     hit = top == labels.to(top.device).view(-1, 1)
-    return {"top1": 100.0 * hit[:, 0].float().mean().item(), "top5": 100.0 * hit.any(1).float().mean().item()}
+    return {"top1": 100.0 * hit[:, 0].double().mean().item(), "top5": 100.0 * hit.any(1).double().mean().item()}
 
 
 def _num_classes(train_labels: Tensor, test_labels: Tensor | None = None) -> int:
