@@ -111,6 +111,9 @@ def test_simsiam_and_byol_heads(models):
     assert all(lin.bias is not None for lin in b.projector if isinstance(lin, nn.Linear))
     c = models["simclr"]
     assert _last_bn(c.projector) is c.projector[-1]
+    # official SimCLR: the last BN has a scale but no shift (center=False)
+    assert c.projector[-1].weight.requires_grad and not c.projector[-1].bias.requires_grad
+    assert torch.count_nonzero(c.projector[-1].bias) == 0
 
 
 def test_frozen_patch_projection_and_pos_embed_unchanged_after_training(tmp_path):

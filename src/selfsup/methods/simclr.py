@@ -1,8 +1,9 @@
 """SimCLR (Chen et al. 2020): NT-Xent over 2N views, negatives from every process (with gradient).
 
-As the official TF code, both views go through the network as one concatenated batch. The
-projection head is bias-free Linear → BN → ReLU → Linear → BN (SimCLR v2 style; the official
-head uses BN in every layer). ``decoupled=True`` drops the positive from the denominator (DCL).
+As the official TF code (tf2/model.py), both views go through the network as one concatenated
+batch, and the projection head is bias-free Linear → BN → ReLU … → Linear → BN whose last BN has a
+scale but no shift (``center=False``). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
+uses 3. ``decoupled=True`` drops the positive from the denominator (DCL).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class SimCLR(SSLMethod):
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
         c = cfg.method
-        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True)
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True,
+                             last_bn_affine=True)
+        self.projector[-1].bias.requires_grad_(False)  # scale without shift, as BN(center=False)
 
     def forward_views(self, views):
         x1, x2 = views
