@@ -37,27 +37,35 @@ class Context:
     def out_dir(self) -> Path:
         return self.source.out_dir
 
-    def data_key(self, cfg) -> str:
-        return json.dumps([cfg.name, cfg.root, cfg.load_size])
+    def data_key(self, cfg, limit: int | None = None) -> str:
+        return json.dumps([cfg.name, cfg.root, cfg.load_size, limit])
 
-    def split(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize"):
-        """A dataset split checked against the backbone (cached in memory)."""
-        from selfsup.eval.data import load_split
+    def _limit(self, name: str, cfg, limit: int | None) -> int | None:
+        if limit is None and name == "train" and cfg is self.data_cfg and self.args.train_limit is not None:
+            return _positive(self.args.train_limit, "--train-limit")
+        return limit
+
+    def split(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize", limit: int | None = None):
+        """A dataset split checked against the backbone (``--train-limit``: a fixed subset of train)."""
+        from selfsup.eval.data import load_split, subset
 
         cfg = cfg or self.data_cfg
-        key = (self.data_key(cfg), name)
+        limit = self._limit(name, cfg, limit)
+        key = (self.data_key(cfg, limit), name)
         if key not in self._splits:
-            self._splits[key] = load_split(cfg, name, self.source.meta, self.args.resize if resize is None else resize,
-                                           flag)
+            full = load_split(cfg, name, self.source.meta, self.args.resize if resize is None else resize, flag)
+            self._splits[key] = subset(full, limit)
         return self._splits[key]
 
-    def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize"):
+    def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",
+                 limit: int | None = None):
         """(features, labels) of a split, through the feature cache."""
         from selfsup.eval.cache import features
 
         cfg = cfg or self.data_cfg
-        dataset = self.split(name, cfg, resize, flag)
-        return features(self.source, dataset, name, self.data_key(cfg), self.args.batch_size, self.device,
+        limit = self._limit(name, cfg, limit)
+        dataset = self.split(name, cfg, resize, flag, limit)
+        return features(self.source, dataset, name, self.data_key(cfg, limit), self.args.batch_size, self.device,
                         not self.args.no_cache)
 
     def header(self) -> dict:
@@ -261,7 +269,8 @@ def run_norms_ood(ctx: Context, ood: str) -> dict:
         tag = "classes-" + "-".join(map(str, classes))
     else:
         cfg = data_config(ctx.source, ood, getattr(ctx.args, "ood_root", None))
-        f_ood, _ = ctx.features("test", cfg, resize=True)
+        limit = getattr(ctx.args, "ood_limit", None)
+        f_ood, _ = ctx.features("test", cfg, resize=True, limit=_positive(limit, "--ood-limit") if limit else None)
         tag = cfg.name
     if len(fte) == 0 or len(f_ood) == 0:
         raise UserError(f"--ood {ood} leaves no in-distribution or no OOD test samples; choose other classes")
@@ -335,6 +344,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=512, help="feature extraction batch (default 512)")
     p.add_argument("--out", help="folder for the results (default: RUN/eval)")
     p.add_argument("--no-cache", action="store_true", help="extract features again instead of reusing the cache")
+    p.add_argument("--train-limit", type=int, help="use a fixed random subset of this many training images")
 
 
 def _knn_args(p) -> None:
@@ -390,10 +400,12 @@ def add_eval_parser(subparsers) -> None:
     _common(p)
     p.add_argument("--ood", required=True, help="OOD dataset name (its test split), or classes:8,9 (held-out classes)")
     p.add_argument("--ood-root", help="folder of the OOD dataset")
+    p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
     p.set_defaults(func=cmd_norms_ood)
 
     p = sub.add_parser("all", help="knn, linear (fast path), rankme and norm statistics (+ norms-ood with --ood)")
     _common(p)
     p.add_argument("--ood", help="OOD dataset or classes:8,9 for the norm OOD score")
     p.add_argument("--ood-root", help="folder of the OOD dataset")
+    p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
     p.set_defaults(func=cmd_all)

@@ -48,3 +48,14 @@ def keep_classes(dataset: ImageDataset, classes, keep: bool) -> ImageDataset:
     idx = (mask if keep else ~mask).nonzero().squeeze(1)
     return ImageDataset(dataset.name, dataset.images[idx], dataset.labels[idx], dataset.num_classes,
                         dataset.mean, dataset.std)
+
+
+def subset(dataset: ImageDataset, limit: int | None, seed: int = 0) -> ImageDataset:
+    """A fixed random subset of at most ``limit`` samples (in their original order); None: all."""
+    import torch
+
+    if limit is None or limit >= len(dataset):
+        return dataset
+    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    return ImageDataset(dataset.name, dataset.images[idx], dataset.labels[idx], dataset.num_classes,
+                        dataset.mean, dataset.std)

@@ -116,7 +116,7 @@ def finetune(backbone: nn.Module, train: ImageDataset, test: ImageDataset, meta:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             step += 1
     model.eval()
     transform = EvalTransform(size, mean, std).to(dev)

@@ -36,7 +36,8 @@ def histogram(in_scores: Tensor, ood_scores: Tensor, path: Path, title: str) -> 
     fig, ax = plt.subplots(figsize=(6, 4))
     lo = float(min(in_scores.min(), ood_scores.min()))
     hi = float(max(in_scores.max(), ood_scores.max()))
-    bins = torch.linspace(lo, hi if hi > lo else lo + 1e-6, 51).tolist()
+    pad = 0.01 * max(abs(lo), 1e-3) if hi - lo < 1e-6 * max(abs(hi), 1.0) else 0.0  # all scores equal
+    bins = torch.linspace(lo - pad, hi + pad, 51).tolist()
     ax.hist(in_scores.numpy(), bins=bins, alpha=0.6, density=True, label="in-distribution (test)")
     ax.hist(ood_scores.numpy(), bins=bins, alpha=0.6, density=True, label="OOD")
     ax.set_xlabel("embedding norm / mean training norm")

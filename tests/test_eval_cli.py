@@ -1,0 +1,124 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from selfsup.cli import main
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A digits run folder built directly (random-init MoCo v3 ViT): config, exported backbone, checkpoint."""
+    from selfsup.config import load_run_config, to_dict
+    from selfsup.data.datasets import load_dataset
+    from selfsup.engine import backbone_meta, build_method, data_info
+    from selfsup.export import export_backbone
+
+    run_dir = tmp_path_factory.mktemp("runs") / "r"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    cfg = load_run_config("moco-v3-vit-digits", [f"output_dir={run_dir.parent}", "name=r"])
+    info = data_info(cfg, load_dataset(cfg.data, "train"))
+    model = build_method(cfg, info)
+    meta = backbone_meta(cfg, info)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    export_backbone(model.backbone, run_dir / "backbone.safetensors", meta)
+    export_backbone(model.backbone, run_dir / "backbone_init.safetensors", meta)
+    torch.save({"state_dict": model.state_dict(), "global_step": 0}, run_dir / "checkpoints" / "last.ckpt")
+    return run_dir
+
+
+def ok(capsys, *argv):
+    assert main(["eval", *map(str, argv)]) == 0
+    return capsys.readouterr().out
+
+
+def bad(capsys, *argv):
+    assert main(["eval", *map(str, argv)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("selfsup: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_knn_writes_json_and_reuses_feature_cache(run, capsys):
+    out = ok(capsys, "knn", run, "--k", "5,20")
+    assert "top-1" in out
+    res = json.loads((run / "eval" / "knn.json").read_text())
+    assert set(res["results"]) == {"k=5", "k=20"} and res["train_size"] == 1438 and res["test_size"] == 359
+    cache = sorted((run / "eval" / "cache").glob("features-digits-*.pt"))
+    assert len(cache) == 2
+    stamps = [p.stat().st_mtime_ns for p in cache]
+    ok(capsys, "knn", run, "--majority", "--k", "10")
+    assert [p.stat().st_mtime_ns for p in cache] == stamps  # features came from the cache
+    assert json.loads((run / "eval" / "knn.json").read_text())["voting"] == "majority"
+
+
+def test_knn_from_checkpoint_and_exported_file_agree(run, capsys, tmp_path):
+    ok(capsys, "knn", run / "checkpoints" / "last.ckpt", "--k", "20", "--out", tmp_path / "a")
+    ok(capsys, "knn", run / "backbone.safetensors", "--k", "20", "--out", tmp_path / "b")
+    a = json.loads((tmp_path / "a" / "knn.json").read_text())["results"]
+    b = json.loads((tmp_path / "b" / "knn.json").read_text())["results"]
+    assert a == b
+
+
+def test_linear_rankme_norms_all(run, capsys):
+    ok(capsys, "linear", run, "--epochs", "3")
+    lin = json.loads((run / "eval" / "linear.json").read_text())
+    assert lin["mode"] == "features" and lin["lr"] == pytest.approx(3.0)
+    assert 10 < lin["test"]["top1"] <= 100
+    ok(capsys, "rankme", run)
+    rk = json.loads((run / "eval" / "rankme.json").read_text())
+    assert 1 <= rk["rankme"] <= rk["dim"] and 1 <= rk["effective_rank_99"] <= rk["dim"]
+    ok(capsys, "norms-ood", run, "--ood", "classes:8,9")
+    ood = json.loads((run / "eval" / "norms-ood-classes-8-9.json").read_text())
+    assert 0 <= ood["auroc"] <= 1 and (run / "eval" / "norms-ood-classes-8-9.png").stat().st_size > 1000
+    ok(capsys, "all", run)
+    summary = json.loads((run / "eval" / "all.json").read_text())
+    assert {"knn", "linear", "rankme", "effective_rank_99", "norms"} <= set(summary)
+
+
+def test_linear_augmented_and_finetune(run, capsys):
+    ok(capsys, "linear", run, "--mode", "augmented", "--epochs", "1", "--train-limit", "200")
+    assert json.loads((run / "eval" / "linear.json").read_text())["hflip_p"] == 0.0  # the run's augment.hflip_p
+    ok(capsys, "finetune", run, "--epochs", "1", "--ft-batch", "64", "--train-limit", "128")
+    ft = json.loads((run / "eval" / "finetune.json").read_text())
+    assert ft["layer_decay"] == 0.75 and ft["steps"] == 2 and (run / "eval" / "finetuned_backbone.safetensors").exists()
+
+
+def test_ood_dataset_is_resized(run, capsys):
+    ok(capsys, "norms-ood", run, "--ood", "fashion-mnist", "--ood-limit", "300")
+    ood = json.loads((run / "eval" / "norms-ood-fashion-mnist.json").read_text())
+    assert ood["ood_size"] == 300 and ood["in_size"] == 359
+
+
+def test_bad_inputs(run, capsys, tmp_path):
+    junk = tmp_path / "junk.txt"
+    junk.write_text("x")
+    assert "not a selfsup run or exported backbone" in bad(capsys, "knn", junk)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "not a selfsup run folder" in bad(capsys, "knn", empty)
+    fake = tmp_path / "fake.safetensors"
+    fake.write_bytes(b"not safetensors")
+    assert "fake.safetensors" in bad(capsys, "rankme", fake)
+    assert "larger than the 1438 training samples" in bad(capsys, "knn", run, "--k", "5000")
+    assert "--temperature" in bad(capsys, "knn", run, "--temperature", "warm")
+    assert "--resize" in bad(capsys, "knn", run, "--data", "fashion-mnist")
+    assert "classes:99" in bad(capsys, "norms-ood", run, "--ood", "classes:99")
+    # an RGB image folder does not fit a 1-channel backbone, even for the OOD set
+    from PIL import Image
+
+    for split in ("train", "val"):
+        (tmp_path / "rgb" / split / "a").mkdir(parents=True)
+        Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "rgb" / split / "a" / "x.png")
+    assert "channel" in bad(capsys, "knn", run, "--data", "imagefolder", "--root", tmp_path / "rgb", "--resize")
+    assert "channel" in bad(capsys, "norms-ood", run, "--ood", "imagefolder", "--ood-root", tmp_path / "rgb")
+
+
+def test_exit_code_and_single_line_in_a_real_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "selfsup", "eval", "knn", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
