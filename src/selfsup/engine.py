@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -128,6 +129,30 @@ def check_checkpoint(path: Path, model: SSLMethod) -> None:
     if missing or mismatched or set(state) - set(own):
         what = f"missing {missing[0]}" if missing else (f"shape of {mismatched[0]}" if mismatched else "extra weights")
         raise UserError(f"checkpoint {path} does not fit this run's model ({what}); it was made with another config")
+    return int(ckpt.get("global_step", 0))
+
+
+def keep_metrics(trainer: pl.Trainer, run_dir: Path, step: int) -> None:
+    """On resume: Lightning's CSVLogger deletes an existing metrics.csv; keep its rows from before ``step``."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    path = run_dir / "metrics.csv"
+    if not trainer.is_global_zero or not path.exists():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        keys = list(reader.fieldnames or [])
+        rows = [r for r in reader if r.get("step", "").isdigit() and int(r["step"]) < step]
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger):
+            writer = logger.experiment  # creating the writer removes the file
+            with path.open("w", newline="") as f:
+                out = csv.DictWriter(f, fieldnames=keys)
+                out.writeheader()
+                out.writerows(rows)
+            writer.metrics_keys = keys
 
 
 class _DropTips(logging.Filter):
@@ -212,16 +237,22 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     if ckpt_path is not None:
         if not ckpt_path.exists():
             raise UserError(f"{run_dir} has no checkpoints/last.ckpt to resume from; start it again without --resume")
-        check_checkpoint(ckpt_path, model)
+        resumed_step = check_checkpoint(ckpt_path, model)
     elif not child:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         export_backbone(model.backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
-    trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path)
+    if ckpt_path is not None:
+        keep_metrics(trainer, run_dir, resumed_step)
+    try:
+        trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path)
+    except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
+        if not trainer.interrupted:
+            raise
+        if trainer.is_global_zero:
+            print(f"interrupted; continue with: selfsup pretrain --resume {run_dir}", file=sys.stderr)
+        raise KeyboardInterrupt from None
     if not trainer.is_global_zero:
-        return run_dir
-    if trainer.interrupted:
-        print(f"interrupted; continue with: selfsup pretrain --resume {run_dir}")
         return run_dir
     backbone = model.backbone.cpu()
     export_backbone(backbone, run_dir / "backbone.safetensors", meta)
