@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -251,6 +252,8 @@ def _coerce(value, tp, key: str):
             raise UserError(f"{key}={value!r} has the wrong type; expected true or false")
         return value
     if tp is float:
+        if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+            value = float(value)  # YAML 1.1 reads exponents without a dot (1e-3) as strings
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{key}={value!r} has the wrong type; expected a number")
         return float(value)
