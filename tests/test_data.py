@@ -1,0 +1,228 @@
+"""Datasets (digits, Fashion-MNIST IDX, imagefolder) and the epoch batch sampler."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from selfsup.config import DataConfig
+from selfsup.data.datasets import FASHION_MNIST_DEFAULT, load_dataset
+from selfsup.data.loader import EpochBatchSampler, batch_loader
+from selfsup.errors import UserError, clean_message
+
+
+# --------------------------------------------------------------------------- digits
+
+
+def test_digits_split_sizes_and_fixedness():
+    train, test = load_dataset(DataConfig(name="digits"), "train"), load_dataset(DataConfig(name="digits"), "test")
+    assert (len(train), len(test)) == (1438, 359)  # 1797 images, a fixed 80/20 split
+    for ds in (train, test):
+        assert ds.images.dtype == torch.uint8 and ds.images.shape[1:] == (1, 8, 8)
+        assert ds.labels.dtype == torch.int64 and set(ds.labels.tolist()) == set(range(10))
+        assert ds.num_classes == 10 and ds.channels == 1 and ds.image_size == 8
+    assert int(train.images.max()) == 255 and int(train.images.min()) == 0
+    again = load_dataset(DataConfig(name="digits"), "train")
+    assert torch.equal(again.images, train.images) and torch.equal(again.labels, train.labels)
+    assert again.mean == train.mean and again.std == train.std
+    # train and test are complementary parts of the 1797 images (all of them, each once)
+    from sklearn.datasets import load_digits
+
+    everything = torch.from_numpy(np.round(load_digits().images * (255.0 / 16.0)).astype(np.uint8))
+    ours = torch.cat([train.images, test.images])[:, 0]
+    key = lambda t: sorted(map(bytes, t.reshape(len(t), -1).numpy()))  # noqa: E731
+    assert key(ours) == key(everything)
+    images, labels = train[torch.tensor([3, 0, 7])]
+    assert torch.equal(images, train.images[[3, 0, 7]]) and torch.equal(labels, train.labels[[3, 0, 7]])
+
+
+def test_unknown_split_is_a_programming_error():
+    with pytest.raises(ValueError):
+        load_dataset(DataConfig(name="digits"), "val")
+
+
+# --------------------------------------------------------------------------- Fashion-MNIST
+
+
+def test_fashion_mnist_from_the_installed_files():
+    assert (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").exists(), \
+        "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist)"
+    train = load_dataset(DataConfig(name="fashion-mnist"), "train")
+    test = load_dataset(DataConfig(name="fashion-mnist"), "test")
+    assert (len(train), len(test)) == (60_000, 10_000)
+    for ds in (train, test):
+        assert ds.images.shape == (len(ds), 1, 28, 28) and ds.images.dtype == torch.uint8
+        assert sorted(ds.labels.unique().tolist()) == list(range(10)) and ds.labels.dtype == torch.int64
+        assert torch.bincount(ds.labels).tolist() == [len(ds) // 10] * 10  # balanced classes
+    assert abs(train.images.float().mean().item() / 255 - train.mean[0]) < 1e-3
+
+
+def write_idx(path, array, compress):
+    array = np.asarray(array, dtype=np.uint8)
+    data = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape) + array.tobytes()
+    (gzip.open if compress else open)(path, "wb").write(data)
+
+
+def fake_fashion(folder, compress, n_train=6, n_test=4, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, n, prefix in (("train", n_train, "train"), ("test", n_test, "t10k")):
+        images, labels = rng.integers(0, 256, (n, 28, 28)), rng.integers(0, 10, n)
+        suffix = ".gz" if compress else ""
+        write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", images, compress)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels, compress)
+        out[split] = (images, labels)
+    return out
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_idx_files_written_here_are_read_back(tmp_path, compress):
+    written = fake_fashion(tmp_path, compress)
+    for split in ("train", "test"):
+        ds = load_dataset(DataConfig(name="fashion-mnist", root=str(tmp_path)), split)
+        images, labels = written[split]
+        assert ds.images.shape == (len(labels), 1, 28, 28)
+        assert np.array_equal(ds.images[:, 0].numpy(), images) and np.array_equal(ds.labels.numpy(), labels)
+
+
+def test_idx_files_in_torchvision_layout(tmp_path):
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    written = fake_fashion(raw, compress=False)
+    ds = load_dataset(DataConfig(name="fashion-mnist", root=str(tmp_path)), "test")
+    assert np.array_equal(ds.labels.numpy(), written["test"][1])
+
+
+@pytest.mark.parametrize("damage", ["magic", "truncated", "gzip", "empty"])
+def test_corrupt_idx_is_a_user_error_naming_the_file(tmp_path, damage):
+    fake_fashion(tmp_path, compress=True)
+    target = tmp_path / "train-images-idx3-ubyte.gz"
+    if damage == "magic":
+        write_idx(target, np.zeros((2, 28, 28)), True)
+        raw = bytearray(gzip.decompress(target.read_bytes()))
+        raw[2] = 0x0D  # float data, not uint8
+        target.write_bytes(gzip.compress(bytes(raw)))
+    elif damage == "truncated":
+        target.write_bytes(gzip.compress(gzip.decompress(target.read_bytes())[:500]))
+    elif damage == "gzip":
+        target.write_bytes(b"this is not gzip at all" * 10)
+    else:
+        target.write_bytes(gzip.compress(b""))
+    with pytest.raises(UserError) as e:
+        load_dataset(DataConfig(name="fashion-mnist", root=str(tmp_path)), "train")
+    assert str(target) in str(e.value) and "not a readable IDX file" in str(e.value)
+
+
+def test_images_and_labels_that_do_not_belong_together(tmp_path):
+    fake_fashion(tmp_path, compress=True)
+    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.zeros(5), True)  # 6 images, 5 labels
+    with pytest.raises(UserError, match="6 images but 5 labels"):
+        load_dataset(DataConfig(name="fashion-mnist", root=str(tmp_path)), "train")
+
+
+def test_missing_fashion_mnist_says_where_it_looked_and_how_to_get_it(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_dataset(DataConfig(name="fashion-mnist", root=str(tmp_path)), "train")
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "apt-get install dataset-fashion-mnist" in msg and "data.download=true" in msg
+
+
+# --------------------------------------------------------------------------- imagefolder
+
+
+def make_folder(root, layout, size=(20, 12)):
+    """layout: {split: {class: n_images}}; image i of class c has red = 10·c + i."""
+    for split, classes in layout.items():
+        for c, (cls, n) in enumerate(classes.items()):
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.new("RGB", size, (10 * c + i, 7, 200)).save(root / split / cls / f"{i:02d}.png")
+
+
+def test_imagefolder_classes_labels_and_shapes(tmp_path):
+    make_folder(tmp_path, {"train": {"zebra": 2, "ant": 3, "moth": 1}, "val": {"zebra": 1, "ant": 1, "moth": 2}})
+    (tmp_path / "train" / "ant" / "notes.txt").write_text("not an image")  # ignored
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), load_size=16)
+    train, val = load_dataset(cfg, "train"), load_dataset(cfg, "test")
+    assert len(train) == 6 and len(val) == 4 and train.num_classes == 3
+    assert train.labels.tolist() == [0, 0, 0, 1, 2, 2]  # ant, moth, zebra: classes sorted by name
+    assert val.labels.tolist() == [0, 1, 1, 2]
+    assert train.images.shape == (6, 3, 16, 16) and train.channels == 3 and train.image_size == 16
+    images, labels = train[torch.tensor([4, 0])]
+    assert images.shape == (2, 3, 16, 16) and images.dtype == torch.uint8 and labels.tolist() == [2, 0]
+    # a 20×12 image: shorter side to 16, centre crop; colours survive (zebra/00: red 0, ant/00: red 10)
+    assert images[0, :, 8, 8].tolist() == [0, 7, 200] and images[1, :, 8, 8].tolist() == [10, 7, 200]
+    loader = batch_loader(train, EpochBatchSampler(len(train), 3, shuffle=False))
+    batches = list(loader)
+    assert [b[0].shape for b in batches] == [(3, 3, 16, 16)] * 2
+
+
+def test_imagefolder_corrupt_file_names_it(tmp_path):
+    make_folder(tmp_path, {"train": {"a": 2, "b": 2}})
+    bad = tmp_path / "train" / "b" / "01.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20)
+    train = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), load_size=8), "train")
+    train[torch.tensor([0, 1])]  # the good ones decode
+    with pytest.raises(UserError) as e:
+        train[torch.tensor([2, 3])]
+    assert str(bad) in str(e.value) and "corrupt" in str(e.value)
+    # the same from a decoding worker: the CLI's one-line message still names the file
+    loader = batch_loader(train, EpochBatchSampler(len(train), 4, shuffle=False), num_workers=1)
+    with pytest.raises(Exception) as e:
+        list(loader)
+    assert str(bad) in clean_message(e.value) and "\n" not in clean_message(e.value)
+
+
+def test_imagefolder_without_folders_or_images(tmp_path):
+    with pytest.raises(UserError, match="needs data.root"):
+        load_dataset(DataConfig(name="imagefolder"), "train")
+    with pytest.raises(UserError, match="no train/ folder"):
+        load_dataset(DataConfig(name="imagefolder", root=str(tmp_path)), "train")
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    with pytest.raises(UserError, match="no image files"):
+        load_dataset(DataConfig(name="imagefolder", root=str(tmp_path)), "train")
+
+
+# --------------------------------------------------------------------------- EpochBatchSampler
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_rank_slices_concatenate_to_the_single_process_batch(world_size):
+    n, global_batch = 103, 16
+    single = list(EpochBatchSampler(n, global_batch, seed=3))
+    ranks = [list(EpochBatchSampler(n, global_batch // world_size, seed=3, rank=r, world_size=world_size))
+             for r in range(world_size)]
+    assert all(len(r) == len(single) == n // global_batch for r in ranks)
+    for i, batch in enumerate(single):
+        assert torch.equal(torch.cat([r[i] for r in ranks]), batch)
+
+
+def test_set_epoch_reshuffles_deterministically():
+    s = EpochBatchSampler(50, 10, seed=1)
+    e0 = torch.cat(list(s))
+    assert torch.equal(torch.cat(list(s)), e0)  # iterating again: the same epoch
+    s.set_epoch(1)
+    e1 = torch.cat(list(s))
+    assert not torch.equal(e1, e0)
+    assert sorted(e0.tolist()) == sorted(e1.tolist()) == list(range(50))  # a permutation of everything
+    other = EpochBatchSampler(50, 10, seed=1)
+    other.set_epoch(1)
+    assert torch.equal(torch.cat(list(other)), e1)  # a fresh sampler at the same epoch
+    reseeded = EpochBatchSampler(50, 10, seed=2)
+    reseeded.set_epoch(1)
+    assert not torch.equal(torch.cat(list(reseeded)), e1)
+
+
+def test_len_and_drop_last():
+    assert len(EpochBatchSampler(103, 10)) == 10
+    assert len(EpochBatchSampler(103, 10, drop_last=False)) == 11
+    assert len(EpochBatchSampler(103, 5, world_size=2, rank=1)) == 10
+    dropped = list(EpochBatchSampler(103, 10))
+    assert len(dropped) == 10 and all(len(b) == 10 for b in dropped) and len(set(torch.cat(dropped).tolist())) == 100
+    kept = list(EpochBatchSampler(103, 10, shuffle=False, drop_last=False))
+    assert [len(b) for b in kept] == [10] * 10 + [3] and torch.equal(torch.cat(kept), torch.arange(103))
