@@ -1,0 +1,231 @@
+"""The ``selfsup`` command line end to end: presets, a tiny pretraining run, and every bad input → exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+import selfsup.methods.moco_v3 as moco_v3
+from selfsup.cli import main
+from selfsup.config import load_run_config, preset_names, to_dict
+from conftest import TINY
+
+PRESET = "moco-v3-vit-digits"
+SELFSUP = Path(sys.executable).with_name("selfsup")
+
+
+def run_cli(*argv):
+    """main(argv) in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_user_error(code, err, *words, only_line=True):
+    """Exit 2, the message on one stderr line starting 'selfsup: error:', no traceback."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("selfsup: error:")]
+    assert len(lines) == 1, err
+    if only_line:
+        assert err.strip() == lines[0], err
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e")
+    code, stdout, stderr = run_cli("pretrain", PRESET, *TINY, f"output_dir={out}", "name=run")
+    assert code == 0, stderr
+    return out / "run", stdout
+
+
+# --------------------------------------------------------------------------- good paths
+
+
+def test_presets_lists_every_preset_with_a_summary(capsys):
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = preset_names()
+    assert len(lines) == len(names) and len(names) >= 1
+    for name, line in zip(names, lines):
+        listed, summary = line.split(None, 1)
+        assert listed == name and len(summary.strip()) > 10
+
+
+def test_pretrain_run_folder(e2e):
+    run, stdout = e2e
+    for f in ("config.yaml", "checkpoints/last.ckpt", "metrics.csv", "backbone.safetensors",
+              "backbone_init.safetensors", "knn.json"):
+        assert (run / f).is_file(), f
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    # config.yaml is the resolved config: it gives back the run's config
+    cfg = load_run_config(PRESET, [*TINY, f"output_dir={run.parent}", "name=run"])
+    assert yaml.safe_load((run / "config.yaml").read_text()) == to_dict(cfg)
+    metrics = (run / "metrics.csv").read_text().splitlines()
+    assert "train/loss" in metrics[0] and len(metrics) == 1 + 2  # a row per step (log_every_n_steps=1)
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    knn = json.loads((run / "knn.json").read_text())
+    for key in ("pretrained", "random_init"):
+        assert 0 <= knn[key]["top1"] <= knn[key]["top5"] <= 100
+    assert knn["test_size"] == 359 and knn["train_size"] == 1438
+    assert f"on digits test (359 images)" in stdout
+    for key in ("pretrained", "random_init"):
+        assert f"{key}" in stdout and f"top-1 {knn[key]['top1']:6.2f}%" in stdout
+        assert f"top-5 {knn[key]['top5']:6.2f}%" in stdout
+    assert f"run folder: {run}" in stdout
+
+
+def test_exported_backbone_loads_into_timm_without_selfsup(e2e):
+    import timm.models.vision_transformer as tv
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from torch import nn
+
+    from selfsup.export import load_exported
+
+    path = e2e[0] / "backbone.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["selfsup"])
+    assert meta["backbone"] == "vit_micro" and meta["image_size"] == 8 and meta["in_chans"] == 1
+    ref = tv.VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=128, depth=4, num_heads=4,
+                               mlp_ratio=4.0, qkv_bias=True, num_classes=0, global_pool="token", fc_norm=False,
+                               norm_layer=partial(nn.LayerNorm, eps=1e-6)).eval()
+    state = load_file(str(path))
+    ref.load_state_dict(state, strict=True)
+    ours, _ = load_exported(path)
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(ref(x), ours.eval()(x), atol=1e-5, rtol=1e-5)
+    init = load_file(str(e2e[0] / "backbone_init.safetensors"))
+    assert not torch.equal(init["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"])  # it trained
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+@pytest.mark.parametrize("args, words", [
+    (["moco-v3-vit-digit"], ["no preset or YAML file named 'moco-v3-vit-digit'", "did you mean moco-v3-vit-digits"]),
+    ([PRESET, "optim.base_rl=0.1"], ["unknown config key 'optim.base_rl'", "optim.base_lr"]),
+    ([PRESET, "trainer.max_epochs=abc"], ["trainer.max_epochs='abc'", "expected an integer"]),
+    ([PRESET, "trainer.max_epochs=0"], ["trainer.max_epochs=0 must be >= 1"]),
+    ([PRESET, "method.momentum=1.5"], ["method.momentum=1.5 must be in [0, 1]"]),
+    ([PRESET, "max_epochs"], ["not of the form dotted.key=value"]),
+    ([], ["needs a preset name"]),
+])
+def test_config_mistakes_exit_2_with_one_line(args, words):
+    code, _, err = run_cli("pretrain", *args)
+    assert_user_error(code, err, *words)
+
+
+def test_data_root_without_the_dataset(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run_cli("pretrain", PRESET, *TINY, "data.name=fashion-mnist", f"data.root={empty}",
+                           "model.patch_size=7", f"output_dir={tmp_path}", "name=r")
+    assert_user_error(code, err, str(empty), "apt-get install dataset-fashion-mnist", "data.download=true")
+
+
+def test_corrupt_image_in_an_imagefolder(tmp_path):
+    root = tmp_path / "images"
+    for cls in ("a", "b"):
+        (root / "train" / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (10, 10), (40 * i, 90, 30)).save(root / "train" / cls / f"{i}.png")
+    bad = root / "train" / "b" / "2.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    code, _, err = run_cli("pretrain", PRESET, *TINY, "data.name=imagefolder", f"data.root={root}",
+                           "data.load_size=8", "data.batch_size=8", f"output_dir={tmp_path}", "name=r")
+    assert_user_error(code, err, str(bad), "corrupt", only_line=False)
+
+
+def test_resume_with_a_checkpoint_of_another_model(e2e, tmp_path):
+    run, _ = e2e
+    other = tmp_path / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    cfg = load_run_config(PRESET, [*TINY, "method.dim=16", f"output_dir={tmp_path}", "name=other"])
+    (other / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    shutil.copy(run / "checkpoints" / "last.ckpt", other / "checkpoints" / "last.ckpt")
+    code, _, err = run_cli("pretrain", "--resume", str(other))
+    assert_user_error(code, err, "does not fit this run's model", "another config", only_line=False)
+    # a damaged checkpoint too
+    (other / "checkpoints" / "last.ckpt").write_bytes(b"nonsense")
+    code, _, err = run_cli("pretrain", "--resume", str(other))
+    assert_user_error(code, err, "not a readable selfsup checkpoint", only_line=False)
+
+
+def test_resume_of_a_folder_that_is_not_a_run(tmp_path, e2e):
+    code, _, err = run_cli("pretrain", "--resume", str(tmp_path))
+    assert_user_error(code, err, str(tmp_path), "is not a selfsup run folder")
+    (tmp_path / "config.yaml").write_text((e2e[0] / "config.yaml").read_text())
+    code, _, err = run_cli("pretrain", "--resume", str(tmp_path))
+    assert_user_error(code, err, "has no checkpoints/last.ckpt")
+    code, _, err = run_cli("pretrain", "--resume", str(e2e[0]), "trainer.max_epochs=5")
+    assert_user_error(code, err, "drop the overrides")
+
+
+def test_a_new_run_into_an_existing_run_folder(e2e):
+    run, _ = e2e
+    code, _, err = run_cli("pretrain", PRESET, *TINY, f"output_dir={run.parent}", f"name={run.name}")
+    assert_user_error(code, err, "already holds a run", "--resume")
+
+
+def test_nan_loss_from_a_huge_lr_names_the_step(tmp_path):
+    code, _, err = run_cli("pretrain", PRESET, *TINY, "trainer.max_epochs=3", "optim.base_lr=1e30",
+                           "trainer.checkpoint_every_n_steps=1", f"output_dir={tmp_path}", "name=r")
+    line = assert_user_error(code, err, "the loss became nan at step", "optim.base_lr", only_line=False)
+    step = int(line.split("at step ")[1].split(";")[0])
+    assert step >= 1
+    # the checkpoint is the one written after the last good step, not one of the failed step
+    assert torch.load(tmp_path / "r" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == step
+    assert not (tmp_path / "r" / "backbone.safetensors").exists()
+
+
+def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeypatch):
+    """The loss turns NaN at step 3 (4th step, epoch 2): last.ckpt stays what it was after step 2."""
+    forward, seen = moco_v3.MoCoV3.forward_views, {}
+    ckpt = tmp_path / "r" / "checkpoints" / "last.ckpt"
+
+    def nan_at_step_3(self, views):
+        out = forward(self, views)
+        if self.trainer.global_step == 3:
+            seen["bytes"] = ckpt.read_bytes()  # the checkpoint as it stands before the bad step
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(moco_v3.MoCoV3, "forward_views", nan_at_step_3)
+    code, _, err = run_cli("pretrain", PRESET, *TINY, "trainer.max_epochs=3", "trainer.checkpoint_every_n_steps=1",
+                           f"output_dir={tmp_path}", "name=r")
+    assert_user_error(code, err, "the loss became nan at step 3", "last good checkpoint is kept", only_line=False)
+    assert ckpt.read_bytes() == seen["bytes"]
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 3
+
+
+# --------------------------------------------------------------------------- the real executable
+
+
+def test_real_executable_exit_code_and_no_traceback(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    bad_key = subprocess.run([str(SELFSUP), "pretrain", PRESET, "optim.base_rl=0.1"], capture_output=True,
+                             text=True, env=env, cwd=tmp_path, timeout=120)
+    assert_user_error(bad_key.returncode, bad_key.stderr, "did you mean optim.base_lr")
+    assert bad_key.stdout == ""
+    nan = subprocess.run([str(SELFSUP), "pretrain", PRESET, *TINY, "trainer.max_epochs=3", "optim.base_lr=1e30",
+                          f"output_dir={tmp_path}", "name=r"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    assert_user_error(nan.returncode, nan.stderr, "the loss became nan at step", only_line=False)
