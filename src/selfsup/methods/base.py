@@ -36,6 +36,14 @@ class NonFiniteLoss(UserError):
     """The loss became NaN or Inf: training stops and the last good checkpoint stays as it was."""
 
 
+def check_momentum(cfg) -> None:
+    """Validate an EMA method's ``momentum`` (in [0, 1]) and ``momentum_schedule`` (cosine | constant)."""
+    if not 0 <= cfg.momentum <= 1:
+        raise UserError(f"method.momentum={cfg.momentum} must be in [0, 1]")
+    if cfg.momentum_schedule not in ("cosine", "constant"):
+        raise UserError(f"method.momentum_schedule={cfg.momentum_schedule!r}; use cosine or constant")
+
+
 def frozen_copy(module: nn.Module) -> nn.Module:
     """A copy of ``module`` that receives no gradient (a momentum / EMA target)."""
     target = copy.deepcopy(module)

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from selfsup.errors import UserError
 from selfsup.losses import byol_regression
-from selfsup.methods.base import SSLMethod
+from selfsup.methods.base import SSLMethod, check_momentum
 from selfsup.models.heads import mlp
 
 
@@ -28,10 +27,7 @@ class BYOLConfig:
     pred_hidden_dim: int = 4096
 
     def validate(self) -> None:
-        if not 0 <= self.momentum <= 1:
-            raise UserError(f"method.momentum={self.momentum} must be in [0, 1]")
-        if self.momentum_schedule not in ("cosine", "constant"):
-            raise UserError(f"method.momentum_schedule={self.momentum_schedule!r}; use cosine or constant")
+        check_momentum(self)
 
 
 class BYOL(SSLMethod):

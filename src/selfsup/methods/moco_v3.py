@@ -15,7 +15,7 @@ import torch
 from selfsup.distributed import gather_no_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import info_nce
-from selfsup.methods.base import SSLMethod
+from selfsup.methods.base import SSLMethod, check_momentum
 from selfsup.models.heads import mlp
 
 
@@ -35,10 +35,7 @@ class MoCoV3Config:
     def validate(self) -> None:
         if self.temperature <= 0:
             raise UserError(f"method.temperature={self.temperature} must be > 0")
-        if not 0 <= self.momentum <= 1:
-            raise UserError(f"method.momentum={self.momentum} must be in [0, 1]")
-        if self.momentum_schedule not in ("cosine", "constant"):
-            raise UserError(f"method.momentum_schedule={self.momentum_schedule!r}; use cosine or constant")
+        check_momentum(self)
 
 
 class MoCoV3(SSLMethod):
