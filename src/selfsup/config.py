@@ -89,7 +89,7 @@ class TrainerConfig:
     num_nodes: int = 1
     strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
     precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed
-    sync_batchnorm: bool = True  # SyncBN across processes (MoCo v3 official); no-op in one process
+    sync_batchnorm: bool = True  # SyncBN across processes (MoCo v3 official); GPUs only, no-op in one process
     gradient_clip_val: float | None = None
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 0  # 0: a checkpoint at each epoch end only

@@ -188,11 +188,14 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                  every_n_train_steps=t.checkpoint_every_n_steps or None,
                                  every_n_epochs=None if t.checkpoint_every_n_steps else 1)
+    # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.
+    on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
+    sync_bn = t.sync_batchnorm and on_gpu
     loggers = [CSVLogger(run_dir, name="", version=""), TensorBoardLogger(run_dir, name="tensorboard", version="")]
     try:
         return pl.Trainer(
             default_root_dir=run_dir, max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices,
-            num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=t.sync_batchnorm,
+            num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=sync_bn,
             gradient_clip_val=t.gradient_clip_val, log_every_n_steps=t.log_every_n_steps,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
             enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg)], logger=loggers,
