@@ -122,3 +122,25 @@ def test_exit_code_and_single_line_in_a_real_process(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
+    """--embedding projector scores the backbone + projector output (what the loss sees), cached apart."""
+    from selfsup.eval.source import load_source, with_projector
+
+    out = tmp_path / "p"
+    ok(capsys, "rankme", run, "--embedding", "projector", "--out", out)
+    res = json.loads((out / "rankme-projector.json").read_text())
+    assert res["embedding"] == "projector"
+    source = with_projector(load_source(run))
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        projected, feature = source.backbone(x), load_source(run).backbone.eval()(x)
+    assert isinstance(source.backbone[1][-1], torch.nn.BatchNorm1d)  # ends in the projector's last BN
+    assert projected.shape == (4, 128) and not torch.allclose(projected, feature)
+    assert source.fingerprint != load_source(run / "checkpoints" / "last.ckpt").fingerprint
+    ok(capsys, "norms-ood", run, "--ood", "classes:8,9", "--embedding", "projector", "--out", out)
+    assert (out / "norms-ood-classes-8-9-projector.json").exists()
+    exported_only = tmp_path / "lonely.safetensors"
+    exported_only.write_bytes((run / "backbone.safetensors").read_bytes())
+    assert "needs the run's checkpoints/last.ckpt" in bad(capsys, "rankme", exported_only, "--embedding", "projector")

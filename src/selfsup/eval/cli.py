@@ -28,6 +28,10 @@ class Context:
         self.args = args
         self.device = _device(args.device) if args.device else default_device()
         self.source = load_source(args.ckpt)
+        if getattr(args, "embedding", "backbone") == "projector":
+            from selfsup.eval.source import with_projector
+
+            self.source = with_projector(self.source)
         if args.out:
             self.source.out_dir = Path(args.out)
         self.data_cfg = data_config(self.source, args.data, args.root)
@@ -70,7 +74,12 @@ class Context:
 
     def header(self) -> dict:
         return {"source": str(self.source.weights), "backbone": self.source.meta["backbone"],
-                "method": self.source.meta.get("method"), "dataset": self.data_cfg.name}
+                "method": self.source.meta.get("method"), "dataset": self.data_cfg.name,
+                "embedding": self.source.embedding}
+
+    def suffix(self) -> str:
+        """File-name suffix of results on an embedding other than the backbone's."""
+        return "" if self.source.embedding == "backbone" else f"-{self.source.embedding}"
 
 
 def _device(name: str) -> torch.device:
@@ -235,7 +244,7 @@ def run_rankme(ctx: Context) -> dict:
     sub = subsample(feats, _positive(getattr(a, "max_samples", 25_600), "--max-samples"))
     out = {**ctx.header(), "split": split, "samples": len(sub), "dim": feats.shape[1], "rankme": rankme(sub),
            "effective_rank_99": effective_rank(sub, 0.99), "norms": norm_stats(feats)}
-    write_json(ctx.out_dir, "rankme", out)
+    write_json(ctx.out_dir, f"rankme{ctx.suffix()}", out)
     n = out["norms"]
     print_table(f"embedding spectrum on {ctx.data_cfg.name} {split} ({len(sub)} samples, dim {out['dim']})",
                 ["RankMe", "eff. rank 99%", "norm mean", "norm p5", "norm p50", "norm p95"],
@@ -277,12 +286,12 @@ def run_norms_ood(ctx: Context, ood: str) -> dict:
     mean_norm = float(ftr.norm(dim=1).mean())
     s_in, s_ood = norm_scores(fte, mean_norm), norm_scores(f_ood, mean_norm)
     area = auroc(s_in, s_ood)
-    png = histogram(s_in, s_ood, ctx.out_dir / f"norms-ood-{tag}.png",
+    png = histogram(s_in, s_ood, ctx.out_dir / f"norms-ood-{tag}{ctx.suffix()}.png",
                     f"{ctx.data_cfg.name} vs {tag}: AUROC {area:.3f}")
     out = {**ctx.header(), "ood": ood, "train_mean_norm": mean_norm, "auroc": area, "in_size": len(s_in),
            "ood_size": len(s_ood), "in_score_mean": float(s_in.mean()), "ood_score_mean": float(s_ood.mean()),
            "plot": str(png)}
-    write_json(ctx.out_dir, f"norms-ood-{tag}", out)
+    write_json(ctx.out_dir, f"norms-ood-{tag}{ctx.suffix()}", out)
     print_table(f"norm OOD score: {ctx.data_cfg.name} test (in) vs {tag} (OOD)",
                 ["AUROC", "in mean score", "OOD mean score", "in n", "OOD n"],
                 [[area, out["in_score_mean"], out["ood_score_mean"], len(s_in), len(s_ood)]])
@@ -358,6 +367,11 @@ def _aug_args(p) -> None:
     p.add_argument("--hflip", type=float, help="flip probability (default: run's, else 0.5)")
 
 
+def _embedding_arg(p) -> None:
+    p.add_argument("--embedding", choices=("backbone", "projector"), default="backbone",
+                   help="which embedding: the backbone feature (default) or the projector output (a run folder's heads)")
+
+
 def add_eval_parser(subparsers) -> None:
     """The ``selfsup eval`` command and its subcommands."""
     ev = subparsers.add_parser("eval", help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all")
@@ -394,6 +408,7 @@ def add_eval_parser(subparsers) -> None:
     _common(p)
     p.add_argument("--split", choices=("train", "test"), default="train")
     p.add_argument("--max-samples", type=int, default=25_600, help="rows used for the spectrum (default 25600)")
+    _embedding_arg(p)
     p.set_defaults(func=cmd_rankme)
 
     p = sub.add_parser("norms-ood", help="embedding-norm OOD score: AUROC and histogram")
@@ -401,6 +416,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--ood", required=True, help="OOD dataset name (its test split), or classes:8,9 (held-out classes)")
     p.add_argument("--ood-root", help="folder of the OOD dataset")
     p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
+    _embedding_arg(p)
     p.set_defaults(func=cmd_norms_ood)
 
     p = sub.add_parser("all", help="knn, linear (fast path), rankme and norm statistics (+ norms-ood with --ood)")

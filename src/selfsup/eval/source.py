@@ -28,12 +28,13 @@ class EvalSource:
     run_dir: Path | None
     out_dir: Path
     run_cfg: object | None = None  # RunConfig of the run, when there is one
+    embedding: str = "backbone"  # backbone | projector (the backbone followed by the method's projector)
 
     @property
     def fingerprint(self) -> str:
-        """Identity of the weights for the feature cache: resolved path, size and modification time."""
+        """Identity of the weights for the feature cache: resolved path, size, modification time, embedding."""
         st = self.weights.stat()
-        raw = f"{self.weights.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        raw = f"{self.weights.resolve()}|{st.st_size}|{st.st_mtime_ns}|{self.embedding}"
         return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
@@ -126,3 +127,29 @@ def load_source(location: str | Path) -> EvalSource:
     if path.suffix == ".ckpt":
         return _from_checkpoint(path)
     raise UserError(f"{path} is not a selfsup run or exported backbone; {WHAT}")
+
+
+def with_projector(source: EvalSource) -> EvalSource:
+    """The backbone followed by the method's projector, from the run's last checkpoint.
+
+    The embedding-norm paper scores the embedding the loss sees; a ViT's backbone feature ends in
+    LayerNorm, so its norm is nearly constant, while the projector's output norm is not.
+    """
+    from selfsup.config import resolve
+    from selfsup.engine import build_method
+    from selfsup.methods import DataInfo
+
+    ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
+    if ckpt is None or not ckpt.exists():
+        raise UserError("--embedding projector needs the run's checkpoints/last.ckpt (it holds the heads); "
+                        "pass the run folder")
+    m = source.meta
+    model = build_method(resolve(_raw_config(source.run_dir)),
+                         DataInfo(m["in_chans"], m["image_size"], tuple(m["mean"]), tuple(m["std"])))
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+        model.load_state_dict(state)
+    except Exception as e:
+        raise UserError(f"{ckpt} does not fit the run's model ({type(e).__name__}); {WHAT}") from None
+    return EvalSource(nn.Sequential(model.backbone, model.projector).eval(), m, ckpt, source.run_dir,
+                      source.out_dir, source.run_cfg, embedding="projector")
