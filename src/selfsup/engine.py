@@ -30,24 +30,6 @@ from selfsup.methods import METHODS, DataInfo, SSLMethod, method_name
 from selfsup.methods.base import backbone_kwargs
 
 
-class ResumeSampler(EpochBatchSampler):
-    """The epoch's batches minus those a mid-epoch checkpoint already trained on (exact mid-epoch resume).
-
-    Lightning restarts a non-stateful loader from the epoch's first batch while counting the consumed
-    ones as fetched; ``consumed()`` (read when iteration starts) is that count, 0 at a fresh epoch.
-    """
-
-    def __init__(self, *args, consumed=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.consumed = consumed
-
-    def __iter__(self):
-        skip = self.consumed() if self.consumed is not None else 0
-        for i, batch in enumerate(super().__iter__()):
-            if i >= skip:
-                yield batch
-
-
 class PretrainData(pl.LightningDataModule):
     """The training split as whole uint8 batches; each process takes its slice of the global batch."""
 
@@ -56,6 +38,8 @@ class PretrainData(pl.LightningDataModule):
         self.cfg, self.dataset = cfg, dataset
 
     def _consumed(self) -> int:
+        """Batches of the current epoch a mid-epoch checkpoint already trained on (Lightning restarts a
+        non-stateful loader from the epoch's first batch while counting those as fetched); 0 otherwise."""
         done = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
         return done if done < self.trainer.num_training_batches else 0
 
@@ -68,8 +52,9 @@ class PretrainData(pl.LightningDataModule):
         if len(self.dataset) < self.cfg.data.batch_size:
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
                             "training images; lower it")
-        sampler = ResumeSampler(len(self.dataset), local, seed=self.cfg.trainer.seed,
-                                rank=self.trainer.global_rank, world_size=world_size, consumed=self._consumed)
+        sampler = EpochBatchSampler(len(self.dataset), local, seed=self.cfg.trainer.seed,
+                                    rank=self.trainer.global_rank, world_size=world_size,
+                                    consumed=self._consumed)
         return batch_loader(self.dataset, sampler, self.cfg.data.num_workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 

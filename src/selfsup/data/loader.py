@@ -7,6 +7,8 @@ concatenated in rank order are exactly the single-process batch.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch.utils.data import DataLoader, Sampler
 
@@ -17,9 +19,10 @@ class EpochBatchSampler(Sampler):
     """Yields this process's index batches for one epoch; ``set_epoch`` reshuffles (drop_last)."""
 
     def __init__(self, n: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, drop_last: bool = True):
+                 shuffle: bool = True, drop_last: bool = True, consumed: Callable[[], int] | None = None):
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.rank, self.world_size, self.shuffle, self.drop_last = rank, world_size, shuffle, drop_last
+        self.consumed = consumed  # batches of this epoch already trained (mid-epoch resume), read at each __iter__
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -35,7 +38,7 @@ class EpochBatchSampler(Sampler):
         else:
             order = torch.arange(self.n)
         global_batch = self.batch_size * self.world_size
-        for i in range(len(self)):
+        for i in range(self.consumed() if self.consumed else 0, len(self)):
             chunk = order[i * global_batch : (i + 1) * global_batch]
             yield chunk[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
 
