@@ -141,6 +141,12 @@ def test_data_root_without_the_dataset(tmp_path):
     assert_user_error(code, err, str(empty), "apt-get install dataset-fashion-mnist", "data.download=true")
 
 
+def test_a_model_that_does_not_fit_the_images_leaves_no_run_folder(tmp_path, tiny):
+    code, _, err = run_cli("pretrain", PRESET, *tiny, "model.patch_size=3", f"output_dir={tmp_path}", "name=r")
+    assert_user_error(code, err, "patch_size 3", "choose a patch size")
+    assert not (tmp_path / "r").exists()
+
+
 def test_corrupt_image_in_an_imagefolder(tmp_path):
     root = tmp_path / "images"
     for cls in ("a", "b"):

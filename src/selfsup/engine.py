@@ -82,13 +82,12 @@ def backbone_meta(cfg: RunConfig, info: DataInfo) -> dict:
 
 
 def new_run_dir(cfg: RunConfig, preset: str) -> Path:
-    """A fresh run folder ``output_dir/name`` (default name: preset and time)."""
+    """The path of a fresh run folder ``output_dir/name`` (default name: preset and time); made once the model builds."""
     name = cfg.name or f"{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.output_dir) / name
     if (run_dir / "checkpoints").exists():
         raise UserError(f"run folder {run_dir} already holds a run; continue it with --resume {run_dir} "
                         "or choose another name=...")
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
@@ -227,6 +226,7 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
             raise UserError(f"{run_dir} has no checkpoints/last.ckpt to resume from; start it again without --resume")
         resumed_step = check_checkpoint(ckpt_path, model)
     elif not child:
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         export_backbone(model.backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)

@@ -137,7 +137,8 @@ class VisionTransformer(nn.Module):
         if pool not in ("cls", "avg"):
             raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
         if image_size % patch_size != 0:
-            raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
+            raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}; "
+                             "choose a patch size that divides the image size")
         self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth, self.pool = depth, pool
