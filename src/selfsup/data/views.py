@@ -243,9 +243,9 @@ class MultiViewAugment(_Normalizing):
     def forward(self, images: Tensor, generator: torch.Generator) -> list[Tensor]:
         self._check(images)
         x = _to_float(images)
-        return [self._view(x, cfg, generator) for cfg in self.branches]
+        return [self._view(x, cfg, generator, i) for i, cfg in enumerate(self.branches)]
 
-    def _view(self, x: Tensor, cfg: AugmentConfig, g: torch.Generator) -> Tensor:
+    def _view(self, x: Tensor, cfg: AugmentConfig, g: torch.Generator, branch: int) -> Tensor:
         b, _, height, width = x.shape
         dev = x.device
         # Every parameter is drawn whatever the probabilities, in a fixed order, so the generator's stream
@@ -267,7 +267,10 @@ class MultiViewAugment(_Normalizing):
             (adjust_saturation, cfg.saturation, factor(cfg.saturation), 1.0),
             (adjust_hue, cfg.hue, _uniform(-cfg.hue, cfg.hue, (b,), g, dev), 0.0),
         )
-        order = torch.randperm(4, generator=g, device=dev).tolist()  # one op order for the whole batch
+        # One op order for the whole batch, drawn on the host from the generator's seed and the branch
+        # index, so that no device→host copy (a GPU sync) is needed.
+        host = torch.Generator().manual_seed((g.initial_seed() * 8 + branch) % 2**63)
+        order = torch.randperm(4, generator=host).tolist()
         if cfg.jitter_p > 0:
             for op, strength, value, neutral in (jitter_ops[i] for i in order):
                 if strength > 0:  # torchvision skips an op whose strength is 0
