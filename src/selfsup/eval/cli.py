@@ -262,8 +262,9 @@ def _parse_classes(spec: str, num_classes: int) -> list[int]:
     return classes
 
 
-def run_norms_ood(ctx: Context, ood: str) -> dict:
-    """Embedding-norm OOD score: AUROC of in-distribution test (positive) vs the OOD set, and a histogram."""
+def run_norms_ood(ctx: Context, ood: str | None = None) -> dict:
+    """Embedding-norm OOD score: AUROC of in-distribution test (positive) vs the OOD set (``--ood``), and a histogram."""
+    ood = ood or ctx.args.ood
     from selfsup.eval.data import data_config
     from selfsup.eval.ood import auroc, histogram, norm_scores
     from selfsup.eval.report import print_table, write_json
@@ -302,29 +303,14 @@ def run_norms_ood(ctx: Context, ood: str) -> dict:
 # --------------------------------------------------------------------------- commands
 
 
-def cmd_knn(args) -> int:
-    run_knn(Context(args))
-    return 0
+def command(run):
+    """An argparse handler that runs ``run(Context(args))`` and exits 0 (errors raise UserError)."""
 
+    def handler(args) -> int:
+        run(Context(args))
+        return 0
 
-def cmd_linear(args) -> int:
-    run_linear(Context(args))
-    return 0
-
-
-def cmd_finetune(args) -> int:
-    run_finetune(Context(args))
-    return 0
-
-
-def cmd_rankme(args) -> int:
-    run_rankme(Context(args))
-    return 0
-
-
-def cmd_norms_ood(args) -> int:
-    run_norms_ood(Context(args), args.ood)
-    return 0
+    return handler
 
 
 def cmd_all(args) -> int:
@@ -380,7 +366,7 @@ def add_eval_parser(subparsers) -> None:
     p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
     _common(p)
     _knn_args(p)
-    p.set_defaults(func=cmd_knn)
+    p.set_defaults(func=command(run_knn))
 
     p = sub.add_parser("linear", help="linear probe, MoCo v3 protocol")
     _common(p)
@@ -390,7 +376,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--probe-batch", type=int, default=256, help="classifier batch (default 256)")
     p.add_argument("--lr", type=float, help="base lr, scaled by batch/256 (default 3 for ViT, 0.1 otherwise)")
     _aug_args(p)
-    p.set_defaults(func=cmd_linear)
+    p.set_defaults(func=command(run_linear))
 
     p = sub.add_parser("finetune", help="end-to-end fine-tuning: layer-wise lr decay, drop path, AdamW")
     _common(p)
@@ -402,14 +388,14 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--layer-decay", type=float, default=0.75, help="ViT layer-wise lr decay (default 0.75)")
     p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate (default 0.1)")
     _aug_args(p)
-    p.set_defaults(func=cmd_finetune)
+    p.set_defaults(func=command(run_finetune))
 
     p = sub.add_parser("rankme", help="RankMe, effective rank (99%% variance), embedding norm statistics")
     _common(p)
     p.add_argument("--split", choices=("train", "test"), default="train")
     p.add_argument("--max-samples", type=int, default=25_600, help="rows used for the spectrum (default 25600)")
     _embedding_arg(p)
-    p.set_defaults(func=cmd_rankme)
+    p.set_defaults(func=command(run_rankme))
 
     p = sub.add_parser("norms-ood", help="embedding-norm OOD score: AUROC and histogram")
     _common(p)
@@ -417,7 +403,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--ood-root", help="folder of the OOD dataset")
     p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
     _embedding_arg(p)
-    p.set_defaults(func=cmd_norms_ood)
+    p.set_defaults(func=command(run_norms_ood))
 
     p = sub.add_parser("all", help="knn, linear (fast path), rankme and norm statistics (+ norms-ood with --ood)")
     _common(p)
