@@ -146,11 +146,14 @@ class _DropTips(logging.Filter):
         return not str(record.msg).startswith("💡")
 
 
+_DROP_TIPS = _DropTips()  # one instance, so adding it again is a no-op
+
+
 def quiet_lightning() -> None:
     """Silence Lightning notices that do not apply to selfsup's design (documented choices)."""
     for name in ("lightning.pytorch", "lightning.fabric"):
         for handler_owner in (logging.getLogger(name), logging.getLogger(f"{name}.utilities.rank_zero")):
-            handler_owner.addFilter(_DropTips())
+            handler_owner.addFilter(_DROP_TIPS)
     for pattern in (
         ".*overridden `on_after_batch_transfer`.*",  # augmentation on the device is intended to live in the module
         ".*Experiment logs directory .* exists and is not empty.*",  # the run folder holds config.yaml first

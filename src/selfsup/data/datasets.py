@@ -52,6 +52,10 @@ class ImageDataset:
         """A whole batch at once: ``index`` is a 1-D tensor of sample indices."""
         return self.images[index], self.labels[index]
 
+    def select(self, index: Tensor) -> "ImageDataset":
+        """The samples at ``index`` as a dataset of their own (images loaded into memory)."""
+        return ImageDataset(self.name, self.images[index], self.labels[index], self.num_classes, self.mean, self.std)
+
 
 def _split(n: int, test_fraction: float, seed: int = 0) -> tuple[Tensor, Tensor]:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))

@@ -45,9 +45,7 @@ def keep_classes(dataset: ImageDataset, classes, keep: bool) -> ImageDataset:
     import torch
 
     mask = torch.isin(dataset.labels, torch.tensor(sorted(classes)))
-    idx = (mask if keep else ~mask).nonzero().squeeze(1)
-    return ImageDataset(dataset.name, dataset.images[idx], dataset.labels[idx], dataset.num_classes,
-                        dataset.mean, dataset.std)
+    return dataset.select((mask if keep else ~mask).nonzero().squeeze(1))
 
 
 def subset(dataset: ImageDataset, limit: int | None, seed: int = 0) -> ImageDataset:
@@ -56,6 +54,4 @@ def subset(dataset: ImageDataset, limit: int | None, seed: int = 0) -> ImageData
 
     if limit is None or limit >= len(dataset):
         return dataset
-    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
-    return ImageDataset(dataset.name, dataset.images[idx], dataset.labels[idx], dataset.num_classes,
-                        dataset.mean, dataset.std)
+    return dataset.select(torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].sort().values)

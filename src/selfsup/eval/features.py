@@ -20,11 +20,13 @@ def extract_features(backbone: nn.Module, dataset: ImageDataset, image_size: int
     transform = EvalTransform(image_size, mean, std).to(device)
     feats, labels = [], []
     amp = device.type == "cuda"
-    for images, y in sequential_loader(dataset, batch_size, pin_memory=amp):
-        x = transform(images.to(device, non_blocking=True))
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            f = backbone(x)
-        feats.append(f.float().cpu())
-        labels.append(y)
-    backbone.train(was_training)
+    try:
+        for images, y in sequential_loader(dataset, batch_size, pin_memory=amp):
+            x = transform(images.to(device, non_blocking=True))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                f = backbone(x)
+            feats.append(f.float().cpu())
+            labels.append(y)
+    finally:
+        backbone.train(was_training)  # a monitor calls this mid-training
     return torch.cat(feats), torch.cat(labels)

@@ -8,14 +8,12 @@ def monitor_callbacks(cfg) -> list:
     """The callbacks ``cfg.eval`` asks for (eval.knn_every_n_steps > 0, eval.online_probe)."""
     ev = cfg.eval
     out = []
-    every = getattr(ev, "knn_every_n_steps", 0)
-    if every:
-        out.append(KNNMonitor(every, k=ev.knn_k, temperature=ev.knn_temperature,
-                              train_size=getattr(ev, "knn_monitor_train", 5000),
-                              test_size=getattr(ev, "knn_monitor_test", 1000), batch_size=ev.batch_size,
-                              seed=cfg.trainer.seed))
-    if getattr(ev, "online_probe", False):
-        out.append(OnlineLinearProbe(lr=getattr(ev, "online_probe_lr", 1e-3)))
+    if ev.knn_every_n_steps:
+        out.append(KNNMonitor(ev.knn_every_n_steps, k=ev.knn_k, temperature=ev.knn_temperature,
+                              train_size=ev.knn_monitor_train, test_size=ev.knn_monitor_test,
+                              batch_size=ev.batch_size, seed=cfg.trainer.seed))
+    if ev.online_probe:
+        out.append(OnlineLinearProbe(lr=ev.online_probe_lr))
     return out
 
 

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor
 
 from selfsup.data.datasets import ImageDataset, load_dataset
-from selfsup.data.views import EvalTransform
+from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
 
 
-def fixed_subset(dataset: ImageDataset, size: int, seed: int) -> tuple[Tensor, Tensor]:
-    """(uint8 images, labels) of at most ``size`` samples drawn once with ``seed`` (labelled samples only)."""
+def fixed_subset(dataset: ImageDataset, size: int, seed: int) -> ImageDataset:
+    """At most ``size`` labelled samples drawn once with ``seed`` (in their original order)."""
     labelled = (dataset.labels >= 0).nonzero().squeeze(1)
     pick = labelled[torch.randperm(len(labelled), generator=torch.Generator().manual_seed(seed))[:size]]
-    pick = pick.sort().values
-    return dataset.images[pick], dataset.labels[pick]
+    return dataset.select(pick.sort().values)
 
 
 class KNNMonitor(pl.Callback):
@@ -43,33 +41,16 @@ class KNNMonitor(pl.Callback):
             return
         train = self._train if self._train is not None else trainer.datamodule.dataset
         test = self._test if self._test is not None else load_dataset(pl_module.cfg.data, "test")
-        xtr, ytr = fixed_subset(train, self.train_size, self.seed)
-        xte, yte = fixed_subset(test, self.test_size, self.seed + 1)
-        self._data = (xtr, ytr, xte, yte, min(self.k, len(ytr)))
-
-    @torch.no_grad()
-    def _embed(self, backbone, images: Tensor, transform, device) -> Tensor:
-        amp = device.type == "cuda"
-        out = []
-        for i in range(0, len(images), self.batch_size):
-            x = transform(images[i : i + self.batch_size].to(device, non_blocking=True))
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                out.append(backbone(x).float())
-        return torch.cat(out)
+        train = fixed_subset(train, self.train_size, self.seed)
+        self._data = (train, fixed_subset(test, self.test_size, self.seed + 1), min(self.k, len(train)))
 
     def measure(self, pl_module) -> float:
         """kNN top-1 (%) of the current backbone on the fixed subsets; the backbone's mode is restored."""
-        xtr, ytr, xte, yte, k = self._data
-        backbone, info = pl_module.backbone, pl_module.info
-        transform = EvalTransform(info.image_size, info.mean, info.std).to(pl_module.device)
-        was_training = backbone.training
-        backbone.eval()
-        try:
-            ftr = self._embed(backbone, xtr, transform, pl_module.device)
-            fte = self._embed(backbone, xte, transform, pl_module.device)
-        finally:
-            backbone.train(was_training)
-        return knn_accuracy(ftr, ytr.to(ftr.device), fte, yte.to(fte.device), k, self.temperature)["top1"]
+        train, test, k = self._data
+        info = pl_module.info
+        ftr, ytr, fte, yte = (t for split in (train, test) for t in extract_features(
+            pl_module.backbone, split, info.image_size, info.mean, info.std, self.batch_size, pl_module.device))
+        return knn_accuracy(ftr, ytr, fte, yte, k, self.temperature)["top1"]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step

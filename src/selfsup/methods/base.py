@@ -102,6 +102,7 @@ class SSLMethod(pl.LightningModule):
         self.momentum = getattr(cfg.method, "momentum", 0.0)
         self.total_steps = 1
         self._ema_pairs: list[tuple[nn.Module, nn.Module]] = []
+        self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
         self._generator: torch.Generator | None = None
 
     # ----------------------------------------------------------------- to write in a method
@@ -119,9 +120,10 @@ class SSLMethod(pl.LightningModule):
         """EMA step of every momentum target with the current coefficient ``self.momentum``."""
         if not self._ema_pairs:
             return
-        online = [p for o, _ in self._ema_pairs for p in o.parameters()]
-        target = [p for _, t in self._ema_pairs for p in t.parameters()]
-        momentum_update(online, target, self.momentum)
+        if self._ema_params is None:  # gathered once, at the first step (after any strategy wrapping)
+            self._ema_params = ([p for o, _ in self._ema_pairs for p in o.parameters()],
+                                [p for _, t in self._ema_pairs for p in t.parameters()])
+        momentum_update(*self._ema_params, self.momentum)
 
     # ----------------------------------------------------------------- schedules
     @property
