@@ -83,7 +83,7 @@ def _durations(ends: list[tuple[float, float]], warmup: int, total: int) -> list
 
 def run_bare(method: str, dataset, args) -> list[float]:
     """Step durations (s) of the bare loop, warm-up steps excluded."""
-    from selfsup.engine import build_method, data_info
+    from selfsup.methods.build import build_method, data_info
 
     device = _device()
     cfg = run_config(method, args.dataset, args.batch_size, 1, tempfile.gettempdir())
@@ -122,7 +122,8 @@ def run_engine(method: str, dataset, args) -> list[float]:
     """Step durations (s) of ``selfsup.engine`` (Trainer.fit), warm-up steps excluded."""
     import lightning.pytorch as pl
 
-    from selfsup.engine import PretrainData, build_method, data_info, make_trainer
+    from selfsup.engine import PretrainData, make_trainer
+    from selfsup.methods.build import build_method, data_info
 
     device = _device()
     total = args.warmup + args.steps

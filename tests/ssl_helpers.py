@@ -31,7 +31,7 @@ def tiny_config(method: str, method_extra: dict | None = None, **sections):
 
 
 def tiny_method(method: str, method_extra: dict | None = None, **sections):
-    from selfsup.engine import build_method
+    from selfsup.methods.build import build_method
     from selfsup.methods import DataInfo
 
     return build_method(tiny_config(method, method_extra, **sections), DataInfo(1, 8, (0.5,), (0.25,)))

@@ -14,7 +14,7 @@ def run(tmp_path_factory):
     """A digits run folder built directly (random-init MoCo v3 ViT): config, exported backbone, checkpoint."""
     from selfsup.config import load_run_config, to_dict
     from selfsup.data.datasets import load_dataset
-    from selfsup.engine import backbone_meta, build_method, data_info
+    from selfsup.methods.build import backbone_meta, build_method, data_info
     from selfsup.export import export_backbone
 
     run_dir = tmp_path_factory.mktemp("runs") / "r"
@@ -144,3 +144,13 @@ def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
     exported_only = tmp_path / "lonely.safetensors"
     exported_only.write_bytes((run / "backbone.safetensors").read_bytes())
     assert "needs the run's checkpoints/last.ckpt" in bad(capsys, "rankme", exported_only, "--embedding", "projector")
+
+
+def test_evaluation_never_imports_the_trainer(tmp_path):
+    """Rebuilding a model for evaluation goes through selfsup.methods.build, not selfsup.engine."""
+    import subprocess
+    import sys
+
+    code = ("import sys, selfsup.eval.source, selfsup.eval.cli, selfsup.methods.build; "
+            "sys.exit(1 if 'selfsup.engine' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

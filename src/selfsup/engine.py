@@ -1,13 +1,13 @@
-"""Pretraining on the Lightning engine: run folder, data module, Trainer, export, final kNN.
+"""Pretraining on the Lightning engine: run folder, data module, Trainer, export, the method's final report.
 
 A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, ``metrics.csv``,
 ``tensorboard/``, ``backbone_init.safetensors`` (the random init, the kNN floor),
-``backbone.safetensors`` (the exported backbone) and ``knn.json``.
+``backbone.safetensors`` (the exported backbone) and the method's report files (``knn.json`` for the
+joint-embedding methods).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -23,11 +23,9 @@ from selfsup.config import RunConfig, resolve, to_dict
 from selfsup.data.datasets import ImageDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError
-from selfsup.eval.features import extract_features
-from selfsup.eval.knn import knn_accuracy
 from selfsup.export import export_backbone
-from selfsup.methods import METHODS, DataInfo, SSLMethod, method_name
-from selfsup.methods.base import backbone_kwargs
+from selfsup.methods import SSLMethod
+from selfsup.methods.build import backbone_meta, build_method, data_info
 
 
 class PretrainData(pl.LightningDataModule):
@@ -57,28 +55,6 @@ class PretrainData(pl.LightningDataModule):
                                     consumed=self._consumed)
         return batch_loader(self.dataset, sampler, self.cfg.data.num_workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
-
-
-def data_info(cfg: RunConfig, dataset: ImageDataset) -> DataInfo:
-    """Channels, model input size and normalisation of the run's dataset."""
-    image_size = cfg.data.image_size or dataset.image_size
-    return DataInfo(dataset.channels, image_size, tuple(dataset.mean), tuple(dataset.std))
-
-
-def build_method(cfg: RunConfig, info: DataInfo) -> SSLMethod:
-    """The LightningModule of ``cfg.method`` (seeded, so the init is reproducible)."""
-    pl.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
-    try:
-        return METHODS[method_name(cfg.method)](cfg, info)
-    except ValueError as e:  # e.g. image size not divisible by the patch size, or channel mismatch
-        raise UserError(f"{' '.join(str(e).split())}") from None
-
-
-def backbone_meta(cfg: RunConfig, info: DataInfo) -> dict:
-    """How to rebuild the backbone (stored in the exported file)."""
-    return {"backbone": cfg.model.backbone, "kwargs": backbone_kwargs(cfg, info), "image_size": info.image_size,
-            "in_chans": info.channels, "mean": list(info.mean), "std": list(info.std), "dataset": cfg.data.name,
-            "method": method_name(cfg.method)}
 
 
 def new_run_dir(cfg: RunConfig, preset: str) -> Path:
@@ -193,20 +169,8 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
         raise UserError(f"trainer: {str(e).splitlines()[0]}") from None
 
 
-def knn_report(backbone, init_backbone, cfg: RunConfig, info: DataInfo, train: ImageDataset) -> dict:
-    """Weighted kNN (k, T from cfg.eval) on the test split for the trained and the random backbone."""
-    test = load_dataset(cfg.data, "test")
-    k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
-    out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
-    for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
-        ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
-    return out
-
-
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
-    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print kNN accuracy."""
+    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report."""
     import copy
 
     from safetensors.torch import load_file
@@ -249,10 +213,7 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     export_backbone(backbone, run_dir / "backbone.safetensors", meta)
     init_backbone = copy.deepcopy(backbone)
     init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
-    report = knn_report(backbone, init_backbone, cfg, info, train)
-    (run_dir / "knn.json").write_text(json.dumps(report, indent=2))
-    print(f"kNN (k={report['k']}, T={report['temperature']}) on {cfg.data.name} test ({report['test_size']} images):")
-    for key in ("pretrained", "random_init"):
-        print(f"  {key:<12} top-1 {report[key]['top1']:6.2f}%   top-5 {report[key]['top5']:6.2f}%")
+    for line in model.end_of_run_report(train, init_backbone, run_dir):
+        print(line)
     print(f"run folder: {run_dir}")
     return run_dir

@@ -79,7 +79,7 @@ def _from_exported(path: Path, run_dir: Path | None) -> EvalSource:
 def _from_checkpoint(path: Path) -> EvalSource:
     """The backbone weights (``backbone.*``) of a pretraining checkpoint, rebuilt from the run's config."""
     from selfsup.data.datasets import load_dataset
-    from selfsup.engine import backbone_meta, data_info
+    from selfsup.methods.build import backbone_meta, data_info
     from selfsup.export import read_meta
     from selfsup.models.backbones import build_backbone
 
@@ -136,7 +136,7 @@ def with_projector(source: EvalSource) -> EvalSource:
     LayerNorm, so its norm is nearly constant, while the projector's output norm is not.
     """
     from selfsup.config import resolve
-    from selfsup.engine import build_method
+    from selfsup.methods.build import build_method
     from selfsup.methods import DataInfo
 
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None

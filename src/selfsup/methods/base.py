@@ -178,6 +178,30 @@ class SSLMethod(pl.LightningModule):
         modules = {name: child for name, child in self.named_children() if name != "augment"}
         return build_optimizer(param_groups(modules, self.cfg.optim), self.cfg.optim)
 
+    # ----------------------------------------------------------------- end of run
+    def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
+        """What the engine prints after fit: the weighted kNN (k, T from ``cfg.eval``) on the test split of
+        the trained and of the random-init backbone, also written to ``run_dir/knn.json``."""
+        import json
+
+        from selfsup.data.datasets import load_dataset
+        from selfsup.eval.features import extract_features
+        from selfsup.eval.knn import knn_accuracy
+
+        cfg, info = self.cfg, self.info
+        test = load_dataset(cfg.data, "test")
+        k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
+        out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
+        for key, model in (("pretrained", self.backbone), ("random_init", init_backbone)):
+            ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+            fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+            out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
+        (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
+        lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
+        lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
+                  for key in ("pretrained", "random_init")]
+        return lines
+
     # ----------------------------------------------------------------- exact resume
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
