@@ -71,12 +71,16 @@ class ModelConfig:
     stop_grad_conv1: bool = False  # MoCo v3's frozen random patch projection
     drop_path_rate: float = 0.0
     small_stem: bool = False  # ResNet: 3×3 stride-1 conv1 and no max-pool, for small images
+    zero_init_residual: bool = False  # ResNet: last BN γ of every residual block starts at 0 (the official SSL codes)
 
     def validate(self) -> None:
         if self.pool not in ("cls", "avg"):
             raise UserError(f"model.pool={self.pool!r} is not known; use cls or avg")
         if not 0 <= self.drop_path_rate < 1:
             raise UserError(f"model.drop_path_rate={self.drop_path_rate} must be in [0, 1)")
+        if self.zero_init_residual and not self.backbone.startswith("resnet"):
+            raise UserError(f"model.zero_init_residual applies to the torchvision ResNets, not {self.backbone!r}; "
+                            "drop it (timm ResNets zero-init their last BN already)")
 
 
 @dataclass

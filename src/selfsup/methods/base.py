@@ -63,7 +63,7 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
     m = cfg.model
     return dict(in_chans=info.channels, image_size=info.image_size, patch_size=m.patch_size,
                 drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
-                small_stem=m.small_stem)
+                small_stem=m.small_stem, zero_init_residual=m.zero_init_residual)
 
 
 def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:

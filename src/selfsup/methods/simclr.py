@@ -4,6 +4,11 @@ As the official TF code (tf2/model.py), both views go through the network as one
 batch, and the projection head is bias-free Linear → BN → ReLU … → Linear → BN whose last BN has a
 scale but no shift (``center=False``). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
 uses 3. ``decoupled=True`` drops the positive from the denominator (DCL).
+
+``loss_scale`` multiplies NT-Xent (the paper's mean over the 2N anchors). The official code
+(objective.py ``add_contrastive_loss``) adds the two directions' batch means, i.e. twice that mean;
+under LARS the factor changes the balance between the loss gradient and weight decay for the
+parameters LARS leaves unadapted (BN, biases), so the ImageNet preset sets ``loss_scale: 2.0``.
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ class SimCLRConfig:
     dim: int = 128
     proj_layers: int = 2
     decoupled: bool = False
+    loss_scale: float = 1.0  # 2.0 = the official code's sum of the two directions' means
 
     def validate(self) -> None:
         if self.temperature <= 0:
             raise UserError(f"method.temperature={self.temperature} must be > 0")
+        if self.loss_scale <= 0:
+            raise UserError(f"method.loss_scale={self.loss_scale} must be > 0")
 
 
 class SimCLR(SSLMethod):
@@ -55,5 +63,5 @@ class SimCLR(SSLMethod):
         rank, _ = world()
         c = self.cfg.method
         loss = nt_xent(z1, z2, c.temperature, all_z1=gather_with_grad(z1), all_z2=gather_with_grad(z2),
-                       rank=rank, decoupled=c.decoupled)
+                       rank=rank, decoupled=c.decoupled) * c.loss_scale
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}
