@@ -30,6 +30,7 @@ class DataInfo:
     image_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    num_classes: int = 0  # 0: unlabelled data
 
 
 class NonFiniteLoss(UserError):
