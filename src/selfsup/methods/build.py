@@ -29,14 +29,18 @@ def data_info(cfg, dataset) -> DataInfo:
 
 
 def build_method(cfg, info: DataInfo):
-    """The LightningModule of ``cfg.method`` (seeded, so the init is reproducible)."""
+    """The LightningModule of ``cfg.method`` (seeded, so the init is reproducible), cut-initialised if asked."""
     import lightning.pytorch as pl
 
     pl.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
+    from selfsup.interventions import cut_init
+
     try:
-        return METHODS[method_name(cfg.method)](cfg, info)
+        model = METHODS[method_name(cfg.method)](cfg, info)
+        cut_init(model, cfg.interventions.cut_init, cfg.interventions.cut_init_scope)
     except ValueError as e:  # e.g. image size not divisible by the patch size, or channel mismatch
         raise UserError(f"{' '.join(str(e).split())}") from None
+    return model
 
 
 def backbone_meta(cfg, info: DataInfo) -> dict:
