@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 
 import numpy as np
@@ -11,9 +12,11 @@ import torch
 from PIL import Image
 
 from selfsup.config import DataConfig
-from selfsup.data.datasets import FASHION_MNIST_DEFAULT, load_dataset
+from selfsup.data.datasets import fashion_mnist_default, load_dataset
 from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError, clean_message
+
+from idx_files import fake_fashion, write_idx
 
 
 # --------------------------------------------------------------------------- digits
@@ -50,8 +53,14 @@ def test_unknown_split_is_a_programming_error():
 
 
 def test_fashion_mnist_from_the_installed_files():
-    assert (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").exists(), \
-        "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist)"
+    """The one test that reads the real files: skipped where they are absent, unless SELFSUP_REQUIRE_REAL_DATA=1
+    (set by .ci/run, which installs them) makes their absence a failure."""
+    if not (fashion_mnist_default() / "train-images-idx3-ubyte.gz").exists():
+        reason = (f"Debian's Fashion-MNIST files are not in {fashion_mnist_default()} "
+                  "(apt-get install dataset-fashion-mnist, or set SELFSUP_FASHION_MNIST_DIR)")
+        if os.environ.get("SELFSUP_REQUIRE_REAL_DATA") == "1":
+            pytest.fail(reason + "; SELFSUP_REQUIRE_REAL_DATA=1 requires them")
+        pytest.skip(reason)
     train = load_dataset(DataConfig(name="fashion-mnist"), "train")
     test = load_dataset(DataConfig(name="fashion-mnist"), "test")
     assert (len(train), len(test)) == (60_000, 10_000)
@@ -60,24 +69,6 @@ def test_fashion_mnist_from_the_installed_files():
         assert sorted(ds.labels.unique().tolist()) == list(range(10)) and ds.labels.dtype == torch.int64
         assert torch.bincount(ds.labels).tolist() == [len(ds) // 10] * 10  # balanced classes
     assert abs(train.images.float().mean().item() / 255 - train.mean[0]) < 1e-3
-
-
-def write_idx(path, array, compress):
-    array = np.asarray(array, dtype=np.uint8)
-    data = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape) + array.tobytes()
-    (gzip.open if compress else open)(path, "wb").write(data)
-
-
-def fake_fashion(folder, compress, n_train=6, n_test=4, seed=0):
-    rng = np.random.default_rng(seed)
-    out = {}
-    for split, n, prefix in (("train", n_train, "train"), ("test", n_test, "t10k")):
-        images, labels = rng.integers(0, 256, (n, 28, 28)), rng.integers(0, 10, n)
-        suffix = ".gz" if compress else ""
-        write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", images, compress)
-        write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels, compress)
-        out[split] = (images, labels)
-    return out
 
 
 @pytest.mark.parametrize("compress", [True, False])

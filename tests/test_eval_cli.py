@@ -8,6 +8,8 @@ import yaml
 
 from selfsup.cli import main
 
+from idx_files import fake_fashion
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -87,8 +89,9 @@ def test_linear_augmented_and_finetune(run, capsys):
     assert ft["layer_decay"] == 0.75 and ft["steps"] == 2 and (run / "eval" / "finetuned_backbone.safetensors").exists()
 
 
-def test_ood_dataset_is_resized(run, capsys):
-    ok(capsys, "norms-ood", run, "--ood", "fashion-mnist", "--ood-limit", "300")
+def test_ood_dataset_is_resized(run, capsys, tmp_path):
+    fake_fashion(tmp_path, n_test=300)  # 28x28 IDX files written here: the backbone takes 8x8
+    ok(capsys, "norms-ood", run, "--ood", "fashion-mnist", "--ood-root", tmp_path, "--ood-limit", "300")
     ood = json.loads((run / "eval" / "norms-ood-fashion-mnist.json").read_text())
     assert ood["ood_size"] == 300 and ood["in_size"] == 359
 
@@ -105,7 +108,9 @@ def test_bad_inputs(run, capsys, tmp_path):
     assert "fake.safetensors" in bad(capsys, "rankme", fake)
     assert "larger than the 1438 training samples" in bad(capsys, "knn", run, "--k", "5000")
     assert "--temperature" in bad(capsys, "knn", run, "--temperature", "warm")
-    assert "--resize" in bad(capsys, "knn", run, "--data", "fashion-mnist")
+    (tmp_path / "fmnist").mkdir()
+    fake_fashion(tmp_path / "fmnist")
+    assert "--resize" in bad(capsys, "knn", run, "--data", "fashion-mnist", "--root", tmp_path / "fmnist")
     assert "classes:99" in bad(capsys, "norms-ood", run, "--ood", "classes:99")
     # an RGB image folder does not fit a 1-channel backbone, even for the OOD set
     from PIL import Image

@@ -8,6 +8,7 @@ workers to a fixed ``load_size`` square; augmentation then runs batched on the d
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,8 @@ from torch import Tensor
 
 from selfsup.errors import UserError
 
-FASHION_MNIST_DEFAULT = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_DEFAULT = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+FASHION_MNIST_ENV = "SELFSUP_FASHION_MNIST_DIR"  # overrides the default location (data.root still wins)
 FASHION_MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
@@ -97,8 +99,13 @@ def _read_idx(path: Path) -> np.ndarray:
         raise UserError(f"{path} is not a readable IDX file ({e}); delete it and get the file again") from None
 
 
+def fashion_mnist_default() -> Path:
+    """Where Fashion-MNIST is looked for without ``data.root``: ``$SELFSUP_FASHION_MNIST_DIR``, else Debian's folder."""
+    return Path(os.environ.get(FASHION_MNIST_ENV) or FASHION_MNIST_DEFAULT)
+
+
 def _find_fashion_mnist(root: str | None, download: bool) -> Path:
-    candidates = [Path(root)] if root else [FASHION_MNIST_DEFAULT]
+    candidates = [Path(root)] if root else [fashion_mnist_default()]
     for base in candidates:
         for folder in (base, base / "FashionMNIST" / "raw", base / "fashion-mnist"):
             if all((folder / f).exists() or (folder / f[:-3]).exists() for pair in FASHION_MNIST_FILES.values() for f in pair):

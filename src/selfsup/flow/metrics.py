@@ -1,0 +1,93 @@
+"""Sample-quality metrics for generated images, in the feature space of a frozen encoder.
+
+- **Encoder Fréchet distance**: the Fréchet distance between Gaussians fitted to the features of
+  generated and of real images, with a selfsup-pretrained encoder in place of Inception:
+  d² = ‖μ₁ − μ₂‖² + Tr(Σ₁ + Σ₂ − 2 (Σ₁ Σ₂)^{1/2}). It is *not* FID: its value depends on the encoder.
+  Tr (Σ₁Σ₂)^{1/2} = Σ √λᵢ(Σ₁^{1/2} Σ₂ Σ₁^{1/2}), the symmetric form, in float64 with ``eigh``.
+- **Class fidelity**: a kNN classifier (``selfsup.eval.knn``) fitted on real encoder features,
+  applied to class-conditional samples: the share classified as the class they were drawn for.
+- **Inception FID** through torchmetrics, only when torch-fidelity and its Inception weights are
+  already on disk (nothing is downloaded); otherwise one line says why it is unavailable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from selfsup.errors import UserError
+
+INCEPTION_WEIGHTS = "weights-inception-2015-12-05-6726825d.pth"  # torch-fidelity's file in torch.hub's cache
+
+
+def gaussian_stats(features: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean, covariance with N − 1) of N × D features, in float64."""
+    f = features.double()
+    if f.shape[0] < 2:
+        raise UserError(f"the Fréchet distance needs at least 2 samples per set (got {f.shape[0]}); raise --n")
+    mu = f.mean(0)
+    centred = f - mu
+    return mu, centred.T @ centred / (f.shape[0] - 1)
+
+
+def _sqrt_psd(matrix: Tensor) -> Tensor:
+    vals, vecs = torch.linalg.eigh(matrix)
+    return (vecs * vals.clamp_min(0).sqrt()) @ vecs.T
+
+
+def frechet_distance(mu1: Tensor, sigma1: Tensor, mu2: Tensor, sigma2: Tensor) -> float:
+    """‖μ₁ − μ₂‖² + Tr Σ₁ + Tr Σ₂ − 2 Tr (Σ₁^{1/2} Σ₂ Σ₁^{1/2})^{1/2}, in float64."""
+    mu1, sigma1, mu2, sigma2 = (a.double() for a in (mu1, sigma1, mu2, sigma2))
+    root1 = _sqrt_psd(sigma1)
+    middle = root1 @ sigma2 @ root1
+    middle = (middle + middle.T) / 2
+    trace_sqrt = torch.linalg.eigvalsh(middle).clamp_min(0).sqrt().sum()
+    d2 = (mu1 - mu2).square().sum() + sigma1.trace() + sigma2.trace() - 2 * trace_sqrt
+    return max(float(d2), 0.0)
+
+
+def feature_frechet_distance(features1: Tensor, features2: Tensor) -> float:
+    """The Fréchet distance between Gaussians fitted to two feature sets (N₁ × D, N₂ × D)."""
+    return frechet_distance(*gaussian_stats(features1), *gaussian_stats(features2))
+
+
+def class_fidelity(train_features: Tensor, train_labels: Tensor, sample_features: Tensor, requested: Tensor,
+                   k: int = 20, temperature: float | None = 0.07, num_classes: int | None = None) -> dict:
+    """Share (%) of samples a kNN classifier on real features assigns to the requested class, overall and per class."""
+    from selfsup.eval.knn import knn_predict_scores
+
+    k = min(k, len(train_labels))
+    predicted = knn_predict_scores(train_features, train_labels, sample_features, k, temperature,
+                                   num_classes).argmax(1).cpu()
+    hit = (predicted == requested.cpu()).double()
+    per_class = {int(c): 100.0 * float(hit[requested.cpu() == c].mean()) for c in requested.unique().tolist()}
+    return {"class_fidelity": 100.0 * float(hit.mean()), "per_class": per_class, "k": k,
+            "temperature": temperature}
+
+
+def inception_fid_unavailable() -> str | None:
+    """Why torchmetrics' Inception FID cannot run here without a download, or None when it can."""
+    try:
+        import torch_fidelity  # noqa: F401  (torchmetrics' Inception network)
+        from torchmetrics.image.fid import FrechetInceptionDistance  # noqa: F401
+    except ImportError:
+        return "Inception FID unavailable: needs torchmetrics with torch-fidelity (pip install torch-fidelity)"
+    path = Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS
+    if not path.exists():
+        return f"Inception FID unavailable: its weights are not on disk ({path}); nothing is downloaded"
+    return None
+
+
+@torch.no_grad()
+def inception_fid(real: Tensor, fake: Tensor, batch_size: int = 256, device: torch.device | str = "cpu") -> float:
+    """torchmetrics' FID of uint8 N × C × H × W image sets (grey images repeated to 3 channels)."""
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    metric = FrechetInceptionDistance(feature=2048).to(device)
+    for images, is_real in ((real, True), (fake, False)):
+        for i in range(0, len(images), batch_size):
+            batch = images[i : i + batch_size].to(device)
+            metric.update(batch.expand(-1, 3, -1, -1) if batch.shape[1] == 1 else batch, real=is_real)
+    return float(metric.compute())

@@ -1,0 +1,111 @@
+"""Sampling a velocity model from noise (t = 1) to data (t = 0): Euler ODE, Euler–Maruyama SDE, guidance.
+
+Everything here works on a plain velocity callable ``velocity(x, t, y) -> v`` (t of shape (B,)),
+so it is tested without a network. The path is x_t = (1 − t)·x_0 + t·ε and v = ε − x_0.
+
+ODE (probability flow): x_{t−h} = x_t − h·v(x_t, t).
+
+SDE, in SiT's convention (transport/transport.py, integrators.py of willisma/SiT; the Self-Flow
+release samples with it): in data-time τ = 1 − t the SDE  dx = [u + w·s] dτ + √(2w) dW  has the
+marginals of the path for any w ≥ 0, where u = dx/dτ = −v and s = ∇ log p_t. For the linear path
+(α = 1 − t, σ = t) the score follows from the velocity as
+
+    s(x, t) = −E[ε | x_t] / t = −(x + (1 − t)·v) / t
+
+and SiT's default diffusion is w = norm · σ_t = norm · t ("sigma" form), so w·s = −norm·(x + (1 − t)·v)
+(no 1/t: finite at t → 0). Euler–Maruyama takes ``steps − 1`` steps of equal size from t = 1 to
+t = ``last_step_size``, then one noise-free "Mean" step (drift only) to t = 0 (SiT's default:
+0.04), so ``steps`` is the number of model evaluations in both samplers.
+
+Classifier-free guidance: v = v_u + w·(v_c − v_u), with the conditional and unconditional
+(null class) halves in one batched forward. Guidance is applied to every channel.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from selfsup.errors import UserError
+
+Velocity = Callable[[Tensor, Tensor, Tensor], Tensor]
+SAMPLERS = ("ode", "sde")
+
+
+def guided(velocity: Velocity, scale: float, null_class: int) -> Velocity:
+    """v_u + scale·(v_c − v_u) from one forward of the doubled batch [conditional; null class]."""
+    if scale == 1.0:
+        return velocity
+
+    def v(x: Tensor, t: Tensor, y: Tensor) -> Tensor:
+        out = velocity(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, null_class)]))
+        v_c, v_u = out.chunk(2)
+        return v_u + scale * (v_c - v_u)
+
+    return v
+
+
+def _time_column(t: float, x: Tensor) -> Tensor:
+    return torch.full((x.shape[0],), t, device=x.device, dtype=x.dtype)
+
+
+@torch.no_grad()
+def euler_ode(velocity: Velocity, noise: Tensor, y: Tensor, steps: int) -> Tensor:
+    """Euler steps of equal size on dx/dt = v from t = 1 to t = 0."""
+    times = torch.linspace(1.0, 0.0, steps + 1).tolist()
+    x = noise
+    for t, t_next in zip(times[:-1], times[1:]):
+        x = x + (t_next - t) * velocity(x, _time_column(t, x), y)
+    return x
+
+
+def sde_drift(x: Tensor, v: Tensor, t: Tensor, norm: float) -> Tensor:
+    """dx/dτ = −v + w·s with w = norm·t and s = −(x + (1 − t)·v)/t (SiT: velocity + diffusion·score)."""
+    t = t.view(-1, *([1] * (x.dim() - 1)))
+    return -v - norm * (x + (1 - t) * v)
+
+
+@torch.no_grad()
+def euler_maruyama(velocity: Velocity, noise: Tensor, y: Tensor, steps: int, last_step_size: float = 0.04,
+                   diffusion_norm: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
+    """``steps − 1`` Euler–Maruyama steps from t = 1 to ``last_step_size``, then a noise-free step to 0."""
+    last = last_step_size if steps > 1 else 1.0
+    times = torch.linspace(1.0, last, steps).tolist()
+    x = noise
+    for t, t_next in zip(times[:-1], times[1:]):
+        h = t - t_next
+        tt = _time_column(t, x)
+        dw = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype) * h ** 0.5
+        x = x + h * sde_drift(x, velocity(x, tt, y), tt, diffusion_norm) + (2 * diffusion_norm * t) ** 0.5 * dw
+    tt = _time_column(last, x)
+    return x + last * sde_drift(x, velocity(x, tt, y), tt, diffusion_norm)
+
+
+def check_options(steps: int, cfg_scale: float, method: str, n: int | None = None) -> None:
+    """One-line errors for out-of-range sampling options."""
+    if n is not None and n < 1:
+        raise UserError(f"--n {n} must be >= 1")
+    if steps < 1:
+        raise UserError(f"--steps {steps} must be >= 1")
+    if not cfg_scale >= 0 or cfg_scale == float("inf"):
+        raise UserError(f"--cfg {cfg_scale} must be a finite number >= 0 (1 = no guidance)")
+    if method not in SAMPLERS:
+        raise UserError(f"--sampler {method!r} is not one of {', '.join(SAMPLERS)}")
+
+
+@torch.no_grad()
+def sample(velocity: Velocity, noise: Tensor, y: Tensor, steps: int = 50, method: str = "ode",
+           cfg_scale: float = 1.0, null_class: int | None = None, last_step_size: float = 0.04,
+           diffusion_norm: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
+    """x_0 from x_1 = ``noise`` for labels ``y`` (the null class for unconditional samples)."""
+    check_options(steps, cfg_scale, method)
+    if cfg_scale != 1.0 and null_class is None:
+        raise UserError("classifier-free guidance needs the model's null class (a class-conditional model)")
+    v = guided(velocity, cfg_scale, null_class) if cfg_scale != 1.0 else velocity
+    if method == "ode":
+        return euler_ode(v, noise, y, steps)
+    if not 0 < last_step_size < 1:
+        raise UserError(f"last_step_size {last_step_size} must be in (0, 1)")
+    return euler_maruyama(v, noise, y, steps, last_step_size, diffusion_norm, generator)
