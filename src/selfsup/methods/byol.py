@@ -53,7 +53,7 @@ class BYOL(SSLMethod):
         self.update_momentum_encoder()
         h1, h2 = self.backbone(x1), self.backbone(x2)
         z1, z2 = self.projector(h1), self.projector(h2)
-        p1, p2 = self.predictor(z1), self.predictor(z2)
+        p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
         with torch.no_grad():
             t1 = self.target_projector(self.target_backbone(x1))
             t2 = self.target_projector(self.target_backbone(x2))

@@ -61,7 +61,7 @@ class MoCoV3(SSLMethod):
         self.update_momentum_encoder()
         h1, h2 = self.backbone(x1), self.backbone(x2)
         z1, z2 = self.projector(h1), self.projector(h2)
-        q1, q2 = self.predictor(z1), self.predictor(z2)
+        q1, q2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))  # queries only
         with torch.no_grad():
             k1 = self.momentum_projector(self.momentum_backbone(x1))
             k2 = self.momentum_projector(self.momentum_backbone(x2))

@@ -45,7 +45,7 @@ class SimSiam(SSLMethod):
         x1, x2 = views
         h1, h2 = self.backbone(x1), self.backbone(x2)
         z1, z2 = self.projector(h1), self.projector(h2)
-        p1, p2 = self.predictor(z1), self.predictor(z2)
+        p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
         loss = 0.5 * (negative_cosine(p1, z2) + negative_cosine(p2, z1))
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
                 "prediction": p1.detach(), "target": z2.detach()}
