@@ -363,6 +363,11 @@ def resolve(data: dict) -> RunConfig:
         close = difflib.get_close_matches(str(name), list(METHODS), n=3)
         hint = f"did you mean {', '.join(close)}?" if close else f"use one of {', '.join(METHODS)}"
         raise UserError(f"method.name={name!r} is not known; {hint}")
+    fields = {f.name for f in dataclasses.fields(METHODS[name].Config)}
+    for key in ("predictor", "directpred"):
+        if key in method and key not in fields:
+            raise UserError(f"method.{key}: {name} has no predictor; predictor choices (mlp, linear, symmetric, "
+                            "directpred, directcopy) apply to byol, simsiam and moco_v3")
     method_cfg = build(METHODS[name].Config, method, "method")
     top = {f.name for f in dataclasses.fields(RunConfig)} - {"method"}
     for key in data:

@@ -182,6 +182,13 @@ class SSLMethod(pl.LightningModule):
         out["labels"] = labels
         return out
 
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """The optimiser step, then the predictor's post-step update (running F; DirectPred / DirectCopy)."""
+        super().optimizer_step(*args, **kwargs)
+        update = getattr(getattr(self, "predictor", None), "after_optimizer_step", None)
+        if update is not None:
+            update()
+
     def configure_optimizers(self):
         modules = {name: child for name, child in self.named_children() if name != "augment"}
         return build_optimizer(param_groups(modules, self.cfg.optim), self.cfg.optim)

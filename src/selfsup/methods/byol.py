@@ -8,13 +8,14 @@ haiku MLP: ``with_bias=False`` on its output Linear).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from selfsup.losses import byol_regression
 from selfsup.methods.base import SSLMethod, check_momentum
 from selfsup.models.heads import mlp
+from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
 
 @dataclass
@@ -26,9 +27,12 @@ class BYOLConfig:
     proj_hidden_dim: int = 4096
     dim: int = 256
     pred_hidden_dim: int = 4096
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
 
     def validate(self) -> None:
         check_momentum(self)
+        check_predictor(self)
 
 
 class BYOL(SSLMethod):
@@ -41,7 +45,8 @@ class BYOL(SSLMethod):
         super().__init__(cfg, info)
         c = cfg.method
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 2, bias=True, last_bias=False)
-        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, bias=True, last_bias=False)
+        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, bias=True,
+                                                               last_bias=False))
         self.target_backbone = self.momentum_target(self.backbone)
         self.target_projector = self.momentum_target(self.projector)
 
