@@ -71,10 +71,13 @@ class ModelConfig:
     stop_grad_conv1: bool = False  # MoCo v3's frozen random patch projection
     drop_path_rate: float = 0.0
     small_stem: bool = False  # ResNet: 3×3 stride-1 conv1 and no max-pool, for small images
+    layer_scale: float = 0.0  # ViT LayerScale init value (CaiT: 0.1 to depth 18, 1e-5 deeper); 0 = off
 
     def validate(self) -> None:
         if self.pool not in ("cls", "avg"):
             raise UserError(f"model.pool={self.pool!r} is not known; use cls or avg")
+        if self.layer_scale < 0:
+            raise UserError(f"model.layer_scale={self.layer_scale} must be >= 0 (0 turns LayerScale off)")
         if not 0 <= self.drop_path_rate < 1:
             raise UserError(f"model.drop_path_rate={self.drop_path_rate} must be in [0, 1)")
 
@@ -129,6 +132,59 @@ class EvalConfig:
 
 
 @dataclass
+class InstrumentsConfig:
+    """Training-dynamics instruments (selfsup.instruments.dynamics), logged under ``instruments/``; detector
+    events in ``RUN/events.jsonl``. The defaults cost a few percent of a CPU step (benchmarks/embedding_norms.py)."""
+
+    enabled: bool = True  # false: no instrument at all (the kNN monitor and online probe are eval.*)
+    every_n_steps: int = 10  # embedding norms, alignment, gradient-norm logging, predictor alignment
+    embedding_norms: bool = True
+    gradients: bool = True  # global and per-layer-group L2 / Linf gradient norms (after AMP unscaling)
+    spikes: bool = True  # gradient spike detector: norm > median + k * MAD of the previous window
+    spike_k: float = 10.0
+    spike_window: int = 100
+    spike_min_history: int = 20
+    alignment: bool = True  # mean 1 - cos of prediction/target and of the two views' features
+    rank_every_n_steps: int = 100  # RankMe / effective rank / per-dim std on a fixed batch; 0 = off
+    rank_samples: int = 512
+    predictor_alignment: bool = True  # linear predictors only (DirectPred eigenspace alignment)
+    predictor_top_k: int = 3
+    correlation_rho: float = 0.3  # running correlation F of the predictor inputs (when the predictor keeps none)
+    knn_dip: float = 3.0  # kNN monitor dip: points below the running best (0 = off); needs eval.knn_every_n_steps
+
+    def validate(self) -> None:
+        for key in ("every_n_steps", "spike_window", "spike_min_history", "rank_samples", "predictor_top_k"):
+            if getattr(self, key) < 1:
+                raise UserError(f"instruments.{key}={getattr(self, key)} must be >= 1")
+        if self.spike_min_history < 2 or self.spike_min_history > self.spike_window:
+            raise UserError(f"instruments.spike_min_history={self.spike_min_history} must be in [2, "
+                            f"instruments.spike_window={self.spike_window}]")
+        if self.spike_k <= 0:
+            raise UserError(f"instruments.spike_k={self.spike_k} must be > 0")
+        if self.rank_every_n_steps < 0:
+            raise UserError(f"instruments.rank_every_n_steps={self.rank_every_n_steps} must be >= 0 (0 turns it off)")
+        if not 0 <= self.correlation_rho < 1:
+            raise UserError(f"instruments.correlation_rho={self.correlation_rho} must be in [0, 1)")
+        if self.knn_dip < 0:
+            raise UserError(f"instruments.knn_dip={self.knn_dip} must be >= 0 (0 turns the dip detector off)")
+
+
+@dataclass
+class InterventionsConfig:
+    """Steering the embedding norms (Draganov et al.; selfsup.interventions)."""
+
+    cut_init: float = 1.0  # c: divide parameters by c after initialisation (1 = off; the paper's example 3)
+    cut_init_scope: str = "all"  # all (every parameter, the public code) | projector_last (the projector's last layer)
+    grad_scale_p: float = 0.0  # GradScale power p: each sample's gradient times ||z||^p (0 = off)
+
+    def validate(self) -> None:
+        if not self.cut_init > 0:
+            raise UserError(f"interventions.cut_init={self.cut_init} must be > 0 (1 turns it off)")
+        if self.cut_init_scope not in ("all", "projector_last"):
+            raise UserError(f"interventions.cut_init_scope={self.cut_init_scope!r}; use all or projector_last")
+
+
+@dataclass
 class RunConfig:
     """A whole pretraining run."""
 
@@ -142,6 +198,8 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    instruments: InstrumentsConfig = field(default_factory=InstrumentsConfig)
+    interventions: InterventionsConfig = field(default_factory=InterventionsConfig)
 
 
 # --------------------------------------------------------------------------- presets and overrides
@@ -301,6 +359,11 @@ def resolve(data: dict) -> RunConfig:
         close = difflib.get_close_matches(str(name), list(METHODS), n=3)
         hint = f"did you mean {', '.join(close)}?" if close else f"use one of {', '.join(METHODS)}"
         raise UserError(f"method.name={name!r} is not known; {hint}")
+    fields = {f.name for f in dataclasses.fields(METHODS[name].Config)}
+    for key in ("predictor", "directpred"):
+        if key in method and key not in fields:
+            raise UserError(f"method.{key}: {name} has no predictor; predictor choices (mlp, linear, symmetric, "
+                            "directpred, directcopy) apply to byol, simsiam and moco_v3")
     method_cfg = build(METHODS[name].Config, method, "method")
     top = {f.name for f in dataclasses.fields(RunConfig)} - {"method"}
     for key in data:

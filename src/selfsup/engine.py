@@ -8,6 +8,7 @@ joint-embedding methods).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 import yaml
 
+from selfsup.checkpoints import load_checkpoint
 from selfsup.config import RunConfig, resolve, to_dict
 from selfsup.data.datasets import ImageDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, batch_loader
@@ -76,13 +78,10 @@ def load_run(run_dir: Path) -> RunConfig:
 
 
 def check_checkpoint(path: Path, model: SSLMethod) -> None:
-    """A readable checkpoint whose weights fit ``model``, or a one-line UserError."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        state = ckpt["state_dict"]
-    except Exception as e:
-        raise UserError(f"{path} is not a readable selfsup checkpoint ({type(e).__name__}); "
-                        "delete it to restart the run from scratch") from None
+    """A readable checkpoint (loaded weights-only: a file holding code is refused) whose weights fit ``model``,
+    or a one-line UserError."""
+    ckpt = load_checkpoint(path, "delete it to restart the run from scratch")
+    state = ckpt["state_dict"]
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     mismatched = [k for k in own if k in state and state[k].shape != own[k].shape]
@@ -200,7 +199,9 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     if ckpt_path is not None:
         keep_metrics(trainer, run_dir, resumed_step)
     try:
-        trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path)
+        # Lightning reads the (already checked) file again: weights-only as well, where its fit() takes the switch.
+        safe = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
+        trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path, **safe)
     except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
         if not trainer.interrupted:
             raise

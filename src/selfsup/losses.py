@@ -35,12 +35,15 @@ def nt_xent(
     all_z2: Tensor | None = None,
     rank: int = 0,
     decoupled: bool = False,
+    positives: Tensor | None = None,
 ) -> Tensor:
     """SimCLR's NT-Xent: mean over the 2N anchors of −log softmax of the positive.
 
     Anchors are this process's ``z1``, ``z2`` (N, D); candidates are ``all_z1``, ``all_z2`` (the
     global batch, gathered *with* gradient; default: the local batch), without the anchor itself.
     ``decoupled=True`` drops the positive from the denominator (DCL, Yeh et al. 2022).
+    ``positives`` (2N, D), row i the positive of anchor i (e.g. the other view through an EMA projector,
+    Pham et al. 2022), replaces the online positive in the numerator and the denominator.
     """
     all_z1 = z1 if all_z1 is None else all_z1
     all_z2 = z2 if all_z2 is None else all_z2
@@ -52,6 +55,8 @@ def nt_xent(
     self_idx = torch.cat([local, local + m])
     positive_idx = torch.cat([local + m, local])
     rows = torch.arange(2 * n, device=z1.device)
+    if positives is not None:
+        logits = logits.index_put((rows, positive_idx), (anchors * F.normalize(positives, dim=1)).sum(1) / temperature)
     positive = logits[rows, positive_idx]
     excluded = torch.zeros_like(logits, dtype=torch.bool)
     excluded[rows, self_idx] = True

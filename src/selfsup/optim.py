@@ -50,7 +50,7 @@ class LARS(torch.optim.Optimizer):
 
 @dataclass
 class OptimConfig:
-    """Optimiser and schedule. ``lr = base_lr · global_batch / 256``, warmup then cosine, per iteration."""
+    """Optimiser and schedule. ``lr = base_lr · global_batch / 256`` (or its square root), warmup then cosine, per iteration."""
 
     name: str = "adamw"  # adamw | lars | sgd
     base_lr: float = 1.5e-4
@@ -61,6 +61,7 @@ class OptimConfig:
     warmup_epochs: float = 0.0
     min_lr: float = 0.0
     decay_1d: bool = True  # AdamW/SGD: decay biases and norm weights too (the official MoCo v3 / SimSiam code does)
+    lr_scaling: str = "linear"  # linear: base_lr * batch/256 | sqrt: base_lr * sqrt(batch/256) (cookbook §3.5)
     predictor_lr_mult: float = 1.0  # predictor lr = mult × scheduled lr (DirectPred studies 1–10×)
     predictor_weight_decay: float | None = None  # None: same as weight_decay
     fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
@@ -71,6 +72,8 @@ class OptimConfig:
         for key in ("base_lr", "weight_decay", "warmup_epochs", "min_lr", "predictor_lr_mult"):
             if getattr(self, key) < 0:
                 raise UserError(f"optim.{key}={getattr(self, key)} must be >= 0")
+        if self.lr_scaling not in ("linear", "sqrt"):
+            raise UserError(f"optim.lr_scaling={self.lr_scaling!r} is not known; use linear or sqrt")
         if not 0 <= self.momentum < 1:
             raise UserError(f"optim.momentum={self.momentum} must be in [0, 1)")
 

@@ -27,6 +27,11 @@ def momentum_cosine(step: float, total_steps: int, m0: float) -> float:
     return 1.0 - (1.0 - m0) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def scaled_lr(base_lr: float, batch_size: int) -> float:
-    """The linear scaling rule ``lr = base_lr · batch / 256`` (batch = global batch)."""
-    return base_lr * batch_size / 256
+def scaled_lr(base_lr: float, batch_size: int, rule: str = "linear") -> float:
+    """``lr = base_lr · batch / 256`` (linear rule, Goyal et al.) or ``base_lr · sqrt(batch / 256)`` (the square-root
+    rule of SimCLR's appendix B.1, which the SSL cookbook §3.5 recommends for small batches); batch = global batch."""
+    if rule == "linear":
+        return base_lr * batch_size / 256
+    if rule == "sqrt":
+        return base_lr * math.sqrt(batch_size / 256)
+    raise ValueError(f"unknown lr scaling rule {rule!r}; use linear or sqrt")

@@ -10,9 +10,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import nn
 
+from selfsup.checkpoints import load_checkpoint
 from selfsup.errors import UserError
 
 WHAT = "pass a selfsup run folder, an exported backbone .safetensors, or a run's checkpoints/*.ckpt"
@@ -95,11 +95,8 @@ def _from_checkpoint(path: Path) -> EvalSource:
 
         full = resolve(_raw_config(run_dir))
         meta = backbone_meta(full, data_info(full, load_dataset(full.data, "train")))
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        state = {k[len("backbone."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.")}
-    except Exception as e:
-        raise UserError(f"{path} is not a readable selfsup checkpoint ({type(e).__name__}); {WHAT}") from None
+    ckpt = load_checkpoint(path, WHAT)  # weights-only: a file holding code is refused before any of it runs
+    state = {k[len("backbone."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.")}
     if not state:
         raise UserError(f"{path} holds no backbone weights; {WHAT}")
     backbone = build_backbone(meta["backbone"], **meta["kwargs"])
@@ -146,8 +143,8 @@ def with_projector(source: EvalSource) -> EvalSource:
     m = source.meta
     model = build_method(resolve(_raw_config(source.run_dir)),
                          DataInfo(m["in_chans"], m["image_size"], tuple(m["mean"]), tuple(m["std"])))
+    state = load_checkpoint(ckpt, WHAT)["state_dict"]
     try:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
         model.load_state_dict(state)
     except Exception as e:
         raise UserError(f"{ckpt} does not fit the run's model ({type(e).__name__}); {WHAT}") from None

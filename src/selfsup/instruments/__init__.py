@@ -1,20 +1,38 @@
-"""Online evaluators for pretraining, as Lightning callbacks: a dense kNN monitor and an online linear probe."""
+"""Online evaluators and training-dynamics instruments for pretraining, as Lightning callbacks."""
 
+from selfsup.instruments.dynamics import (Alignment, EmbeddingNorms, GradientNorms, PredictorAlignment,
+                                          RankCollapse)
 from selfsup.instruments.knn_monitor import KNNMonitor
 from selfsup.instruments.online_probe import OnlineLinearProbe
 
 
 def monitor_callbacks(cfg) -> list:
-    """The callbacks ``cfg.eval`` asks for (eval.knn_every_n_steps > 0, eval.online_probe)."""
-    ev = cfg.eval
+    """The callbacks ``cfg.eval`` (kNN monitor, online probe) and ``cfg.instruments`` ask for."""
+    ev, ins = cfg.eval, cfg.instruments
     out = []
     if ev.knn_every_n_steps:
         out.append(KNNMonitor(ev.knn_every_n_steps, k=ev.knn_k, temperature=ev.knn_temperature,
                               train_size=ev.knn_monitor_train, test_size=ev.knn_monitor_test,
-                              batch_size=ev.batch_size, seed=cfg.trainer.seed))
+                              batch_size=ev.batch_size, seed=cfg.trainer.seed,
+                              dip_threshold=ins.knn_dip if ins.enabled else 0.0))
     if ev.online_probe:
         out.append(OnlineLinearProbe(lr=ev.online_probe_lr))
+    if not ins.enabled:
+        return out
+    n = ins.every_n_steps
+    if ins.embedding_norms:
+        out.append(EmbeddingNorms(n))
+    if ins.gradients:
+        out.append(GradientNorms(n, spike_k=ins.spike_k, spike_window=ins.spike_window,
+                                 spike_min_history=ins.spike_min_history, spikes=ins.spikes))
+    if ins.alignment:
+        out.append(Alignment(n))
+    if ins.rank_every_n_steps:
+        out.append(RankCollapse(ins.rank_every_n_steps, ins.rank_samples, seed=cfg.trainer.seed))
+    if ins.predictor_alignment:
+        out.append(PredictorAlignment(n, top_k=ins.predictor_top_k, rho=ins.correlation_rho))
     return out
 
 
-__all__ = ["KNNMonitor", "OnlineLinearProbe", "monitor_callbacks"]
+__all__ = ["Alignment", "EmbeddingNorms", "GradientNorms", "KNNMonitor", "OnlineLinearProbe", "PredictorAlignment",
+           "RankCollapse", "monitor_callbacks"]

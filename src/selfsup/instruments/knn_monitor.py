@@ -12,6 +12,7 @@ import torch
 from selfsup.data.datasets import ImageDataset, load_dataset
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
+from selfsup.instruments.detectors import DipDetector
 
 
 def fixed_subset(dataset: ImageDataset, size: int, seed: int) -> ImageDataset:
@@ -26,7 +27,8 @@ class KNNMonitor(pl.Callback):
 
     def __init__(self, every_n_steps: int, k: int = 20, temperature: float | None = 0.07, train_size: int = 5000,
                  test_size: int = 1000, batch_size: int = 512, seed: int = 0,
-                 train: ImageDataset | None = None, test: ImageDataset | None = None):
+                 train: ImageDataset | None = None, test: ImageDataset | None = None,
+                 dip_threshold: float = 0.0, run_dir=None):
         super().__init__()
         if every_n_steps < 1:
             raise ValueError("every_n_steps must be >= 1")
@@ -35,6 +37,9 @@ class KNNMonitor(pl.Callback):
         self._train, self._test = train, test
         self.history: list[tuple[int, float]] = []
         self._data = None
+        self.dips = DipDetector(dip_threshold) if dip_threshold > 0 else None
+        self.run_dir = run_dir
+        self.events: list[dict] = []
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero or self._data is not None:
@@ -61,3 +66,17 @@ class KNNMonitor(pl.Callback):
         top1 = self.measure(pl_module)
         self.history.append((step, top1))
         pl_module.log("monitor/knn_top1", top1, on_step=True, on_epoch=False, rank_zero_only=True)
+        best = self.dips.update(top1) if self.dips is not None else None
+        if best is not None:
+            from selfsup.instruments.dynamics import event_log, report_event
+
+            event = event_log(trainer, self.run_dir).write(step, "knn_dip", top1, best)
+            self.events.append(event)
+            report_event(event)
+
+    def state_dict(self) -> dict:
+        return {"dips": self.dips.state_dict()} if self.dips is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if self.dips is not None and "dips" in state_dict:
+            self.dips.load_state_dict(state_dict["dips"])

@@ -30,6 +30,7 @@ class DataInfo:
     image_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    num_classes: int = 0  # 0: unlabelled data
 
 
 class NonFiniteLoss(UserError):
@@ -63,7 +64,7 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
     m = cfg.model
     return dict(in_chans=info.channels, image_size=info.image_size, patch_size=m.patch_size,
                 drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
-                small_stem=m.small_stem)
+                small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}))
 
 
 def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
@@ -125,6 +126,12 @@ class SSLMethod(pl.LightningModule):
                                 [p for _, t in self._ema_pairs for p in t.parameters()])
         momentum_update(*self._ema_params, self.momentum)
 
+    def grad_scale(self, z: Tensor) -> Tensor:
+        """GradScale (``interventions.grad_scale_p``; identity when 0): see selfsup.interventions for its place."""
+        from selfsup.interventions import grad_scale
+
+        return grad_scale(z, self.cfg.interventions.grad_scale_p)
+
     # ----------------------------------------------------------------- schedules
     @property
     def global_batch_size(self) -> int:
@@ -137,8 +144,8 @@ class SSLMethod(pl.LightningModule):
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         """Per-iteration lr (warmup + cosine, linear scaling) and momentum (cosine ramp or constant)."""
         step, o = self.trainer.global_step, self.cfg.optim
-        peak = scaled_lr(o.base_lr, self.global_batch_size)
-        final = scaled_lr(o.min_lr, self.global_batch_size)
+        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
+        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
         lr = warmup_cosine(step, self.total_steps, int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
         for group in self.trainer.optimizers[0].param_groups:
             group["lr"] = (peak if group["fixed_lr"] else lr) * group["lr_scale"]
@@ -173,6 +180,13 @@ class SSLMethod(pl.LightningModule):
             self.log("train/momentum", self.momentum, on_step=True, on_epoch=False)
         out["labels"] = labels
         return out
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """The optimiser step, then the predictor's post-step update (running F; DirectPred / DirectCopy)."""
+        super().optimizer_step(*args, **kwargs)
+        update = getattr(getattr(self, "predictor", None), "after_optimizer_step", None)
+        if update is not None:
+            update()
 
     def configure_optimizers(self):
         modules = {name: child for name, child in self.named_children() if name != "augment"}

@@ -7,13 +7,14 @@ Heads: Linear (with bias) → BN → ReLU → Linear, 4096 → 256, no final BN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from selfsup.losses import byol_regression
 from selfsup.methods.base import SSLMethod, check_momentum
 from selfsup.models.heads import mlp
+from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
 
 @dataclass
@@ -25,9 +26,12 @@ class BYOLConfig:
     proj_hidden_dim: int = 4096
     dim: int = 256
     pred_hidden_dim: int = 4096
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
 
     def validate(self) -> None:
         check_momentum(self)
+        check_predictor(self)
 
 
 class BYOL(SSLMethod):
@@ -40,7 +44,7 @@ class BYOL(SSLMethod):
         super().__init__(cfg, info)
         c = cfg.method
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 2, bias=True)
-        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, bias=True)
+        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, bias=True))
         self.target_backbone = self.momentum_target(self.backbone)
         self.target_projector = self.momentum_target(self.projector)
 
@@ -49,7 +53,7 @@ class BYOL(SSLMethod):
         self.update_momentum_encoder()
         h1, h2 = self.backbone(x1), self.backbone(x2)
         z1, z2 = self.projector(h1), self.projector(h2)
-        p1, p2 = self.predictor(z1), self.predictor(z2)
+        p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
         with torch.no_grad():
             t1 = self.target_projector(self.target_backbone(x1))
             t2 = self.target_projector(self.target_backbone(x2))

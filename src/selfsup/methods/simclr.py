@@ -3,7 +3,9 @@
 As the official TF code (tf2/model.py), both views go through the network as one concatenated
 batch, and the projection head is bias-free Linear → BN → ReLU … → Linear → BN whose last BN has a
 scale but no shift (``center=False``). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
-uses 3. ``decoupled=True`` drops the positive from the denominator (DCL).
+uses 3. ``decoupled=True`` drops the positive from the denominator (DCL). ``projector_momentum`` > 0
+takes each anchor's positive from an EMA copy of the projector (Pham et al. 2022, cookbook §3.4); the
+negatives stay online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ class SimCLRConfig:
     dim: int = 128
     proj_layers: int = 2
     decoupled: bool = False
+    projector_momentum: float = 0.0  # > 0: positives from an EMA copy of the projector with this decay (Pham et al.)
 
     def validate(self) -> None:
         if self.temperature <= 0:
             raise UserError(f"method.temperature={self.temperature} must be > 0")
+        if not 0 <= self.projector_momentum < 1:
+            raise UserError(f"method.projector_momentum={self.projector_momentum} must be in [0, 1) (0 = off)")
 
 
 class SimCLR(SSLMethod):
@@ -46,14 +51,22 @@ class SimCLR(SSLMethod):
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True,
                              last_bn_affine=True)
         self.projector[-1].bias.requires_grad_(False)  # scale without shift, as BN(center=False)
+        if c.projector_momentum > 0:  # constant EMA decay of the positives' projector
+            self.momentum = c.projector_momentum
+            self.target_projector = self.momentum_target(self.projector)
 
     def forward_views(self, views):
         x1, x2 = views
+        self.update_momentum_encoder()
         h = self.backbone(torch.cat([x1, x2]))
-        z = self.projector(h)
+        z = self.grad_scale(self.projector(h))  # GradScale before NT-Xent's normalisation
         (h1, h2), (z1, z2) = h.chunk(2), z.chunk(2)
         rank, _ = world()
         c = self.cfg.method
+        positives = None
+        if c.projector_momentum > 0:  # the positive of view 1 is view 2 through the EMA projector, and back
+            with torch.no_grad():
+                positives = self.target_projector(torch.cat([h2, h1]).detach())
         loss = nt_xent(z1, z2, c.temperature, all_z1=gather_with_grad(z1), all_z2=gather_with_grad(z2),
-                       rank=rank, decoupled=c.decoupled)
+                       rank=rank, decoupled=c.decoupled, positives=positives)
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}

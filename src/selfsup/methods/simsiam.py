@@ -7,11 +7,12 @@ Loss ``½ D(p1, sg(z2)) + ½ D(p2, sg(z1))`` with D = −cos (official main_sims
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from selfsup.losses import negative_cosine
 from selfsup.methods.base import SSLMethod
 from selfsup.models.heads import mlp
+from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
 
 @dataclass
@@ -21,6 +22,11 @@ class SimSiamConfig:
     proj_hidden_dim: int = 2048
     dim: int = 2048
     pred_hidden_dim: int = 512
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
+
+    def validate(self) -> None:
+        check_predictor(self)
 
 
 class SimSiam(SSLMethod):
@@ -33,13 +39,13 @@ class SimSiam(SSLMethod):
         super().__init__(cfg, info)
         c = cfg.method
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 3, last_bn=True)
-        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True)
+        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True))
 
     def forward_views(self, views):
         x1, x2 = views
         h1, h2 = self.backbone(x1), self.backbone(x2)
         z1, z2 = self.projector(h1), self.projector(h2)
-        p1, p2 = self.predictor(z1), self.predictor(z2)
+        p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
         loss = 0.5 * (negative_cosine(p1, z2) + negative_cosine(p2, z1))
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
                 "prediction": p1.detach(), "target": z2.detach()}

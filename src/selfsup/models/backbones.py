@@ -43,6 +43,7 @@ def build_backbone(
     pool: str = "cls",
     stop_grad_conv1: bool = False,
     small_stem: bool = False,
+    layer_scale: float = 0.0,
 ) -> nn.Module:
     """A feature extractor (B, C, S, S) -> (B, num_features); every result has ``.num_features``."""
     if name in VIT_SIZES:
@@ -53,8 +54,12 @@ def build_backbone(
             drop_path_rate=drop_path_rate,
             pool=pool,
             stop_grad_conv1=stop_grad_conv1,
+            layer_scale=layer_scale,
             **VIT_SIZES[name],
         )
+    if layer_scale > 0:
+        raise ValueError(f"LayerScale (model.layer_scale={layer_scale}) applies to the selfsup ViTs "
+                         f"({', '.join(VIT_SIZES)}), not to {name}; set model.layer_scale=0")
     if name in RESNET_NAMES:
         return resnet(name, in_chans=in_chans, small_stem=small_stem)
     if name.startswith(TIMM_PREFIX):

@@ -95,20 +95,36 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: x + dp(attn(norm1(x))); x + dp(mlp(norm2(x)))."""
+class LayerScale(nn.Module):
+    """Per-channel scale ``gamma`` of a residual branch, initialised to a small constant (Touvron et al. 2021,
+    CaiT); timm name ``ls1.gamma`` / ``ls2.gamma``."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, drop_path: float):
+    def __init__(self, dim: int, init_value: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_value)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + dp(ls1(attn(norm1(x)))); x + dp(ls2(mlp(norm2(x)))); ls = identity
+    unless ``layer_scale`` > 0."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, drop_path: float,
+                 layer_scale: float = 0.0):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias)
+        self.ls1 = LayerScale(dim, layer_scale) if layer_scale > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ls2 = LayerScale(dim, layer_scale) if layer_scale > 0 else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
 class VisionTransformer(nn.Module):
@@ -132,6 +148,7 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         pool: str = "cls",
         stop_grad_conv1: bool = False,
+        layer_scale: float = 0.0,
     ):
         super().__init__()
         if pool not in ("cls", "avg"):
@@ -148,7 +165,7 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(build_2d_sincos_position_embedding(grid, embed_dim), requires_grad=False)
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r) for r in rates])
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r, layer_scale) for r in rates])
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self._init_weights(stop_grad_conv1)
 

@@ -1,0 +1,98 @@
+"""Event detectors on scalar series, and the machine-readable event log ``RUN/events.jsonl``.
+
+``SpikeDetector``: a value is a spike when it exceeds ``median + k · MAD`` of the previous ``window``
+values (MoCo v3 §4.1: gradient spikes of the first layer precede kNN dips). The MAD is floored at
+``mad_floor · |median|`` so a flat series does not alarm on rounding noise.
+``DipDetector``: a kNN dip starts when accuracy falls more than ``threshold`` points below the running
+best, and ends when it is back within the threshold; one event per dip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from statistics import median
+
+
+class SpikeDetector:
+    """Robust running baseline of one series; ``update`` returns the baseline threshold when ``value`` is a spike."""
+
+    def __init__(self, k: float = 10.0, window: int = 100, min_history: int = 20, mad_floor: float = 0.01):
+        if k <= 0 or window < 2 or not 2 <= min_history <= window:
+            raise ValueError("need k > 0, window >= 2 and 2 <= min_history <= window")
+        self.k, self.window, self.min_history, self.mad_floor = k, window, min_history, mad_floor
+        self.history: deque[float] = deque(maxlen=window)
+
+    def threshold(self) -> tuple[float, float] | None:
+        """(median, median + k·MAD) of the window, or None while it holds fewer than ``min_history`` values."""
+        if len(self.history) < self.min_history:
+            return None
+        med = median(self.history)
+        mad = max(median(abs(v - med) for v in self.history), self.mad_floor * abs(med))
+        return med, med + self.k * mad
+
+    def update(self, value: float) -> tuple[float, float] | None:
+        """Add ``value``; (median, threshold) when it is a spike, else None. Non-finite values are spikes."""
+        base = self.threshold()
+        spike = base is not None and (value > base[1] or value != value or value == float("inf"))
+        if value == value and value != float("inf"):
+            self.history.append(value)
+        return base if spike else None
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = deque(state.get("history", []), maxlen=self.window)
+
+
+class DipDetector:
+    """Running best of an accuracy series; ``update`` returns the best when a dip of more than ``threshold`` starts."""
+
+    def __init__(self, threshold: float = 3.0):
+        if threshold <= 0:
+            raise ValueError("threshold must be > 0")
+        self.threshold, self.best, self.in_dip = threshold, float("-inf"), False
+
+    def update(self, value: float) -> float | None:
+        dipping = value < self.best - self.threshold
+        start = dipping and not self.in_dip
+        self.in_dip = dipping
+        best = self.best
+        self.best = max(self.best, value)
+        return best if start else None
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "in_dip": self.in_dip}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.in_dip = state.get("best", float("-inf")), state.get("in_dip", False)
+
+
+class EventLog:
+    """Appends one JSON object per event to ``path``: ``{"step", "kind", "value", "baseline", ...}``."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def write(self, step: int, kind: str, value: float, baseline: float, **extra) -> dict:
+        event = {"step": int(step), "kind": kind, "value": float(value), "baseline": float(baseline), **extra}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(event) + "\n")
+        return event
+
+
+def read_events(path: str | Path) -> list[dict]:
+    """The events of an ``events.jsonl`` (empty when absent; unreadable lines skipped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

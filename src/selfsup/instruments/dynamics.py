@@ -1,0 +1,292 @@
+"""Training-dynamics instruments: Lightning callbacks that read the step-output dict and the gradients.
+
+They never change training: everything they read is detached, they draw no random numbers from the
+global generators, and a module they put in eval mode is put back. Every value is logged under
+``instruments/`` (CSV and TensorBoard); the detectors also append to ``RUN/events.jsonl``.
+Steps are 0-based optimiser-step indices (the step whose gradient or output is measured).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+
+from selfsup.instruments.detectors import EventLog, SpikeDetector
+from selfsup.instruments.measures import QUANTILES, misalignment, norm_summary, per_dim_std, predictor_alignment
+
+PREFIX = "instruments"
+NORM_KEYS = ("embedding", "projection", "prediction")
+
+
+def _log(pl_module, name: str, value) -> None:
+    pl_module.log(f"{PREFIX}/{name}", value, on_step=True, on_epoch=False)
+
+
+def _step(trainer) -> int:
+    """The index of the optimiser step that just ran (from on_train_batch_end)."""
+    return trainer.global_step - 1
+
+
+def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
+    return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl")
+
+
+def report_event(event: dict) -> None:
+    group = f" ({event['group']})" if "group" in event else ""
+    print(f"selfsup: {event['kind']}{group} at step {event['step']}: {event['value']:.4g} "
+          f"(baseline {event['baseline']:.4g})", file=sys.stderr)
+
+
+class EmbeddingNorms(pl.Callback):
+    """Every N steps: mean and 10/50/90% quantiles of ‖·‖ of the backbone features (``embedding``),
+    projector outputs (``projection``) and predictor outputs (``prediction``) of the step's batch.
+    At the end of fit the last measured norms are written to ``RUN/embedding_norms.pt`` (for histograms)."""
+
+    def __init__(self, every_n_steps: int = 10, keys=NORM_KEYS, run_dir: str | Path | None = None):
+        super().__init__()
+        self.every, self.keys, self.run_dir = every_n_steps, tuple(keys), run_dir
+        self.last: dict[str, Tensor] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+            return
+        for key in self.keys:
+            x = outputs.get(key)
+            if isinstance(x, Tensor) and x.ndim == 2:
+                self.last[key] = x.detach().float().norm(dim=1)
+                summary = norm_summary(x)
+                _log(pl_module, f"norm_{key}_mean", summary[0])
+                for q, v in zip(QUANTILES, summary[1:]):
+                    _log(pl_module, f"norm_{key}_q{int(q * 100)}", v)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero and self.last:
+            path = Path(self.run_dir or trainer.default_root_dir) / "embedding_norms.pt"
+            torch.save({k: v.cpu() for k, v in self.last.items()}, path)
+
+
+def layer_groups(module: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Trainable parameters by group: ``all``; the backbone's ``patch_embed`` (ViT patch projection, ResNet
+    conv1/bn1), ``first_block`` and ``last_block`` (ViT blocks, ResNet stages); one group per head
+    (every other top-level child with trainable parameters, e.g. ``projector``, ``predictor``)."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    groups: dict[str, list[nn.Parameter]] = {"all": [p for _, p in named]}
+    block = re.compile(r"backbone\.(?:blocks\.|layer)(\d+)\.")
+    ids = sorted({int(m.group(1)) for n, _ in named if (m := block.match(n))})
+    rules = [("patch_embed", lambda n: n.startswith(("backbone.patch_embed.", "backbone.conv1.", "backbone.bn1.")))]
+    if ids:
+        rules += [("first_block", lambda n, i=ids[0]: (m := block.match(n)) is not None and int(m.group(1)) == i),
+                  ("last_block", lambda n, i=ids[-1]: (m := block.match(n)) is not None and int(m.group(1)) == i)]
+    for name, rule in rules:
+        params = [p for n, p in named if rule(n)]
+        if params:
+            groups[name] = params
+    for child in dict.fromkeys(n.split(".")[0] for n, _ in named):
+        if child != "backbone":
+            groups[child] = [p for n, p in named if n.split(".")[0] == child]
+    return groups
+
+
+class GradientNorms(pl.Callback):
+    """Global and per-group L2 / L∞ gradient norms of every step, read in ``on_before_optimizer_step``
+    (after Lightning unscales mixed-precision gradients, before clipping), with a spike detector on each
+    group's L2 norm. Norms stay on the device and are read back every N steps (one host sync), when they
+    are logged (the values of that step) and fed, step by step, to the detectors."""
+
+    def __init__(self, every_n_steps: int = 10, spike_k: float = 10.0, spike_window: int = 100,
+                 spike_min_history: int = 20, spikes: bool = True, run_dir: str | Path | None = None):
+        super().__init__()
+        self.every, self.spikes, self.run_dir = every_n_steps, spikes, run_dir
+        self.detector_args = dict(k=spike_k, window=spike_window, min_history=spike_min_history)
+        self.groups: dict[str, list[nn.Parameter]] | None = None
+        self.detectors: dict[str, SpikeDetector] = {}
+        self._pending_state: dict | None = None
+        self.buffer: list[tuple[int, Tensor]] = []
+        self.events: list[dict] = []
+
+    def _norms(self) -> Tensor:
+        """(groups, 2): L2 and L∞ of each group, one norm per parameter computed once."""
+        params = self.groups["all"]
+        have = [i for i, p in enumerate(params) if p.grad is not None]
+        if not have:
+            return torch.zeros(len(self.groups), 2)
+        grads = [params[i].grad for i in have]
+        l2 = torch.zeros(len(params), device=grads[0].device)
+        linf = torch.zeros(len(params), device=grads[0].device)
+        index = torch.tensor(have, device=grads[0].device)
+        l2[index] = torch.stack(torch._foreach_norm(grads, 2.0)).float()
+        linf[index] = torch.stack(torch._foreach_norm(grads, float("inf"))).float()
+        rows = [torch.stack([l2[idx].square().sum().sqrt(), linf[idx].max()]) for idx in self._index]
+        return torch.stack(rows)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.groups is None:
+            self.groups = layer_groups(pl_module)
+            position = {id(p): i for i, p in enumerate(self.groups["all"])}
+            device = self.groups["all"][0].device
+            self._index = [torch.tensor([position[id(p)] for p in ps], device=device) for ps in self.groups.values()]
+            self.detectors = {g: SpikeDetector(**self.detector_args) for g in self.groups}
+            if self._pending_state:
+                for g, s in self._pending_state.items():
+                    if g in self.detectors:
+                        self.detectors[g].load_state_dict(s)
+        step = trainer.global_step
+        norms = self._norms()
+        self.buffer.append((step, norms[:, 0]))
+        if step % self.every == 0:
+            for g, (l2, linf) in zip(self.groups, norms):
+                suffix = "" if g == "all" else f"_{g}"
+                _log(pl_module, f"grad_l2{suffix}", l2)
+                _log(pl_module, f"grad_linf{suffix}", linf)
+            self.flush(trainer)
+
+    def flush(self, trainer) -> None:
+        """Read the buffered norms back (one sync) and run the detectors over them in step order."""
+        if not self.buffer:
+            return
+        steps = [s for s, _ in self.buffer]
+        values = torch.stack([v for _, v in self.buffer]).cpu().tolist()
+        self.buffer.clear()
+        if not self.spikes:
+            return
+        log = event_log(trainer, self.run_dir) if trainer.is_global_zero else None
+        for step, row in zip(steps, values):
+            for g, value in zip(self.groups, row):
+                base = self.detectors[g].update(value)
+                if base is not None and log is not None:
+                    event = log.write(step, "grad_spike", value, base[0], threshold=base[1], group=g)
+                    self.events.append(event)
+                    report_event(event)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.flush(trainer)
+
+    def state_dict(self) -> dict:
+        return {g: d.state_dict() for g, d in self.detectors.items()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._pending_state = state_dict
+
+
+class Alignment(pl.Callback):
+    """Every N steps: mean ``1 − cos`` of each (a, b) key pair of the step output present in it: by default
+    the prediction and its target (BYOL, SimSiam, MoCo v3 positives; any method emitting the two keys)
+    and the two views' backbone features."""
+
+    def __init__(self, every_n_steps: int = 10, pairs=(("prediction", "target"), ("embedding", "embedding2"))):
+        super().__init__()
+        self.every, self.pairs = every_n_steps, tuple(tuple(p) for p in pairs)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+            return
+        for a, b in self.pairs:
+            if isinstance(outputs.get(a), Tensor) and isinstance(outputs.get(b), Tensor):
+                _log(pl_module, f"align_{a}_{b}", misalignment(outputs[a], outputs[b]))
+
+
+class RankCollapse(pl.Callback):
+    """Every N steps, on a fixed batch of training images in eval mode: RankMe, effective rank (PCs for
+    99% of the variance) and the per-dimension std of the L2-normalised backbone features and, when the
+    method has a ``projector``, of its outputs."""
+
+    def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
+        super().__init__()
+        self.every, self.samples, self.seed, self._dataset = every_n_steps, samples, seed, dataset
+        self._batch = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        from selfsup.instruments.knn_monitor import fixed_subset
+
+        if self._batch is None:
+            data = self._dataset if self._dataset is not None else trainer.datamodule.dataset
+            g = torch.Generator().manual_seed(self.seed)
+            pick = torch.randperm(len(data), generator=g)[: self.samples].sort().values
+            self._batch = data.select(pick) if hasattr(data, "select") else fixed_subset(data, self.samples, self.seed)
+
+    @torch.no_grad()
+    def measure(self, pl_module) -> dict[str, float]:
+        from selfsup.eval.features import extract_features
+        from selfsup.eval.spectrum import effective_rank, rankme
+
+        info = pl_module.info
+        h, _ = extract_features(pl_module.backbone, self._batch, info.image_size, info.mean, info.std,
+                                len(self._batch), pl_module.device)
+        feats = {"embedding": h}
+        projector = getattr(pl_module, "projector", None)
+        if isinstance(projector, nn.Module):
+            was = projector.training
+            projector.eval()
+            try:
+                feats["projection"] = projector(h.to(pl_module.device)).float().cpu()
+            finally:
+                projector.train(was)
+        out = {}
+        for key, x in feats.items():
+            out[f"rankme_{key}"] = rankme(x)
+            out[f"eff_rank_{key}"] = float(effective_rank(x))
+            out[f"dim_std_{key}"] = per_dim_std(x)
+        return out
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if _step(trainer) % self.every or self._batch is None:
+            return
+        for name, value in self.measure(pl_module).items():
+            _log(pl_module, name, value)
+
+
+def square_weight(predictor: nn.Module) -> Tensor | None:
+    """The d×d weight of a linear predictor: its own 2-D square ``weight`` or that of its only Linear; else None."""
+    w = getattr(predictor, "weight", None)
+    if not (isinstance(w, Tensor) and w.ndim == 2 and w.shape[0] == w.shape[1]):
+        linears = [m for m in predictor.modules() if isinstance(m, nn.Linear)]
+        w = linears[0].weight if len(linears) == 1 else None
+    return w if w is not None and w.ndim == 2 and w.shape[0] == w.shape[1] else None
+
+
+class PredictorAlignment(pl.Callback):
+    """For a linear predictor W (see ``square_weight``): asymmetry, normalised commutator with the correlation
+    F of its inputs, and cos(W u_j, u_j) for F's top eigenvectors, every N steps (DirectPred Fig. 2 / Thm. 3).
+
+    F is the predictor's own ``correlation`` buffer when it has one (DirectPred keeps it); otherwise this
+    callback keeps ``F ← ρF + (1 − ρ)·mean(f fᵀ)`` each step from the step output's ``input_key``
+    (the predictor's inputs, view 1). Methods without a linear predictor are left alone."""
+
+    def __init__(self, every_n_steps: int = 10, top_k: int = 3, rho: float = 0.3, input_key: str = "projection"):
+        super().__init__()
+        self.every, self.top_k, self.rho, self.input_key = every_n_steps, top_k, rho, input_key
+        self.correlation: Tensor | None = None
+        self.active = False
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        predictor = getattr(pl_module, "predictor", None)
+        self.active = isinstance(predictor, nn.Module) and square_weight(predictor) is not None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if not self.active or not isinstance(outputs, dict):
+            return
+        predictor = pl_module.predictor
+        own = getattr(predictor, "correlation", None)
+        if not isinstance(own, Tensor):
+            f = outputs.get(self.input_key)
+            if not isinstance(f, Tensor):
+                return
+            f = f.detach().float()
+            batch_corr = f.T @ f / f.shape[0]
+            if self.correlation is None:
+                self.correlation = batch_corr
+            else:
+                self.correlation.mul_(self.rho).add_(batch_corr, alpha=1.0 - self.rho)
+        if _step(trainer) % self.every:
+            return
+        corr = own if isinstance(own, Tensor) else self.correlation
+        weight = square_weight(predictor)
+        if corr is None or weight is None or corr.shape != weight.shape:
+            return
+        for name, value in predictor_alignment(weight, corr, min(self.top_k, weight.shape[0])).items():
+            _log(pl_module, f"pred_{name}", value)
