@@ -47,7 +47,9 @@ def test_sample_labels_checks_the_class():
 
 
 def test_to_uint8_and_the_inverse_fit():
-    assert to_uint8(torch.tensor([-1.5, -1.0, 0.0, 1.0])).tolist() == [0, 0, 128, 255]
+    x = torch.tensor([-1.5, -1.0, 0.0, 1.0]).view(1, 1, 1, 4)
+    assert to_uint8(x).flatten().tolist() == [0, 0, 128, 255]
+    assert to_uint8(x, (0.2,), (0.1,)).flatten().tolist() == [13, 26, 51, 76]  # (x·0.1 + 0.2)·255, half to even
     x = torch.arange(36.0).view(1, 1, 6, 6)
     torch.testing.assert_close(to_dataset_size(x, 4, "pad"), x[..., 1:5, 1:5])
     from selfsup.flow.encoder import fit_images

@@ -57,9 +57,11 @@ def generate(model, labels: Tensor, steps: int = 50, method: str = "ode", cfg_sc
     return torch.cat(out)
 
 
-def to_uint8(x: Tensor) -> Tensor:
-    """[−1, 1] → uint8 [0, 255]."""
-    return ((x.float() + 1) * 127.5).round_().clamp_(0, 255).to(torch.uint8)
+def to_uint8(x: Tensor, mean=(0.5,), std=(0.5,)) -> Tensor:
+    """The model's space ``(image − mean)/std`` (a flow run's: [−1, 1]) → uint8 images [0, 255]."""
+    shape = (1, -1, 1, 1)
+    image = x.float() * torch.tensor(std).view(shape) + torch.tensor(mean).view(shape)
+    return (image * 255).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def to_dataset_size(x: Tensor, size: int, fit: str) -> Tensor:
@@ -111,11 +113,6 @@ def _load(run_dir: str):
     return load_flow_run(Path(run_dir))
 
 
-def is_pixel_space(model) -> bool:
-    """Images (1 or 3 channels in [−1, 1]) rather than latents, whose pictures need the user's decoder."""
-    return model.in_channels in (1, 3)
-
-
 def _stem(out: str | None, run_dir: Path, name: str) -> Path:
     if out is None:
         return run_dir / "samples" / name
@@ -126,6 +123,8 @@ def _stem(out: str | None, run_dir: Path, name: str) -> Path:
 def cmd_generate(args) -> int:
     """Sample ``--n`` images of a flow run's EMA model: a PNG grid and a .pt file (samples, labels, settings)."""
     check_options(args.steps, args.cfg, args.sampler, args.n)
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size} must be >= 1")
     run_dir = Path(args.run_dir)
     model, cfg, info = _load(args.run_dir)
     if args.cfg != 1.0 and not model.num_classes:
@@ -144,12 +143,12 @@ def cmd_generate(args) -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     settings = dict(run=str(run_dir), n=args.n, steps=args.steps, sampler=args.sampler, cfg=args.cfg,
                     cls=args.cls, seed=args.seed, seconds=seconds)
-    pt = _save_tensor({"samples": x, "labels": labels, "settings": settings}, stem.with_suffix(".pt"))
+    pt = _save_tensor({"samples": x, "labels": labels, "settings": settings}, stem.with_name(stem.name + ".pt"))
     print(f"  {pt} (samples in [-1, 1], {tuple(x.shape)}; {seconds:.1f} s)")
-    if is_pixel_space(model):
-        print(f"  {save_grid(to_uint8(x), stem.with_suffix('.png'))}")
+    if info["latents"]:
+        print(f"  (no PNG: the run models latents; decode the .pt with the VAE that made them)")
     else:
-        print(f"  (no PNG: {model.in_channels}-channel latents; decode the .pt with the VAE that made them)")
+        print(f"  {save_grid(to_uint8(x, info['mean'], info['std']), stem.with_name(stem.name + '.png'))}")
     return 0
 
 
@@ -184,7 +183,7 @@ def _encoder_location(args, cfg) -> str:
 
 def default_encoder(cfg) -> str | None:
     """The run's REPA encoder, when it has one."""
-    return None
+    return getattr(cfg.method, "encoder", None) or None
 
 
 def eval_generation(args) -> int:
@@ -202,13 +201,13 @@ def eval_generation(args) -> int:
     check_options(args.steps, args.cfg, args.sampler, args.n)
     if args.n < 2:
         raise UserError(f"--n {args.n} must be >= 2 for a Fréchet distance")
-    if args.k < 1:
-        raise UserError(f"--k {args.k} must be >= 1")
+    if min(args.k, args.batch_size, args.sample_batch) < 1:
+        raise UserError("--k, --batch-size and --sample-batch must be >= 1")
     run_dir = Path(args.run_dir)
     model, cfg, info = _load(args.run_dir)
-    if not is_pixel_space(model):
-        raise UserError(f"{run_dir} models {model.in_channels}-channel latents; eval generation needs a pixel-space "
-                        "flow run (decode latents with their VAE and evaluate the images)")
+    if info["latents"]:
+        raise UserError(f"{run_dir} models latents; eval generation needs a pixel-space flow run "
+                        "(decode the latents with their VAE and evaluate the images)")
     if args.cfg != 1.0 and not model.num_classes:
         raise UserError(f"--cfg {args.cfg} needs a class-conditional model; {run_dir} is unconditional (use --cfg 1)")
     data = cfg.data
@@ -231,7 +230,7 @@ def eval_generation(args) -> int:
     x = generate(model, labels, args.steps, args.sampler, args.cfg, args.seed, ctx.device, args.sample_batch,
                  progress=True)
     sample_seconds = time.perf_counter() - t0
-    images = to_uint8(to_dataset_size(x, train.image_size, fit_mode(cfg)))
+    images = to_uint8(to_dataset_size(x, train.image_size, info["fit"]), info["mean"], info["std"])
     fake = ImageDataset("generated", images, labels, train.num_classes, train.mean, train.std)
     fgen, _ = extract_features(ctx.source.backbone, fake, m["image_size"], m["mean"], m["std"], args.batch_size,
                                ctx.device)
@@ -273,11 +272,6 @@ def eval_generation(args) -> int:
         print(why)
     print(f"  {path}\n  {grid}")
     return 0
-
-
-def fit_mode(cfg) -> str:
-    """How the run fitted dataset images to the model input (resize | pad)."""
-    return getattr(cfg.method, "fit", "resize")
 
 
 def add_generation_eval_parser(sub) -> None:
