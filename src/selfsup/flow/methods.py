@@ -64,6 +64,7 @@ class FlowConfig:
             raise UserError(f"method.{key}={value} is outside the model's blocks 1..{self.model_depth}")
 
     def validate(self) -> None:
+        self.model_depth  # noqa: B018  (checks method.size)
         self.check_block("feature_block", self.feature_block)
         if self.patch_size < 1:
             raise UserError(f"method.patch_size={self.patch_size} must be >= 1")
@@ -222,9 +223,11 @@ class FlowMethod(pl.LightningModule):
 
     # ------------------------------------------------------------------ EMA
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self.update_ema(self.trainer.global_step)
+
+    def update_ema(self, step: int) -> None:
         """EMA after each optimiser step: ``ema ← d·ema + (1 − d)·student`` (d ramps up over the warmup)."""
         c = self.cfg.method
-        step = self.trainer.global_step
         self.ema_decay = c.ema_decay * min(1.0, step / c.ema_warmup_steps) if c.ema_warmup_steps else c.ema_decay
         if self._ema_params is None:
             self._ema_params = (list(self.student.parameters()), list(self.ema.parameters()))
@@ -244,9 +247,10 @@ class FlowMethod(pl.LightningModule):
         self._ema_params = None
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        """lr = warmup then cosine from base_lr to min_lr (scaled by batch/256); min_lr = base_lr: constant."""
+        """lr = warmup then cosine from base_lr to min_lr (both scaled by optim.lr_scaling); min_lr = base_lr: constant."""
         o = self.cfg.optim
-        peak, final = scaled_lr(o.base_lr, self.cfg.data.batch_size), scaled_lr(o.min_lr, self.cfg.data.batch_size)
+        batch = self.cfg.data.batch_size
+        peak, final = scaled_lr(o.base_lr, batch, o.lr_scaling), scaled_lr(o.min_lr, batch, o.lr_scaling)
         lr = warmup_cosine(self.trainer.global_step, self.total_steps,
                            int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
         for group in self.trainer.optimizers[0].param_groups:
