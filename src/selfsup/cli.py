@@ -1,4 +1,4 @@
-"""The ``selfsup`` command line: presets, pretrain (eval commands live in selfsup.eval.cli)."""
+"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.generation); eval (selfsup.eval.cli)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.max_epochs=5 data.root=/data")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.set_defaults(func=cmd_pretrain)
+    from selfsup.flow.generation import add_generate_parser
+
+    add_generate_parser(sub)
     try:
         from selfsup.eval.cli import add_eval_parser
     except ImportError:
