@@ -193,6 +193,7 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
                              f"output_dir={tmp_path}", "name=sf")
     assert code == 0, err
     assert "kNN of the EMA model's block-3 tokens at t=0.1" in out
+    assert "20 EMA samples" in out and (run / "samples_end.png").exists()
     header = (run / "metrics.csv").read_text().splitlines()[0]
     for key in ("train/flow_loss", "train/rep_loss", "train/ema_decay", "train/flow_loss_t0.75-1.00"):
         assert key in header
@@ -221,3 +222,15 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     (tmp_path / "moco" / "config.yaml").write_text("method:\n  name: moco_v3\n")
     with pytest.raises(UserError, match="not a flow run"):
         load_flow_run(tmp_path / "moco")
+
+
+def test_paper_scale_preset():
+    cfg = load_run_config("self-flow-sit-xl2-latents")
+    m = cfg.method
+    assert (m.size, m.patch_size, m.student_block, m.teacher_block, m.mask_ratio, m.rep_weight) == ("XL", 2, 8, 20, 0.25, 0.8)
+    assert m.ema_decay == 0.9999 and m.ema_warmup_steps == 0 and cfg.data.name == "latents"
+    assert cfg.optim.name == "adamw" and cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.precision == "bf16-mixed"
+    # defaults l, k for depth 28 are the same blocks
+    from selfsup.flow.methods import default_block
+
+    assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)
