@@ -1,4 +1,4 @@
-"""The ``selfsup`` command line: presets, pretrain (eval commands live in selfsup.eval.cli)."""
+"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.generation); eval (selfsup.eval.cli)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run)")
     p.set_defaults(func=cmd_report)
+    from selfsup.flow.generation import add_generate_parser
+
+    add_generate_parser(sub)
     try:
         from selfsup.eval.cli import add_eval_parser
     except ImportError:

@@ -44,14 +44,24 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def rebuild_backbone(meta: dict) -> nn.Module:
+    """The (randomly initialised) backbone ``meta`` describes; a flow run's is its ``FlowEncoder``."""
+    from selfsup.flow.encoder import FLOW_ENCODER
+    from selfsup.models.backbones import build_backbone
+
+    if meta["backbone"] == FLOW_ENCODER:
+        from selfsup.flow.build import rebuild_encoder
+
+        return rebuild_encoder(meta)
+    return build_backbone(meta["backbone"], **meta["kwargs"])
+
+
 def load_exported(path: Path) -> tuple[nn.Module, dict]:
     """Rebuild the backbone of an exported file and load its weights; returns (module, meta)."""
     from safetensors.torch import load_file
 
-    from selfsup.models.backbones import build_backbone
-
     meta = read_meta(path)
-    backbone = build_backbone(meta["backbone"], **meta["kwargs"])
+    backbone = rebuild_backbone(meta)
     try:
         backbone.load_state_dict(load_file(str(path)))
     except RuntimeError as e:

@@ -1,4 +1,4 @@
-"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN``: results in RUN/eval/*.json + a table."""
+"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``): RUN/eval/*.json + a table."""
 
 from __future__ import annotations
 
@@ -360,7 +360,8 @@ def _embedding_arg(p) -> None:
 
 def add_eval_parser(subparsers) -> None:
     """The ``selfsup eval`` command and its subcommands."""
-    ev = subparsers.add_parser("eval", help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all")
+    ev = subparsers.add_parser("eval", help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
+                                        "a flow run's samples: generation")
     sub = ev.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
@@ -411,3 +412,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--ood-root", help="folder of the OOD dataset")
     p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
     p.set_defaults(func=cmd_all)
+
+    from selfsup.flow.generation import add_generation_eval_parser
+
+    add_generation_eval_parser(sub)

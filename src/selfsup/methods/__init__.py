@@ -6,7 +6,9 @@ from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
 
-METHODS: dict[str, type[SSLMethod]] = {"moco_v3": MoCoV3, "byol": BYOL, "simsiam": SimSiam, "simclr": SimCLR}
+METHODS: dict[str, type] = {"moco_v3": MoCoV3, "byol": BYOL, "simsiam": SimSiam, "simclr": SimCLR}
+
+import selfsup.flow.methods  # noqa: E402,F401  (registers the generative family: flow_matching, self_flow, repa)
 
 
 def method_name(method_cfg) -> str:

@@ -30,6 +30,7 @@ class DataInfo:
     image_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    num_classes: int = 0  # 0: unlabelled data
 
 
 class NonFiniteLoss(UserError):
@@ -63,7 +64,8 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
     m = cfg.model
     return dict(in_chans=info.channels, image_size=info.image_size, patch_size=m.patch_size,
                 drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
-                small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}))
+                small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}),
+                **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
 def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
@@ -179,6 +181,13 @@ class SSLMethod(pl.LightningModule):
             self.log("train/momentum", self.momentum, on_step=True, on_epoch=False)
         out["labels"] = labels
         return out
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """The optimiser step, then the predictor's post-step update (running F; DirectPred / DirectCopy)."""
+        super().optimizer_step(*args, **kwargs)
+        update = getattr(getattr(self, "predictor", None), "after_optimizer_step", None)
+        if update is not None:
+            update()
 
     def configure_optimizers(self):
         modules = {name: child for name, child in self.named_children() if name != "augment"}

@@ -8,7 +8,7 @@ each view is forwarded separately; keys are gathered from all processes without 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,6 +17,7 @@ from selfsup.errors import UserError
 from selfsup.losses import info_nce
 from selfsup.methods.base import SSLMethod, check_momentum
 from selfsup.models.heads import mlp
+from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
 
 @dataclass
@@ -31,11 +32,14 @@ class MoCoV3Config:
     dim: int = 256
     pred_hidden_dim: int = 4096
     pred_last_bn: bool = True  # ViT predictor ends in BN(affine=False); ResNet's does not
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
 
     def validate(self) -> None:
         if self.temperature <= 0:
             raise UserError(f"method.temperature={self.temperature} must be > 0")
         check_momentum(self)
+        check_predictor(self)
 
 
 class MoCoV3(SSLMethod):
@@ -48,7 +52,7 @@ class MoCoV3(SSLMethod):
         super().__init__(cfg, info)
         c = cfg.method
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True)
-        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bn=c.pred_last_bn)
+        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bn=c.pred_last_bn))
         self.momentum_backbone = self.momentum_target(self.backbone)
         self.momentum_projector = self.momentum_target(self.projector)
 

@@ -7,11 +7,12 @@ Loss ``½ D(p1, sg(z2)) + ½ D(p2, sg(z1))`` with D = −cos (official main_sims
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from selfsup.losses import negative_cosine
 from selfsup.methods.base import SSLMethod
 from selfsup.models.heads import mlp
+from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
 
 @dataclass
@@ -21,6 +22,11 @@ class SimSiamConfig:
     proj_hidden_dim: int = 2048
     dim: int = 2048
     pred_hidden_dim: int = 512
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
+
+    def validate(self) -> None:
+        check_predictor(self)
 
 
 class SimSiam(SSLMethod):
@@ -33,7 +39,7 @@ class SimSiam(SSLMethod):
         super().__init__(cfg, info)
         c = cfg.method
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 3, last_bn=True)
-        self.predictor = mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True)
+        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True))
 
     def forward_views(self, views):
         x1, x2 = views

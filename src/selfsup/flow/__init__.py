@@ -1,0 +1,21 @@
+"""The generative wing: flow-matching diffusion transformers (plain flow matching, Self-Flow, REPA).
+
+Modules: ``model`` (SiT with adaLN-zero and per-token timesteps), ``path`` (linear path, t sampling),
+``objective`` (losses, Self-Flow masking, heads), ``methods`` (the LightningModules, registered as
+``flow_matching``, ``self_flow`` and ``repa``), ``encoder`` (a flow model as a feature extractor for
+``selfsup eval``), ``build`` (metadata, ``load_flow_run``, the REPA encoder); sampling and metrics
+live in ``sampler`` and ``metrics``.
+
+Interface for sampling and metrics (stable):
+
+* ``model(x_t, t, y) -> velocity``: ``x_t`` (B, C, S, S) in the model's space, ``t`` of shape (B,) or
+  per token (B, N) with t = 1 pure noise and t = 0 data, ``y`` (B,) long class indices where
+  ``model.num_classes`` is the null class (classifier-free guidance; an unconditional model has
+  ``num_classes == 0``). The velocity is ``ε − x_0`` of ``x_t = (1 − t)·x_0 + t·ε``, so an Euler step
+  from t to t − Δ is ``x ← x − Δ·v``.
+* ``selfsup.flow.build.load_flow_run(run_dir) -> (ema_model, cfg, info)``: the EMA SiT (eval mode,
+  CPU, no grad), the run's ``RunConfig``, and ``info`` (dict): method, dataset, channels,
+  image_size (the model's input size), data_size (the dataset's own), fit (resize | pad),
+  num_classes, latents (bool), mean/std (pixel data: the model's space is ``(image − mean)/std``
+  = ``2·image − 1`` for images in [0, 1]), weights (the file read). A non-flow run raises UserError.
+"""

@@ -1,0 +1,380 @@
+"""The flow-matching methods as LightningModules: plain flow matching, Self-Flow, REPA.
+
+Each keeps the student SiT, an EMA copy made by deepcopy (the sampling model; Self-Flow's teacher),
+and a method head. A batch is images (uint8 → [−1, 1], or float latents as they are) fitted to the
+model's size; the step draws noise and timesteps from the global RNG (seeded, checkpointed).
+The run's ``backbone`` is the EMA model as a feature extractor (``flow.encoder.FlowEncoder``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+
+from selfsup.errors import UserError
+from selfsup.flow.encoder import FITS, FlowEncoder, fit_images
+from selfsup.flow.model import SIT_SIZES, SiT
+from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
+                                    per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
+from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
+from selfsup.methods.base import DataInfo, NonFiniteLoss
+from selfsup.optim import build_optimizer, param_groups
+from selfsup.schedules import scaled_lr, warmup_cosine
+
+
+def default_block(depth: int, fraction: float) -> int:
+    """About ``fraction`` of the depth, counted from 1 (0.3 → 8 and 0.7 → 20 for depth 28)."""
+    return min(max(int(round(fraction * depth)), 1), depth)
+
+
+@dataclass
+class FlowConfig:
+    """The SiT, the path and the EMA; shared by every flow method."""
+
+    size: str = "tiny"  # micro | tiny | S | B | L | XL (hidden, depth, heads of SiT-S..XL)
+    patch_size: int = 2
+    hidden: int | None = None  # overrides of the size's hidden width / depth / heads
+    depth: int | None = None
+    heads: int | None = None
+    fit: str = "resize"  # resize | pad: how images reach a data.image_size other than their own
+    class_conditional: bool = True  # False: every sample gets the null class
+    label_dropout: float = 0.1  # share of labels replaced by the null class (classifier-free guidance)
+    t_sampling: str = "uniform"  # uniform | logit_normal
+    t_mean: float = 0.0  # logit-normal location and scale
+    t_std: float = 1.0
+    ema_decay: float = 0.9999
+    ema_warmup_steps: int = 0  # > 0: the decay ramps linearly from 0 to ema_decay over these steps
+    compile: bool = False  # torch.compile the student's forward
+    feature_block: int | None = None  # block (from 1) whose tokens evaluation reads; None: round(0.7 depth)
+    feature_t: float = 0.1  # noise level of the evaluated features (0 = clean)
+    loss_buckets: int = 4  # flow loss logged per noise-level bucket
+
+    @property
+    def model_depth(self) -> int:
+        if self.size not in SIT_SIZES:
+            raise UserError(f"method.size={self.size!r} is not known; use one of {', '.join(SIT_SIZES)}")
+        return self.depth or SIT_SIZES[self.size][1]
+
+    def check_block(self, key: str, value: int | None) -> None:
+        if value is not None and not 1 <= value <= self.model_depth:
+            raise UserError(f"method.{key}={value} is outside the model's blocks 1..{self.model_depth}")
+
+    def validate(self) -> None:
+        self.model_depth  # noqa: B018  (checks method.size)
+        self.check_block("feature_block", self.feature_block)
+        if self.patch_size < 1:
+            raise UserError(f"method.patch_size={self.patch_size} must be >= 1")
+        if self.fit not in FITS:
+            raise UserError(f"method.fit={self.fit!r} is not known; use resize or pad")
+        if self.t_sampling not in T_SAMPLINGS:
+            raise UserError(f"method.t_sampling={self.t_sampling!r} is not known; use uniform or logit_normal")
+        if not 0 <= self.label_dropout <= 1:
+            raise UserError(f"method.label_dropout={self.label_dropout} must be in [0, 1]")
+        if not 0 <= self.ema_decay <= 1:
+            raise UserError(f"method.ema_decay={self.ema_decay} must be in [0, 1]")
+        if self.ema_warmup_steps < 0 or self.loss_buckets < 1:
+            raise UserError("method.ema_warmup_steps must be >= 0 and method.loss_buckets >= 1")
+        if not 0 <= self.feature_t <= 1:
+            raise UserError(f"method.feature_t={self.feature_t} must be in [0, 1]")
+        if self.t_std <= 0:
+            raise UserError(f"method.t_std={self.t_std} must be > 0")
+
+    def eval_block(self) -> int:
+        return self.feature_block or default_block(self.model_depth, 0.7)
+
+
+@dataclass
+class FlowMatchingConfig(FlowConfig):
+    """Plain flow matching: the shared keys only (its own class, so the method name is unambiguous)."""
+
+
+@dataclass
+class SelfFlowConfig(FlowConfig):
+    """Self-Flow: R_M, the student block l, the teacher block k and the weight of 1 − cos."""
+
+    mask_ratio: float = 0.25  # R_M
+    student_block: int | None = None  # l; None: round(0.3 depth) (8 for depth 28)
+    teacher_block: int | None = None  # k; None: round(0.7 depth) (20 for depth 28)
+    rep_weight: float = 0.8
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.mask_ratio <= 1:
+            raise UserError(f"method.mask_ratio={self.mask_ratio} (R_M) must be in [0, 1]")
+        self.check_block("student_block", self.student_block)
+        self.check_block("teacher_block", self.teacher_block)
+        if self.rep_weight < 0:
+            raise UserError(f"method.rep_weight={self.rep_weight} must be >= 0")
+
+    def eval_block(self) -> int:
+        return self.feature_block or self.teacher_block or default_block(self.model_depth, 0.7)
+
+
+@dataclass
+class RepaConfig(FlowConfig):
+    """REPA: the frozen encoder (a selfsup run folder or exported .safetensors), block l, MLP width, weight."""
+
+    encoder: str = ""  # required: path of a selfsup ViT run folder or backbone .safetensors
+    align_block: int | None = None  # l; None: round(0.3 depth) (8 for depth 28, REPA's SiT-XL setting)
+    proj_hidden_dim: int = 2048
+    rep_weight: float = 0.5
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.encoder:
+            raise UserError("method.encoder is required for repa: a selfsup ViT run folder or backbone .safetensors")
+        self.check_block("align_block", self.align_block)
+        if self.rep_weight < 0 or self.proj_hidden_dim < 1:
+            raise UserError("method.rep_weight must be >= 0 and method.proj_hidden_dim >= 1")
+
+
+def sit_kwargs(cfg, info: DataInfo) -> dict:
+    """The SiT constructor arguments of a run (model size = data.image_size or the data's own)."""
+    c = cfg.method
+    return dict(input_size=cfg.data.image_size or info.image_size, in_channels=info.channels,
+                patch_size=c.patch_size, size=c.size, hidden=c.hidden, depth=c.depth, heads=c.heads,
+                num_classes=(info.num_classes or 0) if c.class_conditional else 0)
+
+
+class FlowMethod(pl.LightningModule):
+    """Plain flow matching (SiT): ``loss = E ||v_θ(x_t, t, y) − (ε − x_0)||²``, t per sample."""
+
+    Config = FlowMatchingConfig
+    family = "flow"
+
+    def __init__(self, cfg, info: DataInfo):
+        super().__init__()
+        self.cfg, self.info = cfg, info
+        c = cfg.method
+        if c.class_conditional and not info.num_classes:
+            raise UserError(f"data {cfg.data.name!r} ({cfg.data.root or 'default location'}) has no labels; "
+                            "add labels or set method.class_conditional=false")
+        try:
+            self.student = SiT(**sit_kwargs(cfg, info))
+        except ValueError as e:
+            raise UserError(f"model: {e}") from None
+        self.ema = copy.deepcopy(self.student).requires_grad_(False)
+        self.ema_decay = c.ema_decay
+        self.total_steps, self.steps_per_epoch = 1, 1
+        self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
+        self._forward = [torch.compile(self.student) if c.compile else self.student]  # a list: not a submodule
+
+    # ------------------------------------------------------------------ the run's feature extractor
+    @property
+    def backbone(self) -> FlowEncoder:
+        """The EMA model's block-k tokens at level ``method.feature_t``, average-pooled."""
+        c = self.cfg.method
+        return FlowEncoder(self.ema, c.eval_block(), c.feature_t, c.fit, self.cfg.trainer.seed)
+
+    # ------------------------------------------------------------------ data
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """uint8 images → [−1, 1] (float latents unchanged), fitted to the model size; labels → y."""
+        images, labels = batch
+        x = images.float().div_(127.5).sub_(1.0) if images.dtype == torch.uint8 else images.float()
+        x = fit_images(x, self.student.input_size, self.cfg.method.fit)
+        return x, labels
+
+    def class_labels(self, labels: Tensor) -> Tensor:
+        """y with the null class for unconditional runs, unlabelled samples and the label-dropout share."""
+        null = self.student.num_classes
+        if not self.cfg.method.class_conditional:
+            return torch.full_like(labels, null)
+        drop = torch.rand(labels.shape, device=labels.device) < self.cfg.method.label_dropout
+        return torch.where(drop | (labels < 0), null, labels)
+
+    def draw_t(self, n: int, device) -> Tensor:
+        c = self.cfg.method
+        return sample_t(n, c.t_sampling, c.t_mean, c.t_std, device=device)
+
+    # ------------------------------------------------------------------ the step
+    def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
+        """Plain flow matching; the eval block's tokens come from the same forward as the loss."""
+        noise = torch.randn_like(x0)
+        t = self.draw_t(x0.shape[0], x0.device)
+        v, (h,) = self._forward[0](interpolate(x0, noise, t), t, y, features=(self.cfg.method.eval_block(),))
+        per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
+        return {"loss": per_token.mean(), "flow_loss": per_token, "levels": t, "embedding": h.detach().mean(1)}
+
+    def training_step(self, batch, batch_idx: int):
+        x0, labels = batch
+        out = self.forward_flow(x0, self.class_labels(labels))
+        loss = out["loss"]
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(
+                f"the loss became {loss.item()} at step {self.trainer.global_step}; training stopped and the last "
+                "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+        per_token, levels = out.pop("flow_loss"), out.pop("levels")
+        log = dict(on_step=True, on_epoch=False)
+        self.log("train/loss", loss.detach(), prog_bar=True, **log)
+        self.log("train/flow_loss", per_token.detach().mean(), **log)
+        if "rep_loss" in out:
+            self.log("train/rep_loss", out.pop("rep_loss").detach(), prog_bar=True, **log)
+        means, counts = noise_level_buckets(per_token, levels, self.cfg.method.loss_buckets)
+        b = self.cfg.method.loss_buckets
+        for i in range(b):  # empty buckets log 0 (counts are logged alongside)
+            self.log(f"train/flow_loss_t{i / b:.2f}-{(i + 1) / b:.2f}", means[i], **log)
+        self.log("train/ema_decay", self.ema_decay, **log)
+        out["labels"] = labels
+        return out
+
+    # ------------------------------------------------------------------ EMA
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self.update_ema(self.trainer.global_step)
+
+    def update_ema(self, step: int) -> None:
+        """EMA after each optimiser step: ``ema ← d·ema + (1 − d)·student`` (d ramps up over the warmup)."""
+        c = self.cfg.method
+        self.ema_decay = c.ema_decay * min(1.0, step / c.ema_warmup_steps) if c.ema_warmup_steps else c.ema_decay
+        if self._ema_params is None:
+            self._ema_params = (list(self.student.parameters()), list(self.ema.parameters()))
+        with torch.no_grad():
+            torch._foreach_lerp_(self._ema_params[1], self._ema_params[0], 1.0 - self.ema_decay)
+
+    # ------------------------------------------------------------------ optimiser and lr
+    def trainable(self) -> dict[str, nn.Module]:
+        return {"student": self.student}
+
+    def configure_optimizers(self):
+        return build_optimizer(param_groups(self.trainable(), self.cfg.optim), self.cfg.optim)
+
+    def on_fit_start(self) -> None:
+        self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
+        self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
+        self._ema_params = None
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        """lr = warmup then cosine from base_lr to min_lr (both scaled by optim.lr_scaling); min_lr = base_lr: constant."""
+        o = self.cfg.optim
+        batch = self.cfg.data.batch_size
+        peak, final = scaled_lr(o.base_lr, batch, o.lr_scaling), scaled_lr(o.min_lr, batch, o.lr_scaling)
+        lr = warmup_cosine(self.trainer.global_step, self.total_steps,
+                           int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
+        for group in self.trainer.optimizers[0].param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        self.log("train/lr", lr, on_step=True, on_epoch=False)
+
+    # ------------------------------------------------------------------ exact resume
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("rng_state")
+        if state:
+            torch.set_rng_state(state["torch"])
+            if "cuda" in state and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda"])
+
+    # ------------------------------------------------------------------ end of run
+    def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
+        """kNN of the EMA model's features (trained vs init; pixel data only), then how to sample."""
+        from selfsup.methods.base import SSLMethod
+
+        lines = []
+        if train.images.dtype == torch.uint8:
+            lines += SSLMethod.end_of_run_report(self, train, init_backbone, run_dir)
+            lines[0] = lines[0].replace("kNN", f"kNN of the EMA model's block-{self.cfg.method.eval_block()} "
+                                               f"tokens at t={self.cfg.method.feature_t}", 1)
+        lines.append(f"samples: selfsup generate {run_dir} --n 64")
+        return lines
+
+
+class SelfFlow(FlowMethod):
+    """Self-Flow: mixed-level student (mask ratio R_M at level s, rest at t), EMA teacher at min(t, s).
+
+    ``loss = flow(student velocity, each token at its own level) + 0.8 · mean(1 − cos(h(student_l), sg(teacher_k)))``.
+    """
+
+    Config = SelfFlowConfig
+
+    def __init__(self, cfg, info: DataInfo):
+        super().__init__(cfg, info)
+        c, depth = cfg.method, self.student.depth
+        self.l = c.student_block or default_block(depth, 0.3)
+        self.k = c.teacher_block or default_block(depth, 0.7)
+        self.head = SimpleHead(self.student.hidden)
+
+    def trainable(self) -> dict[str, nn.Module]:
+        return {"student": self.student, "head": self.head}
+
+    def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
+        c, B, p = self.cfg.method, x0.shape[0], self.student.patch_size
+        noise = torch.randn_like(x0)
+        t, s = self.draw_t(B, x0.device), self.draw_t(B, x0.device)
+        mask = token_mask(B, self.student.num_tokens, c.mask_ratio, device=x0.device)
+        levels, teacher_level = self_flow_levels(t, s, mask)
+        v, (h,) = self._forward[0](interpolate(x0, noise, levels, p), levels, y, features=(self.l,))
+        per_token = per_token_flow_loss(v, velocity_target(x0, noise), p)
+        with torch.no_grad():  # the teacher: whole image at min(t, s), the same noise, blocks 1..k only
+            target = self.ema.block_tokens(interpolate(x0, noise, teacher_level), teacher_level, y, self.k)
+        prediction = self.head(h)
+        rep = alignment_loss(prediction, target)
+        return {"loss": per_token.mean() + c.rep_weight * rep, "flow_loss": per_token, "levels": levels,
+                "rep_loss": rep, "embedding": h.detach().mean(1),
+                "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
+
+
+class Repa(FlowMethod):
+    """REPA: ``loss = flow + 0.5 · mean(−cos(mlp(student_l), encoder(x_0) patch tokens)))``, frozen encoder."""
+
+    Config = RepaConfig
+
+    def __init__(self, cfg, info: DataInfo):
+        super().__init__(cfg, info)
+        from selfsup.flow.build import load_repa_encoder
+
+        c = cfg.method
+        if cfg.data.name == "latents":
+            raise UserError("repa needs pixel images (its encoder sees the clean image); use a pixel dataset")
+        encoder, self.encoder_size, mean, std, dim = load_repa_encoder(c.encoder, info.channels)
+        self._encoder = [encoder]  # frozen and not a submodule: not in checkpoints, never optimised
+        self.register_buffer("enc_mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("enc_std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+        self.l = c.align_block or default_block(self.student.depth, 0.3)
+        self.projector = RepaProjector(self.student.hidden, c.proj_hidden_dim, dim)
+
+    def trainable(self) -> dict[str, nn.Module]:
+        return {"student": self.student, "projector": self.projector}
+
+    @torch.no_grad()
+    def encoder_tokens(self, x0: Tensor) -> Tensor:
+        """The frozen encoder's clean-image patch tokens, on the student's token grid: (B, N, D_enc)."""
+        from selfsup.flow.build import patch_tokens
+
+        encoder = self._encoder[0]
+        if next(encoder.parameters()).device != x0.device:
+            encoder.to(x0.device)
+        x = ((x0 + 1) / 2 - self.enc_mean) / self.enc_std
+        x = fit_images(x, self.encoder_size, "resize")
+        return patch_tokens(encoder, x, self.student.grid)
+
+    def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
+        c = self.cfg.method
+        noise = torch.randn_like(x0)
+        t = self.draw_t(x0.shape[0], x0.device)
+        v, (h,) = self._forward[0](interpolate(x0, noise, t), t, y, features=(self.l,))
+        per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
+        target = self.encoder_tokens(x0)
+        prediction = self.projector(h)
+        rep = repa_loss(prediction, target)
+        return {"loss": per_token.mean() + c.rep_weight * rep, "flow_loss": per_token, "levels": t,
+                "rep_loss": rep, "embedding": h.detach().mean(1),
+                "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
+
+
+FLOW_METHODS: dict[str, type[FlowMethod]] = {"flow_matching": FlowMethod, "self_flow": SelfFlow, "repa": Repa}
+
+
+def _register() -> None:
+    """Add the flow methods to ``selfsup.methods.METHODS`` (imported by that package, either order works)."""
+    from selfsup.methods import METHODS
+
+    METHODS.update(FLOW_METHODS)
+
+
+_register()
