@@ -171,6 +171,21 @@ def add_generate_parser(subparsers) -> None:
 # --------------------------------------------------------------------------- selfsup eval generation
 
 
+def sample_images(x: Tensor, info: dict, data_size: int) -> Tensor:
+    """Samples in the model's space → uint8 images at the dataset's size (the run's fit undone)."""
+    return to_uint8(to_dataset_size(x, data_size, info["fit"]), info["mean"], info["std"])
+
+
+def image_features(source, images: Tensor, batch_size: int = 512, device=None) -> Tensor:
+    """Features (N × D) of uint8 images through an evaluation source's frozen backbone and its transform."""
+    from selfsup.data.datasets import ImageDataset
+    from selfsup.eval.features import extract_features
+
+    m = source.meta
+    fake = ImageDataset("generated", images, torch.zeros(len(images), dtype=torch.long), 1, m["mean"], m["std"])
+    return extract_features(source.backbone, fake, m["image_size"], m["mean"], m["std"], batch_size, device)[0]
+
+
 def _encoder_location(args, cfg) -> str:
     if args.encoder:
         return args.encoder
@@ -190,9 +205,7 @@ def eval_generation(args) -> int:
     """Encoder Fréchet distance, class fidelity (and Inception FID when on disk) of a flow run's samples."""
     from argparse import Namespace
 
-    from selfsup.data.datasets import ImageDataset
     from selfsup.eval.cli import Context
-    from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_predict_scores, topk_accuracy
     from selfsup.eval.report import print_table, write_json
     from selfsup.flow.metrics import (class_fidelity, feature_frechet_distance, inception_fid,
@@ -230,10 +243,8 @@ def eval_generation(args) -> int:
     x = generate(model, labels, args.steps, args.sampler, args.cfg, args.seed, ctx.device, args.sample_batch,
                  progress=True)
     sample_seconds = time.perf_counter() - t0
-    images = to_uint8(to_dataset_size(x, train.image_size, info["fit"]), info["mean"], info["std"])
-    fake = ImageDataset("generated", images, labels, train.num_classes, train.mean, train.std)
-    fgen, _ = extract_features(ctx.source.backbone, fake, m["image_size"], m["mean"], m["std"], args.batch_size,
-                               ctx.device)
+    images = sample_images(x, info, train.image_size)
+    fgen = image_features(ctx.source, images, args.batch_size, ctx.device)
 
     n_ref = min(args.n, len(yte))
     ref = torch.randperm(len(yte), generator=torch.Generator().manual_seed(0))[:n_ref]
@@ -250,9 +261,7 @@ def eval_generation(args) -> int:
         real = topk_accuracy(knn_predict_scores(ftr, ytr, fte, k, 0.07, train.num_classes), yte)["top1"]
         out.update(class_fidelity=fid["class_fidelity"], class_fidelity_per_class=fid["per_class"], knn_k=k,
                    reference_real_test_knn_top1=real)
-    why = None if args.no_inception else inception_fid_unavailable()
-    if args.no_inception:
-        why = "Inception FID skipped (--no-inception)"
+    why = "Inception FID skipped (--no-inception)" if args.no_inception else inception_fid_unavailable()
     if why is None:
         out["inception_fid"] = inception_fid(train.images, images, device=ctx.device)
     else:
