@@ -117,6 +117,19 @@ def _parse_ks(text: str | None, n_train: int) -> list[int]:
     return ks
 
 
+def _parse_floats(text: str | None, flag: str, allow_zero: bool = False) -> tuple[float, ...]:
+    """``0.1,1,3`` → (0.1, 1.0, 3.0); each > 0 (>= 0 with ``allow_zero``)."""
+    if text is None:
+        return ()
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not a comma-separated list of numbers (e.g. {flag} 0.1,1,3)") from None
+    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
+        raise UserError(f"{flag} {text!r} needs one or more values {'>= 0' if allow_zero else '> 0'}")
+    return values
+
+
 def _parse_temperature(text: str, majority: bool) -> float | None:
     if majority or text.lower() in ("none", "majority"):
         return None
@@ -155,44 +168,58 @@ def run_knn(ctx: Context) -> dict:
 
 
 def _aug_defaults(ctx: Context, a) -> tuple[float, float]:
-    """Crop scale and flip probability: the flags, else the run's augment overrides, else 0.08 / 0.5."""
+    """Crop scale and flip probability: the flags, else 0.08 whatever the pretraining crop was (MoCo v3's
+    main_lincls.py, MAE's fine-tuning) and the run's flip probability (0 where flips change the class)."""
     aug = getattr(ctx.source.run_cfg, "augment", None)
-    crop = a.crop_min if a.crop_min is not None else (getattr(aug, "crop_min", None) or 0.08)
+    crop = a.crop_min if a.crop_min is not None else 0.08
     flip = a.hflip if a.hflip is not None else (aug.hflip_p if aug is not None and aug.hflip_p is not None else 0.5)
     return crop, flip
 
 
 def run_linear(ctx: Context, mode: str | None = None) -> dict:
     """MoCo v3 linear probe: the fast path on cached features, or with augmentation."""
-    from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
+    from selfsup.eval.linear import DEFAULT_LR_GRID, ProbeConfig, default_base_lr, probe_augmented, probe_features
     from selfsup.eval.report import print_table, write_json
-    from selfsup.schedules import scaled_lr
 
     a = ctx.args
     mode = mode or a.mode or ("augmented" if ctx.device.type == "cuda" else "features")
     crop, flip = _aug_defaults(ctx, a) if hasattr(a, "crop_min") else (0.08, 0.5)
+    lr_flag = getattr(a, "lr", None)
+    lr_grid = (lr_flag,) if lr_flag is not None else (_parse_floats(getattr(a, "lr_grid", None), "--lr-grid")
+                                                       or DEFAULT_LR_GRID)
+    val_fraction = getattr(a, "val_fraction", 0.1)
+    if not 0 <= val_fraction < 1:
+        raise UserError(f"--val-fraction {val_fraction} must be in [0, 1) (0: choose the grid point on test)")
     cfg = ProbeConfig(epochs=_positive(getattr(a, "epochs", None) or 90, "--epochs"),
                       batch_size=_positive(getattr(a, "probe_batch", 256), "--probe-batch"),
-                      base_lr=getattr(a, "lr", None), crop_min=crop, hflip_p=flip)
-    base = cfg.base_lr if cfg.base_lr is not None else default_base_lr(ctx.source.meta["backbone"])
+                      crop_min=crop, hflip_p=flip, lr_grid=lr_grid, val_fraction=val_fraction,
+                      wd_grid=_parse_floats(getattr(a, "wd_grid", None), "--wd-grid", allow_zero=True))
+    base = default_base_lr(ctx.source.meta["backbone"])  # only used when the grid is empty
     train, test = ctx.split("train"), ctx.split("test")
-    lr = scaled_lr(base, min(cfg.batch_size, len(train)))
     t0 = time.perf_counter()
     if mode == "features":
         ftr, ytr = ctx.features("train")
         fte, yte = ctx.features("test")
-        res = probe_features(ftr, ytr, fte, yte, max(train.num_classes, int(ytr.max()) + 1), cfg, lr, ctx.device)
+        res = probe_features(ftr, ytr, fte, yte, max(train.num_classes, int(ytr.max()) + 1), cfg, base, ctx.device)
     else:
-        res = probe_augmented(ctx.source.backbone, train, test, ctx.source.meta, cfg, lr, ctx.device)
+        res = probe_augmented(ctx.source.backbone, train, test, ctx.source.meta, cfg, base, ctx.device)
+    chosen = res["chosen"]
     out = {**ctx.header(), "mode": mode, "protocol": "moco_v3", "epochs": cfg.epochs, "batch_size": cfg.batch_size,
-           "base_lr": base, "lr": lr, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
+           "base_lr": chosen["base_lr"], "lr": chosen["lr"], "weight_decay": chosen["weight_decay"],
+           "val_fraction": cfg.val_fraction, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
            **res, "seconds": time.perf_counter() - t0}
     write_json(ctx.out_dir, "linear", out)
+    chooser = "val_top1" if "val_top1" in chosen else "test_top1"
+    print_table(f"linear probe grid ({mode}, {cfg.epochs} epochs, {len(res['grid'])} heads trained together; "
+                f"chosen on {'a ' + str(res['val_size']) + '-image validation split' if res['val_size'] else 'test'})",
+                ["base lr", "lr", "wd", "val top-1 %", "test top-1 %", ""],
+                [[g["base_lr"], g["lr"], g["weight_decay"], g.get("val_top1", "-"), g["test_top1"],
+                  "<- chosen" if g is chosen else ""] for g in res["grid"]])
     rows = [["test", res["test"]["top1"], res["test"]["top5"]]]
     if "train" in res:
         rows.append(["train", res["train"]["top1"], res["train"]["top5"]])
-    print_table(f"linear probe ({mode}, {cfg.epochs} epochs, lr {lr:g}) on {ctx.data_cfg.name}",
-                ["split", "top-1 %", "top-5 %"], rows)
+    print_table(f"linear probe ({mode}, lr {chosen['lr']:g}, wd {chosen['weight_decay']:g}, by {chooser}) "
+                f"on {ctx.data_cfg.name}", ["split", "top-1 %", "top-5 %"], rows)
     return out
 
 
@@ -349,7 +376,7 @@ def _knn_args(p) -> None:
 
 
 def _aug_args(p) -> None:
-    p.add_argument("--crop-min", type=float, help="RandomResizedCrop minimum area (default: run's, else 0.08)")
+    p.add_argument("--crop-min", type=float, help="RandomResizedCrop minimum area (default 0.08)")
     p.add_argument("--hflip", type=float, help="flip probability (default: run's, else 0.5)")
 
 
@@ -375,7 +402,11 @@ def add_eval_parser(subparsers) -> None:
                    help="features: cached features, no augmentation (default on CPU); augmented: crop + flip (GPU default)")
     p.add_argument("--epochs", type=int, default=90, help="default 90 (MoCo v3)")
     p.add_argument("--probe-batch", type=int, default=256, help="classifier batch (default 256)")
-    p.add_argument("--lr", type=float, help="base lr, scaled by batch/256 (default 3 for ViT, 0.1 otherwise)")
+    p.add_argument("--lr", type=float, help="one base lr (× batch/256) instead of the grid")
+    p.add_argument("--lr-grid", help="base lrs trained together, chosen on validation (default 0.01,0.03,0.1,0.3,1,3,10)")
+    p.add_argument("--wd-grid", help="weight decays crossed with the lr grid (default 0)")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of train held out to choose the grid point (default 0.1; 0: choose on test)")
     _aug_args(p)
     p.set_defaults(func=command(run_linear))
 
