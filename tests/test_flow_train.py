@@ -202,8 +202,21 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     assert info["num_classes"] == 10 and info["image_size"] == 8 and not any(p.requires_grad for p in model.parameters())
     code, out, err = run_cli("eval", "knn", str(run), "--k", "5")
     assert code == 0, err
-    result = json.loads(next((run / "eval").glob("knn*.json")).read_text())
+    result = json.loads((run / "eval" / "knn.json").read_text())
     assert result["backbone"] == "flow_encoder"
+    code, out, err = run_cli("eval", "knn", str(run), "--k", "5", "--flow-t", "0.5", "--flow-block", "2")
+    assert code == 0, err
+    assert json.loads((run / "eval" / "knn-flow-t0.5-block2.json").read_text())["embedding"] == "flow-t0.5-block2"
+    code, out, err = run_cli("eval", "knn", str(run), "--flow-block", "7")
+    assert_user_error(code, err, "--flow-block=7", "1..4")
+    # without the exported file, the EMA weights come from the checkpoint (same features)
+    exported = load_flow_run(run)[0].state_dict()
+    (run / "backbone.safetensors").unlink()
+    from_ckpt = load_flow_run(run)[0].state_dict()
+    assert all(torch.equal(exported[k], from_ckpt[k]) for k in exported)
+    code, out, err = run_cli("eval", "knn", str(run), "--k", "5", "--no-cache", "--out", str(tmp_path / "ev"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "ev" / "knn.json").read_text())["results"] == result["results"]
     (tmp_path / "moco").mkdir()
     (tmp_path / "moco" / "config.yaml").write_text("method:\n  name: moco_v3\n")
     with pytest.raises(UserError, match="not a flow run"):
