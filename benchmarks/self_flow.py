@@ -134,12 +134,11 @@ def pretrain_encoder(args, preset: str, name: str) -> Path:
     if (run / "backbone.safetensors").exists():
         _log(f"encoder {name}: reusing {run}")
         return run
-    _log(f"encoder {name}: selfsup pretrain {preset} ({args.encoder_epochs} epoch(s))")
-    cfg = load_run_config(preset, [f"trainer.max_epochs={args.encoder_epochs}", "trainer.progress_bar=false",
-                                   "trainer.accelerator=cpu", "trainer.devices=1", f"trainer.seed={args.seed}",
-                                   f"output_dir={args.runs}", f"name={name}",
-                                   *([f"data.batch_size={args.batch_size}"] if args.quick else []),
-                                   *(["trainer.limit_train_batches=3"] if args.quick else [])])
+    _log(f"encoder {name}: selfsup pretrain {preset} ({args.encoder_steps} steps)")
+    cfg = load_run_config(preset, ["trainer.max_epochs=1", f"trainer.limit_train_batches={args.encoder_steps}",
+                                   "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
+                                   "trainer.devices=1", f"trainer.seed={args.seed}", f"output_dir={args.runs}",
+                                   f"name={name}", *([f"data.batch_size={args.batch_size}"] if args.quick else [])])
     t0 = time.perf_counter()
     pretrain(cfg, preset=preset)
     _log(f"encoder {name}: {time.perf_counter() - t0:.0f} s")
@@ -330,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--knn-train", type=int, default=20000, help="training subset of the own-feature kNN")
     p.add_argument("--repa-encoder", help="REPA's ViT encoder (run / .safetensors); default: MoCo v3 pretrained here")
     p.add_argument("--eval-encoder", help="the metrics' encoder; default: BYOL pretrained here")
-    p.add_argument("--encoder-epochs", type=int, default=1, help="epochs of the encoders pretrained here")
+    p.add_argument("--encoder-steps", type=int, default=150,
+                   help="steps (one epoch's first batches, 10%% warmup) of the encoders pretrained here")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--timed-steps", type=int, default=10, help="throughput: timed steps per repetition")
     p.add_argument("--warmup", type=int, default=3, help="throughput: untimed steps first")
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dataset = "fashion-mnist" if has_fmnist and not args.quick else "digits"
     if args.quick:
         args.steps, args.checkpoints, args.n, args.sample_steps, args.batch_size = 12, "6", 100, 4, 64
-        args.timed_steps, args.warmup, args.reps, args.knn_train = 2, 1, 1, 1000
+        args.timed_steps, args.warmup, args.reps, args.knn_train, args.encoder_steps = 2, 1, 1, 1000, 3
     methods = [m for m in args.methods.split(",") if m]
     if any(m not in METHODS for m in methods):
         p.error(f"--methods: use a subset of {','.join(METHODS)}")

@@ -135,12 +135,16 @@ class Logger:
     def __call__(self, name, value, **kw):
         self.logged[name] = float(value)
 
+    def log_metrics(self, metrics, step):  # the kNN monitor writes to the run's loggers directly
+        self.logged.update(metrics)
+
 
 def fake(dataset, step=4):
     backbone = build_backbone("vit_micro", in_chans=1, image_size=8, patch_size=2)
     module = SimpleNamespace(backbone=backbone, info=DataInfo(1, 8, (0.5,), (0.25,)), device=torch.device("cpu"),
                              log=Logger())
-    trainer = SimpleNamespace(global_step=step, is_global_zero=True, datamodule=SimpleNamespace(dataset=dataset))
+    trainer = SimpleNamespace(global_step=step, is_global_zero=True, datamodule=SimpleNamespace(dataset=dataset),
+                              loggers=[module.log])
     return trainer, module
 
 
@@ -180,8 +184,9 @@ def test_online_probe_trains_on_detached_embeddings():
 def test_monitor_callbacks_follow_config():
     from selfsup.config import load_run_config
 
-    assert monitor_callbacks(load_run_config("moco-v3-vit-digits", [])) == []
-    cfg = load_run_config("moco-v3-vit-digits", ["eval.knn_every_n_steps=50", "eval.online_probe=true"])
+    assert monitor_callbacks(load_run_config("moco-v3-vit-digits", ["instruments.enabled=false"])) == []
+    cfg = load_run_config("moco-v3-vit-digits", ["eval.knn_every_n_steps=50", "eval.online_probe=true",
+                                                 "instruments.enabled=false"])
     kinds = [type(c) for c in monitor_callbacks(cfg)]
     assert kinds == [KNNMonitor, OnlineLinearProbe]
 

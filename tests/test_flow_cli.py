@@ -74,3 +74,24 @@ def test_generate_and_eval_generation_reject_a_non_flow_run(runs, tmp_path):
     code, _, err = run_cli("eval", "generation", str(flow), "--out", str(tmp_path))
     assert_user_error(code, err, "--encoder")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_generation_bad_options_exit_2(runs, tmp_path):
+    flow, moco = runs
+    for argv, word in ((["--n", "1"], "--n 1"), (["--k", "0"], "--k"), (["--steps", "0"], "--steps 0")):
+        code, _, err = run_cli("eval", "generation", str(flow), "--encoder", str(moco), *argv, "--out", str(tmp_path))
+        assert_user_error(code, err, word)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_generation_defaults_to_a_repa_runs_encoder():
+    from types import SimpleNamespace
+
+    from selfsup.errors import UserError
+    from selfsup.flow.generation import _encoder_location
+
+    repa = SimpleNamespace(method=SimpleNamespace(encoder="runs/moco"))
+    assert _encoder_location(SimpleNamespace(encoder=None), repa) == "runs/moco"
+    assert _encoder_location(SimpleNamespace(encoder="other"), repa) == "other"
+    with pytest.raises(UserError, match="--encoder"):
+        _encoder_location(SimpleNamespace(encoder=None), SimpleNamespace(method=SimpleNamespace()))

@@ -193,6 +193,7 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
                              f"output_dir={tmp_path}", "name=sf")
     assert code == 0, err
     assert "kNN of the EMA model's block-3 tokens at t=0.1" in out
+    assert "20 EMA samples" in out and (run / "samples_end.png").exists()
     header = (run / "metrics.csv").read_text().splitlines()[0]
     for key in ("train/flow_loss", "train/rep_loss", "train/ema_decay", "train/flow_loss_t0.75-1.00"):
         assert key in header
@@ -202,9 +203,34 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     assert info["num_classes"] == 10 and info["image_size"] == 8 and not any(p.requires_grad for p in model.parameters())
     code, out, err = run_cli("eval", "knn", str(run), "--k", "5")
     assert code == 0, err
-    result = json.loads(next((run / "eval").glob("knn*.json")).read_text())
+    result = json.loads((run / "eval" / "knn.json").read_text())
     assert result["backbone"] == "flow_encoder"
+    code, out, err = run_cli("eval", "knn", str(run), "--k", "5", "--flow-t", "0.5", "--flow-block", "2")
+    assert code == 0, err
+    assert json.loads((run / "eval" / "knn-flow-t0.5-block2.json").read_text())["embedding"] == "flow-t0.5-block2"
+    code, out, err = run_cli("eval", "knn", str(run), "--flow-block", "7")
+    assert_user_error(code, err, "--flow-block=7", "1..4")
+    # without the exported file, the EMA weights come from the checkpoint (same features)
+    exported = load_flow_run(run)[0].state_dict()
+    (run / "backbone.safetensors").unlink()
+    from_ckpt = load_flow_run(run)[0].state_dict()
+    assert all(torch.equal(exported[k], from_ckpt[k]) for k in exported)
+    code, out, err = run_cli("eval", "knn", str(run), "--k", "5", "--no-cache", "--out", str(tmp_path / "ev"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "ev" / "knn.json").read_text())["results"] == result["results"]
     (tmp_path / "moco").mkdir()
     (tmp_path / "moco" / "config.yaml").write_text("method:\n  name: moco_v3\n")
     with pytest.raises(UserError, match="not a flow run"):
         load_flow_run(tmp_path / "moco")
+
+
+def test_paper_scale_preset():
+    cfg = load_run_config("self-flow-sit-xl2-latents")
+    m = cfg.method
+    assert (m.size, m.patch_size, m.student_block, m.teacher_block, m.mask_ratio, m.rep_weight) == ("XL", 2, 8, 20, 0.25, 0.8)
+    assert m.ema_decay == 0.9999 and m.ema_warmup_steps == 0 and cfg.data.name == "latents"
+    assert cfg.optim.name == "adamw" and cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.precision == "bf16-mixed"
+    # defaults l, k for depth 28 are the same blocks
+    from selfsup.flow.methods import default_block
+
+    assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)

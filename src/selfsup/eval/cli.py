@@ -33,6 +33,10 @@ class Context:
             from selfsup.eval.source import with_projector
 
             self.source = with_projector(self.source)
+        if getattr(args, "flow_t", None) is not None or getattr(args, "flow_block", None) is not None:
+            from selfsup.eval.source import with_flow_features
+
+            self.source = with_flow_features(self.source, args.flow_t, args.flow_block)
         if args.out:
             self.source.out_dir = Path(args.out)
         self.data_cfg = data_config(self.source, args.data, args.root)
@@ -162,7 +166,7 @@ def run_knn(ctx: Context) -> dict:
     (vote, by_k), = res.items()
     out = {**ctx.header(), "voting": vote, "temperature": temperature, "train_size": len(ytr), "test_size": len(yte),
            "results": by_k, "seconds": seconds}
-    write_json(ctx.out_dir, "knn", out)
+    write_json(ctx.out_dir, f"knn{ctx.suffix()}", out)
     print_table(f"kNN ({vote}) on {ctx.data_cfg.name}: {len(ytr)} train / {len(yte)} test",
                 ["k", "top-1 %", "top-5 %"], [[k[2:], r["top1"], r["top5"]] for k, r in by_k.items()])
     return out
@@ -209,7 +213,7 @@ def run_linear(ctx: Context, mode: str | None = None) -> dict:
            "base_lr": chosen["base_lr"], "lr": chosen["lr"], "weight_decay": chosen["weight_decay"],
            "val_fraction": cfg.val_fraction, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
            **res, "seconds": time.perf_counter() - t0}
-    write_json(ctx.out_dir, "linear", out)
+    write_json(ctx.out_dir, f"linear{ctx.suffix()}", out)
     chooser = "val_top1" if "val_top1" in chosen else "test_top1"
     print_table(f"linear probe grid ({mode}, {cfg.epochs} epochs, {len(res['grid'])} heads trained together; "
                 f"chosen on {'a ' + str(res['val_size']) + '-image validation split' if res['val_size'] else 'test'})",
@@ -402,6 +406,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder for the results (default: RUN/eval)")
     p.add_argument("--no-cache", action="store_true", help="extract features again instead of reusing the cache")
     p.add_argument("--train-limit", type=int, help="use a fixed random subset of this many training images")
+    p.add_argument("--flow-t", type=float, help="flow runs: noise level of the features (default: the run's method.feature_t)")
+    p.add_argument("--flow-block", type=int, help="flow runs: block whose tokens are pooled (default: the teacher's k)")
 
 
 def _knn_args(p) -> None:

@@ -272,15 +272,22 @@ class FlowMethod(pl.LightningModule):
 
     # ------------------------------------------------------------------ end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """kNN of the EMA model's features (trained vs init; pixel data only), then how to sample."""
+        """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
+        (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
+        from selfsup.flow.generation import generate, sample_labels, sample_images, save_grid
         from selfsup.methods.base import SSLMethod
 
-        lines = []
+        c, lines = self.cfg.method, []
         if train.images.dtype == torch.uint8:
             lines += SSLMethod.end_of_run_report(self, train, init_backbone, run_dir)
-            lines[0] = lines[0].replace("kNN", f"kNN of the EMA model's block-{self.cfg.method.eval_block()} "
-                                               f"tokens at t={self.cfg.method.feature_t}", 1)
-        lines.append(f"samples: selfsup generate {run_dir} --n 64")
+            lines[0] = lines[0].replace("kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
+            n = 2 * self.ema.num_classes if self.ema.num_classes else 16
+            labels = sample_labels(n, self.ema.num_classes)
+            x = generate(self.ema, labels, steps=25, seed=self.cfg.trainer.seed, device=self.device)
+            info = {"fit": c.fit, "mean": self.info.mean, "std": self.info.std}
+            path = save_grid(sample_images(x, info, self.info.image_size), run_dir / "samples_end.png")
+            lines.append(f"{n} EMA samples (Euler ODE, 25 steps, no guidance): {path}")
+        lines.append(f"more: selfsup generate {run_dir} --n 64 [--cfg 1.5]; selfsup eval generation {run_dir}")
         return lines
 
 
