@@ -74,6 +74,7 @@ def test_unknown_keys_suggest_close_ones(override, words):
     ("optim.base_lr=-1", ["optim.base_lr=-1.0 must be >= 0"]),
     ("method.temperature=0", ["method.temperature=0.0 must be > 0"]),
     ("model.drop_path_rate=1.5", ["model.drop_path_rate=1.5 must be in [0, 1)"]),
+    ("model.zero_init_residual=true", ["model.zero_init_residual", "torchvision ResNets", "vit_micro"]),
     ("data.name=mnist-ish", ["data.name='mnist-ish' is not known"]),
     ("method.name=mocov3", ["method.name='mocov3' is not known", "moco_v3"]),
     ("trainer.max_epochs", ["not of the form dotted.key=value"]),

@@ -66,10 +66,17 @@ def test_knn_from_checkpoint_and_exported_file_agree(run, capsys, tmp_path):
 
 
 def test_linear_rankme_norms_all(run, capsys):
-    ok(capsys, "linear", run, "--epochs", "3")
+    out = ok(capsys, "linear", run, "--epochs", "3")
     lin = json.loads((run / "eval" / "linear.json").read_text())
-    assert lin["mode"] == "features" and lin["lr"] == pytest.approx(3.0)
-    assert 10 < lin["test"]["top1"] <= 100
+    assert lin["mode"] == "features" and len(lin["grid"]) == 7 and lin["val_size"] == 144  # 10% of 1438
+    assert lin["chosen"]["val_top1"] == max(p["val_top1"] for p in lin["grid"])
+    assert lin["lr"] == lin["chosen"]["lr"] and lin["test"]["top1"] == lin["chosen"]["test_top1"]
+    assert 10 < lin["test"]["top1"] <= 100 and "<- chosen" in out and "base lr" in out
+    ok(capsys, "linear", run, "--epochs", "1", "--lr", "3", "--out", run / "one")
+    one = json.loads((run / "one" / "linear.json").read_text())
+    assert len(one["grid"]) == 1 and one["lr"] == pytest.approx(3.0 * 256 / 256)
+    assert "--lr-grid" in bad(capsys, "linear", run, "--lr-grid", "0.1,fast")
+    assert "--val-fraction" in bad(capsys, "linear", run, "--val-fraction", "1.5")
     ok(capsys, "rankme", run)
     rk = json.loads((run / "eval" / "rankme.json").read_text())
     assert 1 <= rk["rankme"] <= rk["dim"] and 1 <= rk["effective_rank_99"] <= rk["dim"]
@@ -83,10 +90,26 @@ def test_linear_rankme_norms_all(run, capsys):
 
 def test_linear_augmented_and_finetune(run, capsys):
     ok(capsys, "linear", run, "--mode", "augmented", "--epochs", "1", "--train-limit", "200")
-    assert json.loads((run / "eval" / "linear.json").read_text())["hflip_p"] == 0.0  # the run's augment.hflip_p
+    lin = json.loads((run / "eval" / "linear.json").read_text())
+    assert lin["hflip_p"] == 0.0  # the run's augment.hflip_p
+    assert lin["crop_min"] == 0.08  # main_lincls.py's crop, whatever the pretraining crop (0.3 here)
     ok(capsys, "finetune", run, "--epochs", "1", "--ft-batch", "64", "--train-limit", "128")
     ft = json.loads((run / "eval" / "finetune.json").read_text())
     assert ft["layer_decay"] == 0.75 and ft["steps"] == 2 and (run / "eval" / "finetuned_backbone.safetensors").exists()
+
+
+def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
+    out = ok(capsys, "finetune", run, "--epochs", "1", "--ft-batch", "64", "--train-limit", "128", "--recipe", "mae",
+             "--out", tmp_path)
+    ft = json.loads((tmp_path / "finetune.json").read_text())
+    assert ft["recipe"]["rand_augment"] == "rand-m9-mstd0.5-inc1" and ft["recipe"]["mixup"] == 0.8
+    assert ft["recipe"]["cutmix"] == 1.0 and ft["recipe"]["reprob"] == 0.25 and ft["recipe"]["smoothing"] == 0.1
+    assert ft["steps"] == 2 and ft["min_lr"] == ft["final_lr"] == 1e-6 and "MAE recipe" in out
+    plain = json.loads((run / "eval" / "finetune.json").read_text()) if (run / "eval" / "finetune.json").exists() else None
+    assert plain is None or plain["recipe"] == "plain"  # digits default: the plain crop + flip
+    assert "even" in bad(capsys, "finetune", run, "--recipe", "mae", "--ft-batch", "63")
+    assert "--rand-augment" in bad(capsys, "finetune", run, "--recipe", "mae", "--rand-augment", "strong")
+    assert "--reprob" in bad(capsys, "finetune", run, "--recipe", "mae", "--reprob", "1.5")
 
 
 def test_ood_dataset_is_resized(run, capsys, tmp_path):

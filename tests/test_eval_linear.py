@@ -6,8 +6,8 @@ import torch
 
 from selfsup.data.datasets import ImageDataset
 from selfsup.eval.finetune import Classifier, layer_scales, param_groups
-from selfsup.eval.linear import (ProbeConfig, assert_unchanged, cosine_epoch_lr, make_classifier, probe_augmented,
-                                 probe_features, snapshot)
+from selfsup.eval.linear import (GridLinear, GridSGD, ProbeConfig, assert_unchanged, cosine_epoch_lr, make_classifier,
+                                 probe_augmented, probe_features, snapshot)
 from selfsup.instruments import KNNMonitor, OnlineLinearProbe, monitor_callbacks
 from selfsup.methods import DataInfo
 from selfsup.models.backbones import build_backbone
@@ -29,7 +29,7 @@ def test_probe_leaves_resnet_parameters_and_bn_buffers_unchanged():
     before = snapshot(backbone)
     assert any("running_mean" in k for k in before)
     res = probe_augmented(backbone, tiny_dataset(), tiny_dataset(seed=1), META, ProbeConfig(epochs=2, batch_size=16),
-                          lr=0.1)
+                          base_lr=0.1)
     after = backbone.state_dict()
     assert set(after) == set(before)
     for name in before:
@@ -59,8 +59,57 @@ def test_feature_probe_learns_separable_classes():
     centres = torch.randn(4, 32, generator=g) * 3
     y = torch.arange(400) % 4
     x = centres[y] + torch.randn(400, 32, generator=g)
-    res = probe_features(x[:300], y[:300], x[300:], y[300:], 4, ProbeConfig(epochs=10, batch_size=64), lr=0.1)
+    res = probe_features(x[:300], y[:300], x[300:], y[300:], 4, ProbeConfig(epochs=10, batch_size=64), base_lr=0.4)
     assert res["test"]["top1"] > 95 and res["test"]["top5"] == 100.0
+
+
+def test_grid_heads_train_exactly_like_separate_linears_with_torch_sgd():
+    """GridLinear + GridSGD == one nn.Linear per (lr, wd) point, each with torch.optim.SGD (momentum 0.9)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, 40, 16, generator=g), torch.randint(0, 3, (5, 40), generator=g)
+    lrs, wds = torch.tensor([0.5, 0.05, 0.2]), torch.tensor([0.0, 1e-3, 0.1])
+    grid = GridLinear(16, 3, 3)
+    with torch.no_grad():
+        grid.bias.normal_(generator=g)
+    refs = []
+    for i in range(3):
+        fc = torch.nn.Linear(16, 3)
+        with torch.no_grad():
+            fc.weight.copy_(grid.weight[i].T)
+            fc.bias.copy_(grid.bias[i, 0])
+        refs.append((fc, torch.optim.SGD(fc.parameters(), lr=float(lrs[i]), momentum=0.9, weight_decay=float(wds[i]))))
+    opt = GridSGD(grid.parameters(), lrs, wds, 0.9)
+    for step in range(5):
+        opt.scale = cosine_epoch_lr(1.0, step, 5)
+        loss = grid.loss(x[step], y[step])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        for i, (fc, ref_opt) in enumerate(refs):
+            for group in ref_opt.param_groups:
+                group["lr"] = float(lrs[i]) * opt.scale
+            ref_loss = torch.nn.functional.cross_entropy(fc(x[step]), y[step])
+            ref_opt.zero_grad()
+            ref_loss.backward()
+            ref_opt.step()
+    for i, (fc, _) in enumerate(refs):
+        torch.testing.assert_close(grid.weight[i].T, fc.weight, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grid.bias[i, 0], fc.bias, rtol=1e-5, atol=1e-6)
+
+
+def test_grid_point_is_chosen_on_validation_and_test_reported_there():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(4, 32, generator=g) * 3
+    y = torch.arange(500) % 4
+    x = centres[y] + torch.randn(500, 32, generator=g)
+    cfg = ProbeConfig(epochs=5, batch_size=64, lr_grid=(1e-7, 0.4), wd_grid=(0.0, 1e-4), val_fraction=0.2)
+    res = probe_features(x[:400], y[:400], x[400:], y[400:], 4, cfg, base_lr=99.0)
+    assert [(p["base_lr"], p["weight_decay"]) for p in res["grid"]] == [(1e-7, 0.0), (0.4, 0.0), (1e-7, 1e-4),
+                                                                        (0.4, 1e-4)]
+    assert res["val_size"] == 80 and all("val_top1" in p for p in res["grid"])
+    assert res["chosen"]["base_lr"] == 0.4  # the lr that learns, not the one that barely moves
+    assert res["test"]["top1"] == res["chosen"]["test_top1"] > 95
+    assert res["grid"][0]["val_top1"] < 60
 
 
 def test_layer_decay_scales_vit_and_not_resnet():
@@ -86,12 +135,16 @@ class Logger:
     def __call__(self, name, value, **kw):
         self.logged[name] = float(value)
 
+    def log_metrics(self, metrics, step):  # the kNN monitor writes to the run's loggers directly
+        self.logged.update(metrics)
+
 
 def fake(dataset, step=4):
     backbone = build_backbone("vit_micro", in_chans=1, image_size=8, patch_size=2)
     module = SimpleNamespace(backbone=backbone, info=DataInfo(1, 8, (0.5,), (0.25,)), device=torch.device("cpu"),
                              log=Logger())
-    trainer = SimpleNamespace(global_step=step, is_global_zero=True, datamodule=SimpleNamespace(dataset=dataset))
+    trainer = SimpleNamespace(global_step=step, is_global_zero=True, datamodule=SimpleNamespace(dataset=dataset),
+                              loggers=[module.log])
     return trainer, module
 
 
@@ -131,7 +184,54 @@ def test_online_probe_trains_on_detached_embeddings():
 def test_monitor_callbacks_follow_config():
     from selfsup.config import load_run_config
 
-    assert monitor_callbacks(load_run_config("moco-v3-vit-digits", [])) == []
-    cfg = load_run_config("moco-v3-vit-digits", ["eval.knn_every_n_steps=50", "eval.online_probe=true"])
+    assert monitor_callbacks(load_run_config("moco-v3-vit-digits", ["instruments.enabled=false"])) == []
+    cfg = load_run_config("moco-v3-vit-digits", ["eval.knn_every_n_steps=50", "eval.online_probe=true",
+                                                 "instruments.enabled=false"])
     kinds = [type(c) for c in monitor_callbacks(cfg)]
     assert kinds == [KNNMonitor, OnlineLinearProbe]
+
+
+# ------------------------------------------------------------------ fine-tuning: MAE recipe
+
+
+def test_mae_recipe_finetune_on_an_rgb_folder(tmp_path):
+    """timm RandAugment + erasing in the loader, Mixup / CutMix soft targets; head std 2e-5; min_lr absolute."""
+    from PIL import Image
+
+    from selfsup.data.datasets import FolderImages
+    from selfsup.eval.finetune import FinetuneConfig, finetune
+    from selfsup.eval.mae_recipe import MAERecipe
+
+    g = torch.Generator().manual_seed(0)
+    files = []
+    for i in range(16):
+        f = tmp_path / f"{i}.png"
+        Image.fromarray(torch.randint(0, 256, (12, 10, 3), generator=g, dtype=torch.uint8).numpy()).save(f)
+        files.append(f)
+    train = ImageDataset("imagefolder", FolderImages(files, 8), torch.arange(16) % 2, 2, (0.5,) * 3, (0.25,) * 3)
+    torch.manual_seed(0)
+    assert abs(Classifier(build_backbone("vit_micro", in_chans=3, image_size=8, patch_size=2), 10).head.weight.std()
+               - 2e-5) < 5e-6
+    backbone = build_backbone("vit_micro", in_chans=3, image_size=8, patch_size=2)
+    cfg = FinetuneConfig(epochs=2, batch_size=8, recipe=MAERecipe(), min_lr=1e-6)
+    res = finetune(backbone, train, train, {"image_size": 8, "mean": [0.5] * 3, "std": [0.25] * 3}, cfg)
+    assert res["steps"] == 4 and math.isfinite(res["final_loss"]) and res["final_lr"] == 1e-6
+    assert res["peak_lr"] == pytest.approx(1e-3 * 8 / 256)
+
+
+def test_mae_transform_is_timms_with_a_posterize_that_takes_zero_bits():
+    from PIL import Image
+
+    from selfsup.eval.mae_recipe import MAERecipe, _posterize, train_transform
+
+    t = train_transform(8, (0.5,), (0.25,), MAERecipe())
+    names = [type(x).__name__ for x in t.transforms]
+    assert names[:3] == ["RandomResizedCropAndInterpolation", "RandomHorizontalFlip", "RandAugment"]
+    assert names[-1] == "RandomErasing" and t.transforms[-1].probability == 0.25
+    assert t.transforms[0].scale == (0.08, 1.0)
+    assert all(op.aug_fn is _posterize for op in t.transforms[2].ops if op.name.startswith("Posterize"))
+    grey = Image.new("L", (6, 6), 200)
+    assert max(_posterize(grey, 0).getdata()) == 0 and _posterize(grey, 8) is grey
+    torch.manual_seed(0)
+    for _ in range(300):  # RandAugment on a 1-channel image (m9 ± noise reaches 0-bit posterize)
+        assert t(grey).shape == (1, 8, 8)

@@ -218,7 +218,10 @@ def test_layer_groups_of_a_vit_method():
 def test_predictor_alignment_callback_on_a_linear_predictor():
     torch.manual_seed(0)
     module = SimpleNamespace(predictor=nn.Linear(4, 4, bias=False), logged={})
-    module.log = lambda name, value, **kw: module.logged.__setitem__(name, value)
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: module.logged.update(metrics))
+
+    def trainer(step):
+        return SimpleNamespace(global_step=step, is_global_zero=True, loggers=[logger])
     assert square_weight(module.predictor) is module.predictor.weight
     assert square_weight(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))) is None
     cb = PredictorAlignment(every_n_steps=2, top_k=2, rho=0.3)
@@ -226,7 +229,7 @@ def test_predictor_alignment_callback_on_a_linear_predictor():
     assert cb.active
     fs = [torch.randn(16, 4) for _ in range(3)]
     for step, f in enumerate(fs, start=1):
-        cb.on_train_batch_end(SimpleNamespace(global_step=step), module, {"projection": f}, None, 0)
+        cb.on_train_batch_end(trainer(step), module, {"projection": f}, None, 0)
     expected_f = fs[0].T @ fs[0] / 16
     for f in fs[1:]:
         expected_f = 0.3 * expected_f + 0.7 * f.T @ f / 16
@@ -235,7 +238,7 @@ def test_predictor_alignment_callback_on_a_linear_predictor():
     for key, value in ref.items():
         assert module.logged[f"instruments/pred_{key}"] == pytest.approx(value, rel=1e-5)
     module.predictor.register_buffer("correlation", torch.eye(4))  # a DirectPred-style predictor's own F
-    cb.on_train_batch_end(SimpleNamespace(global_step=5), module, {"projection": fs[0]}, None, 0)
+    cb.on_train_batch_end(trainer(5), module, {"projection": fs[0]}, None, 0)
     own = predictor_alignment(module.predictor.weight, torch.eye(4), 2)
     assert module.logged["instruments/pred_commutator"] == pytest.approx(own["commutator"], abs=1e-9)
 
@@ -266,3 +269,22 @@ def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
     events = read_events(tmp_path / "with" / "events.jsonl")  # hair triggers: the detectors must fire
     assert {e["kind"] for e in events} >= {"grad_spike"}
     assert all(set(e) >= {"step", "kind", "value", "baseline"} for e in events)
+    assert main(["report", str(tmp_path / "with")]) == 0  # the report reads a real run folder
+    assert (tmp_path / "with" / "report" / "grad_norms.png").exists()
+
+
+def test_instrument_callbacks_follow_config():
+    from selfsup.instruments import (Alignment, EmbeddingNorms, GradientNorms, KNNMonitor, PredictorAlignment,
+                                     RankCollapse, monitor_callbacks)
+
+    kinds = [type(c) for c in monitor_callbacks(load_run_config("simsiam-digits", []))]
+    assert kinds == [EmbeddingNorms, GradientNorms, Alignment, RankCollapse, PredictorAlignment]
+    cfg = load_run_config("simsiam-digits", ["instruments.gradients=false", "instruments.rank_every_n_steps=0",
+                                             "eval.knn_every_n_steps=5", "instruments.knn_dip=2"])
+    callbacks = monitor_callbacks(cfg)
+    assert [type(c) for c in callbacks] == [KNNMonitor, EmbeddingNorms, Alignment, PredictorAlignment]
+    assert callbacks[0].dips.threshold == 2
+    with pytest.raises(UserError, match="instruments.spike_min_history"):
+        load_run_config("simsiam-digits", ["instruments.spike_min_history=500"])
+    with pytest.raises(UserError, match="unknown config key 'instruments.every'"):
+        load_run_config("simsiam-digits", ["instruments.every=5"])

@@ -145,6 +145,35 @@ def test_resnet18_small_stem_one_channel():
     assert resnet("resnet50").num_features == 2048
 
 
+@pytest.mark.parametrize("name, last_bn", [("resnet18", "bn2"), ("resnet50", "bn3")])
+def test_zero_init_residual_zeroes_each_blocks_last_bn_scale_and_still_trains(name, last_bn):
+    from selfsup.config import resolve
+    from selfsup.methods.base import backbone_kwargs, DataInfo
+
+    cfg = resolve({"method": {"name": "byol"}, "model": {"backbone": name, "small_stem": True, "zero_init_residual": True}})
+    m = build_backbone(name, **backbone_kwargs(cfg, DataInfo(1, 8, (0.5,), (0.25,))))
+    blocks = [b for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for b in layer]
+    assert all(torch.count_nonzero(getattr(b, last_bn).weight) == 0 for b in blocks)
+    assert all(torch.count_nonzero(b.bn1.weight) > 0 for b in blocks)  # only the last BN of each block
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    loss = m(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and all(torch.count_nonzero(getattr(b, last_bn).weight) > 0 for b in blocks)
+    plain = resnet(name, in_chans=1, small_stem=True)
+    assert all(torch.count_nonzero(getattr(b, last_bn).weight) > 0 for layer in (plain.layer1,) for b in layer)
+
+
+def test_every_paper_resnet_preset_zero_inits_its_residual_blocks():
+    """The MoCo v3 / SimSiam / SimCLR / BYOL ImageNet recipes (their official codes all zero-init)."""
+    from selfsup.config import load_run_config, preset_names
+
+    resnets = [load_run_config(p, []) for p in preset_names() if p.endswith("-imagenet")]
+    resnets = [c for c in resnets if c.model.backbone.startswith("resnet")]
+    assert len(resnets) >= 4 and all(c.model.zero_init_residual for c in resnets)
+
+
 def test_mlp_structures():
     proj = mlp(384, 4096, 256, 3, last_bn=True)  # MoCo v3 ViT projector
     kinds = [type(layer) for layer in proj]
@@ -153,9 +182,9 @@ def test_mlp_structures():
     assert proj[-1].weight is None and proj[-1].bias is None
     assert proj[1].weight is not None
 
-    byol = mlp(512, 4096, 256, 2, bias=True)
+    byol = mlp(512, 4096, 256, 2, bias=True, last_bias=False)
     assert [type(layer) for layer in byol] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]
-    assert byol[0].bias is not None and byol[-1].bias is not None
+    assert byol[0].bias is not None and byol[-1].bias is None
 
     simsiam_pred = mlp(2048, 512, 2048, 2, last_bias=True)
     assert simsiam_pred[0].bias is None and simsiam_pred[-1].bias is not None

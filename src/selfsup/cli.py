@@ -1,4 +1,5 @@
-"""The ``selfsup`` command line: presets, pretrain (eval commands live in selfsup.eval.cli)."""
+"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.generation); eval (selfsup.eval.cli);
+simulate (selfsup.simulate.cli)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ def cmd_pretrain(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """Plots, markdown and one self-contained HTML page of a run's dynamics (or several runs overlaid)."""
+    from selfsup.report import write_report
+
+    out = write_report(args.runs, args.out)
+    print(f"report: {out / 'report.html'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="selfsup", description="Self-supervised visual representation learning.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,12 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.max_epochs=5 data.root=/data")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.set_defaults(func=cmd_pretrain)
+    p = sub.add_parser("report", help="plots + HTML of a run's training dynamics: selfsup report RUN [RUN ...] [--out DIR]")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run)")
+    p.set_defaults(func=cmd_report)
+    from selfsup.flow.generation import add_generate_parser
+
+    add_generate_parser(sub)
     try:
         from selfsup.eval.cli import add_eval_parser
     except ImportError:
         pass
     else:
         add_eval_parser(sub)
+    from selfsup.simulate.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

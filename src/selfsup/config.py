@@ -26,7 +26,7 @@ PRESET_DIR = Path(__file__).parent / "presets"
 class DataConfig:
     """Which images, where from, and how they are batched."""
 
-    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder
+    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | latents (precomputed, float)
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
     image_size: int | None = None  # None: the dataset's native size
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
@@ -71,6 +71,7 @@ class ModelConfig:
     stop_grad_conv1: bool = False  # MoCo v3's frozen random patch projection
     drop_path_rate: float = 0.0
     small_stem: bool = False  # ResNet: 3×3 stride-1 conv1 and no max-pool, for small images
+    zero_init_residual: bool = False  # ResNet: last BN γ of every residual block starts at 0 (the official SSL codes)
     layer_scale: float = 0.0  # ViT LayerScale init value (CaiT: 0.1 to depth 18, 1e-5 deeper); 0 = off
 
     def validate(self) -> None:
@@ -80,6 +81,9 @@ class ModelConfig:
             raise UserError(f"model.layer_scale={self.layer_scale} must be >= 0 (0 turns LayerScale off)")
         if not 0 <= self.drop_path_rate < 1:
             raise UserError(f"model.drop_path_rate={self.drop_path_rate} must be in [0, 1)")
+        if self.zero_init_residual and not self.backbone.startswith("resnet"):
+            raise UserError(f"model.zero_init_residual applies to the torchvision ResNets, not {self.backbone!r}; "
+                            "drop it (timm ResNets zero-init their last BN already)")
 
 
 @dataclass

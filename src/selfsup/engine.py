@@ -114,6 +114,27 @@ def keep_metrics(trainer: pl.Trainer, run_dir: Path, step: int) -> None:
             writer.metrics_keys = keys
 
 
+def step_csv_logger(run_dir: Path, flush_every: int = 100):
+    """Lightning's CSVLogger writing one row per step: values logged for the step of the last buffered row (the
+    instruments write straight to the loggers, Lightning writes its own values after them) join that row."""
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    class StepCSVLogger(CSVLogger):
+        @rank_zero_only
+        def log_metrics(self, metrics, step=None):
+            rows = self.experiment.metrics
+            values = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
+            if step is not None and rows and rows[-1].get("step") == step:
+                rows[-1].update(values)
+                return
+            if len(rows) >= flush_every:  # flushed only when a new step starts, so a step's row is never split
+                self.save()
+            self.experiment.log_metrics(values, step)
+
+    return StepCSVLogger(run_dir, name="", version="")
+
+
 class _DropTips(logging.Filter):
     """Drops Lightning's advertising tips; keeps every real message."""
 
@@ -142,7 +163,7 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from lightning.pytorch.loggers import TensorBoardLogger
 
     from selfsup.instruments import monitor_callbacks
 
@@ -153,7 +174,7 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.
     on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
     sync_bn = t.sync_batchnorm and on_gpu
-    loggers = [CSVLogger(run_dir, name="", version=""), TensorBoardLogger(run_dir, name="tensorboard", version="")]
+    loggers = [step_csv_logger(run_dir), TensorBoardLogger(run_dir, name="tensorboard", version="")]
     try:
         return pl.Trainer(
             default_root_dir=run_dir, max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices,

@@ -175,6 +175,17 @@ class FolderImages:
     def __len__(self) -> int:
         return len(self.files)
 
+    def open(self, i: int):
+        """File ``i`` decoded whole as an RGB PIL image (a UserError naming a corrupt file)."""
+        from PIL import Image, UnidentifiedImageError
+
+        path = self.files[i]
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB")
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
+
     def load(self, i: int) -> Tensor:
         from PIL import Image, UnidentifiedImageError
 
@@ -225,7 +236,59 @@ def load_imagefolder(split: str, root: str | None, load_size: int) -> ImageDatas
                         IMAGENET_MEAN, IMAGENET_STD)
 
 
-DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder")
+LATENT_SUFFIXES = (".pt", ".npz", ".npy")
+
+
+def _read_latents(path: Path) -> tuple[Tensor, Tensor | None]:
+    """(latents, labels or None) from .pt ({"latents", "labels"} or a tensor), .npz (same keys) or
+    .npy (labels in ``<stem>_labels.npy`` beside it, if present)."""
+    try:
+        if path.suffix == ".pt":
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            latents, labels = (obj.get("latents"), obj.get("labels")) if isinstance(obj, dict) else (obj, None)
+        elif path.suffix == ".npz":
+            with np.load(path) as z:
+                latents = z["latents"] if "latents" in z else None
+                labels = z["labels"] if "labels" in z else None
+        else:
+            latents = np.load(path)
+            side = path.with_name(f"{path.stem}_labels.npy")
+            labels = np.load(side) if side.exists() else None
+    except Exception as e:
+        raise UserError(f"{path} is not a readable latent file ({type(e).__name__}); write latents as .pt, .npz or .npy") from None
+    if latents is None:
+        raise UserError(f"{path} holds no 'latents' entry; store {{'latents': (N, C, H, W), 'labels': (N,)}}")
+    latents = torch.as_tensor(latents).float()
+    if latents.ndim != 4 or latents.shape[-1] != latents.shape[-2]:
+        raise UserError(f"{path}: latents must be (N, C, H, W) with H = W, got {tuple(latents.shape)}")
+    if labels is not None:
+        labels = torch.as_tensor(labels).long().flatten()
+        if len(labels) != len(latents):
+            raise UserError(f"{path}: {len(latents)} latents but {len(labels)} labels; they do not belong together")
+    return latents.contiguous(), labels
+
+
+def load_latents(split: str, root: str | None) -> ImageDataset:
+    """Precomputed latents (e.g. scaled SD-VAE latents) with optional labels; ``root`` a file (used for both
+    splits) or a folder with ``train.*`` and ``test.*`` (.pt / .npz / .npy). Unlabelled: labels −1, 0 classes."""
+    if not root:
+        raise UserError("data.name=latents needs data.root=<latent file .pt/.npz/.npy, or a folder with train.pt and test.pt>")
+    base = Path(root)
+    path = base
+    if base.is_dir():
+        path = next((base / f"{split}{s}" for s in LATENT_SUFFIXES if (base / f"{split}{s}").exists()), None)
+        if path is None:
+            raise UserError(f"no {split}.pt, {split}.npz or {split}.npy in {base}")
+    elif not base.exists() or base.suffix not in LATENT_SUFFIXES:
+        raise UserError(f"data.root={root} is not a latent file (.pt, .npz, .npy) or a folder holding them")
+    latents, labels = _read_latents(path)
+    c = latents.shape[1]
+    if labels is None:
+        return ImageDataset("latents", latents, torch.full((len(latents),), -1), 0, (0.0,) * c, (1.0,) * c)
+    return ImageDataset("latents", latents, labels, int(labels.max()) + 1, (0.0,) * c, (1.0,) * c)
+
+
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "latents")
 
 
 def load_dataset(cfg, split: str) -> ImageDataset:
@@ -240,4 +303,6 @@ def load_dataset(cfg, split: str) -> ImageDataset:
         return _torchvision_dataset(cfg.name, split, cfg.root, cfg.download, cfg.unlabeled)
     if cfg.name == "imagefolder":
         return load_imagefolder(split, cfg.root, cfg.load_size)
+    if cfg.name == "latents":
+        return load_latents(split, cfg.root)
     raise UserError(f"data.name={cfg.name!r} is not known; use one of {', '.join(DATASETS)}")

@@ -1,8 +1,9 @@
-"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN``: results in RUN/eval/*.json + a table."""
+"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``): RUN/eval/*.json + a table."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -32,6 +33,10 @@ class Context:
             from selfsup.eval.source import with_projector
 
             self.source = with_projector(self.source)
+        if getattr(args, "flow_t", None) is not None or getattr(args, "flow_block", None) is not None:
+            from selfsup.eval.source import with_flow_features
+
+            self.source = with_flow_features(self.source, args.flow_t, args.flow_block)
         if args.out:
             self.source.out_dir = Path(args.out)
         self.data_cfg = data_config(self.source, args.data, args.root)
@@ -117,6 +122,19 @@ def _parse_ks(text: str | None, n_train: int) -> list[int]:
     return ks
 
 
+def _parse_floats(text: str | None, flag: str, allow_zero: bool = False) -> tuple[float, ...]:
+    """``0.1,1,3`` → (0.1, 1.0, 3.0); each > 0 (>= 0 with ``allow_zero``)."""
+    if text is None:
+        return ()
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not a comma-separated list of numbers (e.g. {flag} 0.1,1,3)") from None
+    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
+        raise UserError(f"{flag} {text!r} needs one or more values {'>= 0' if allow_zero else '> 0'}")
+    return values
+
+
 def _parse_temperature(text: str, majority: bool) -> float | None:
     if majority or text.lower() in ("none", "majority"):
         return None
@@ -148,51 +166,65 @@ def run_knn(ctx: Context) -> dict:
     (vote, by_k), = res.items()
     out = {**ctx.header(), "voting": vote, "temperature": temperature, "train_size": len(ytr), "test_size": len(yte),
            "results": by_k, "seconds": seconds}
-    write_json(ctx.out_dir, "knn", out)
+    write_json(ctx.out_dir, f"knn{ctx.suffix()}", out)
     print_table(f"kNN ({vote}) on {ctx.data_cfg.name}: {len(ytr)} train / {len(yte)} test",
                 ["k", "top-1 %", "top-5 %"], [[k[2:], r["top1"], r["top5"]] for k, r in by_k.items()])
     return out
 
 
 def _aug_defaults(ctx: Context, a) -> tuple[float, float]:
-    """Crop scale and flip probability: the flags, else the run's augment overrides, else 0.08 / 0.5."""
+    """Crop scale and flip probability: the flags, else 0.08 whatever the pretraining crop was (MoCo v3's
+    main_lincls.py, MAE's fine-tuning) and the run's flip probability (0 where flips change the class)."""
     aug = getattr(ctx.source.run_cfg, "augment", None)
-    crop = a.crop_min if a.crop_min is not None else (getattr(aug, "crop_min", None) or 0.08)
+    crop = a.crop_min if a.crop_min is not None else 0.08
     flip = a.hflip if a.hflip is not None else (aug.hflip_p if aug is not None and aug.hflip_p is not None else 0.5)
     return crop, flip
 
 
 def run_linear(ctx: Context, mode: str | None = None) -> dict:
     """MoCo v3 linear probe: the fast path on cached features, or with augmentation."""
-    from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
+    from selfsup.eval.linear import DEFAULT_LR_GRID, ProbeConfig, default_base_lr, probe_augmented, probe_features
     from selfsup.eval.report import print_table, write_json
-    from selfsup.schedules import scaled_lr
 
     a = ctx.args
     mode = mode or a.mode or ("augmented" if ctx.device.type == "cuda" else "features")
     crop, flip = _aug_defaults(ctx, a) if hasattr(a, "crop_min") else (0.08, 0.5)
+    lr_flag = getattr(a, "lr", None)
+    lr_grid = (lr_flag,) if lr_flag is not None else (_parse_floats(getattr(a, "lr_grid", None), "--lr-grid")
+                                                       or DEFAULT_LR_GRID)
+    val_fraction = getattr(a, "val_fraction", 0.1)
+    if not 0 <= val_fraction < 1:
+        raise UserError(f"--val-fraction {val_fraction} must be in [0, 1) (0: choose the grid point on test)")
     cfg = ProbeConfig(epochs=_positive(getattr(a, "epochs", None) or 90, "--epochs"),
                       batch_size=_positive(getattr(a, "probe_batch", 256), "--probe-batch"),
-                      base_lr=getattr(a, "lr", None), crop_min=crop, hflip_p=flip)
-    base = cfg.base_lr if cfg.base_lr is not None else default_base_lr(ctx.source.meta["backbone"])
+                      crop_min=crop, hflip_p=flip, lr_grid=lr_grid, val_fraction=val_fraction,
+                      wd_grid=_parse_floats(getattr(a, "wd_grid", None), "--wd-grid", allow_zero=True))
+    base = default_base_lr(ctx.source.meta["backbone"])  # only used when the grid is empty
     train, test = ctx.split("train"), ctx.split("test")
-    lr = scaled_lr(base, min(cfg.batch_size, len(train)))
     t0 = time.perf_counter()
     if mode == "features":
         ftr, ytr = ctx.features("train")
         fte, yte = ctx.features("test")
-        res = probe_features(ftr, ytr, fte, yte, max(train.num_classes, int(ytr.max()) + 1), cfg, lr, ctx.device)
+        res = probe_features(ftr, ytr, fte, yte, max(train.num_classes, int(ytr.max()) + 1), cfg, base, ctx.device)
     else:
-        res = probe_augmented(ctx.source.backbone, train, test, ctx.source.meta, cfg, lr, ctx.device)
+        res = probe_augmented(ctx.source.backbone, train, test, ctx.source.meta, cfg, base, ctx.device)
+    chosen = res["chosen"]
     out = {**ctx.header(), "mode": mode, "protocol": "moco_v3", "epochs": cfg.epochs, "batch_size": cfg.batch_size,
-           "base_lr": base, "lr": lr, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
+           "base_lr": chosen["base_lr"], "lr": chosen["lr"], "weight_decay": chosen["weight_decay"],
+           "val_fraction": cfg.val_fraction, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
            **res, "seconds": time.perf_counter() - t0}
-    write_json(ctx.out_dir, "linear", out)
+    write_json(ctx.out_dir, f"linear{ctx.suffix()}", out)
+    chooser = "val_top1" if "val_top1" in chosen else "test_top1"
+    print_table(f"linear probe grid ({mode}, {cfg.epochs} epochs, {len(res['grid'])} heads trained together; "
+                f"chosen on {'a ' + str(res['val_size']) + '-image validation split' if res['val_size'] else 'test'})",
+                ["base lr", "lr", "wd", "val top-1 %", "test top-1 %", ""],
+                [[g["base_lr"], g["lr"], g["weight_decay"], g.get("val_top1", "-"), g["test_top1"],
+                  "<- chosen" if g is chosen else ""] for g in res["grid"]])
     rows = [["test", res["test"]["top1"], res["test"]["top5"]]]
     if "train" in res:
         rows.append(["train", res["train"]["top1"], res["train"]["top5"]])
-    print_table(f"linear probe ({mode}, {cfg.epochs} epochs, lr {lr:g}) on {ctx.data_cfg.name}",
-                ["split", "top-1 %", "top-5 %"], rows)
+    print_table(f"linear probe ({mode}, lr {chosen['lr']:g}, wd {chosen['weight_decay']:g}, by {chooser}) "
+                f"on {ctx.data_cfg.name}", ["split", "top-1 %", "top-5 %"], rows)
     return out
 
 
@@ -211,10 +243,15 @@ def run_finetune(ctx: Context) -> dict:
         raise UserError(f"--drop-path {a.drop_path} must be in [0, 1)")
     if not 0 < a.layer_decay <= 1:
         raise UserError(f"--layer-decay {a.layer_decay} must be in (0, 1]")
+    recipe = _mae_recipe(a, ctx.data_cfg.name)
+    if recipe and recipe.mixes and a.ft_batch % 2:
+        raise UserError(f"--ft-batch {a.ft_batch} must be even for mixup / cutmix (or pass --mixup 0 --cutmix 0)")
     cfg = FinetuneConfig(epochs=_positive(a.epochs, "--epochs"), warmup_epochs=a.warmup_epochs,
                          batch_size=_positive(a.ft_batch, "--ft-batch"), base_lr=a.lr, weight_decay=a.weight_decay,
                          layer_decay=a.layer_decay if is_vit else 1.0, drop_path=a.drop_path, crop_min=crop,
-                         hflip_p=flip)
+                         hflip_p=flip, min_lr=a.min_lr, recipe=recipe,
+                         label_smoothing=a.smoothing if a.smoothing is not None else 0.1,
+                         num_workers=a.workers if a.workers is not None else ctx.data_cfg.num_workers)
     train, test = ctx.split("train"), ctx.split("test")
     kwargs = dict(meta["kwargs"], drop_path_rate=cfg.drop_path)
     backbone = build_backbone(meta["backbone"], **kwargs)
@@ -223,14 +260,43 @@ def run_finetune(ctx: Context) -> dict:
     res = finetune(backbone, train, test, meta, cfg, ctx.device)
     out = {**ctx.header(), "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs, "batch_size": cfg.batch_size,
            "base_lr": cfg.base_lr, "layer_decay": cfg.layer_decay, "drop_path": cfg.drop_path,
-           "weight_decay": cfg.weight_decay, **res, "seconds": time.perf_counter() - t0}
+           "weight_decay": cfg.weight_decay, "min_lr": cfg.min_lr, "head_init_std": cfg.head_init_std,
+           "recipe": dataclasses.asdict(recipe) if recipe else "plain", **res, "seconds": time.perf_counter() - t0}
     export_backbone(backbone.cpu(), ctx.out_dir / "finetuned_backbone.safetensors",
                     {k: v for k, v in meta.items() if k != "format"} | {"kwargs": kwargs})
     write_json(ctx.out_dir, "finetune", out)
-    print_table(f"fine-tuning ({cfg.epochs} epochs, layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
+    print_table(f"fine-tuning ({cfg.epochs} epochs, {'MAE recipe' if recipe else 'plain crop + flip'}, "
+                f"layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
                 f"on {ctx.data_cfg.name}", ["split", "top-1 %", "top-5 %"],
                 [["test", res["test"]["top1"], res["test"]["top5"]]])
     return out
+
+
+def _mae_recipe(a, dataset: str):
+    """MAE's data recipe (defaults on for imagefolder, off for the small in-memory sets), with the flags applied."""
+    from selfsup.eval.mae_recipe import MAERecipe
+
+    kind = a.recipe or ("mae" if dataset == "imagefolder" else "plain")
+    if kind == "plain":
+        return None
+    r = MAERecipe()
+    if a.rand_augment is not None:
+        r.rand_augment = None if a.rand_augment.lower() in ("none", "") else a.rand_augment
+    for flag, field in (("reprob", "reprob"), ("mixup", "mixup"), ("cutmix", "cutmix"), ("smoothing", "smoothing")):
+        value = getattr(a, flag)
+        if value is not None:
+            if value < 0 or (flag in ("reprob", "smoothing") and value >= 1):
+                raise UserError(f"--{flag} {value} is out of range ({'[0, 1)' if flag in ('reprob', 'smoothing') else '>= 0'})")
+            setattr(r, field, value)
+    if r.rand_augment:
+        from timm.data import rand_augment_transform
+
+        try:
+            rand_augment_transform(r.rand_augment, {})
+        except Exception:
+            raise UserError(f"--rand-augment {r.rand_augment!r} is not a timm RandAugment string "
+                            "(e.g. rand-m9-mstd0.5-inc1, or none)") from None
+    return r
 
 
 def run_rankme(ctx: Context) -> dict:
@@ -340,6 +406,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder for the results (default: RUN/eval)")
     p.add_argument("--no-cache", action="store_true", help="extract features again instead of reusing the cache")
     p.add_argument("--train-limit", type=int, help="use a fixed random subset of this many training images")
+    p.add_argument("--flow-t", type=float, help="flow runs: noise level of the features (default: the run's method.feature_t)")
+    p.add_argument("--flow-block", type=int, help="flow runs: block whose tokens are pooled (default: the teacher's k)")
 
 
 def _knn_args(p) -> None:
@@ -349,7 +417,7 @@ def _knn_args(p) -> None:
 
 
 def _aug_args(p) -> None:
-    p.add_argument("--crop-min", type=float, help="RandomResizedCrop minimum area (default: run's, else 0.08)")
+    p.add_argument("--crop-min", type=float, help="RandomResizedCrop minimum area (default 0.08)")
     p.add_argument("--hflip", type=float, help="flip probability (default: run's, else 0.5)")
 
 
@@ -360,7 +428,8 @@ def _embedding_arg(p) -> None:
 
 def add_eval_parser(subparsers) -> None:
     """The ``selfsup eval`` command and its subcommands."""
-    ev = subparsers.add_parser("eval", help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all")
+    ev = subparsers.add_parser("eval", help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
+                                        "a flow run's samples: generation")
     sub = ev.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
@@ -374,7 +443,11 @@ def add_eval_parser(subparsers) -> None:
                    help="features: cached features, no augmentation (default on CPU); augmented: crop + flip (GPU default)")
     p.add_argument("--epochs", type=int, default=90, help="default 90 (MoCo v3)")
     p.add_argument("--probe-batch", type=int, default=256, help="classifier batch (default 256)")
-    p.add_argument("--lr", type=float, help="base lr, scaled by batch/256 (default 3 for ViT, 0.1 otherwise)")
+    p.add_argument("--lr", type=float, help="one base lr (× batch/256) instead of the grid")
+    p.add_argument("--lr-grid", help="base lrs trained together, chosen on validation (default 0.01,0.03,0.1,0.3,1,3,10)")
+    p.add_argument("--wd-grid", help="weight decays crossed with the lr grid (default 0)")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of train held out to choose the grid point (default 0.1; 0: choose on test)")
     _aug_args(p)
     p.set_defaults(func=command(run_linear))
 
@@ -387,6 +460,15 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--layer-decay", type=float, default=0.75, help="ViT layer-wise lr decay (default 0.75)")
     p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate (default 0.1)")
+    p.add_argument("--min-lr", type=float, default=1e-6, help="final lr, absolute as MAE's (default 1e-6)")
+    p.add_argument("--recipe", choices=("mae", "plain"),
+                   help="mae: RandAugment, random erasing, mixup / cutmix (default for imagefolder); plain: crop + flip")
+    p.add_argument("--rand-augment", help="timm RandAugment string (MAE: rand-m9-mstd0.5-inc1), or none")
+    p.add_argument("--reprob", type=float, help="random erasing probability (MAE: 0.25)")
+    p.add_argument("--mixup", type=float, help="Mixup alpha (MAE: 0.8; 0 off)")
+    p.add_argument("--cutmix", type=float, help="CutMix alpha (MAE: 1.0; 0 off)")
+    p.add_argument("--smoothing", type=float, help="label smoothing (MAE: 0.1)")
+    p.add_argument("--workers", type=int, help="decoding workers of the MAE recipe (default: the run's data.num_workers)")
     _aug_args(p)
     p.set_defaults(func=command(run_finetune))
 
@@ -411,3 +493,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--ood-root", help="folder of the OOD dataset")
     p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
     p.set_defaults(func=cmd_all)
+
+    from selfsup.flow.generation import add_generation_eval_parser
+
+    add_generation_eval_parser(sub)

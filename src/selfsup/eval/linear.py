@@ -2,8 +2,15 @@
 
 Classifier init N(0, 0.01) with zero bias; SGD momentum 0.9, weight decay 0; lr = base · batch / 256
 with a per-epoch cosine and no warmup; at the end a check that no backbone parameter or buffer moved.
-Two paths: ``probe_augmented`` (RandomResizedCrop + flip on the device, backbone forward each step)
-and ``probe_features`` (cached features, no augmentation: the fast path for small data and CPUs).
+Two paths: ``probe_augmented`` (RandomResizedCrop scale (0.08, 1) + flip on the device, backbone
+forward each step; main_lincls.py's crop whatever the pretraining crop was) and ``probe_features``
+(cached features, no augmentation: the fast path for small data and CPUs).
+
+A single fixed lr under-reports a representation whose features are scaled differently, so both paths
+train a grid of (lr, weight decay) points at once, as DINO's eval_linear does: one Linear head per
+point (``GridLinear``, one batched matmul), all fed the same frozen features of each batch. The point
+is chosen by top-1 on a validation split carved from the training set (``val_fraction``), and the test
+accuracy is reported at that point.
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ class ProbeConfig:
     crop_min: float = 0.08  # augmented path: RandomResizedCrop scale=(crop_min, 1)
     hflip_p: float = 0.5
     seed: int = 0
+    lr_grid: tuple[float, ...] = ()  # base lrs (× batch/256) trained together; () = just base_lr
+    wd_grid: tuple[float, ...] = ()  # weight decays crossed with lr_grid; () = just weight_decay
+    val_fraction: float = 0.1  # of the training set, held out to choose the grid point (0: choose on test)
+
+
+DEFAULT_LR_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # base lrs around MoCo v3's 0.1 (ResNet) and 3 (ViT)
 
 
 def default_base_lr(backbone_name: str) -> float:
@@ -52,10 +65,6 @@ def cosine_epoch_lr(lr: float, epoch: int, epochs: int) -> float:
     return lr * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
 
 
-def _sgd(fc: nn.Module, cfg: ProbeConfig, lr: float) -> torch.optim.SGD:
-    return torch.optim.SGD(fc.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-
-
 def _batches(n: int, batch_size: int, g: torch.Generator):
     order = torch.randperm(n, generator=g)
     return order.split(batch_size)
@@ -74,38 +83,129 @@ def assert_unchanged(module: nn.Module, before: dict[str, Tensor]) -> None:
 
 
 @torch.no_grad()
-def _predict_features(fc: nn.Linear, feats: Tensor, batch_size: int = 4096) -> Tensor:
-    return torch.cat([fc(feats[i : i + batch_size]) for i in range(0, len(feats), batch_size)])
+def _predict_features(fc: nn.Module, feats: Tensor, batch_size: int = 4096) -> Tensor:
+    return torch.cat([fc(feats[i : i + batch_size]) for i in range(0, len(feats), batch_size)], dim=-2)
+
+
+class GridLinear(nn.Module):
+    """G independent Linear(dim, C) heads evaluated with one batched matmul: (B, dim) → (G, B, C).
+
+    Each head is initialised as ``make_classifier`` (weight N(0, 0.01), zero bias) and trained by
+    ``GridSGD`` with its own lr and weight decay; the heads share nothing but their input.
+    """
+
+    def __init__(self, dim: int, num_classes: int, heads: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(heads, dim, num_classes) * 0.01)
+        self.bias = nn.Parameter(torch.zeros(heads, 1, num_classes))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.baddbmm(self.bias, x.unsqueeze(0).expand(self.weight.shape[0], -1, -1), self.weight)
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """The sum over heads of each head's mean cross-entropy: every head gets its own gradient."""
+        logits = self(x)  # (G, B, C)
+        g, b, c = logits.shape
+        return F.cross_entropy(logits.reshape(g * b, c), y.repeat(g), reduction="sum") / b
+
+
+class GridSGD:
+    """torch.optim.SGD (momentum, no dampening, coupled weight decay) with a per-head lr and weight decay."""
+
+    def __init__(self, params, lrs: Tensor, wds: Tensor, momentum: float):
+        self.params, self.momentum = list(params), momentum
+        self.lrs, self.wds = lrs, wds
+        self.buffers = [torch.zeros_like(p) for p in self.params]
+        self.scale = 1.0  # the epoch's cosine factor
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, buf in zip(self.params, self.buffers):
+            shape = (-1,) + (1,) * (p.ndim - 1)
+            d_p = p.grad + self.wds.view(shape) * p
+            buf.mul_(self.momentum).add_(d_p)
+            p.sub_(self.lrs.view(shape) * self.scale * buf)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def grid_points(cfg: ProbeConfig, base_lr: float, batch_size: int) -> list[tuple[float, float, float]]:
+    """(base lr, lr = base · batch / 256, weight decay) for every point of the grid."""
+    from selfsup.schedules import scaled_lr
+
+    lrs = cfg.lr_grid or (base_lr,)
+    wds = cfg.wd_grid or (cfg.weight_decay,)
+    return [(b, scaled_lr(b, batch_size), wd) for wd in wds for b in lrs]
+
+
+def val_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
+    """Indices (train, val) of a fixed random split of the training set; val empty when fraction is 0."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1))
+    n_val = int(round(n * fraction)) if fraction > 0 else 0
+    return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+
+def _choose(points, val_scores: Tensor | None, val_y: Tensor | None, test_scores: Tensor, test_y: Tensor) -> dict:
+    """The grid with each point's val and test top-1; the point with the best val top-1 (ties: the first)."""
+    grid = []
+    for i, (base, lr, wd) in enumerate(points):
+        row = {"base_lr": base, "lr": lr, "weight_decay": wd, "test_top1": topk_accuracy(test_scores[i], test_y)["top1"]}
+        if val_scores is not None:
+            row["val_top1"] = topk_accuracy(val_scores[i], val_y)["top1"]
+        grid.append(row)
+    key = "val_top1" if val_scores is not None else "test_top1"
+    best = max(range(len(grid)), key=lambda i: (grid[i][key], -i))
+    return {"grid": grid, "chosen": grid[best], "best": best}
+
+
+def train_grid(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, dev) -> tuple[GridLinear, float]:
+    """Train one head per grid point over ``batches(epoch)`` → iterable of (features, labels); cosine per epoch."""
+    fc = GridLinear(dim, num_classes, len(points)).to(dev)
+    opt = GridSGD(fc.parameters(), torch.tensor([p[1] for p in points], device=dev),
+                  torch.tensor([p[2] for p in points], device=dev), cfg.momentum)
+    loss = torch.zeros(())
+    for epoch in range(cfg.epochs):
+        opt.scale = cosine_epoch_lr(1.0, epoch, cfg.epochs)
+        for feats, labels in batches(epoch):
+            loss = fc.loss(feats.float(), labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return fc, float(loss.detach()) / len(points)
 
 
 def probe_features(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, num_classes: int,
-                   cfg: ProbeConfig, lr: float, device: torch.device | str = "cpu") -> dict:
-    """The protocol on fixed (cached) features: no augmentation; returns top-1/top-5 (%) on test and train."""
+                   cfg: ProbeConfig, base_lr: float, device: torch.device | str = "cpu") -> dict:
+    """The protocol on fixed (cached) features, no augmentation, over the (lr, wd) grid: top-1/top-5 (%)
+    on test (and train) at the point chosen on the validation split, and the whole grid."""
     torch.manual_seed(cfg.seed)
     dev = torch.device(device)
-    fc = make_classifier(train_x.shape[1], num_classes).to(dev)
-    opt = _sgd(fc, cfg, lr)
-    tx, ty = train_x.float().to(dev), train_y.to(dev)
+    fit_idx, val_idx = val_split(len(train_y), cfg.val_fraction, cfg.seed)
+    tx, ty = train_x[fit_idx].float().to(dev), train_y[fit_idx].to(dev)
+    points = grid_points(cfg, base_lr, min(cfg.batch_size, len(ty)))
     g = torch.Generator().manual_seed(cfg.seed)
-    for epoch in range(cfg.epochs):
-        for group in opt.param_groups:
-            group["lr"] = cosine_epoch_lr(lr, epoch, cfg.epochs)
+
+    def batches(epoch):
         for idx in _batches(len(ty), cfg.batch_size, g):
             idx = idx.to(dev)
-            loss = F.cross_entropy(fc(tx[idx]), ty[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            yield tx[idx], ty[idx]
+
+    fc, final_loss = train_grid(tx.shape[1], num_classes, points, cfg, batches, dev)
     fc.eval()
-    return {"test": topk_accuracy(_predict_features(fc, test_x.float().to(dev)), test_y),
-            "train": topk_accuracy(_predict_features(fc, tx), ty), "final_loss": float(loss.detach())}
+    val = _predict_features(fc, train_x[val_idx].float().to(dev)).cpu() if len(val_idx) else None
+    out = _choose(points, val, train_y[val_idx], _predict_features(fc, test_x.float().to(dev)).cpu(), test_y)
+    best = out.pop("best")
+    return {"test": topk_accuracy(_predict_features(fc, test_x.float().to(dev))[best].cpu(), test_y),
+            "train": topk_accuracy(_predict_features(fc, tx)[best].cpu(), ty.cpu()), **out,
+            "val_size": len(val_idx), "final_loss": final_loss}
 
 
 def probe_augmented(backbone: nn.Module, train: ImageDataset, test: ImageDataset, meta: dict, cfg: ProbeConfig,
-                    lr: float, device: torch.device | str = "cpu", batch_size_eval: int = 512) -> dict:
-    """The protocol with RandomResizedCrop + flip: the backbone (eval mode, no grad) runs every step."""
-    from selfsup.data.loader import sequential_loader
-
+                    base_lr: float, device: torch.device | str = "cpu", batch_size_eval: int = 512) -> dict:
+    """The protocol with RandomResizedCrop + flip over the (lr, wd) grid: the backbone (eval mode, no grad)
+    runs once per batch and every head trains on its features."""
     torch.manual_seed(cfg.seed)
     dev = torch.device(device)
     backbone.eval().to(dev)
@@ -116,30 +216,38 @@ def probe_augmented(backbone: nn.Module, train: ImageDataset, test: ImageDataset
                            solarize_p=0.0)
     size, mean, std = meta["image_size"], meta["mean"], meta["std"]
     augment = MultiViewAugment([branch], size, mean, std).to(dev)
-    fc = make_classifier(backbone.num_features, train.num_classes).to(dev)
-    opt = _sgd(fc, cfg, lr)
+    fit_idx, val_idx = val_split(len(train), cfg.val_fraction, cfg.seed)  # indices: a folder stays lazy
+    points = grid_points(cfg, base_lr, min(cfg.batch_size, len(fit_idx)))
     amp = dev.type == "cuda"
     g_order = torch.Generator().manual_seed(cfg.seed)
     g_aug = torch.Generator(device=dev).manual_seed(cfg.seed)
-    for epoch in range(cfg.epochs):
-        for group in opt.param_groups:
-            group["lr"] = cosine_epoch_lr(lr, epoch, cfg.epochs)
-        for idx in _batches(len(train), cfg.batch_size, g_order):
-            images, labels = train[idx]
+
+    def batches(epoch):
+        for idx in _batches(len(fit_idx), cfg.batch_size, g_order):
+            images, labels = train[fit_idx[idx]]
             (x,) = augment(images.to(dev, non_blocking=True), g_aug)
             with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
                 feats = backbone(x)
-            loss = F.cross_entropy(fc(feats.float()), labels.to(dev))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            yield feats, labels.to(dev)
+
+    fc, final_loss = train_grid(backbone.num_features, train.num_classes, points, cfg, batches, dev)
     assert_unchanged(backbone, before)
     transform = EvalTransform(size, mean, std).to(dev)
-    scores, labels = [], []
-    with torch.no_grad():
-        for images, y in sequential_loader(test, batch_size_eval):
+
+    @torch.no_grad()
+    def scores(dataset, index):
+        out, labels = [], []
+        for chunk in index.split(batch_size_eval):
+            images, y = dataset[chunk]
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
                 feats = backbone(transform(images.to(dev)))
-            scores.append(fc(feats.float()).cpu())
+            out.append(fc(feats.float()).cpu())
             labels.append(y)
-    return {"test": topk_accuracy(torch.cat(scores), torch.cat(labels)), "final_loss": float(loss.detach())}
+        return torch.cat(out, dim=1), torch.cat(labels)
+
+    val_scores, val_y = scores(train, val_idx) if len(val_idx) else (None, None)
+    test_scores, test_y = scores(test, torch.arange(len(test)))
+    out = _choose(points, val_scores, val_y, test_scores, test_y)
+    best = out.pop("best")
+    return {"test": topk_accuracy(test_scores[best], test_y), **out, "val_size": len(val_idx),
+            "final_loss": final_loss}

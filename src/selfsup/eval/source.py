@@ -7,7 +7,7 @@ A run folder gives its ``backbone.safetensors``, else ``checkpoints/last.ckpt`` 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch import nn
@@ -80,8 +80,8 @@ def _from_checkpoint(path: Path) -> EvalSource:
     """The backbone weights (``backbone.*``) of a pretraining checkpoint, rebuilt from the run's config."""
     from selfsup.data.datasets import load_dataset
     from selfsup.methods.build import backbone_meta, data_info
-    from selfsup.export import read_meta
-    from selfsup.models.backbones import build_backbone
+    from selfsup.export import read_meta, rebuild_backbone
+    from selfsup.flow.encoder import FLOW_ENCODER
 
     run_dir = next((d for d in (path.parent.parent, path.parent) if (d / "config.yaml").exists()), None)
     if run_dir is None:
@@ -96,10 +96,12 @@ def _from_checkpoint(path: Path) -> EvalSource:
         full = resolve(_raw_config(run_dir))
         meta = backbone_meta(full, data_info(full, load_dataset(full.data, "train")))
     ckpt = load_checkpoint(path, WHAT)  # weights-only: a file holding code is refused before any of it runs
-    state = {k[len("backbone."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.")}
+    # a flow run's backbone is its EMA model (``ema.*``) seen through a FlowEncoder (``model.*``)
+    prefix, rename = ("ema.", "model.") if meta["backbone"] == FLOW_ENCODER else ("backbone.", "")
+    state = {rename + k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
     if not state:
         raise UserError(f"{path} holds no backbone weights; {WHAT}")
-    backbone = build_backbone(meta["backbone"], **meta["kwargs"])
+    backbone = rebuild_backbone(meta)
     try:
         backbone.load_state_dict(state)
     except RuntimeError as e:
@@ -150,3 +152,21 @@ def with_projector(source: EvalSource) -> EvalSource:
         raise UserError(f"{ckpt} does not fit the run's model ({type(e).__name__}); {WHAT}") from None
     return EvalSource(nn.Sequential(model.backbone, model.projector).eval(), m, ckpt, source.run_dir,
                       source.out_dir, source.run_cfg, embedding="projector")
+
+
+def with_flow_features(source: EvalSource, t: float | None, block: int | None) -> EvalSource:
+    """A flow run's features at another noise level ``t`` and/or block (``--flow-t``, ``--flow-block``)."""
+    from selfsup.flow.encoder import FLOW_ENCODER
+
+    if source.meta.get("backbone") != FLOW_ENCODER:
+        raise UserError(f"--flow-t/--flow-block apply to flow runs; {source.weights} holds a {source.meta.get('backbone')}")
+    encoder = source.backbone
+    t = encoder.t if t is None else t
+    block = encoder.block if block is None else block
+    if not 0 <= t <= 1:
+        raise UserError(f"--flow-t={t} must be in [0, 1] (0 = clean image, 1 = pure noise)")
+    if not 1 <= block <= encoder.model.depth:
+        raise UserError(f"--flow-block={block} is outside the model's blocks 1..{encoder.model.depth}")
+    encoder.t, encoder.block = t, block
+    meta = {**source.meta, "kwargs": {**source.meta["kwargs"], "t": t, "block": block}}
+    return replace(source, backbone=encoder, meta=meta, embedding=f"flow-t{t:g}-block{block}")

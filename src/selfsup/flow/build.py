@@ -92,10 +92,9 @@ def load_flow_run(run_dir) -> tuple[SiT, object, dict]:
 
         state, source = load_file(str(exported)), exported
     elif ckpt.exists():
-        try:
-            full = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-        except Exception as e:
-            raise UserError(f"{ckpt} is not a readable selfsup checkpoint ({type(e).__name__})") from None
+        from selfsup.checkpoints import load_checkpoint
+
+        full = load_checkpoint(ckpt, "pass a flow run folder made by selfsup pretrain")["state_dict"]
         state, source = {"model." + k[4:]: v for k, v in full.items() if k.startswith("ema.")}, ckpt
     else:
         raise UserError(f"{run_dir} has neither backbone.safetensors nor checkpoints/last.ckpt; train it first")

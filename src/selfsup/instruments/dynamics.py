@@ -3,7 +3,8 @@
 They never change training: everything they read is detached, they draw no random numbers from the
 global generators, and a module they put in eval mode is put back. Every value is logged under
 ``instruments/`` (CSV and TensorBoard); the detectors also append to ``RUN/events.jsonl``.
-Steps are 0-based optimiser-step indices (the step whose gradient or output is measured).
+Steps are 0-based optimiser-step indices (the step whose gradient or output is measured), as in the
+``step`` column Lightning writes; the values go straight to the loggers (``log_metrics``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,19 @@ PREFIX = "instruments"
 NORM_KEYS = ("embedding", "projection", "prediction")
 
 
-def _log(pl_module, name: str, value) -> None:
-    pl_module.log(f"{PREFIX}/{name}", value, on_step=True, on_epoch=False)
+def log_metrics(trainer, values: dict, step: int, prefix: str = PREFIX) -> None:
+    """Write ``values`` (floats or 0-d tensors, read back in one sync) under ``prefix/`` at ``step`` straight to
+    the run's loggers (CSV, TensorBoard; rank 0 only): a value appears once, labelled with the step it measures,
+    whatever ``trainer.log_every_n_steps`` is (``LightningModule.log`` would repeat it at later logging steps)."""
+    if not values or not trainer.is_global_zero:
+        return
+    tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
+    if tensors:
+        read = torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).tolist()
+        values = {**values, **dict(zip(tensors, read))}
+    metrics = {f"{prefix}/{k}": float(v) for k, v in values.items()}
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
 
 
 def _step(trainer) -> int:
@@ -55,14 +67,16 @@ class EmbeddingNorms(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if not isinstance(outputs, dict) or _step(trainer) % self.every:
             return
+        values = {}
         for key in self.keys:
             x = outputs.get(key)
             if isinstance(x, Tensor) and x.ndim == 2:
                 self.last[key] = x.detach().float().norm(dim=1)
                 summary = norm_summary(x)
-                _log(pl_module, f"norm_{key}_mean", summary[0])
+                values[f"norm_{key}_mean"] = summary[0]
                 for q, v in zip(QUANTILES, summary[1:]):
-                    _log(pl_module, f"norm_{key}_q{int(q * 100)}", v)
+                    values[f"norm_{key}_q{int(q * 100)}"] = v
+        log_metrics(trainer, values, _step(trainer))
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero and self.last:
@@ -139,10 +153,11 @@ class GradientNorms(pl.Callback):
         norms = self._norms()
         self.buffer.append((step, norms[:, 0]))
         if step % self.every == 0:
+            values = {}
             for g, (l2, linf) in zip(self.groups, norms):
                 suffix = "" if g == "all" else f"_{g}"
-                _log(pl_module, f"grad_l2{suffix}", l2)
-                _log(pl_module, f"grad_linf{suffix}", linf)
+                values[f"grad_l2{suffix}"], values[f"grad_linf{suffix}"] = l2, linf
+            log_metrics(trainer, values, step)
             self.flush(trainer)
 
     def flush(self, trainer) -> None:
@@ -185,9 +200,9 @@ class Alignment(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if not isinstance(outputs, dict) or _step(trainer) % self.every:
             return
-        for a, b in self.pairs:
-            if isinstance(outputs.get(a), Tensor) and isinstance(outputs.get(b), Tensor):
-                _log(pl_module, f"align_{a}_{b}", misalignment(outputs[a], outputs[b]))
+        values = {f"align_{a}_{b}": misalignment(outputs[a], outputs[b]) for a, b in self.pairs
+                  if isinstance(outputs.get(a), Tensor) and isinstance(outputs.get(b), Tensor)}
+        log_metrics(trainer, values, _step(trainer))
 
 
 class RankCollapse(pl.Callback):
@@ -234,10 +249,9 @@ class RankCollapse(pl.Callback):
         return out
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if _step(trainer) % self.every or self._batch is None:
+        if _step(trainer) % self.every or self._batch is None or not trainer.is_global_zero:
             return
-        for name, value in self.measure(pl_module).items():
-            _log(pl_module, name, value)
+        log_metrics(trainer, self.measure(pl_module), _step(trainer))
 
 
 def square_weight(predictor: nn.Module) -> Tensor | None:
@@ -288,5 +302,5 @@ class PredictorAlignment(pl.Callback):
         weight = square_weight(predictor)
         if corr is None or weight is None or corr.shape != weight.shape:
             return
-        for name, value in predictor_alignment(weight, corr, min(self.top_k, weight.shape[0])).items():
-            _log(pl_module, f"pred_{name}", value)
+        values = predictor_alignment(weight, corr, min(self.top_k, weight.shape[0]))
+        log_metrics(trainer, {f"pred_{k}": v for k, v in values.items()}, _step(trainer))

@@ -1,7 +1,8 @@
 """Dense kNN monitor: weighted kNN top-1 of the current backbone every N optimiser steps (MoCo v3's dips).
 
 A fixed random subset of the training and test splits is embedded by the backbone in eval mode (no
-gradient, train mode restored after), on the first process only; logs ``monitor/knn_top1``.
+gradient, train mode restored after), on the first process only; writes ``monitor/knn_top1`` to the loggers
+(labelled with the index of the step just taken).
 """
 
 from __future__ import annotations
@@ -65,11 +66,11 @@ class KNNMonitor(pl.Callback):
             return
         top1 = self.measure(pl_module)
         self.history.append((step, top1))
-        pl_module.log("monitor/knn_top1", top1, on_step=True, on_epoch=False, rank_zero_only=True)
+        from selfsup.instruments.dynamics import event_log, log_metrics, report_event
+
+        log_metrics(trainer, {"knn_top1": top1}, step - 1, prefix="monitor")  # after step index step − 1
         best = self.dips.update(top1) if self.dips is not None else None
         if best is not None:
-            from selfsup.instruments.dynamics import event_log, report_event
-
             event = event_log(trainer, self.run_dir).write(step, "knn_dip", top1, best)
             self.events.append(event)
             report_event(event)

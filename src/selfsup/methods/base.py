@@ -88,7 +88,8 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
     m = cfg.model
     return dict(in_chans=info.channels, image_size=info.image_size, patch_size=m.patch_size,
                 drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
-                small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}))
+                small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}),
+                **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
 def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:

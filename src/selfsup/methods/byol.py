@@ -2,7 +2,8 @@
 
 Loss ``2 − 2·cos(p, sg(z'))`` per direction, summed over the two directions and averaged over the
 batch (official byol_experiment.py); target decay τ = 1 − (1 − τ_base)·½(1 + cos(πt/T)).
-Heads: Linear (with bias) → BN → ReLU → Linear, 4096 → 256, no final BN.
+Heads: Linear (with bias) → BN → ReLU → Linear (no bias), 4096 → 256, no final BN (the official
+haiku MLP: ``with_bias=False`` on its output Linear).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class BYOL(SSLMethod):
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
         c = cfg.method
-        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 2, bias=True)
-        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, bias=True))
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 2, bias=True, last_bias=False)
+        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, bias=True,
+                                                               last_bias=False))
         self.target_backbone = self.momentum_target(self.backbone)
         self.target_projector = self.momentum_target(self.projector)
 

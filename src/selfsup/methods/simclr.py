@@ -6,6 +6,11 @@ scale but no shift (``center=False``). ``proj_layers`` 2 is the SimCLR v1 paper'
 uses 3. ``decoupled=True`` drops the positive from the denominator (DCL). ``projector_momentum`` > 0
 takes each anchor's positive from an EMA copy of the projector (Pham et al. 2022, cookbook §3.4); the
 negatives stay online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs.
+
+``loss_scale`` multiplies NT-Xent (the paper's mean over the 2N anchors). The official code
+(objective.py ``add_contrastive_loss``) adds the two directions' batch means, i.e. twice that mean;
+under LARS the factor changes the balance between the loss gradient and weight decay for the
+parameters LARS leaves unadapted (BN, biases), so the ImageNet preset sets ``loss_scale: 2.0``.
 """
 
 from __future__ import annotations
@@ -30,11 +35,14 @@ class SimCLRConfig:
     dim: int = 128
     proj_layers: int = 2
     decoupled: bool = False
+    loss_scale: float = 1.0  # 2.0 = the official code's sum of the two directions' means
     projector_momentum: float = 0.0  # > 0: positives from an EMA copy of the projector with this decay (Pham et al.)
 
     def validate(self) -> None:
         if self.temperature <= 0:
             raise UserError(f"method.temperature={self.temperature} must be > 0")
+        if self.loss_scale <= 0:
+            raise UserError(f"method.loss_scale={self.loss_scale} must be > 0")
         if not 0 <= self.projector_momentum < 1:
             raise UserError(f"method.projector_momentum={self.projector_momentum} must be in [0, 1) (0 = off)")
 
@@ -68,5 +76,5 @@ class SimCLR(SSLMethod):
             with torch.no_grad():
                 positives = self.target_projector(torch.cat([h2, h1]).detach())
         loss = nt_xent(z1, z2, c.temperature, all_z1=gather_with_grad(z1), all_z2=gather_with_grad(z2),
-                       rank=rank, decoupled=c.decoupled, positives=positives)
+                       rank=rank, decoupled=c.decoupled, positives=positives) * c.loss_scale
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}

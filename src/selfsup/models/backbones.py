@@ -43,6 +43,7 @@ def build_backbone(
     pool: str = "cls",
     stop_grad_conv1: bool = False,
     small_stem: bool = False,
+    zero_init_residual: bool = False,
     layer_scale: float = 0.0,
 ) -> nn.Module:
     """A feature extractor (B, C, S, S) -> (B, num_features); every result has ``.num_features``."""
@@ -61,7 +62,7 @@ def build_backbone(
         raise ValueError(f"LayerScale (model.layer_scale={layer_scale}) applies to the selfsup ViTs "
                          f"({', '.join(VIT_SIZES)}), not to {name}; set model.layer_scale=0")
     if name in RESNET_NAMES:
-        return resnet(name, in_chans=in_chans, small_stem=small_stem)
+        return resnet(name, in_chans=in_chans, small_stem=small_stem, zero_init_residual=zero_init_residual)
     if name.startswith(TIMM_PREFIX):
         return _timm_backbone(name[len(TIMM_PREFIX):], in_chans, image_size, drop_path_rate)
     raise _unknown(name, BACKBONE_NAMES, "backbone")

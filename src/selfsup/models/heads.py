@@ -23,8 +23,8 @@ def mlp(
       * MoCo v3 (``_build_mlp``): bias=False everywhere. ViT projector 3 layers D->4096->4096->256 with
         last_bn (affine=False); ResNet projector 2 layers with last_bn; predictor 2 layers 256->4096->256,
         last_bn for ViT only.
-      * BYOL: Linear(bias) -> BN -> ReLU -> Linear(bias), hidden 4096, out 256, no last BN
-        (``bias=True``, num_layers=2) for both projector and predictor.
+      * BYOL: Linear(bias) -> BN -> ReLU -> Linear(no bias), hidden 4096, out 256, no last BN
+        (``bias=True, last_bias=False``, num_layers=2) for both projector and predictor.
       * SimSiam: projector 3 layers, bias=False, last_bn (affine=False), dim 2048; predictor
         2048->512->2048 with bias=False on the hidden Linear, ``last_bias=True``, no last BN.
     """

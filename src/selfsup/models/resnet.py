@@ -9,7 +9,12 @@ RESNET_NAMES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
 
 def resnet(name: str, in_chans: int = 3, small_stem: bool = False, zero_init_residual: bool = False) -> nn.Module:
-    """torchvision ``<name>(weights=None)`` with fc = Identity; small_stem: 3x3 stride-1 conv1, no maxpool."""
+    """torchvision ``<name>(weights=None)`` with fc = Identity; small_stem: 3x3 stride-1 conv1, no maxpool.
+
+    ``zero_init_residual``: the last BN scale of every residual block (bn3 of a Bottleneck, bn2 of a
+    BasicBlock) starts at 0, so each block starts as the identity, as in the official MoCo v3, SimSiam,
+    SimCLR and BYOL codes.
+    """
     if name not in RESNET_NAMES:
         raise ValueError(f"unknown ResNet {name!r}; choose one of {', '.join(RESNET_NAMES)}")
     model = getattr(torchvision.models, name)(weights=None, zero_init_residual=zero_init_residual)

@@ -1,0 +1,463 @@
+"""Plain flow matching vs Self-Flow vs REPA on Fashion-MNIST (digits where absent): an experiment.
+
+Same SiT size, batch, steps, schedule and seed for the three methods; each trains through
+``selfsup.engine.pretrain`` (what ``selfsup pretrain`` runs) with one extra callback that records the
+per-step losses and saves the EMA weights at fixed steps. Reported per method:
+
+* at each fixed checkpoint, from ``--n`` class-balanced samples (Euler ODE, ``--sample-steps``):
+  the **encoder Fréchet distance** to the real training set in the feature space of a selfsup
+  encoder REPA did *not* align to (BYOL; and, for reference, in the MoCo v3 space REPA aligned to),
+  and the **class fidelity** (kNN classifier on real BYOL features; share classified as requested);
+* the **kNN accuracy of the model's own features** (the EMA model's block-k tokens at t = 0.1,
+  what ``selfsup eval knn RUN`` reads), trained and at init;
+* the **representation-loss curve** (Self-Flow: 1 − cos; REPA: −cos) and the flow loss;
+* **training images/s**: the engine's step vs a bare PyTorch loop of the same step (same model
+  objects, data order, fitting, loss, gradient clipping, AdamW and EMA update), alternating.
+
+The encoders (MoCo v3 for REPA, BYOL for the metrics) are pretrained here unless given.
+
+    python benchmarks/self_flow.py                     # Fashion-MNIST, 1200 steps per method
+    python benchmarks/self_flow.py --quick             # smoke test (digits, a few steps)
+    python benchmarks/self_flow.py --repa-encoder runs/moco --eval-encoder runs/byol --steps 3000
+
+Results: ``benchmarks/results/self_flow.json``, sample grids and a loss plot next to it.
+Timing on a shared machine is disturbed by other processes: read the CPU-time columns too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from throughput import _durations, _sync, summarize  # noqa: E402  (the joint-embedding benchmark's timing)
+
+METHODS = ("flow_matching", "self_flow", "repa")
+PRESETS = {"flow_matching": "flow-matching-digits", "self_flow": "self-flow-digits", "repa": "repa-digits"}
+DATASETS = {  # patch size of the SiT, encoder presets (REPA's, the metrics')
+    "fashion-mnist": (7, "moco-v3-vit-fmnist", "byol-fmnist"),
+    "digits": (2, "moco-v3-vit-digits", "byol-digits"),
+}
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def flow_overrides(args, method: str, encoder: Path | None) -> list[str]:
+    """The shared recipe: the preset's SiT/EMA/optimiser with this benchmark's size, data and step budget."""
+    o = [f"data.name={args.dataset}", f"data.batch_size={args.batch_size}", f"method.size={args.size}",
+         f"method.patch_size={args.patch}", f"trainer.max_epochs={args.epochs}",
+         f"trainer.limit_train_batches={args.per_epoch}", f"optim.warmup_epochs={args.warmup_epochs}",
+         "trainer.progress_bar=false", "trainer.log_every_n_steps=50", "trainer.accelerator=cpu",
+         "trainer.devices=1", f"trainer.seed={args.seed}", f"output_dir={args.runs}", f"name={method}"]
+    if method == "repa":
+        o.append(f"method.encoder={encoder}")
+    return o
+
+
+def plan_steps(args, n_train: int) -> None:
+    """Epochs × batches per epoch = the step budget (so the lr schedule ends at the last step)."""
+    full = n_train // args.batch_size
+    args.epochs = max(1, math.ceil(args.steps / full))
+    args.per_epoch = args.steps // args.epochs
+    args.steps = args.epochs * args.per_epoch
+    args.warmup_epochs = round(args.warmup_fraction * args.epochs, 4)
+    args.checkpoints = sorted({min(args.steps, int(c)) for c in args.checkpoints.split(",")} | {args.steps})
+
+
+# --------------------------------------------------------------------------- training
+
+
+def recorder(checkpoints: list[int], snap_dir: Path):
+    """A callback: per-step losses from the logged metrics; EMA weights saved at the checkpoint steps."""
+    import lightning.pytorch as pl
+
+    class Recorder(pl.Callback):
+        def __init__(self):
+            self.curves: dict[str, list[float]] = {"step": [], "flow_loss": [], "rep_loss": []}
+            self.t0 = None
+
+        def on_train_start(self, trainer, module):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            m, step = trainer.callback_metrics, trainer.global_step
+            self.curves["step"].append(step)
+            for key in ("flow_loss", "rep_loss"):
+                v = m.get(f"train/{key}")
+                self.curves[key].append(float(v) if v is not None else float("nan"))
+            if step in checkpoints:
+                snap_dir.mkdir(parents=True, exist_ok=True)
+                torch.save({k: v.detach().cpu().clone() for k, v in module.ema.state_dict().items()},
+                           snap_dir / f"ema-step{step}.pt")
+            if step % 100 == 0:
+                _log(f"  step {step}: flow {self.curves['flow_loss'][-1]:.4f} rep {self.curves['rep_loss'][-1]:.4f} "
+                     f"({time.perf_counter() - self.t0:.0f} s)")
+
+    return Recorder()
+
+
+def pretrain_with(cfg, callback) -> Path:
+    """``selfsup.engine.pretrain`` with one more callback on its Trainer."""
+    import selfsup.engine as engine
+
+    make = engine.make_trainer
+
+    def make_trainer(c, run_dir):
+        trainer = make(c, run_dir)
+        trainer.callbacks.append(callback)
+        return trainer
+
+    engine.make_trainer = make_trainer
+    try:
+        return engine.pretrain(cfg, preset="bench")
+    finally:
+        engine.make_trainer = make
+
+
+def pretrain_encoder(args, preset: str, name: str) -> Path:
+    from selfsup.config import load_run_config
+    from selfsup.engine import pretrain
+
+    run = args.runs / name
+    if (run / "backbone.safetensors").exists():
+        _log(f"encoder {name}: reusing {run}")
+        return run
+    _log(f"encoder {name}: selfsup pretrain {preset} ({args.encoder_steps} steps)")
+    cfg = load_run_config(preset, ["trainer.max_epochs=1", f"trainer.limit_train_batches={args.encoder_steps}",
+                                   "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
+                                   "trainer.devices=1", f"trainer.seed={args.seed}", f"output_dir={args.runs}",
+                                   f"name={name}", *([f"data.batch_size={args.batch_size}"] if args.quick else [])])
+    t0 = time.perf_counter()
+    pretrain(cfg, preset=preset)
+    _log(f"encoder {name}: {time.perf_counter() - t0:.0f} s")
+    return run
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def real_features(source, train, test, args):
+    from selfsup.eval.cache import features
+
+    key = json.dumps([args.dataset, "self_flow_bench"])
+    return (features(source, train, "train", key, 512, "cpu"), features(source, test, "test", key, 512, "cpu"))
+
+
+def sample_quality(model, info, labels, spaces, train, args) -> dict:
+    """Encoder Fréchet distance in each space and class fidelity in the metrics encoder's space."""
+    from selfsup.flow.generation import generate, image_features, sample_images
+    from selfsup.flow.metrics import class_fidelity, feature_frechet_distance
+
+    t0 = time.perf_counter()
+    x = generate(model, labels, args.sample_steps, "ode", 1.0, args.seed, "cpu", 500)
+    images = sample_images(x, info, train.image_size)
+    out = {"sample_seconds": time.perf_counter() - t0}
+    for name, (source, (ftr, ytr), _) in spaces.items():
+        f = image_features(source, images, 512, "cpu")
+        out[f"frechet_{name}"] = feature_frechet_distance(f, ftr)
+        if name == "eval":
+            out["class_fidelity"] = class_fidelity(ftr, ytr, f, labels, 20, 0.07, train.num_classes)["class_fidelity"]
+    return out, images
+
+
+def own_knn(run: Path, train, test, args) -> dict:
+    """kNN (k = 20, T = 0.07) of the EMA model's own features, trained and at init."""
+    from selfsup.data.datasets import ImageDataset  # noqa: F401
+    from selfsup.eval.data import subset
+    from selfsup.eval.features import extract_features
+    from selfsup.eval.knn import knn_accuracy
+    from selfsup.export import load_exported
+
+    tr = subset(train, args.knn_train)
+    out = {"train_size": len(tr), "test_size": len(test)}
+    for tag, file in (("trained", "backbone.safetensors"), ("init", "backbone_init.safetensors")):
+        backbone, meta = load_exported(run / file)
+        ftr, ytr = extract_features(backbone, tr, meta["image_size"], meta["mean"], meta["std"], 512, "cpu")
+        fte, yte = extract_features(backbone, test, meta["image_size"], meta["mean"], meta["std"], 512, "cpu")
+        out[tag] = knn_accuracy(ftr, ytr, fte, yte, 20, 0.07)["top1"]
+    return out
+
+
+def curve_summary(curves: dict, checkpoints: list[int]) -> dict:
+    """The representation loss's shape: first value, first step below 0.1, values at the checkpoints, tail mean."""
+    steps, rep = curves["step"], curves["rep_loss"]
+    if not rep or all(math.isnan(r) for r in rep):
+        return {}
+    at = {s: r for s, r in zip(steps, rep)}
+    below = next((s for s, r in zip(steps, rep) if r < 0.1), None)
+    tail = rep[-max(1, len(rep) // 10):]
+    return {"first": rep[0], "first_step_below_0.1": below,
+            "at_checkpoints": {str(c): at.get(c) for c in checkpoints},
+            "mean_first_10pct": sum(rep[: max(1, len(rep) // 10)]) / max(1, len(rep) // 10),
+            "mean_last_10pct": sum(tail) / len(tail), "min": min(rep)}
+
+
+def plot_curves(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for method, r in results.items():
+        c = r["curves"]
+        w = max(1, len(c["step"]) // 100)  # a running mean over ~1% of the run
+
+        def smooth(v):
+            return [sum(v[max(0, i - w + 1): i + 1]) / len(v[max(0, i - w + 1): i + 1]) for i in range(len(v))]
+
+        axes[0].plot(c["step"], smooth(c["flow_loss"]), label=method)
+        if not all(math.isnan(v) for v in c["rep_loss"]):
+            axes[1].plot(c["step"], c["rep_loss"], label=method, lw=0.8)
+    axes[0].set(title="flow loss (running mean)", xlabel="step", yscale="log")
+    axes[1].set(title="representation loss (Self-Flow: 1 − cos; REPA: −cos)", xlabel="step")
+    for a in axes:
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def bare_steps(cfg, dataset, warmup: int, steps: int) -> list[tuple[float, float]]:
+    """The same step without Lightning: fit + labels, forward_flow, backward, clip 1.0, AdamW, EMA lerp."""
+    from selfsup.methods.build import build_method, data_info
+    from selfsup.schedules import scaled_lr
+
+    torch.manual_seed(cfg.trainer.seed)
+    model = build_method(cfg, data_info(cfg, dataset))
+    model.train()
+    opt = model.configure_optimizers()
+    for group in opt.param_groups:
+        group["lr"] = scaled_lr(cfg.optim.base_lr, cfg.data.batch_size) * group["lr_scale"]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    ema = (list(model.student.parameters()), list(model.ema.parameters()))
+    b, total, ends, step, epoch = cfg.data.batch_size, warmup + steps, [], 0, 0
+    while step < total:
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(cfg.trainer.seed * 100_003 + epoch))
+        for i in range(len(dataset) // b):
+            if step >= total:
+                break
+            idx = order[i * b:(i + 1) * b]
+            x, labels = model.on_after_batch_transfer(dataset[idx], 0)
+            loss = model.forward_flow(x, model.class_labels(labels))["loss"]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.trainer.gradient_clip_val)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                torch._foreach_lerp_(ema[1], ema[0], 1.0 - cfg.method.ema_decay)
+            _sync(torch.device("cpu"))
+            ends.append((time.perf_counter(), time.process_time()))
+            step += 1
+        epoch += 1
+    return _durations(ends, warmup, total)
+
+
+def engine_steps(cfg, dataset, warmup: int, steps: int, tmp: Path) -> list[tuple[float, float]]:
+    import lightning.pytorch as pl
+
+    from selfsup.engine import PretrainData, make_trainer
+    from selfsup.methods.build import build_method, data_info
+
+    ends: list = []
+    total = warmup + steps
+
+    class Clock(pl.Callback):
+        def on_train_batch_end(self, trainer, *_):
+            ends.append((time.perf_counter(), time.process_time()))
+            if len(ends) >= total:
+                trainer.should_stop = True
+
+    torch.manual_seed(cfg.trainer.seed)
+    model = build_method(cfg, data_info(cfg, dataset))
+    run_dir = tmp / f"clock-{time.time_ns()}"
+    run_dir.mkdir(parents=True)
+    trainer = make_trainer(cfg, run_dir)
+    trainer.callbacks.append(Clock())
+    trainer.fit(model, datamodule=PretrainData(cfg, dataset))
+    return _durations(ends, warmup, total)
+
+
+def throughput(method: str, encoder, args, dataset) -> dict:
+    import tempfile
+
+    from selfsup.config import load_run_config
+
+    with tempfile.TemporaryDirectory(prefix="selfsup-flow-bench-") as tmp:
+        o = [x for x in flow_overrides(args, method, encoder) if not x.startswith(("trainer.max_epochs",
+                                                                                      "trainer.limit_train", "output_dir"))]
+        cfg = load_run_config(PRESETS[method], o + ["trainer.max_epochs=100", f"output_dir={tmp}"])
+        reps = {"engine": [], "bare": []}
+        for _ in range(args.reps):
+            reps["engine"].append(engine_steps(cfg, dataset, args.warmup, args.timed_steps, Path(tmp)))
+            reps["bare"].append(bare_steps(cfg, dataset, args.warmup, args.timed_steps))
+    out = {k: summarize(v, args.batch_size) for k, v in reps.items()}
+    out["overhead_median"] = out["engine"]["step_ms_median"] / out["bare"]["step_ms_median"] - 1
+    out["overhead_cpu_median"] = out["engine"]["cpu_step_ms_median"] / out["bare"]["cpu_step_ms_median"] - 1
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", choices=sorted(DATASETS), help="default: fashion-mnist when its files exist, else digits")
+    p.add_argument("--steps", type=int, default=1200, help="training steps per method (default 1200)")
+    p.add_argument("--checkpoints", default="300,600", help="steps at which samples are scored (the last is added)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--size", default="micro", help="SiT size (default micro: hidden 64, depth 4)")
+    p.add_argument("--warmup-fraction", type=float, default=0.05, help="lr warmup as a share of the run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n", type=int, default=1000, help="samples per checkpoint (classes in turn)")
+    p.add_argument("--sample-steps", type=int, default=20, help="Euler ODE steps of the samples")
+    p.add_argument("--knn-train", type=int, default=20000, help="training subset of the own-feature kNN")
+    p.add_argument("--repa-encoder", help="REPA's ViT encoder (run / .safetensors); default: MoCo v3 pretrained here")
+    p.add_argument("--eval-encoder", help="the metrics' encoder; default: BYOL pretrained here")
+    p.add_argument("--encoder-steps", type=int, default=150,
+                   help="steps (one epoch's first batches, 10%% warmup) of the encoders pretrained here")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--timed-steps", type=int, default=10, help="throughput: timed steps per repetition")
+    p.add_argument("--warmup", type=int, default=3, help="throughput: untimed steps first")
+    p.add_argument("--reps", type=int, default=2, help="throughput: repetitions (engine and bare alternate)")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1: a shared machine)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "self_flow.json"))
+    p.add_argument("--quick", action="store_true", help="smoke test: digits, 12 steps, 100 samples")
+    args = p.parse_args(argv)
+
+    from selfsup.data.datasets import FASHION_MNIST_DEFAULT
+
+    if args.dataset is None:
+        has_fmnist = (FASHION_MNIST_DEFAULT / "train-images-idx3-ubyte.gz").exists()
+        args.dataset = "fashion-mnist" if has_fmnist and not args.quick else "digits"
+    if args.quick:
+        args.steps, args.checkpoints, args.n, args.sample_steps, args.batch_size = 12, "6", 100, 4, 64
+        args.timed_steps, args.warmup, args.reps, args.knn_train, args.encoder_steps = 2, 1, 1, 1000, 3
+    methods = [m for m in args.methods.split(",") if m]
+    if any(m not in METHODS for m in methods):
+        p.error(f"--methods: use a subset of {','.join(METHODS)}")
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+
+    from selfsup.config import DataConfig, load_run_config
+    from selfsup.data.datasets import load_dataset
+    from selfsup.eval.source import load_source
+    from selfsup.flow.build import load_flow_run
+    from selfsup.flow.generation import sample_labels, save_grid
+    from selfsup.flow.metrics import feature_frechet_distance
+
+    out_path = Path(args.out)
+    out_dir = out_path.parent
+    stem = out_path.stem
+    args.runs = out_dir / f"{stem}_runs"
+    args.patch, moco_preset, byol_preset = DATASETS[args.dataset]
+    train = load_dataset(DataConfig(name=args.dataset), "train")
+    test = load_dataset(DataConfig(name=args.dataset), "test")
+    plan_steps(args, len(train))
+    _log(f"{args.dataset}: {len(train)} train / {len(test)} test; SiT-{args.size}/{args.patch}, batch "
+         f"{args.batch_size}, {args.steps} steps ({args.epochs} x {args.per_epoch}), checkpoints {args.checkpoints}")
+
+    t_start = time.perf_counter()
+    repa_encoder = Path(args.repa_encoder) if args.repa_encoder else pretrain_encoder(args, moco_preset, "encoder-moco")
+    eval_encoder = Path(args.eval_encoder) if args.eval_encoder else pretrain_encoder(args, byol_preset, "encoder-byol")
+    spaces = {}
+    for name, loc in (("eval", eval_encoder), ("repa", repa_encoder)):
+        source = load_source(loc)
+        source.out_dir = args.runs / f"features-{name}"
+        spaces[name] = (source, *real_features(source, train, test, args))
+    ref = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: min(args.n, len(test))]
+    reference = {f"frechet_{name}": feature_frechet_distance(fte[ref], ftr)
+                 for name, (_, (ftr, _), (fte, _)) in spaces.items()}
+    from selfsup.eval.knn import knn_accuracy
+
+    for name, (_, (ftr, ytr), (fte, yte)) in spaces.items():
+        reference[f"knn_top1_{name}_encoder"] = knn_accuracy(ftr, ytr, fte, yte, 20, 0.07)["top1"]
+    _log(f"reference (real test, n={len(ref)}): {reference}")
+
+    labels = sample_labels(args.n, train.num_classes)
+    results = {}
+    for method in methods:
+        cfg = load_run_config(PRESETS[method], flow_overrides(args, method, repa_encoder))
+        run = args.runs / method
+        if run.exists():
+            import shutil
+
+            shutil.rmtree(run)
+        rec = recorder(args.checkpoints, run / "snapshots")
+        _log(f"{method}: training")
+        t0 = time.perf_counter()
+        pretrain_with(cfg, rec)
+        train_seconds = time.perf_counter() - t0
+        model, _, info = load_flow_run(run)
+        per_ckpt = {}
+        for step in args.checkpoints:
+            model.load_state_dict(torch.load(run / "snapshots" / f"ema-step{step}.pt"))
+            q, images = sample_quality(model, info, labels, spaces, train, args)
+            per_ckpt[str(step)] = q
+            save_grid(images[:100], out_dir / f"{stem}_{method}_step{step}.png")
+            _log(f"{method} @ {step}: {q}")
+        knn = own_knn(run, train, test, args)
+        _log(f"{method}: own-feature kNN {knn}")
+        results[method] = {"train_seconds": train_seconds, "checkpoints": per_ckpt, "own_feature_knn": knn,
+                           "rep_loss_curve": curve_summary(rec.curves, args.checkpoints), "curves": rec.curves}
+        if not args.skip_throughput:
+            results[method]["throughput"] = throughput(method, repa_encoder, args, train)
+            tp = results[method]["throughput"]
+            _log(f"{method}: engine {tp['engine']['images_per_s_median']:.0f} img/s, bare "
+                 f"{tp['bare']['images_per_s_median']:.0f} img/s, overhead {100 * tp['overhead_median']:+.1f}% "
+                 f"(CPU time {100 * tp['overhead_cpu_median']:+.1f}%)")
+        write(out_path, args, reference, results, repa_encoder, eval_encoder, time.perf_counter() - t_start)
+    plot_curves(results, out_dir / f"{stem}_losses.png")
+    print_summary(results, reference)
+    return 0
+
+
+def write(path: Path, args, reference, results, repa_encoder, eval_encoder, seconds) -> None:
+    import platform
+
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    blob = {"benchmark": "self_flow", "settings": settings, "repa_encoder": str(repa_encoder),
+            "eval_encoder": str(eval_encoder), "torch": torch.__version__, "platform": platform.platform(),
+            "threads": torch.get_num_threads(), "seconds": seconds,
+            "metric_note": "frechet_*: Fréchet distance of encoder features (eval: BYOL, not seen by REPA; repa: "
+                           "the MoCo v3 encoder REPA aligns to); not FID",
+            "reference_real_test": reference, "results": results}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(blob, indent=1))
+    tmp.replace(path)
+
+
+def print_summary(results: dict, reference: dict) -> None:
+    print("\nmethod          ckpt   Fréchet(BYOL)  Fréchet(MoCo)  class fid %  own kNN %  rep loss first→last")
+    print(f"{'real test':<15} {'-':>5}  {reference['frechet_eval']:13.3f}  {reference['frechet_repa']:13.3f}  "
+          f"{reference['knn_top1_eval_encoder']:11.1f}")
+    for method, r in results.items():
+        c = r["rep_loss_curve"]
+        rep = f"{c['first']:.3f}→{c['mean_last_10pct']:.3f}" if c else "-"
+        for step, q in r["checkpoints"].items():
+            print(f"{method:<15} {step:>5}  {q['frechet_eval']:13.3f}  {q['frechet_repa']:13.3f}  "
+                  f"{q['class_fidelity']:11.1f}  {r['own_feature_knn']['trained']:9.1f}  {rep}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The flow methods' training side: Self-Flow's teacher and gradients, REPA's encoder, data, bad input, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from selfsup.config import load_run_config
+from selfsup.data.datasets import load_dataset
+from selfsup.errors import UserError
+from selfsup.export import export_backbone
+from selfsup.flow.objective import self_flow_levels
+from selfsup.flow.path import interpolate
+from selfsup.methods.build import build_method, data_info
+from selfsup.models.backbones import build_backbone
+from test_cli import assert_user_error, run_cli
+
+MICRO = ["data.batch_size=32", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false"]
+
+
+def make(preset="self-flow-digits", *overrides):
+    cfg = load_run_config(preset, [*MICRO, *overrides])
+    train = load_dataset(cfg.data, "train")
+    return build_method(cfg, data_info(cfg, train)), train
+
+
+def batch(model, train, n=8):
+    return model.on_after_batch_transfer(train[torch.arange(n)], 0)
+
+
+def vit_encoder(tmp_path, in_chans=1, name="vit_micro"):
+    kwargs = dict(in_chans=in_chans, image_size=8, patch_size=4) if name.startswith("vit") else dict(in_chans=in_chans, image_size=8)
+    torch.manual_seed(0)
+    backbone = build_backbone(name, **kwargs)
+    meta = {"backbone": name, "kwargs": kwargs, "image_size": 8, "in_chans": in_chans, "mean": [0.3] * in_chans,
+            "std": [0.3] * in_chans, "dataset": "digits", "method": "moco_v3"}
+    return export_backbone(backbone, tmp_path / f"{name}-{in_chans}.safetensors", meta)
+
+
+def test_data_in_model_space():
+    model, train = make()
+    x, y = batch(model, train)
+    assert x.dtype == torch.float32 and x.shape == (8, 1, 8, 8)
+    assert torch.allclose(x, train.images[:8].float() / 127.5 - 1)
+    assert model.info.mean == (0.5,) and model.info.num_classes == 10
+    # data.image_size resizes (or pads) to a patch-divisible size
+    padded, _ = make("self-flow-digits", "data.image_size=12", "method.fit=pad")
+    x12, _ = batch(padded, train)
+    assert x12.shape == (8, 1, 12, 12) and torch.equal(x12[:, :, 2:10, 2:10], x)
+    assert (x12[:, :, :2] == -1).all()
+
+
+def test_teacher_sees_min_t_s_and_the_same_noise():
+    model, train = make()
+    x0, y = batch(model, train)
+    seen = {}
+    student, teacher_tokens = model._forward[0], model.ema.block_tokens
+
+    def student_spy(x, t, y, **kw):
+        seen["student"] = (x, t)
+        return student(x, t, y, **kw)
+
+    def teacher_spy(x, t, y, block):
+        seen["teacher"] = (x, t, block)
+        return teacher_tokens(x, t, y, block)
+
+    model._forward[0] = student_spy
+    model.ema.block_tokens = teacher_spy
+    out = model.forward_flow(x0, y)
+    xs, levels = seen["student"]
+    xt, tt, block = seen["teacher"]
+    assert block == model.k == 3 and model.l == 1  # round(0.7 * 4), round(0.3 * 4)
+    # two levels per sample, exactly round(0.25 * 16) = 4 tokens at the second one
+    for row in levels:
+        values, counts = row.unique(return_counts=True)
+        assert len(values) == 2 and sorted(counts.tolist()) == [4, 12]
+    assert torch.allclose(tt, levels.min(dim=1).values)  # min(t, s) for every sample, the whole image
+    # the same noise: recover it from the student's input and rebuild the teacher's
+    lv = model.student.unpatchify(levels[:, :, None].expand(-1, -1, 4))
+    noise = (xs - (1 - lv) * x0) / lv
+    assert torch.allclose(xt, interpolate(x0, noise, tt), atol=1e-4)
+    assert out["prediction"].shape == out["target"].shape == (8 * 16, 64)
+
+
+def test_init_alignment_starts_near_one_and_features_differ_only_by_input():
+    model, train = make()
+    x0, y = batch(model, train, 32)
+    out = model.forward_flow(x0, y)
+    assert 0.8 < out["rep_loss"].item() < 1.2  # the thread: 1 - cos starts near 1
+    t = torch.rand(32)
+    xt = interpolate(x0, torch.randn_like(x0), t)
+    # every block is the identity at step 0: raw student and teacher tokens are the same function of the input
+    assert torch.allclose(model.student.block_tokens(xt, t, y, model.l), model.ema.block_tokens(xt, t, y, model.k),
+                          atol=1e-6)
+
+
+def test_no_gradient_reaches_teacher_or_repa_encoder(tmp_path):
+    model, train = make()
+    x0, y = batch(model, train)
+    model.forward_flow(x0, y)["loss"].backward()
+    assert all(p.grad is None and not p.requires_grad for p in model.ema.parameters())
+    assert all(p.grad is not None for p in model.head.parameters())
+    assert model.student.x_embedder.weight.grad.abs().sum() > 0  # through the alignment loss
+    repa, _ = make("repa-digits", f"method.encoder={vit_encoder(tmp_path)}")
+    out = repa.forward_flow(x0, y)
+    out["loss"].backward()
+    assert out["target"].shape == (8 * 16, 128) and -1 <= out["rep_loss"].item() <= 1  # vit_micro: width 128
+    encoder = repa._encoder[0]
+    assert all(p.grad is None and not p.requires_grad for p in encoder.parameters())
+    assert all(p.grad is not None for p in repa.projector.parameters())
+    assert "encoder" not in " ".join(repa.state_dict())  # frozen and never checkpointed
+
+
+def test_repa_tokens_resized_to_the_student_grid(tmp_path):
+    repa, train = make("repa-digits", f"method.encoder={vit_encoder(tmp_path)}")  # encoder grid 2x2, student 4x4
+    x0, _ = batch(repa, train)
+    tokens = repa.encoder_tokens(x0)
+    assert tokens.shape == (8, 16, 128)
+    corner = repa._encoder[0].forward_features((((x0 + 1) / 2 - 0.3) / 0.3))[:, 1:]
+    assert not torch.allclose(tokens[:, 0], tokens[:, 15])
+    assert torch.allclose(tokens.mean(1), corner.mean(1), atol=0.3)
+
+
+def test_plain_flow_matching_step_and_buckets():
+    model, train = make("flow-matching-digits")
+    x0, y = batch(model, train)
+    out = model.forward_flow(x0, y)
+    assert set(out) >= {"loss", "flow_loss", "levels", "embedding"} and "prediction" not in out
+    assert out["flow_loss"].shape == (8, 16) and out["levels"].shape == (8,)
+    # at init the model outputs 0, so the loss is E||eps - x0||^2
+    assert 1.0 < out["loss"].item() < 3.0
+
+
+def test_ema_update_and_warmup():
+    model, train = make("self-flow-digits", "method.ema_warmup_steps=10", "method.ema_decay=0.9")
+    with torch.no_grad():
+        for p in model.student.parameters():
+            p.add_(1.0)
+    before = [p.clone() for p in model.ema.parameters()]
+    model.update_ema(5)
+    assert model.ema_decay == pytest.approx(0.45)  # 0.9 * 5 / 10
+    for b, e, s in zip(before, model.ema.parameters(), model.student.parameters()):
+        assert torch.allclose(e, 0.45 * b + 0.55 * s, atol=1e-6)
+
+
+def test_latent_dataset(tmp_path):
+    torch.manual_seed(0)
+    latents = torch.randn(40, 4, 8, 8)
+    torch.save({"latents": latents}, tmp_path / "nolabels.pt")
+    with pytest.raises(UserError, match="no labels"):
+        make("self-flow-digits", "data.name=latents", f"data.root={tmp_path / 'nolabels.pt'}")
+    model, train = make("self-flow-digits", "data.name=latents", f"data.root={tmp_path / 'nolabels.pt'}",
+                        "method.class_conditional=false")
+    assert model.student.num_classes == 0 and model.student.in_channels == 4
+    (tmp_path / "lat").mkdir()
+    torch.save({"latents": latents, "labels": torch.arange(40) % 5}, tmp_path / "lat" / "train.pt")
+    torch.save({"latents": latents[:10], "labels": torch.arange(10) % 5}, tmp_path / "lat" / "test.pt")
+    model, train = make("self-flow-digits", "data.name=latents", f"data.root={tmp_path / 'lat'}")
+    x0, y = batch(model, train)
+    assert torch.equal(x0, latents[:8]) and model.student.num_classes == 5
+    assert torch.isfinite(model.forward_flow(x0, model.class_labels(y))["loss"])
+
+
+@pytest.mark.parametrize("override,words", [
+    ("method.mask_ratio=1.5", ("mask_ratio", "[0, 1]")),
+    ("method.student_block=9", ("student_block", "1..4")),
+    ("method.teacher_block=0", ("teacher_block", "1..4")),
+    ("data.image_size=9", ("divide", "patch size 2")),
+    ("method.size=huge", ("method.size",)),
+])
+def test_bad_config_is_one_line(tmp_path, override, words):
+    code, out, err = run_cli("pretrain", "self-flow-digits", override, f"output_dir={tmp_path}", "name=bad")
+    assert_user_error(code, err, *words)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_bad_repa_encoder(tmp_path):
+    for encoder, words in ((tmp_path / "missing", ("does not exist",)),
+                           (vit_encoder(tmp_path, in_chans=3), ("3-channel",)),
+                           (vit_encoder(tmp_path, name="resnet18"), ("no patch tokens",))):
+        code, out, err = run_cli("pretrain", "repa-digits", f"method.encoder={encoder}", f"output_dir={tmp_path}",
+                                 "name=bad")
+        assert_user_error(code, err, "method.encoder", *words)
+        assert not (tmp_path / "bad").exists()
+
+
+def test_cli_end_to_end_then_eval_features(tmp_path):
+    run = tmp_path / "sf"
+    code, out, err = run_cli("pretrain", "self-flow-digits", *MICRO, "trainer.max_epochs=1",
+                             "trainer.limit_train_batches=3", "trainer.log_every_n_steps=1",
+                             f"output_dir={tmp_path}", "name=sf")
+    assert code == 0, err
+    assert "kNN of the EMA model's block-3 tokens at t=0.1" in out
+    assert "20 EMA samples" in out and (run / "samples_end.png").exists()
+    header = (run / "metrics.csv").read_text().splitlines()[0]
+    for key in ("train/flow_loss", "train/rep_loss", "train/ema_decay", "train/flow_loss_t0.75-1.00"):
+        assert key in header
+    from selfsup.flow.build import load_flow_run
+
+    model, cfg, info = load_flow_run(run)
+    assert info["num_classes"] == 10 and info["image_size"] == 8 and not any(p.requires_grad for p in model.parameters())
+    code, out, err = run_cli("eval", "knn", str(run), "--k", "5")
+    assert code == 0, err
+    result = json.loads((run / "eval" / "knn.json").read_text())
+    assert result["backbone"] == "flow_encoder"
+    code, out, err = run_cli("eval", "knn", str(run), "--k", "5", "--flow-t", "0.5", "--flow-block", "2")
+    assert code == 0, err
+    assert json.loads((run / "eval" / "knn-flow-t0.5-block2.json").read_text())["embedding"] == "flow-t0.5-block2"
+    code, out, err = run_cli("eval", "knn", str(run), "--flow-block", "7")
+    assert_user_error(code, err, "--flow-block=7", "1..4")
+    # without the exported file, the EMA weights come from the checkpoint (same features)
+    exported = load_flow_run(run)[0].state_dict()
+    (run / "backbone.safetensors").unlink()
+    from_ckpt = load_flow_run(run)[0].state_dict()
+    assert all(torch.equal(exported[k], from_ckpt[k]) for k in exported)
+    code, out, err = run_cli("eval", "knn", str(run), "--k", "5", "--no-cache", "--out", str(tmp_path / "ev"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "ev" / "knn.json").read_text())["results"] == result["results"]
+    (tmp_path / "moco").mkdir()
+    (tmp_path / "moco" / "config.yaml").write_text("method:\n  name: moco_v3\n")
+    with pytest.raises(UserError, match="not a flow run"):
+        load_flow_run(tmp_path / "moco")
+
+
+def test_paper_scale_preset():
+    cfg = load_run_config("self-flow-sit-xl2-latents")
+    m = cfg.method
+    assert (m.size, m.patch_size, m.student_block, m.teacher_block, m.mask_ratio, m.rep_weight) == ("XL", 2, 8, 20, 0.25, 0.8)
+    assert m.ema_decay == 0.9999 and m.ema_warmup_steps == 0 and cfg.data.name == "latents"
+    assert cfg.optim.name == "adamw" and cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.precision == "bf16-mixed"
+    # defaults l, k for depth 28 are the same blocks
+    from selfsup.flow.methods import default_block
+
+    assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)
