@@ -175,6 +175,17 @@ class FolderImages:
     def __len__(self) -> int:
         return len(self.files)
 
+    def open(self, i: int):
+        """File ``i`` decoded whole as an RGB PIL image (a UserError naming a corrupt file)."""
+        from PIL import Image, UnidentifiedImageError
+
+        path = self.files[i]
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB")
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
+
     def load(self, i: int) -> Tensor:
         from PIL import Image, UnidentifiedImageError
 
