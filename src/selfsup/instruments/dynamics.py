@@ -255,8 +255,11 @@ class RankCollapse(pl.Callback):
 
 
 def square_weight(predictor: nn.Module) -> Tensor | None:
-    """The d×d weight of a linear predictor: its own 2-D square ``weight`` or that of its only Linear; else None."""
-    w = getattr(predictor, "weight", None)
+    """The d×d matrix of a linear predictor: its ``matrix`` as applied (selfsup.predictors, e.g. the symmetrised
+    W_p) or its own 2-D square ``weight``, or the weight of its only Linear; else None."""
+    w = getattr(predictor, "matrix", None)
+    if not (isinstance(w, Tensor) and w.ndim == 2 and w.shape[0] == w.shape[1]):
+        w = getattr(predictor, "weight", None)
     if not (isinstance(w, Tensor) and w.ndim == 2 and w.shape[0] == w.shape[1]):
         linears = [m for m in predictor.modules() if isinstance(m, nn.Linear)]
         w = linears[0].weight if len(linears) == 1 else None
