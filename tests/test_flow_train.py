@@ -234,3 +234,21 @@ def test_paper_scale_preset():
     from selfsup.flow.methods import default_block
 
     assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
+    import selfsup.engine as engine
+    from test_resume import StopAfterEpoch, ckpt, with_callback
+
+    args = [*MICRO, "trainer.max_epochs=2", "trainer.limit_train_batches=2", "optim.warmup_epochs=1",
+            "method.ema_warmup_steps=3", f"output_dir={tmp_path}"]
+    straight = engine.pretrain(load_run_config("self-flow-digits", [*args, "name=A"]))
+    with monkeypatch.context() as m:
+        with_callback(m, StopAfterEpoch())
+        run_b = engine.pretrain(load_run_config("self-flow-digits", [*args, "name=B"]))
+    assert ckpt(run_b)["global_step"] == 2
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    sa, sb = ckpt(straight)["state_dict"], ckpt(run_b)["state_dict"]
+    assert ckpt(run_b)["global_step"] == 4 and sa.keys() == sb.keys() and any(k.startswith("ema.") for k in sa)
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=0, msg=lambda msg: f"{k}: {msg}")
