@@ -252,3 +252,12 @@ def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     assert ckpt(run_b)["global_step"] == 4 and sa.keys() == sb.keys() and any(k.startswith("ema.") for k in sa)
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=0, msg=lambda msg: f"{k}: {msg}")
+
+
+def test_cli_repa_trains_with_an_exported_encoder(tmp_path):
+    code, out, err = run_cli("pretrain", "repa-digits", *MICRO, f"method.encoder={vit_encoder(tmp_path)}", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+                             "trainer.log_every_n_steps=1", f"output_dir={tmp_path}", "name=run")
+    assert code == 0, err
+    header = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0]
+    assert "train/flow_loss" in header and "train/rep_loss" in header
+    assert (tmp_path / "run" / "backbone.safetensors").exists()
