@@ -205,3 +205,26 @@ def test_pretrain_sets_w_from_f_and_checkpoints_f(tmp_path, tiny):
     assert corr.shape == (32, 32) and torch.isfinite(corr).all() and corr.abs().sum() > 0
     torch.testing.assert_close(state["predictor.weight"], directpred_weight(corr.double(), 0.01).float(),
                                atol=1e-6, rtol=1e-5)
+
+
+
+def test_state_dict_round_trip_continues_the_same_run():
+    """A checkpoint (state_dict) keeps F, μ and the step count: freq=3 sets W_p at steps 0 and 3, the second
+    after loading into a fresh predictor, exactly as the uninterrupted one."""
+    cfg = DirectPredConfig(freq=3)
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randn(6, 4, generator=g) for _ in range(4)]
+    straight = TrackedLinearPredictor(4, "directpred", cfg).train()
+    for b in batches:
+        _step(straight, b)
+    first = TrackedLinearPredictor(4, "directpred", cfg).train()
+    for b in batches[:2]:
+        _step(first, b)
+    resumed = TrackedLinearPredictor(4, "directpred", cfg).train()
+    _step(resumed, batches[0])  # a fresh process may have stepped before the checkpoint is loaded
+    resumed.load_state_dict(first.state_dict())
+    for b in batches[2:]:
+        _step(resumed, b)
+    assert set(straight.state_dict()) == {"weight", "correlation", "mean", "steps"}
+    for key, value in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[key], value)

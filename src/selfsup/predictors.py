@@ -18,8 +18,10 @@ Official code: facebookresearch/luckmatters ``ssl/real-dataset/byol_trainer.py``
                  p = max(√λ + ε, 1e-4)          (ε outside the root, the default)
                  p = √max(λ + ε, 1e-4)          (``eps_inside``, as the code clamps before the root)
                  W_p = Q diag(p) Qᵀ
-    directcopy:  W_p = F̂ + ε·I with F̂ = F (``copy_norm: none``: the public code adds ε·I to the raw F);
-                 ``fro``: F/‖F‖_F, ``spectral``: F/λ_max(F) (scale-free options; the paper writes a normalised F̂)
+    directcopy:  W_p = F̂ + ε·I. ``copy_norm: none`` (default) is the public code (``predictor_reg=directcopy``:
+                 ``w = M + dyn_eps·I`` on the raw running F; there F is only collected with ``corr_collect=true``);
+                 ``fro``: F/‖F‖_F and ``spectral``: F/λ_max(F) are scale-free options for the normalised F̂ the
+                 DirectCopy paper writes, whose norm we could not confirm from public code
 
 F is averaged over all processes before each update, and the eigendecomposition runs in float64 on the
 training device, so every replica sets the same W_p. With ``freq = 1`` W_p receives no gradient; with
