@@ -7,7 +7,7 @@ comes from its ``knn.json``. Written: ``benchmarks/results/embedding_norms.json`
 overlay report (``selfsup report`` of its three runs) in ``benchmarks/results/embedding_norms_<method>/``.
 
     python benchmarks/embedding_norms.py                           # Fashion-MNIST, 1 epoch (234 steps) per run
-    python benchmarks/embedding_norms.py --dataset digits --epochs 20 --knn-every 10
+    python benchmarks/embedding_norms.py --dataset digits --epochs 20 --knn-every 20 --methods simclr --tag simclr
     python benchmarks/embedding_norms.py --quick                   # smoke test: digits, a few steps
 """
 
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-embedding-norms"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--tag", default="", help="suffix of the JSON file (e.g. to run the methods in parallel)")
     parser.add_argument("--quick", action="store_true", help="digits, 1 epoch of 3 batches: a smoke test")
     parser.add_argument("extra", nargs="*", help="further config overrides for every run")
     args = parser.parse_args()
@@ -117,7 +118,7 @@ def main() -> None:
     payload = {"dataset": args.dataset, "epochs": args.epochs, "limit_batches": args.limit_batches,
                "knn_every": args.knn_every, "extra_overrides": args.extra, "host": platform.node(),
                "cpus": os.cpu_count(), "note": "wall times measured on a shared machine", "runs": results}
-    path = out / ("embedding_norms_quick.json" if args.quick else "embedding_norms.json")
+    path = out / f"embedding_norms{'_quick' if args.quick else ''}{'_' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(payload, indent=2))
     print(f"wrote {path}")
 

@@ -81,12 +81,16 @@ def measure_peak(device: torch.device, dtype: torch.dtype, size: int, reps: int)
 def selfsup_config(method: str, dataset: str, heads: str, args):
     from selfsup.config import load_run_config
 
-    overrides = [f"trainer.seed=0", f"data.batch_size={args.batch_size}", "trainer.accelerator=cpu"]
+    overrides = ["trainer.seed=0", f"data.batch_size={args.batch_size}"]
     if heads == "wide":
         overrides += [f"method.{k}={v}" for k, v in WIDE_HEADS[method].items()]
+    return load_run_config(preset_name(method, dataset, args), overrides)
+
+
+def preset_name(method: str, dataset: str, args) -> str:
     if args.recipe == "vit_s16_224":
-        overrides += ["model.backbone=vit_small", "model.patch_size=16", "data.image_size=224"]
-    return load_run_config(PRESETS[method].format("fmnist" if dataset == "fashion-mnist" else "digits"), overrides)
+        return "moco-v3-vit-s-imagenet"  # ViT-S/16, 224 px, 4096-wide heads, stop-grad patch projection
+    return PRESETS[method].format("fmnist" if dataset == "fashion-mnist" else "digits")
 
 
 class SelfsupStep:
@@ -310,12 +314,9 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
     cfg = selfsup_config(method, dataset, heads, args)
     if args.compile:
         cfg.trainer.compile = True
-    if args.synthetic:
+    if args.synthetic:  # an ImageNet-shaped random batch; no dataset is read
         from selfsup.methods.base import DataInfo
-        info = DataInfo(3, args.image_size, (0.5,) * 3, (0.25,) * 3) if args.recipe else None
-        if info is None:
-            from selfsup.data.datasets import load_dataset
-            info = data_info(cfg, load_dataset(cfg.data, "train"))
+        info = DataInfo(3, args.image_size, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     else:
         from selfsup.data.datasets import load_dataset
         info = data_info(cfg, load_dataset(cfg.data, "train"))
@@ -334,7 +335,7 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
             print(f"[{method} {heads} rep {rep + 1}/{args.reps}] {k:<8} {1000 * sum(w for w, _ in t) / len(t):8.1f} "
                   f"ms/step wall {1000 * sum(c for _, c in t) / len(t):8.1f} CPU", file=sys.stderr, flush=True)
     peak = max(peaks)
-    out = {"preset": PRESETS[method].format("fmnist" if dataset == "fashion-mnist" else "digits"),
+    out = {"preset": preset_name(method, dataset, args),
            "heads": {k: getattr(cfg.method, k) for k in ("proj_hidden_dim", "dim", "pred_hidden_dim") if hasattr(cfg.method, k)}}
     for k, step in steps.items():
         out[k] = {"flops_per_step": flops[k][0], "flops_per_image": flops[k][0] / args.batch_size,

@@ -127,6 +127,27 @@ def _column(path: Path, key: str) -> list[str]:
         return [r[key] for r in csv.DictReader(f) if r.get(key)]
 
 
+def test_fused_adamw_gives_the_per_parameter_update():
+    model = tiny_method("byol")
+    twin = copy.deepcopy(model)
+    fused = model.configure_optimizers()
+    twin.cfg.optim.fused = False
+    plain = twin.configure_optimizers()
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    for step in range(3):  # the same gradients into both (Adam would amplify rounding in near-zero gradients)
+        model.forward_views(random_views(16, step))["loss"].backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            q.grad = None if p.grad is None else p.grad.clone()
+        for opt in (fused, plain):
+            for group in opt.param_groups:
+                group["lr"] = 1e-2 * (step + 1)
+            opt.step()
+            opt.zero_grad()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            if p.requires_grad:  # (the EMA targets move in forward_views, which only the model ran)
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_compile_keeps_parameter_names():
     model = tiny_method("simsiam")
     names = [n for n, _ in model.named_parameters()]

@@ -68,8 +68,9 @@ def has_batch_statistics(module: nn.Module) -> bool:
 def encode_views(encoder: nn.Module, views: list[Tensor]) -> list[Tensor]:
     """``[encoder(v) for v in views]``, computed in one call on the concatenated views when ``encoder``
     has no batch statistics (the ViT: LayerNorm only), where that gives the same per-sample outputs
-    with larger, faster matrix products. With BatchNorm each view keeps its own statistics, as the
-    official code forwards each view separately."""
+    with larger, faster matrix products (stochastic depth then draws its per-sample masks in one call:
+    the same distribution). With BatchNorm each view keeps its own statistics, as the official code
+    forwards each view separately."""
     if len(views) == 1 or has_batch_statistics(encoder):
         return [encoder(v) for v in views]
     return list(encoder(torch.cat(views)).split([v.shape[0] for v in views]))
