@@ -211,7 +211,7 @@ class Alignment(pl.Callback):
 class RankCollapse(pl.Callback):
     """Every N steps, on a fixed batch of training images in eval mode: RankMe, effective rank (PCs for
     99% of the variance) and the per-dimension std of the L2-normalised backbone features and, when the
-    method has a ``projector``, of its outputs."""
+    method has a ``projector``, of its outputs. Joint-embedding methods (``SSLMethod``) only."""
 
     def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
         super().__init__()
@@ -223,8 +223,10 @@ class RankCollapse(pl.Callback):
 
         if self._batch is None:
             data = self._dataset if self._dataset is not None else getattr(trainer.datamodule, "dataset", None)
-            if data is None or not hasattr(pl_module, "info"):
-                return  # not a run of images (nothing to measure on)
+            from selfsup.methods.base import SSLMethod
+
+            if data is None or not isinstance(pl_module, SSLMethod):
+                return  # a joint-embedding method's measure (flow runs have their own feature extractor)
             g = torch.Generator().manual_seed(self.seed)
             pick = torch.randperm(len(data), generator=g)[: self.samples].sort().values
             self._batch = data.select(pick) if hasattr(data, "select") else fixed_subset(data, self.samples, self.seed)
