@@ -103,6 +103,8 @@ class TrainerConfig:
     limit_train_batches: float | int = 1.0
     progress_bar: bool = True
     seed: int = 0
+    compile: bool = False  # torch.compile the step's modules (backbone, heads, momentum copies)
+    compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
 
     def validate(self) -> None:
         if self.max_epochs < 1:

@@ -127,7 +127,7 @@ def _figure(plot: Plot, runs: list[Run], out: Path):
     if not keys:
         return None
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ["-", "--", ":", "-."]
+    styles = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, run in enumerate(runs):
         for j, key in enumerate(keys):
