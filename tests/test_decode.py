@@ -102,3 +102,22 @@ def test_decoded_views_are_not_cropped_again():
     out = MultiViewAugment([plain, flip], 8, (0.0,) * 3, (1.0,) * 3)(views, torch.Generator().manual_seed(1))
     torch.testing.assert_close(out[0], views[:, 0].float() / 255)
     torch.testing.assert_close(out[1], views[:, 1].float().flip(-1) / 255)
+
+
+def test_augmented_probe_on_a_folder_crops_the_whole_image(tmp_path, monkeypatch):
+    """The linear probe's RandomResizedCrop (scale 0.08–1) comes from the whole file, as main_lincls.py."""
+    import selfsup.data.decode as decode
+    from selfsup.eval.linear import ProbeConfig, probe_augmented
+    from selfsup.models.backbones import build_backbone
+
+    files = [corners_image(tmp_path / f"{i}.png") for i in range(4)]
+    train = ImageDataset("imagefolder", FolderImages(files, 8), torch.arange(4) % 2, 2, (0.5,) * 3, (0.25,) * 3)
+    seen = []
+    real = decode.decode_crops
+    monkeypatch.setattr(decode, "decode_crops", lambda path, boxes_of, size, draft=True: seen.append(
+        boxes_of(48, 96)) or real(path, boxes_of, size, draft))
+    backbone = build_backbone("vit_micro", in_chans=3, image_size=8, patch_size=2)
+    probe_augmented(backbone, train, train, {"image_size": 8, "mean": [0.5] * 3, "std": [0.25] * 3},
+                    ProbeConfig(epochs=2, batch_size=4, val_fraction=0.0), base_lr=0.1)
+    assert len(seen) == 8 and len(set(map(tuple, seen))) > 1  # 4 images x 2 epochs, each its own box
+    assert any(left < 24 or left + w > 72 for (top, left, h, w), in seen)  # reaches outside the centre square
