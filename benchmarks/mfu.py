@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", default=None, choices=(None, "vit_s16_224"),
                    help="vit_s16_224: MoCo v3 ViT-S/16 at 224 px, ImageNet heads, synthetic batch (for GPUs)")
     p.add_argument("--batch-size", type=int, default=None, help="default 256 (vit_s16_224: 128)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per repetition")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per repetition")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before each repetition")
     p.add_argument("--reps", type=int, default=3, help="repetitions; selfsup and lightly alternate")
     p.add_argument("--batches", type=int, default=4, help="distinct view batches cycled through")
