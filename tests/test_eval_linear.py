@@ -235,3 +235,16 @@ def test_mae_transform_is_timms_with_a_posterize_that_takes_zero_bits():
     torch.manual_seed(0)
     for _ in range(300):  # RandAugment on a 1-channel image (m9 ± noise reaches 0-bit posterize)
         assert t(grey).shape == (1, 8, 8)
+
+
+def test_feature_bn_makes_the_probe_indifferent_to_feature_offset_and_scale():
+    """MAE's BatchNorm1d(affine=False) before the heads: shifted, scaled features give the same accuracy."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(4, 32, generator=g)
+    y = torch.arange(400) % 4
+    x = centres[y] + torch.randn(400, 32, generator=g)
+    cfg = ProbeConfig(epochs=10, batch_size=64, lr_grid=(0.3,), val_fraction=0.0)
+    plain = probe_features(x[:300], y[:300], x[300:], y[300:], 4, cfg, base_lr=0.0)
+    shifted = probe_features(x[:300] * 50 + 200, y[:300], x[300:] * 50 + 200, y[300:], 4, cfg, base_lr=0.0)
+    assert abs(plain["test"]["top1"] - shifted["test"]["top1"]) <= 2 and plain["test"]["top1"] > 80
+    assert not GridLinear(8, 2, 3, feature_bn=True).norm.affine and len(list(GridLinear(8, 2, 3, True).parameters())) == 2

@@ -198,6 +198,7 @@ def run_linear(ctx: Context, mode: str | None = None) -> dict:
     cfg = ProbeConfig(epochs=_positive(getattr(a, "epochs", None) or 90, "--epochs"),
                       batch_size=_positive(getattr(a, "probe_batch", 256), "--probe-batch"),
                       crop_min=crop, hflip_p=flip, lr_grid=lr_grid, val_fraction=val_fraction,
+                      feature_bn=not getattr(a, "no_feature_bn", False),
                       wd_grid=_parse_floats(getattr(a, "wd_grid", None), "--wd-grid", allow_zero=True))
     base = default_base_lr(ctx.source.meta["backbone"])  # only used when the grid is empty
     train, test = ctx.split("train"), ctx.split("test")
@@ -211,7 +212,7 @@ def run_linear(ctx: Context, mode: str | None = None) -> dict:
     chosen = res["chosen"]
     out = {**ctx.header(), "mode": mode, "protocol": "moco_v3", "epochs": cfg.epochs, "batch_size": cfg.batch_size,
            "base_lr": chosen["base_lr"], "lr": chosen["lr"], "weight_decay": chosen["weight_decay"],
-           "val_fraction": cfg.val_fraction, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
+           "val_fraction": cfg.val_fraction, "feature_bn": cfg.feature_bn, **({"crop_min": crop, "hflip_p": flip} if mode == "augmented" else {}),
            **res, "seconds": time.perf_counter() - t0}
     write_json(ctx.out_dir, f"linear{ctx.suffix()}", out)
     chooser = "val_top1" if "val_top1" in chosen else "test_top1"
@@ -446,6 +447,8 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--lr", type=float, help="one base lr (× batch/256) instead of the grid")
     p.add_argument("--lr-grid", help="base lrs trained together, chosen on validation (default 0.01,0.03,0.1,0.3,1,3,10)")
     p.add_argument("--wd-grid", help="weight decays crossed with the lr grid (default 0)")
+    p.add_argument("--no-feature-bn", action="store_true",
+                   help="no BatchNorm (affine=False) on the features before the heads (MoCo v3's plain head; MAE's has it)")
     p.add_argument("--val-fraction", type=float, default=0.1,
                    help="share of train held out to choose the grid point (default 0.1; 0: choose on test)")
     _aug_args(p)

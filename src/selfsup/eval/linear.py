@@ -42,6 +42,7 @@ class ProbeConfig:
     lr_grid: tuple[float, ...] = ()  # base lrs (× batch/256) trained together; () = just base_lr
     wd_grid: tuple[float, ...] = ()  # weight decays crossed with lr_grid; () = just weight_decay
     val_fraction: float = 0.1  # of the training set, held out to choose the grid point (0: choose on test)
+    feature_bn: bool = True  # MAE's BatchNorm1d(affine=False) on the frozen features before the heads
 
 
 DEFAULT_LR_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # base lrs around MoCo v3's 0.1 (ResNet) and 3 (ViT)
@@ -94,12 +95,15 @@ class GridLinear(nn.Module):
     ``GridSGD`` with its own lr and weight decay; the heads share nothing but their input.
     """
 
-    def __init__(self, dim: int, num_classes: int, heads: int):
+    def __init__(self, dim: int, num_classes: int, heads: int, feature_bn: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.randn(heads, dim, num_classes) * 0.01)
         self.bias = nn.Parameter(torch.zeros(heads, 1, num_classes))
+        # MAE main_linprobe.py: BatchNorm1d(affine=False, eps=1e-6) before the head (no parameters of its own)
+        self.norm = nn.BatchNorm1d(dim, affine=False, eps=1e-6) if feature_bn else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
+        x = self.norm(x)
         return torch.baddbmm(self.bias, x.unsqueeze(0).expand(self.weight.shape[0], -1, -1), self.weight)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
@@ -162,7 +166,7 @@ def _choose(points, val_scores: Tensor | None, val_y: Tensor | None, test_scores
 
 def train_grid(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, dev) -> tuple[GridLinear, float]:
     """Train one head per grid point over ``batches(epoch)`` → iterable of (features, labels); cosine per epoch."""
-    fc = GridLinear(dim, num_classes, len(points)).to(dev)
+    fc = GridLinear(dim, num_classes, len(points), cfg.feature_bn).to(dev).train()
     opt = GridSGD(fc.parameters(), torch.tensor([p[1] for p in points], device=dev),
                   torch.tensor([p[2] for p in points], device=dev), cfg.momentum)
     loss = torch.zeros(())
@@ -237,6 +241,7 @@ def probe_augmented(backbone: nn.Module, train: ImageDataset, test: ImageDataset
 
     fc, final_loss = train_grid(backbone.num_features, train.num_classes, points, cfg, batches, dev)
     assert_unchanged(backbone, before)
+    fc.eval()  # the feature BN scores with its running statistics
     transform = EvalTransform(size, mean, std).to(dev)
 
     @torch.no_grad()
