@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = {"default": [], "cut_init_c3": ["interventions.cut_init=3"], "grad_scale_p1": ["interventions.grad_scale_p=1"]}
+VARIANTS = {"default": [], "cut_init_c3": ["interventions.cut_init=3"], "grad_scale_p1": ["interventions.grad_scale_p=1"],
+            "cut_init_last_c3": ["interventions.cut_init=3", "interventions.cut_init_scope=projector_last"]}
+DEFAULT_VARIANTS = ["default", "cut_init_c3", "grad_scale_p1"]
 PRESETS = {"fashion-mnist": "{}-fmnist", "digits": "{}-digits"}
 
 
@@ -80,7 +82,8 @@ def main() -> None:
     parser.add_argument("--knn-every", type=int, default=39, help="kNN monitor every N steps")
     parser.add_argument("--limit-batches", type=int, default=0, help="batches per epoch (0: all)")
     parser.add_argument("--methods", nargs="+", default=["simclr", "simsiam"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
+                        help="cut_init_last_c3: cut-init of the projector's last layer only")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-embedding-norms"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default="", help="suffix of the JSON file (e.g. to run the methods in parallel)")

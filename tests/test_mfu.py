@@ -162,5 +162,6 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
     r = report["results"]["moco_v3/preset"]
     assert report["peak_flops"] > 0 and r["selfsup"]["flops_per_step"] > 0
     assert 0 < r["selfsup"]["mfu_best"] < 1.5
+    assert 0 < r["selfsup"]["mfu_cpu_time_best"] < 1.5 and report["peak_flops_per_cpu_s"] > 0
     if importlib.util.find_spec("lightly") is not None:
         assert r["lightly"]["flops_per_step"] > 0 and r["speedup_vs_lightly_best"] > 0

@@ -47,7 +47,7 @@ class Context:
         return self.source.out_dir
 
     def data_key(self, cfg, limit: int | None = None) -> str:
-        return json.dumps([cfg.name, cfg.root, cfg.load_size, limit])
+        return json.dumps([cfg.name, cfg.root, cfg.image_size, cfg.load_size, limit])
 
     def _limit(self, name: str, cfg, limit: int | None) -> int | None:
         if limit is None and name == "train" and cfg is self.data_cfg and self.args.train_limit is not None:
