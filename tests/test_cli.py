@@ -156,7 +156,7 @@ def test_corrupt_image_in_an_imagefolder(tmp_path):
     bad = root / "train" / "b" / "2.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     code, _, err = run_cli("pretrain", PRESET, *TINY, "data.name=imagefolder", f"data.root={root}",
-                           "data.load_size=8", "data.batch_size=8", f"output_dir={tmp_path}", "name=r")
+                           "data.image_size=8", "data.batch_size=8", f"output_dir={tmp_path}", "name=r")
     assert_user_error(code, err, str(bad), "corrupt", only_line=False)
 
 

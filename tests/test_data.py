@@ -138,7 +138,7 @@ def make_folder(root, layout, size=(20, 12)):
 def test_imagefolder_classes_labels_and_shapes(tmp_path):
     make_folder(tmp_path, {"train": {"zebra": 2, "ant": 3, "moth": 1}, "val": {"zebra": 1, "ant": 1, "moth": 2}})
     (tmp_path / "train" / "ant" / "notes.txt").write_text("not an image")  # ignored
-    cfg = DataConfig(name="imagefolder", root=str(tmp_path), load_size=16)
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=16, load_size=16)
     train, val = load_dataset(cfg, "train"), load_dataset(cfg, "test")
     assert len(train) == 6 and len(val) == 4 and train.num_classes == 3
     assert train.labels.tolist() == [0, 0, 0, 1, 2, 2]  # ant, moth, zebra: classes sorted by name
@@ -157,7 +157,7 @@ def test_imagefolder_corrupt_file_names_it(tmp_path):
     make_folder(tmp_path, {"train": {"a": 2, "b": 2}})
     bad = tmp_path / "train" / "b" / "01.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20)
-    train = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), load_size=8), "train")
+    train = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8), "train")
     train[torch.tensor([0, 1])]  # the good ones decode
     with pytest.raises(UserError) as e:
         train[torch.tensor([2, 3])]

@@ -98,6 +98,20 @@ def test_linear_augmented_and_finetune(run, capsys):
     assert ft["layer_decay"] == 0.75 and ft["steps"] == 2 and (run / "eval" / "finetuned_backbone.safetensors").exists()
 
 
+def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
+    out = ok(capsys, "finetune", run, "--epochs", "1", "--ft-batch", "64", "--train-limit", "128", "--recipe", "mae",
+             "--out", tmp_path)
+    ft = json.loads((tmp_path / "finetune.json").read_text())
+    assert ft["recipe"]["rand_augment"] == "rand-m9-mstd0.5-inc1" and ft["recipe"]["mixup"] == 0.8
+    assert ft["recipe"]["cutmix"] == 1.0 and ft["recipe"]["reprob"] == 0.25 and ft["recipe"]["smoothing"] == 0.1
+    assert ft["steps"] == 2 and ft["min_lr"] == ft["final_lr"] == 1e-6 and "MAE recipe" in out
+    plain = json.loads((run / "eval" / "finetune.json").read_text()) if (run / "eval" / "finetune.json").exists() else None
+    assert plain is None or plain["recipe"] == "plain"  # digits default: the plain crop + flip
+    assert "even" in bad(capsys, "finetune", run, "--recipe", "mae", "--ft-batch", "63")
+    assert "--rand-augment" in bad(capsys, "finetune", run, "--recipe", "mae", "--rand-augment", "strong")
+    assert "--reprob" in bad(capsys, "finetune", run, "--recipe", "mae", "--reprob", "1.5")
+
+
 def test_ood_dataset_is_resized(run, capsys, tmp_path):
     fake_fashion(tmp_path, n_test=300)  # 28x28 IDX files written here: the backbone takes 8x8
     ok(capsys, "norms-ood", run, "--ood", "fashion-mnist", "--ood-root", tmp_path, "--ood-limit", "300")

@@ -189,3 +189,49 @@ def test_monitor_callbacks_follow_config():
                                                  "instruments.enabled=false"])
     kinds = [type(c) for c in monitor_callbacks(cfg)]
     assert kinds == [KNNMonitor, OnlineLinearProbe]
+
+
+# ------------------------------------------------------------------ fine-tuning: MAE recipe
+
+
+def test_mae_recipe_finetune_on_an_rgb_folder(tmp_path):
+    """timm RandAugment + erasing in the loader, Mixup / CutMix soft targets; head std 2e-5; min_lr absolute."""
+    from PIL import Image
+
+    from selfsup.data.datasets import FolderImages
+    from selfsup.eval.finetune import FinetuneConfig, finetune
+    from selfsup.eval.mae_recipe import MAERecipe
+
+    g = torch.Generator().manual_seed(0)
+    files = []
+    for i in range(16):
+        f = tmp_path / f"{i}.png"
+        Image.fromarray(torch.randint(0, 256, (12, 10, 3), generator=g, dtype=torch.uint8).numpy()).save(f)
+        files.append(f)
+    train = ImageDataset("imagefolder", FolderImages(files, 8), torch.arange(16) % 2, 2, (0.5,) * 3, (0.25,) * 3)
+    torch.manual_seed(0)
+    assert abs(Classifier(build_backbone("vit_micro", in_chans=3, image_size=8, patch_size=2), 10).head.weight.std()
+               - 2e-5) < 5e-6
+    backbone = build_backbone("vit_micro", in_chans=3, image_size=8, patch_size=2)
+    cfg = FinetuneConfig(epochs=2, batch_size=8, recipe=MAERecipe(), min_lr=1e-6)
+    res = finetune(backbone, train, train, {"image_size": 8, "mean": [0.5] * 3, "std": [0.25] * 3}, cfg)
+    assert res["steps"] == 4 and math.isfinite(res["final_loss"]) and res["final_lr"] == 1e-6
+    assert res["peak_lr"] == pytest.approx(1e-3 * 8 / 256)
+
+
+def test_mae_transform_is_timms_with_a_posterize_that_takes_zero_bits():
+    from PIL import Image
+
+    from selfsup.eval.mae_recipe import MAERecipe, _posterize, train_transform
+
+    t = train_transform(8, (0.5,), (0.25,), MAERecipe())
+    names = [type(x).__name__ for x in t.transforms]
+    assert names[:3] == ["RandomResizedCropAndInterpolation", "RandomHorizontalFlip", "RandAugment"]
+    assert names[-1] == "RandomErasing" and t.transforms[-1].probability == 0.25
+    assert t.transforms[0].scale == (0.08, 1.0)
+    assert all(op.aug_fn is _posterize for op in t.transforms[2].ops if op.name.startswith("Posterize"))
+    grey = Image.new("L", (6, 6), 200)
+    assert max(_posterize(grey, 0).getdata()) == 0 and _posterize(grey, 8) is grey
+    torch.manual_seed(0)
+    for _ in range(300):  # RandAugment on a 1-channel image (m9 ± noise reaches 0-bit posterize)
+        assert t(grey).shape == (1, 8, 8)

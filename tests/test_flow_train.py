@@ -60,15 +60,20 @@ def test_teacher_sees_min_t_s_and_the_same_noise():
 
     def student_spy(x, t, y, **kw):
         seen["student"] = (x, t)
+        seen["y"] = [y]
         return student(x, t, y, **kw)
 
     def teacher_spy(x, t, y, block):
         seen["teacher"] = (x, t, block)
+        seen["y"].append(y)
         return teacher_tokens(x, t, y, block)
 
     model._forward[0] = student_spy
     model.ema.block_tokens = teacher_spy
+    y = model.class_labels(torch.cat([y[:4], torch.full((4,), -1)]))  # unlabelled samples get the null class
+    assert torch.equal(y[4:], torch.full((4,), 10))
     out = model.forward_flow(x0, y)
+    assert seen["y"][0] is seen["y"][1] is y  # condition dropout shared by student and teacher
     xs, levels = seen["student"]
     xt, tt, block = seen["teacher"]
     assert block == model.k == 3 and model.l == 1  # round(0.7 * 4), round(0.3 * 4)
@@ -193,6 +198,7 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
                              f"output_dir={tmp_path}", "name=sf")
     assert code == 0, err
     assert "kNN of the EMA model's block-3 tokens at t=0.1" in out
+    assert "20 EMA samples" in out and (run / "samples_end.png").exists()
     header = (run / "metrics.csv").read_text().splitlines()[0]
     for key in ("train/flow_loss", "train/rep_loss", "train/ema_decay", "train/flow_loss_t0.75-1.00"):
         assert key in header
@@ -221,3 +227,52 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     (tmp_path / "moco" / "config.yaml").write_text("method:\n  name: moco_v3\n")
     with pytest.raises(UserError, match="not a flow run"):
         load_flow_run(tmp_path / "moco")
+
+
+def test_paper_scale_preset():
+    cfg = load_run_config("self-flow-sit-xl2-latents")
+    m = cfg.method
+    assert (m.size, m.patch_size, m.student_block, m.teacher_block, m.mask_ratio, m.rep_weight) == ("XL", 2, 8, 20, 0.25, 0.8)
+    assert m.ema_decay == 0.9999 and m.ema_warmup_steps == 0 and cfg.data.name == "latents"
+    assert cfg.optim.name == "adamw" and cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.precision == "bf16-mixed"
+    # defaults l, k for depth 28 are the same blocks
+    from selfsup.flow.methods import default_block
+
+    assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
+    import selfsup.engine as engine
+    from test_resume import StopAfterEpoch, ckpt, with_callback
+
+    args = [*MICRO, "trainer.max_epochs=2", "trainer.limit_train_batches=2", "optim.warmup_epochs=1",
+            "method.ema_warmup_steps=3", f"output_dir={tmp_path}"]
+    straight = engine.pretrain(load_run_config("self-flow-digits", [*args, "name=A"]))
+    with monkeypatch.context() as m:
+        with_callback(m, StopAfterEpoch())
+        run_b = engine.pretrain(load_run_config("self-flow-digits", [*args, "name=B"]))
+    assert ckpt(run_b)["global_step"] == 2
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    sa, sb = ckpt(straight)["state_dict"], ckpt(run_b)["state_dict"]
+    assert ckpt(run_b)["global_step"] == 4 and sa.keys() == sb.keys() and any(k.startswith("ema.") for k in sa)
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=0, msg=lambda msg: f"{k}: {msg}")
+
+
+def test_cli_repa_trains_with_an_exported_encoder(tmp_path):
+    code, out, err = run_cli("pretrain", "repa-digits", *MICRO, f"method.encoder={vit_encoder(tmp_path)}", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+                             "trainer.log_every_n_steps=1", f"output_dir={tmp_path}", "name=run")
+    assert code == 0, err
+    header = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0]
+    assert "train/flow_loss" in header and "train/rep_loss" in header
+    assert (tmp_path / "run" / "backbone.safetensors").exists()
+
+
+def test_label_dropout_and_unconditional():
+    model, _ = make("self-flow-digits", "method.label_dropout=0.3")
+    y = model.class_labels(torch.arange(20000) % 10)
+    assert abs((y == 10).float().mean().item() - 0.3) < 0.02
+    kept = y != 10
+    assert torch.equal(y[kept], (torch.arange(20000) % 10)[kept])
+    uncond, _ = make("self-flow-digits", "method.class_conditional=false")
+    assert uncond.student.num_classes == 0 and (uncond.class_labels(torch.arange(10)) == 0).all()

@@ -224,6 +224,10 @@ def test_predictor_alignment_callback_on_a_linear_predictor():
         return SimpleNamespace(global_step=step, is_global_zero=True, loggers=[logger])
     assert square_weight(module.predictor) is module.predictor.weight
     assert square_weight(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))) is None
+    from selfsup.predictors import DirectPredConfig, TrackedLinearPredictor
+
+    symmetric = TrackedLinearPredictor(4, "symmetric", DirectPredConfig())
+    torch.testing.assert_close(square_weight(symmetric), 0.5 * (symmetric.weight + symmetric.weight.T))
     cb = PredictorAlignment(every_n_steps=2, top_k=2, rho=0.3)
     cb.on_fit_start(None, module)
     assert cb.active

@@ -1,4 +1,5 @@
-"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.generation); eval (selfsup.eval.cli)."""
+"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.generation); eval (selfsup.eval.cli);
+simulate (selfsup.simulate.cli)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_eval_parser(sub)
+    from selfsup.simulate.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

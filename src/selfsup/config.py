@@ -31,7 +31,7 @@ class DataConfig:
     image_size: int | None = None  # None: the dataset's native size
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
     num_workers: int = 0  # decoding workers (imagefolder); in-memory datasets need none
-    load_size: int = 256  # imagefolder: images are decoded to this square size before GPU augmentation
+    load_size: int | None = None  # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
     unlabeled: bool = False  # stl10: pretrain on train + unlabeled
     download: bool = False  # torchvision download when the files are absent (never in tests)
 
@@ -103,6 +103,8 @@ class TrainerConfig:
     limit_train_batches: float | int = 1.0
     progress_bar: bool = True
     seed: int = 0
+    compile: bool = False  # torch.compile the step's modules (backbone, heads, momentum copies)
+    compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
 
     def validate(self) -> None:
         if self.max_epochs < 1:

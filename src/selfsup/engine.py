@@ -8,6 +8,7 @@ joint-embedding methods).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -22,7 +23,7 @@ import yaml
 
 from selfsup.checkpoints import load_checkpoint
 from selfsup.config import RunConfig, resolve, to_dict
-from selfsup.data.datasets import ImageDataset, load_dataset
+from selfsup.data.datasets import FolderImages, ImageDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError
 from selfsup.export import export_backbone
@@ -52,10 +53,17 @@ class PretrainData(pl.LightningDataModule):
         if len(self.dataset) < self.cfg.data.batch_size:
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
                             "training images; lower it")
-        sampler = EpochBatchSampler(len(self.dataset), local, seed=self.cfg.trainer.seed,
+        augment = getattr(self.trainer.lightning_module, "augment", None)
+        dataset = self.dataset
+        folder = isinstance(dataset.images, FolderImages) and hasattr(augment, "branches")
+        if folder:  # crops at decode time, from the whole image, one per branch with the branch's scale
+            branches = augment.branches
+            crops = dataset.images.train_crops([(b.crop_min, b.crop_max) for b in branches], self.cfg.trainer.seed)
+            dataset = dataclasses.replace(dataset, images=crops)
+        sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,
-                                    consumed=self._consumed)
-        return batch_loader(self.dataset, sampler, self.cfg.data.num_workers,
+                                    consumed=self._consumed, tag_epoch=folder)
+        return batch_loader(dataset, sampler, self.cfg.data.num_workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 
 

@@ -2,8 +2,8 @@
 
 * ``mlp`` (default): the method's own MLP (see each method file).
 * ``linear``: a bias-free d × d Linear trained by gradient (DirectPred paper's baseline).
-* ``symmetric``: W_p = (A + Aᵀ)/2 with A trained by gradient; the same trajectory as the official code's
-  ``predictor_reg=symmetric`` (symmetrise W after every step), since the gradient reaching W is symmetrised too.
+* ``symmetric``: trained by gradient and symmetrised, W_p ← (W_p + W_pᵀ)/2, after every optimiser step (the
+  official code's ``predictor_reg=symmetric``; with SGD the same as training A in W_p = (A + Aᵀ)/2).
 * ``directpred`` (Tian, Chen & Ganguli 2021): W_p set from the eigendecomposition of the running correlation F.
 * ``directcopy`` (Wang, Chen, Du & Tian 2021): W_p = F̂ + ε·I, no eigendecomposition.
 
@@ -18,8 +18,10 @@ Official code: facebookresearch/luckmatters ``ssl/real-dataset/byol_trainer.py``
                  p = max(√λ + ε, 1e-4)          (ε outside the root, the default)
                  p = √max(λ + ε, 1e-4)          (``eps_inside``, as the code clamps before the root)
                  W_p = Q diag(p) Qᵀ
-    directcopy:  W_p = F̂ + ε·I with F̂ = F (``copy_norm: none``: the public code adds ε·I to the raw F);
-                 ``fro``: F/‖F‖_F, ``spectral``: F/λ_max(F) (scale-free options; the paper writes a normalised F̂)
+    directcopy:  W_p = F̂ + ε·I. ``copy_norm: none`` (default) is the public code (``predictor_reg=directcopy``:
+                 ``w = M + dyn_eps·I`` on the raw running F; there F is only collected with ``corr_collect=true``);
+                 ``fro``: F/‖F‖_F and ``spectral``: F/λ_max(F) are scale-free options for the normalised F̂ the
+                 DirectCopy paper writes, whose norm we could not confirm from public code
 
 F is averaged over all processes before each update, and the eigendecomposition runs in float64 on the
 training device, so every replica sets the same W_p. With ``freq = 1`` W_p receives no gradient; with
@@ -113,6 +115,9 @@ class TrackedLinearPredictor(nn.Module):
         trained = kind not in DIRECT or cfg.freq > 1
         self.weight = nn.Parameter(torch.empty(dim, dim), requires_grad=trained)
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init (the official predictor is one)
+        if kind == "symmetric":
+            with torch.no_grad():
+                self.weight.copy_(0.5 * (self.weight + self.weight.T))
         self.register_buffer("correlation", torch.zeros(dim, dim))
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # optimiser steps folded into F
@@ -123,18 +128,13 @@ class TrackedLinearPredictor(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kind={self.kind}"
 
-    @property
-    def matrix(self) -> Tensor:
-        """W_p as applied: p = W_p f."""
-        return 0.5 * (self.weight + self.weight.T) if self.kind == "symmetric" else self.weight
-
     def forward(self, z: Tensor) -> Tensor:
         if z.shape[-1] != self.dim:
             raise UserError(f"the predictor takes {self.dim}-dim inputs but got {z.shape[-1]}; "
                             "set method.dim to the projector's output size")
         if self.training and torch.is_grad_enabled():
             self.observe(z)
-        return F.linear(z, self.matrix)
+        return F.linear(z, self.weight)
 
     @torch.no_grad()
     def observe(self, f: Tensor) -> None:
@@ -146,7 +146,10 @@ class TrackedLinearPredictor(nn.Module):
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
-        """Fold this step's statistics into F (averaged over processes); every ``freq`` steps set W_p."""
+        """Symmetrise W_p (``symmetric``); fold this step's statistics into F (averaged over processes);
+        every ``freq`` steps set W_p (``directpred``, ``directcopy``)."""
+        if self.kind == "symmetric":
+            self.weight.copy_(0.5 * (self.weight + self.weight.T))
         if self._pending is None:
             return
         stats, self._pending = self._pending, None

@@ -127,7 +127,7 @@ def _figure(plot: Plot, runs: list[Run], out: Path):
     if not keys:
         return None
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ["-", "--", ":", "-."]
+    styles = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, run in enumerate(runs):
         for j, key in enumerate(keys):
@@ -139,7 +139,8 @@ def _figure(plot: Plot, runs: list[Run], out: Path):
                 colour, style, label = colours[i % len(colours)], styles[j % len(styles)], f"{run.name}: {_short(key)}"
             else:
                 colour, style, label = colours[j % len(colours)], "-", _short(key)
-            ax.plot(steps, values, style, color=colour, label=label, lw=1.4, marker="." if len(points) < 30 else None)
+            ax.plot(steps, values, linestyle=style, color=colour, label=label, lw=1.4,
+                    marker="." if len(points) < 30 else None)
         if plot.events:
             marks = [e for e in run.events if e.get("kind") == plot.events]
             if marks:

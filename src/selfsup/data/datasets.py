@@ -2,7 +2,9 @@
 
 Small datasets (digits, Fashion-MNIST, CIFAR, STL-10) live in memory as one (N, C, H, W) uint8
 tensor, so a batch is one indexing operation. ``imagefolder`` decodes files lazily in DataLoader
-workers to a fixed ``load_size`` square; augmentation then runs batched on the device.
+workers (``selfsup.data.decode``): for evaluation, resize the shorter side to ``load_size`` and take the
+central ``image_size`` square; for pretraining, each view a random resized crop of the whole image at
+the output size. Augmentation then runs batched on the device.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from selfsup.data.decode import FolderCrops, eval_resize, resize_center_crop
 from selfsup.errors import UserError
 
 FASHION_MNIST_DEFAULT = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
@@ -50,8 +53,12 @@ class ImageDataset:
     def image_size(self) -> int:
         return self.images.shape[-1]
 
-    def __getitem__(self, index: Tensor) -> tuple[Tensor, Tensor]:
-        """A whole batch at once: ``index`` is a 1-D tensor of sample indices."""
+    def __getitem__(self, index) -> tuple[Tensor, Tensor]:
+        """A whole batch at once: ``index`` is a 1-D tensor of sample indices, or ``(epoch, indices)`` for
+        images cropped at decode time (``FolderCrops``: uint8 (B, V, C, S, S), one crop per view)."""
+        if isinstance(index, tuple):
+            epoch, index = index
+            return self.images.crops(index, epoch), self.labels[index]
         return self.images[index], self.labels[index]
 
     def select(self, index: Tensor) -> "ImageDataset":
@@ -163,10 +170,11 @@ def _torchvision_dataset(name: str, split: str, root: str | None, download: bool
 
 
 class FolderImages:
-    """Lazily decoded image files, resized (shorter side) and centre-cropped to ``size`` as uint8 C×size×size."""
+    """Lazily decoded image files for evaluation: shorter side resized to ``resize`` (default size / 0.875),
+    centre ``size`` crop (torchvision Resize + CenterCrop), as uint8 C×size×size."""
 
-    def __init__(self, files: list[Path], size: int):
-        self.files, self.size = files, size
+    def __init__(self, files: list[Path], size: int, resize: int | None = None):
+        self.files, self.size, self.resize = files, size, resize or eval_resize(size)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -175,22 +183,19 @@ class FolderImages:
     def __len__(self) -> int:
         return len(self.files)
 
-    def load(self, i: int) -> Tensor:
-        from PIL import Image, UnidentifiedImageError
+    def open(self, i: int):
+        """File ``i`` decoded whole as an RGB PIL image (a UserError naming a corrupt file)."""
+        from selfsup.data.decode import _decoded, _open
 
-        path = self.files[i]
-        try:
-            with Image.open(path) as im:
-                im = im.convert("RGB")
-                scale = self.size / min(im.size)
-                w, h = max(self.size, round(im.width * scale)), max(self.size, round(im.height * scale))
-                im = im.resize((w, h), Image.BILINEAR)
-                left, top = (w - self.size) // 2, (h - self.size) // 2
-                im = im.crop((left, top, left + self.size, top + self.size))
-                array = np.asarray(im, dtype=np.uint8)
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-            raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
-        return torch.from_numpy(array.copy()).permute(2, 0, 1)
+        with _open(self.files[i]) as f:
+            return _decoded(f, self.files[i])
+
+    def load(self, i: int) -> Tensor:
+        return resize_center_crop(self.files[i], self.size, self.resize)
+
+    def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3)) -> FolderCrops:
+        """The same files as training views: one random resized crop per scale in ``scales``, per image."""
+        return FolderCrops(self.files, self.size, scales, seed, ratio)
 
     def __getitem__(self, index) -> Tensor:
         if isinstance(index, Tensor):
@@ -203,7 +208,7 @@ class FolderImages:
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
-def load_imagefolder(split: str, root: str | None, load_size: int) -> ImageDataset:
+def load_imagefolder(split: str, root: str | None, size: int, resize: int | None = None) -> ImageDataset:
     """``root/{train,val|test}/<class>/<image>`` (torchvision ImageFolder layout); classes sorted by name."""
     if not root:
         raise UserError("data.name=imagefolder needs data.root=<folder with train/ and val/ subfolders>")
@@ -221,7 +226,7 @@ def load_imagefolder(split: str, root: str | None, load_size: int) -> ImageDatas
                 labels.append(label)
     if not files:
         raise UserError(f"no image files in {folder}/<class>/; an imagefolder root holds train/<class>/*.jpg")
-    return ImageDataset("imagefolder", FolderImages(files, load_size), torch.tensor(labels), len(classes),
+    return ImageDataset("imagefolder", FolderImages(files, size, resize), torch.tensor(labels), len(classes),
                         IMAGENET_MEAN, IMAGENET_STD)
 
 
@@ -291,7 +296,7 @@ def load_dataset(cfg, split: str) -> ImageDataset:
     if cfg.name in ("cifar10", "cifar100", "stl10"):
         return _torchvision_dataset(cfg.name, split, cfg.root, cfg.download, cfg.unlabeled)
     if cfg.name == "imagefolder":
-        return load_imagefolder(split, cfg.root, cfg.load_size)
+        return load_imagefolder(split, cfg.root, cfg.image_size or 224, cfg.load_size)
     if cfg.name == "latents":
         return load_latents(split, cfg.root)
     raise UserError(f"data.name={cfg.name!r} is not known; use one of {', '.join(DATASETS)}")

@@ -13,14 +13,17 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from selfsup.data.datasets import ImageDataset, FolderImages
+from selfsup.data.decode import FolderCrops
 
 
 class EpochBatchSampler(Sampler):
     """Yields this process's index batches for one epoch; ``set_epoch`` reshuffles (drop_last)."""
 
     def __init__(self, n: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, drop_last: bool = True, consumed: Callable[[], int] | None = None):
+                 shuffle: bool = True, drop_last: bool = True, consumed: Callable[[], int] | None = None,
+                 tag_epoch: bool = False):
         self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.tag_epoch = tag_epoch  # yield (epoch, indices): the dataset crops at decode time per (epoch, index)
         self.rank, self.world_size, self.shuffle, self.drop_last = rank, world_size, shuffle, drop_last
         self.consumed = consumed  # batches of this epoch already trained (mid-epoch resume), read at each __iter__
         self.epoch = 0
@@ -33,22 +36,41 @@ class EpochBatchSampler(Sampler):
         return self.n // global_batch if self.drop_last else -(-self.n // global_batch)
 
     def __iter__(self):
+        epoch = self.epoch
         if self.shuffle:
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
         else:
             order = torch.arange(self.n)
         global_batch = self.batch_size * self.world_size
         for i in range(self.consumed() if self.consumed else 0, len(self)):
             chunk = order[i * global_batch : (i + 1) * global_batch]
-            yield chunk[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+            mine = chunk[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+            yield (epoch, mine) if self.tag_epoch else mine
+
+
+class DeferredLoader(DataLoader):
+    """A DataLoader whose iterator starts on the first ``next()``, not at ``iter()``.
+
+    Lightning makes the train iterator once before it restores a checkpoint and sets the epoch, and
+    uses it for the first epoch; a loader with workers would prefetch from its sampler at that moment
+    (epoch 0, nothing consumed). Deferring the start lets a resumed run draw the resumed epoch's batches.
+    """
+
+    def __iter__(self):
+        def deferred():
+            yield from DataLoader.__iter__(self)
+
+        return deferred()
 
 
 def batch_loader(dataset: ImageDataset, sampler: EpochBatchSampler, num_workers: int = 0,
                  pin_memory: bool = False) -> DataLoader:
     """A DataLoader whose items are whole batches ``(uint8 images, labels)`` picked by ``sampler``."""
-    lazy = isinstance(dataset.images, FolderImages)
-    return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers if lazy else 0,
-                      pin_memory=pin_memory, persistent_workers=lazy and num_workers > 0)
+    lazy = isinstance(dataset.images, (FolderImages, FolderCrops))
+    workers = num_workers if lazy else 0
+    return (DeferredLoader if workers else DataLoader)(dataset, sampler=sampler, batch_size=None,
+                                                         num_workers=workers, pin_memory=pin_memory,
+                                                         persistent_workers=workers > 0)
 
 
 def sequential_loader(dataset: ImageDataset, batch_size: int, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:

@@ -241,11 +241,19 @@ class MultiViewAugment(_Normalizing):
 
     @torch.no_grad()
     def forward(self, images: Tensor, generator: torch.Generator) -> list[Tensor]:
+        """``images`` (B, C, H, W): each branch crops its own view; (B, V, C, S, S): view v was already
+        cropped at decode time (``data.decode.FolderCrops``) for branch v, which then only flips it."""
+        if images.dim() == 5:
+            if images.shape[1] != len(self.branches):
+                raise ValueError(f"{images.shape[1]} decoded views for {len(self.branches)} branches")
+            self._check(images[:, 0])
+            return [self._view(_to_float(images[:, i]), cfg, generator, i, cropped=True)
+                    for i, cfg in enumerate(self.branches)]
         self._check(images)
         x = _to_float(images)
         return [self._view(x, cfg, generator, i) for i, cfg in enumerate(self.branches)]
 
-    def _view(self, x: Tensor, cfg: AugmentConfig, g: torch.Generator, branch: int) -> Tensor:
+    def _view(self, x: Tensor, cfg: AugmentConfig, g: torch.Generator, branch: int, cropped: bool = False) -> Tensor:
         b, _, height, width = x.shape
         dev = x.device
         # Every parameter is drawn whatever the probabilities, in a fixed order, so the generator's stream
@@ -258,7 +266,11 @@ class MultiViewAugment(_Normalizing):
             return _uniform(max(0.0, 1 - strength), 1 + strength, (b,), g, dev)
 
         top, left, h, w = sample_crop_boxes(b, height, width, (cfg.crop_min, cfg.crop_max), g, dev)
-        x = resized_crop_flip(x, top, left, h, w, coin(cfg.hflip_p), self.image_size)
+        flip = coin(cfg.hflip_p)
+        if cropped:  # the decode-time crop is the view: flip only, no second crop
+            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+        else:
+            x = resized_crop_flip(x, top, left, h, w, flip, self.image_size)
 
         jitter = coin(cfg.jitter_p)
         jitter_ops = (  # (op, strength, per-sample factor, neutral factor for samples without jitter)

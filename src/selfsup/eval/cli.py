@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -46,7 +47,7 @@ class Context:
         return self.source.out_dir
 
     def data_key(self, cfg, limit: int | None = None) -> str:
-        return json.dumps([cfg.name, cfg.root, cfg.load_size, limit])
+        return json.dumps([cfg.name, cfg.root, cfg.image_size, cfg.load_size, limit])
 
     def _limit(self, name: str, cfg, limit: int | None) -> int | None:
         if limit is None and name == "train" and cfg is self.data_cfg and self.args.train_limit is not None:
@@ -242,10 +243,15 @@ def run_finetune(ctx: Context) -> dict:
         raise UserError(f"--drop-path {a.drop_path} must be in [0, 1)")
     if not 0 < a.layer_decay <= 1:
         raise UserError(f"--layer-decay {a.layer_decay} must be in (0, 1]")
+    recipe = _mae_recipe(a, ctx.data_cfg.name)
+    if recipe and recipe.mixes and a.ft_batch % 2:
+        raise UserError(f"--ft-batch {a.ft_batch} must be even for mixup / cutmix (or pass --mixup 0 --cutmix 0)")
     cfg = FinetuneConfig(epochs=_positive(a.epochs, "--epochs"), warmup_epochs=a.warmup_epochs,
                          batch_size=_positive(a.ft_batch, "--ft-batch"), base_lr=a.lr, weight_decay=a.weight_decay,
                          layer_decay=a.layer_decay if is_vit else 1.0, drop_path=a.drop_path, crop_min=crop,
-                         hflip_p=flip)
+                         hflip_p=flip, min_lr=a.min_lr, recipe=recipe,
+                         label_smoothing=a.smoothing if a.smoothing is not None else 0.1,
+                         num_workers=a.workers if a.workers is not None else ctx.data_cfg.num_workers)
     train, test = ctx.split("train"), ctx.split("test")
     kwargs = dict(meta["kwargs"], drop_path_rate=cfg.drop_path)
     backbone = build_backbone(meta["backbone"], **kwargs)
@@ -254,14 +260,43 @@ def run_finetune(ctx: Context) -> dict:
     res = finetune(backbone, train, test, meta, cfg, ctx.device)
     out = {**ctx.header(), "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs, "batch_size": cfg.batch_size,
            "base_lr": cfg.base_lr, "layer_decay": cfg.layer_decay, "drop_path": cfg.drop_path,
-           "weight_decay": cfg.weight_decay, **res, "seconds": time.perf_counter() - t0}
+           "weight_decay": cfg.weight_decay, "min_lr": cfg.min_lr, "head_init_std": cfg.head_init_std,
+           "recipe": dataclasses.asdict(recipe) if recipe else "plain", **res, "seconds": time.perf_counter() - t0}
     export_backbone(backbone.cpu(), ctx.out_dir / "finetuned_backbone.safetensors",
                     {k: v for k, v in meta.items() if k != "format"} | {"kwargs": kwargs})
     write_json(ctx.out_dir, "finetune", out)
-    print_table(f"fine-tuning ({cfg.epochs} epochs, layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
+    print_table(f"fine-tuning ({cfg.epochs} epochs, {'MAE recipe' if recipe else 'plain crop + flip'}, "
+                f"layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
                 f"on {ctx.data_cfg.name}", ["split", "top-1 %", "top-5 %"],
                 [["test", res["test"]["top1"], res["test"]["top5"]]])
     return out
+
+
+def _mae_recipe(a, dataset: str):
+    """MAE's data recipe (defaults on for imagefolder, off for the small in-memory sets), with the flags applied."""
+    from selfsup.eval.mae_recipe import MAERecipe
+
+    kind = a.recipe or ("mae" if dataset == "imagefolder" else "plain")
+    if kind == "plain":
+        return None
+    r = MAERecipe()
+    if a.rand_augment is not None:
+        r.rand_augment = None if a.rand_augment.lower() in ("none", "") else a.rand_augment
+    for flag, field in (("reprob", "reprob"), ("mixup", "mixup"), ("cutmix", "cutmix"), ("smoothing", "smoothing")):
+        value = getattr(a, flag)
+        if value is not None:
+            if value < 0 or (flag in ("reprob", "smoothing") and value >= 1):
+                raise UserError(f"--{flag} {value} is out of range ({'[0, 1)' if flag in ('reprob', 'smoothing') else '>= 0'})")
+            setattr(r, field, value)
+    if r.rand_augment:
+        from timm.data import rand_augment_transform
+
+        try:
+            rand_augment_transform(r.rand_augment, {})
+        except Exception:
+            raise UserError(f"--rand-augment {r.rand_augment!r} is not a timm RandAugment string "
+                            "(e.g. rand-m9-mstd0.5-inc1, or none)") from None
+    return r
 
 
 def run_rankme(ctx: Context) -> dict:
@@ -425,6 +460,15 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--layer-decay", type=float, default=0.75, help="ViT layer-wise lr decay (default 0.75)")
     p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate (default 0.1)")
+    p.add_argument("--min-lr", type=float, default=1e-6, help="final lr, absolute as MAE's (default 1e-6)")
+    p.add_argument("--recipe", choices=("mae", "plain"),
+                   help="mae: RandAugment, random erasing, mixup / cutmix (default for imagefolder); plain: crop + flip")
+    p.add_argument("--rand-augment", help="timm RandAugment string (MAE: rand-m9-mstd0.5-inc1), or none")
+    p.add_argument("--reprob", type=float, help="random erasing probability (MAE: 0.25)")
+    p.add_argument("--mixup", type=float, help="Mixup alpha (MAE: 0.8; 0 off)")
+    p.add_argument("--cutmix", type=float, help="CutMix alpha (MAE: 1.0; 0 off)")
+    p.add_argument("--smoothing", type=float, help="label smoothing (MAE: 0.1)")
+    p.add_argument("--workers", type=int, help="decoding workers of the MAE recipe (default: the run's data.num_workers)")
     _aug_args(p)
     p.set_defaults(func=command(run_finetune))
 

@@ -3,7 +3,13 @@
 Layer decay: a ViT parameter of depth ``layer_id`` (VisionTransformer.layer_id: 0 embeddings, i+1 block i,
 depth+1 the rest and the head) gets lr · decay^(depth + 1 − layer_id); other backbones get no decay.
 Biases, norms and 1-d parameters (and the class token) have no weight decay. The fixed sin-cos position
-table stays frozen; everything else, the patch projection included, is trained.
+table stays frozen; everything else, the patch projection included, is trained. As MAE's
+main_finetune.py, the head's weight starts trunc-normal with std 2e-5 (zero bias) and ``min_lr`` is an
+absolute lr (only ``base_lr`` is scaled by batch / 256).
+
+``recipe`` (an :class:`~selfsup.eval.mae_recipe.MAERecipe`) switches the data side to MAE's: per-image
+timm RandAugment and random erasing in DataLoader workers, then Mixup / CutMix on the batch with soft
+targets; without it, the batched on-device crop + flip and cross-entropy with label smoothing.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from selfsup.data.datasets import ImageDataset
 from selfsup.data.loader import sequential_loader
 from selfsup.data.views import AugmentConfig, EvalTransform, MultiViewAugment
 from selfsup.eval.knn import topk_accuracy
-from selfsup.eval.linear import make_classifier
+from selfsup.eval.mae_recipe import MAERecipe, mixup_fn, soft_target_loss, train_loader
 from selfsup.schedules import scaled_lr, warmup_cosine
 
 
@@ -38,15 +44,20 @@ class FinetuneConfig:
     crop_min: float = 0.08
     hflip_p: float = 0.5
     seed: int = 0
+    head_init_std: float = 2e-5  # MAE: trunc_normal_(head.weight, std=2e-5)
+    recipe: MAERecipe | None = None  # MAE's RandAugment / erasing / mixup / cutmix (imagefolder default)
+    num_workers: int = 0  # DataLoader workers of the recipe path
 
 
 class Classifier(nn.Module):
     """Backbone + linear head."""
 
-    def __init__(self, backbone: nn.Module, num_classes: int):
+    def __init__(self, backbone: nn.Module, num_classes: int, head_init_std: float = 2e-5):
         super().__init__()
         self.backbone = backbone
-        self.head = make_classifier(backbone.num_features, num_classes)
+        self.head = nn.Linear(backbone.num_features, num_classes)
+        nn.init.trunc_normal_(self.head.weight, std=head_init_std)
+        nn.init.zeros_(self.head.bias)
 
     def forward(self, x):
         return self.head(self.backbone(x))
@@ -86,7 +97,7 @@ def finetune(backbone: nn.Module, train: ImageDataset, test: ImageDataset, meta:
     dev = torch.device(device)
     for name, p in backbone.named_parameters():
         p.requires_grad_(not name.endswith("pos_embed"))
-    model = Classifier(backbone, train.num_classes).to(dev)
+    model = Classifier(backbone, train.num_classes, cfg.head_init_std).to(dev)
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     opt = torch.optim.AdamW(groups, lr=0.0, betas=(0.9, 0.999))
     size, mean, std = meta["image_size"], meta["mean"], meta["std"]
@@ -96,23 +107,44 @@ def finetune(backbone: nn.Module, train: ImageDataset, test: ImageDataset, meta:
     batch = min(cfg.batch_size, len(train))
     steps_per_epoch = max(len(train) // batch, 1)
     total, warmup = cfg.epochs * steps_per_epoch, int(round(cfg.warmup_epochs * steps_per_epoch))
-    peak, final = scaled_lr(cfg.base_lr, batch), scaled_lr(cfg.min_lr, batch)
+    peak, final = scaled_lr(cfg.base_lr, batch), cfg.min_lr  # MAE: min_lr is absolute
     amp = dev.type == "cuda"
     g_order = torch.Generator().manual_seed(cfg.seed)
     g_aug = torch.Generator(device=dev).manual_seed(cfg.seed)
     model.train()
     step, losses = 0, []
-    for _ in range(cfg.epochs):
+    recipe = cfg.recipe
+    mix = mixup_fn(recipe, train.num_classes) if recipe else None
+    if recipe:
+        loader = train_loader(train, size, mean, std, recipe, batch, cfg.num_workers, cfg.seed)
+        smoothing = recipe.smoothing
+    else:
+        smoothing = cfg.label_smoothing
+
+    def batches():
+        if recipe:  # augmented per image in the workers (timm), already normalised and erased
+            for x, labels in loader:
+                yield x.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)
+            return
         order = torch.randperm(len(train), generator=g_order)[: steps_per_epoch * batch]
         for idx in order.split(batch):
+            images, labels = train[idx]
+            (x,) = augment(images.to(dev, non_blocking=True), g_aug)
+            yield x, labels.to(dev)
+
+    for _ in range(cfg.epochs):
+        for x, labels in batches():
             lr = warmup_cosine(step, total, warmup, peak, final)
             for group in opt.param_groups:
                 group["lr"] = lr * group["lr_scale"]
-            images, labels = train[idx]
-            (x,) = augment(images.to(dev, non_blocking=True), g_aug)
+            if mix is not None:
+                x, target = mix(x, labels)  # soft targets with the label smoothing folded in
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
                 logits = model(x)
-            loss = F.cross_entropy(logits.float(), labels.to(dev), label_smoothing=cfg.label_smoothing)
+            if mix is not None:
+                loss = soft_target_loss(logits.float(), target)
+            else:
+                loss = F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -127,4 +159,5 @@ def finetune(backbone: nn.Module, train: ImageDataset, test: ImageDataset, meta:
                 scores.append(model(transform(images.to(dev))).float().cpu())
             labels.append(y)
     return {"test": topk_accuracy(torch.cat(scores), torch.cat(labels)), "steps": step,
-            "first_loss": losses[0], "final_loss": losses[-1], "peak_lr": peak}
+            "first_loss": losses[0], "final_loss": losses[-1], "peak_lr": peak,
+            "final_lr": final}

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from selfsup.data.datasets import ImageDataset
+from selfsup.data.datasets import FolderImages, ImageDataset
 from selfsup.data.views import AugmentConfig, EvalTransform, MultiViewAugment
 from selfsup.eval.knn import topk_accuracy
 
@@ -205,7 +205,8 @@ def probe_features(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Ten
 def probe_augmented(backbone: nn.Module, train: ImageDataset, test: ImageDataset, meta: dict, cfg: ProbeConfig,
                     base_lr: float, device: torch.device | str = "cpu", batch_size_eval: int = 512) -> dict:
     """The protocol with RandomResizedCrop + flip over the (lr, wd) grid: the backbone (eval mode, no grad)
-    runs once per batch and every head trains on its features."""
+    runs once per batch and every head trains on its features. An image folder is cropped from the whole
+    file at decode time (``FolderCrops``), per (seed, epoch, index)."""
     torch.manual_seed(cfg.seed)
     dev = torch.device(device)
     backbone.eval().to(dev)
@@ -222,9 +223,13 @@ def probe_augmented(backbone: nn.Module, train: ImageDataset, test: ImageDataset
     g_order = torch.Generator().manual_seed(cfg.seed)
     g_aug = torch.Generator(device=dev).manual_seed(cfg.seed)
 
+    folder = isinstance(train.images, FolderImages)  # crop the whole file at decode time, not the centre square
+    crops = train.images.train_crops([(cfg.crop_min, 1.0)], cfg.seed) if folder else None
+
     def batches(epoch):
         for idx in _batches(len(fit_idx), cfg.batch_size, g_order):
-            images, labels = train[fit_idx[idx]]
+            index = fit_idx[idx]
+            images, labels = (crops.crops(index, epoch), train.labels[index]) if folder else train[index]
             (x,) = augment(images.to(dev, non_blocking=True), g_aug)
             with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
                 feats = backbone(x)

@@ -2,7 +2,7 @@
 
 Each keeps the student SiT, an EMA copy made by deepcopy (the sampling model; Self-Flow's teacher),
 and a method head. A batch is images (uint8 → [−1, 1], or float latents as they are) fitted to the
-model's size; the step draws noise and timesteps from the global RNG (seeded, checkpointed).
+model's size; the step draws noise, timesteps and masks from a generator seeded by (seed, step, rank).
 The run's ``backbone`` is the EMA model as a feature extractor (``flow.encoder.FlowEncoder``).
 """
 
@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.flow.encoder import FITS, FlowEncoder, fit_images
 from selfsup.flow.model import SIT_SIZES, SiT
@@ -161,6 +162,7 @@ class FlowMethod(pl.LightningModule):
         self.ema_decay = c.ema_decay
         self.total_steps, self.steps_per_epoch = 1, 1
         self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
+        self._generator: torch.Generator | None = None
         self._forward = [torch.compile(self.student) if c.compile else self.student]  # a list: not a submodule
 
     # ------------------------------------------------------------------ the run's feature extractor
@@ -174,6 +176,9 @@ class FlowMethod(pl.LightningModule):
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """uint8 images → [−1, 1] (float latents unchanged), fitted to the model size; labels → y."""
         images, labels = batch
+        if self._trainer is not None and self.trainer.training:  # noise, t, masks, label dropout: seeded by step and rank
+            rank, size = world()
+            self.rng(images.device).manual_seed((self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * size + rank)
         x = images.float().div_(127.5).sub_(1.0) if images.dtype == torch.uint8 else images.float()
         x = fit_images(x, self.student.input_size, self.cfg.method.fit)
         return x, labels
@@ -183,17 +188,26 @@ class FlowMethod(pl.LightningModule):
         null = self.student.num_classes
         if not self.cfg.method.class_conditional:
             return torch.full_like(labels, null)
-        drop = torch.rand(labels.shape, device=labels.device) < self.cfg.method.label_dropout
+        drop = torch.rand(labels.shape, device=labels.device, generator=self.rng(labels.device)) < self.cfg.method.label_dropout
         return torch.where(drop | (labels < 0), null, labels)
+
+    def rng(self, device) -> torch.Generator:
+        """The step's generator (seeded per step and process in ``on_after_batch_transfer``; a fixed seed outside fit)."""
+        if self._generator is None or self._generator.device != torch.device(device):
+            self._generator = torch.Generator(device=device).manual_seed(self.cfg.trainer.seed)
+        return self._generator
 
     def draw_t(self, n: int, device) -> Tensor:
         c = self.cfg.method
-        return sample_t(n, c.t_sampling, c.t_mean, c.t_std, device=device)
+        return sample_t(n, c.t_sampling, c.t_mean, c.t_std, device=device, generator=self.rng(device))
+
+    def draw_noise(self, x0: Tensor) -> Tensor:
+        return torch.randn(x0.shape, device=x0.device, dtype=x0.dtype, generator=self.rng(x0.device))
 
     # ------------------------------------------------------------------ the step
     def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
         """Plain flow matching; the eval block's tokens come from the same forward as the loss."""
-        noise = torch.randn_like(x0)
+        noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
         v, (h,) = self._forward[0](interpolate(x0, noise, t), t, y, features=(self.cfg.method.eval_block(),))
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
@@ -215,7 +229,7 @@ class FlowMethod(pl.LightningModule):
             self.log("train/rep_loss", out.pop("rep_loss").detach(), prog_bar=True, **log)
         means, counts = noise_level_buckets(per_token, levels, self.cfg.method.loss_buckets)
         b = self.cfg.method.loss_buckets
-        for i in range(b):  # empty buckets log 0 (counts are logged alongside)
+        for i in range(b):  # an empty bucket logs NaN
             self.log(f"train/flow_loss_t{i / b:.2f}-{(i + 1) / b:.2f}", means[i], **log)
         self.log("train/ema_decay", self.ema_decay, **log)
         out["labels"] = labels
@@ -272,15 +286,22 @@ class FlowMethod(pl.LightningModule):
 
     # ------------------------------------------------------------------ end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """kNN of the EMA model's features (trained vs init; pixel data only), then how to sample."""
+        """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
+        (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
+        from selfsup.flow.generation import generate, sample_labels, sample_images, save_grid
         from selfsup.methods.base import SSLMethod
 
-        lines = []
+        c, lines = self.cfg.method, []
         if train.images.dtype == torch.uint8:
             lines += SSLMethod.end_of_run_report(self, train, init_backbone, run_dir)
-            lines[0] = lines[0].replace("kNN", f"kNN of the EMA model's block-{self.cfg.method.eval_block()} "
-                                               f"tokens at t={self.cfg.method.feature_t}", 1)
-        lines.append(f"samples: selfsup generate {run_dir} --n 64")
+            lines[0] = lines[0].replace("kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
+            n = 2 * self.ema.num_classes if self.ema.num_classes else 16
+            labels = sample_labels(n, self.ema.num_classes)
+            x = generate(self.ema, labels, steps=25, seed=self.cfg.trainer.seed, device=self.device)
+            info = {"fit": c.fit, "mean": self.info.mean, "std": self.info.std}
+            path = save_grid(sample_images(x, info, self.info.image_size), run_dir / "samples_end.png")
+            lines.append(f"{n} EMA samples (Euler ODE, 25 steps, no guidance): {path}")
+        lines.append(f"more: selfsup generate {run_dir} --n 64 [--cfg 1.5]; selfsup eval generation {run_dir}")
         return lines
 
 
@@ -304,9 +325,9 @@ class SelfFlow(FlowMethod):
 
     def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
         c, B, p = self.cfg.method, x0.shape[0], self.student.patch_size
-        noise = torch.randn_like(x0)
+        noise = self.draw_noise(x0)
         t, s = self.draw_t(B, x0.device), self.draw_t(B, x0.device)
-        mask = token_mask(B, self.student.num_tokens, c.mask_ratio, device=x0.device)
+        mask = token_mask(B, self.student.num_tokens, c.mask_ratio, device=x0.device, generator=self.rng(x0.device))
         levels, teacher_level = self_flow_levels(t, s, mask)
         v, (h,) = self._forward[0](interpolate(x0, noise, levels, p), levels, y, features=(self.l,))
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), p)
@@ -355,7 +376,7 @@ class Repa(FlowMethod):
 
     def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
         c = self.cfg.method
-        noise = torch.randn_like(x0)
+        noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
         v, (h,) = self._forward[0](interpolate(x0, noise, t), t, y, features=(self.l,))
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)

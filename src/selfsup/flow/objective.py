@@ -51,12 +51,12 @@ def repa_loss(prediction: Tensor, target: Tensor) -> Tensor:
 
 
 def noise_level_buckets(per_token: Tensor, levels: Tensor, buckets: int = 4) -> tuple[Tensor, Tensor]:
-    """(mean loss, count) per noise-level bucket [i/b, (i+1)/b): ``levels`` (B,) or (B, N) as ``per_token``."""
+    """(mean loss, count) per noise-level bucket [i/b, (i+1)/b) (NaN when empty): ``levels`` (B,) or (B, N)."""
     levels = levels[:, None].expand_as(per_token) if levels.ndim == 1 else levels
     idx = (levels.detach() * buckets).long().clamp_(0, buckets - 1).flatten()
     sums = torch.zeros(buckets, device=per_token.device).index_add_(0, idx, per_token.detach().float().flatten())
     counts = torch.bincount(idx, minlength=buckets).float()
-    return sums / counts.clamp(min=1), counts
+    return torch.where(counts > 0, sums / counts.clamp(min=1), torch.nan), counts
 
 
 class SimpleHead(nn.Module):

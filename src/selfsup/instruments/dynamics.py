@@ -85,14 +85,17 @@ class EmbeddingNorms(pl.Callback):
 
 
 def layer_groups(module: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """Trainable parameters by group: ``all``; the backbone's ``patch_embed`` (ViT patch projection, ResNet
-    conv1/bn1), ``first_block`` and ``last_block`` (ViT blocks, ResNet stages); one group per head
-    (every other top-level child with trainable parameters, e.g. ``projector``, ``predictor``)."""
+    """Trainable parameters by group: ``all``; the network's ``patch_embed`` (ViT patch projection, ResNet
+    conv1/bn1, a flow model's x_embedder), ``first_block`` and ``last_block`` (ViT / SiT blocks, ResNet stages)
+    of ``backbone`` (or a flow method's ``student``); one group per other top-level child with trainable
+    parameters (the heads, e.g. ``projector``, ``predictor``)."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     groups: dict[str, list[nn.Parameter]] = {"all": [p for _, p in named]}
-    block = re.compile(r"backbone\.(?:blocks\.|layer)(\d+)\.")
+    block = re.compile(r"(?:backbone|student)\.(?:blocks\.|layer)(\d+)\.")
     ids = sorted({int(m.group(1)) for n, _ in named if (m := block.match(n))})
-    rules = [("patch_embed", lambda n: n.startswith(("backbone.patch_embed.", "backbone.conv1.", "backbone.bn1.")))]
+    stems = tuple(f"{net}.{stem}." for net in ("backbone", "student")
+                  for stem in ("patch_embed", "conv1", "bn1", "x_embedder"))
+    rules = [("patch_embed", lambda n: n.startswith(stems))]
     if ids:
         rules += [("first_block", lambda n, i=ids[0]: (m := block.match(n)) is not None and int(m.group(1)) == i),
                   ("last_block", lambda n, i=ids[-1]: (m := block.match(n)) is not None and int(m.group(1)) == i)]
@@ -101,7 +104,7 @@ def layer_groups(module: nn.Module) -> dict[str, list[nn.Parameter]]:
         if params:
             groups[name] = params
     for child in dict.fromkeys(n.split(".")[0] for n, _ in named):
-        if child != "backbone":
+        if child not in ("backbone", "student"):
             groups[child] = [p for n, p in named if n.split(".")[0] == child]
     return groups
 
@@ -208,7 +211,7 @@ class Alignment(pl.Callback):
 class RankCollapse(pl.Callback):
     """Every N steps, on a fixed batch of training images in eval mode: RankMe, effective rank (PCs for
     99% of the variance) and the per-dimension std of the L2-normalised backbone features and, when the
-    method has a ``projector``, of its outputs."""
+    method has a ``projector``, of its outputs. Joint-embedding methods (``SSLMethod``) only."""
 
     def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
         super().__init__()
@@ -219,7 +222,11 @@ class RankCollapse(pl.Callback):
         from selfsup.instruments.knn_monitor import fixed_subset
 
         if self._batch is None:
-            data = self._dataset if self._dataset is not None else trainer.datamodule.dataset
+            data = self._dataset if self._dataset is not None else getattr(trainer.datamodule, "dataset", None)
+            from selfsup.methods.base import SSLMethod
+
+            if data is None or not isinstance(pl_module, SSLMethod):
+                return  # a joint-embedding method's measure (flow runs have their own feature extractor)
             g = torch.Generator().manual_seed(self.seed)
             pick = torch.randperm(len(data), generator=g)[: self.samples].sort().values
             self._batch = data.select(pick) if hasattr(data, "select") else fixed_subset(data, self.samples, self.seed)
@@ -233,8 +240,10 @@ class RankCollapse(pl.Callback):
         h, _ = extract_features(pl_module.backbone, self._batch, info.image_size, info.mean, info.std,
                                 len(self._batch), pl_module.device)
         feats = {"embedding": h}
+        from selfsup.methods.base import SSLMethod
+
         projector = getattr(pl_module, "projector", None)
-        if isinstance(projector, nn.Module):
+        if isinstance(pl_module, SSLMethod) and isinstance(projector, nn.Module):  # its input is the backbone feature
             was = projector.training
             projector.eval()
             try:
@@ -255,8 +264,11 @@ class RankCollapse(pl.Callback):
 
 
 def square_weight(predictor: nn.Module) -> Tensor | None:
-    """The d×d weight of a linear predictor: its own 2-D square ``weight`` or that of its only Linear; else None."""
-    w = getattr(predictor, "weight", None)
+    """The d×d matrix of a linear predictor: its ``matrix`` as applied (selfsup.predictors, e.g. the symmetrised
+    W_p) or its own 2-D square ``weight``, or the weight of its only Linear; else None."""
+    w = getattr(predictor, "matrix", None)
+    if not (isinstance(w, Tensor) and w.ndim == 2 and w.shape[0] == w.shape[1]):
+        w = getattr(predictor, "weight", None)
     if not (isinstance(w, Tensor) and w.ndim == 2 and w.shape[0] == w.shape[1]):
         linears = [m for m in predictor.modules() if isinstance(m, nn.Linear)]
         w = linears[0].weight if len(linears) == 1 else None

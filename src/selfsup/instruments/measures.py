@@ -1,8 +1,7 @@
 """The instruments' measures as pure functions of tensors (no state, no logging).
 
-Norms (Draganov et al.: embedding norms grow and slow cosine-based learning), gradient norms
-(MoCo v3 §4.1: first-layer gradient spikes precede kNN dips), prediction/target alignment, the
-collapse measures of an L2-normalised batch, and the eigenspace alignment of a linear predictor
+Embedding norms (Draganov et al.: they grow and slow cosine-based learning), prediction/target
+alignment, the collapse measures of an L2-normalised batch, and the eigenspace alignment of a linear predictor
 with the correlation F of its inputs (DirectPred, Tian et al. 2021, Fig. 2 and Thm. 3).
 """
 
@@ -20,16 +19,6 @@ def norm_summary(x: Tensor) -> Tensor:
     norms = x.detach().float().norm(dim=1)
     q = torch.quantile(norms, torch.tensor(QUANTILES, device=norms.device))
     return torch.cat([norms.mean()[None], q])
-
-
-def grad_norms(params: list[Tensor]) -> Tensor:
-    """(L2, L∞) norm of the gradients of ``params`` taken together (parameters without a gradient skipped)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(2)
-    l2 = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)).float(), 2.0)
-    linf = torch.stack(torch._foreach_norm(grads, float("inf"))).float().max()
-    return torch.stack([l2, linf])
 
 
 def misalignment(prediction: Tensor, target: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ that instruments and online evaluators read).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
@@ -57,6 +58,30 @@ def frozen_copy(module: nn.Module) -> nn.Module:
 def momentum_update(online: list[Tensor], target: list[Tensor], m: float) -> None:
     """``target ← m · target + (1 − m) · online`` for each pair of parameters (MoCo / BYOL EMA)."""
     torch._foreach_lerp_(target, online, 1.0 - m)
+
+
+def has_batch_statistics(module: nn.Module) -> bool:
+    """Whether ``module`` normalises with batch statistics (BatchNorm / SyncBatchNorm anywhere inside)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def encode_views(encoder: nn.Module, views: list[Tensor]) -> list[Tensor]:
+    """``[encoder(v) for v in views]``, computed in one call on the concatenated views when ``encoder``
+    has no batch statistics (the ViT: LayerNorm only), where that gives the same per-sample outputs
+    with larger, faster matrix products (stochastic depth then draws its per-sample masks in one call:
+    the same distribution). With BatchNorm each view keeps its own statistics, as the official code
+    forwards each view separately."""
+    if len(views) == 1 or has_batch_statistics(encoder):
+        return [encoder(v) for v in views]
+    return list(encoder(torch.cat(views)).split([v.shape[0] for v in views]))
+
+
+def compile_step_modules(method: nn.Module, backend: str = "inductor") -> None:
+    """``torch.compile`` each trainable child of a method in place (``trainer.compile=true``);
+    parameter names, and so checkpoints and exports, stay as they are."""
+    for name, child in method.named_children():
+        if name != "augment":
+            child.compile(backend=backend)
 
 
 def backbone_kwargs(cfg, info: DataInfo) -> dict:
@@ -139,6 +164,8 @@ class SSLMethod(pl.LightningModule):
         return self.cfg.data.batch_size
 
     def on_fit_start(self) -> None:
+        if self.cfg.trainer.compile:
+            compile_step_modules(self, self.cfg.trainer.compile_backend)
         self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
         self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
 
@@ -191,7 +218,10 @@ class SSLMethod(pl.LightningModule):
 
     def configure_optimizers(self):
         modules = {name: child for name, child in self.named_children() if name != "augment"}
-        return build_optimizer(param_groups(modules, self.cfg.optim), self.cfg.optim)
+        o, t = self.cfg.optim, self.cfg.trainer
+        if o.fused and t.precision.startswith("16") and t.gradient_clip_val:  # fp16 clipping needs unscaled grads
+            o = dataclasses.replace(o, fused=False)
+        return build_optimizer(param_groups(modules, o), o)
 
     # ----------------------------------------------------------------- end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from selfsup.losses import byol_regression
-from selfsup.methods.base import SSLMethod, check_momentum
+from selfsup.methods.base import SSLMethod, check_momentum, encode_views
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
@@ -51,14 +51,12 @@ class BYOL(SSLMethod):
         self.target_projector = self.momentum_target(self.projector)
 
     def forward_views(self, views):
-        x1, x2 = views
         self.update_momentum_encoder()
-        h1, h2 = self.backbone(x1), self.backbone(x2)
+        h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
         z1, z2 = self.projector(h1), self.projector(h2)
         p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
         with torch.no_grad():
-            t1 = self.target_projector(self.target_backbone(x1))
-            t2 = self.target_projector(self.target_backbone(x2))
+            t1, t2 = (self.target_projector(h) for h in encode_views(self.target_backbone, views))
         loss = byol_regression(p1, t2) + byol_regression(p2, t1)
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
                 "prediction": p1.detach(), "target": t2}

@@ -15,7 +15,7 @@ import torch
 from selfsup.distributed import gather_no_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import info_nce
-from selfsup.methods.base import SSLMethod, check_momentum
+from selfsup.methods.base import SSLMethod, check_momentum, encode_views
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
@@ -57,14 +57,12 @@ class MoCoV3(SSLMethod):
         self.momentum_projector = self.momentum_target(self.projector)
 
     def forward_views(self, views):
-        x1, x2 = views
         self.update_momentum_encoder()
-        h1, h2 = self.backbone(x1), self.backbone(x2)
+        h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
         z1, z2 = self.projector(h1), self.projector(h2)
         q1, q2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))  # queries only
         with torch.no_grad():
-            k1 = self.momentum_projector(self.momentum_backbone(x1))
-            k2 = self.momentum_projector(self.momentum_backbone(x2))
+            k1, k2 = (self.momentum_projector(h) for h in encode_views(self.momentum_backbone, views))
         rank, _ = world()
         t = self.cfg.method.temperature
         loss = info_nce(q1, gather_no_grad(k2), t, rank=rank) + info_nce(q2, gather_no_grad(k1), t, rank=rank)

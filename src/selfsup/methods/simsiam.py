@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from selfsup.losses import negative_cosine
-from selfsup.methods.base import SSLMethod
+from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
 
@@ -42,8 +42,7 @@ class SimSiam(SSLMethod):
         self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True))
 
     def forward_views(self, views):
-        x1, x2 = views
-        h1, h2 = self.backbone(x1), self.backbone(x2)
+        h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
         z1, z2 = self.projector(h1), self.projector(h2)
         p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
         loss = 0.5 * (negative_cosine(p1, z2) + negative_cosine(p2, z1))

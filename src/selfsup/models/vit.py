@@ -64,6 +64,34 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
+# Attention path: "sdpa" (torch's fused kernel, the default) or "matmul" (softmax(q kᵀ/√d) v as two
+# batched products); both give the same result within float rounding. Chosen by measurement
+# (benchmarks/mfu.py --attention): for the 17-token micro ViT on CPU the whole MoCo v3 step took
+# 8% more CPU time with the plain product (its transposes are copied for the batched product,
+# and the (N, N) weights are kept for backward), so the fused kernel stays the default.
+ATTENTION_MODES = ("sdpa", "matmul")
+_attention = "sdpa"
+
+
+def set_attention(mode: str) -> None:
+    """Choose the attention path of every ViT in this process (one of ``ATTENTION_MODES``)."""
+    global _attention
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {mode!r}")
+    _attention = mode
+
+
+def attention_mode() -> str:
+    return _attention
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / √d) v over (B, heads, N, d) tensors, by the path ``set_attention`` chose."""
+    if _attention == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v)
+    return ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with a fused qkv Linear, laid out (3, heads, head_dim) as in timm."""
 
@@ -78,7 +106,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
-        x = F.scaled_dot_product_attention(q, k, v)
+        x = attention(q, k, v)
         return self.proj(x.transpose(1, 2).reshape(B, N, D))
 
 

@@ -1,0 +1,123 @@
+"""Cost of leaving the instruments on at their defaults: CPU step time with ``instruments.enabled`` true vs false.
+
+The same seeded run (a shipped recipe, default 'simsiam-digits': micro ViT, batch 256) is trained through the
+Lightning engine with the instruments on and off, alternately, ``--reps`` times in one process. A timing
+callback takes the wall time between successive ``on_train_batch_start`` calls (the whole step: augmentation,
+forward, backward, optimiser, callbacks, logging); the first ``--warmup`` steps are dropped. The instruments'
+default cadence (every 10 steps; rank every 100) is amortised, so use at least 100 counted steps.
+Overhead = median over repetitions of (mean step on / mean step off) − 1; and, steadier on a busy machine,
+the share of the "on" run's step time spent inside the instruments' per-step hooks (same run, same load).
+
+    python benchmarks/instrument_overhead.py                       # 1 rep × 100 steps each way
+    python benchmarks/instrument_overhead.py --preset simclr-fmnist --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class StepTimer(pl.Callback):
+    def __init__(self, warmup: int):
+        self.starts: list[float] = []
+        self.warmup = warmup
+        self.instrument_seconds = 0.0  # inside the instruments' hooks, after the warmup steps
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.starts.append(time.perf_counter())
+
+    def on_train_end(self, trainer, pl_module):
+        self.starts.append(time.perf_counter())
+
+    def wrap(self, callback) -> None:
+        """Time ``callback``'s per-step hooks (counted once the warmup steps are done)."""
+        for name in ("on_train_batch_end", "on_before_optimizer_step"):
+            hook = getattr(callback, name)
+
+            def timed(*args, _hook=hook, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _hook(*args, **kwargs)
+                finally:
+                    if len(self.starts) > self.warmup:
+                        self.instrument_seconds += time.perf_counter() - start
+            setattr(callback, name, timed)
+
+
+def timed_run(preset: str, instruments: bool, steps: int, warmup: int, extra: list[str]) -> float:
+    from selfsup.config import load_run_config
+    from selfsup.data.datasets import load_dataset
+    from selfsup.engine import PretrainData, make_trainer
+    from selfsup.methods.build import build_method, data_info
+
+    with tempfile.TemporaryDirectory() as tmp:
+        total = steps + warmup
+        cfg = load_run_config(preset, [f"instruments.enabled={str(instruments).lower()}", "trainer.progress_bar=false",
+                                       "trainer.accelerator=cpu", "trainer.devices=1", f"output_dir={tmp}",
+                                       "trainer.max_epochs=1000", *extra])
+        train = load_dataset(cfg.data, "train")
+        model = build_method(cfg, data_info(cfg, train))
+        trainer = make_trainer(cfg, Path(tmp))
+        trainer.fit_loop.epoch_loop.max_steps = total
+        timer = StepTimer(warmup)
+        for callback in trainer.callbacks:
+            if type(callback).__module__.startswith("selfsup.instruments"):
+                timer.wrap(callback)
+        trainer.callbacks.append(timer)
+        trainer.fit(model, datamodule=PretrainData(cfg, train))
+    times = [b - a for a, b in zip(timer.starts, timer.starts[1:])][warmup:]
+    return sum(times) / len(times), timer.instrument_seconds / sum(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="simsiam-digits")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "instrument_overhead.json"))
+    parser.add_argument("extra", nargs="*", help="config overrides for both runs")
+    args = parser.parse_args()
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    on, off, share = [], [], []
+    for rep in range(args.reps):
+        for flag, bucket in ((False, off), (True, on)) if rep % 2 == 0 else ((True, on), (False, off)):
+            step, hooks = timed_run(args.preset, flag, args.steps, args.warmup, args.extra)
+            bucket.append(step)
+            if flag:
+                share.append(hooks)
+            print(f"rep {rep} instruments {'on ' if flag else 'off'}: {1000 * step:.1f} ms/step"
+                  + (f", {100 * hooks:.2f}% of it inside the instruments' hooks" if flag else ""), flush=True)
+    ratios = [a / b - 1 for a, b in zip(on, off)]
+    result = {"preset": args.preset, "steps": args.steps, "warmup": args.warmup, "reps": args.reps,
+              "extra_overrides": args.extra, "ms_per_step_on": [1000 * t for t in on],
+              "ms_per_step_off": [1000 * t for t in off], "overhead_per_rep": ratios,
+              "overhead_median": statistics.median(ratios), "hook_share_per_rep": share,
+              "hook_share_median": statistics.median(share), "threads": torch.get_num_threads(),
+              "host": platform.node(), "cpus": os.cpu_count(),
+              "note": "shared machine: other jobs were running; the alternating order limits drift bias, and the "
+                      "share of time inside the instruments' hooks (same run) is the steadier figure"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"default instruments: {100 * result['hook_share_median']:.2f}% of the step time inside their hooks; "
+          f"on/off step time {100 * result['overhead_median']:+.1f}% (per rep: "
+          f"{', '.join(f'{100 * r:+.1f}%' for r in ratios)}); wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,486 @@
+"""Model-FLOP utilisation (MFU) of each method's training step, next to the same step built from lightly.
+
+For every method and head width the script builds the model, counts the FLOPs of one training step
+with ``torch.utils.flop_counter.FlopCounterMode`` (forward + backward of the online branches, forward
+of the momentum / target branches, the loss: matrix products, convolutions and attention, the
+convention MFU uses), times the step, and measures this machine's peak in the same process (a large
+fp32 matmul on the same threads; bf16 on a GPU). It prints and writes images/s, achieved FLOP/s and
+MFU = achieved / peak.
+
+The timed step is the bare training step on ready views: ``forward_views`` (EMA update, forwards,
+loss), ``loss.backward()``, ``optimizer.step()``, ``zero_grad``. The on-device augmentation that makes
+the views is timed on its own (``augment_ms``) and folded into a second, end-to-end MFU.
+The peer step is the same algorithm assembled from lightly's building blocks (its projection /
+prediction heads of the same widths, its losses, ``update_momentum``), the same backbone and the same
+views; step and peer alternate ``--reps`` times so drift in machine load hits both.
+
+    python benchmarks/mfu.py                          # the four methods, Fashion-MNIST, preset + 1024-wide heads
+    python benchmarks/mfu.py --methods moco_v3 --heads wide --reps 5
+    python benchmarks/mfu.py --quick                  # smoke test (digits, batch 16, 1 step)
+    python benchmarks/mfu.py --recipe vit_s16_224     # GPU: MoCo v3 ViT-S/16 224 px on a synthetic batch, bf16
+
+Flags that change the step (``--compile``, ``--threads``, ``--attention``) are the levers measured in
+the README's MFU section; ``--profile`` prints the profiler's table of the step (and its ``copy_`` count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+
+import torch
+
+METHODS = ("moco_v3", "byol", "simsiam", "simclr")
+PRESETS = {  # the CPU recipes (Fashion-MNIST; digits where the Fashion-MNIST files are absent)
+    "moco_v3": "moco-v3-vit-{}", "byol": "byol-{}", "simsiam": "simsiam-{}", "simclr": "simclr-{}",
+}
+# 1024-wide heads (lightly's default MoCo/BYOL widths scaled to the micro ViT): hidden 1024, output 256
+# (SimSiam keeps its bottleneck predictor: 1024 -> 256 -> 1024; SimCLR its 128-d output).
+WIDE_HEADS = {
+    "moco_v3": dict(proj_hidden_dim=1024, dim=256, pred_hidden_dim=1024),
+    "byol": dict(proj_hidden_dim=1024, dim=256, pred_hidden_dim=1024),
+    "simsiam": dict(proj_hidden_dim=1024, dim=1024, pred_hidden_dim=256),
+    "simclr": dict(proj_hidden_dim=1024, dim=128),
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_peak(device: torch.device, dtype: torch.dtype, size: int, reps: int) -> tuple[float, float]:
+    """Best FLOP/s of ``size``-square matmuls (2·n³ FLOPs each) on the current threads / device, per
+    second of wall time and per second of process CPU time (all threads; the latter is less disturbed
+    by other processes sharing the cores)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    c = torch.empty(size, size, device=device, dtype=dtype)
+    torch.mm(a, b, out=c)
+    _sync(device)
+    best, best_cpu = float("inf"), float("inf")
+    inner = 10 if device.type == "cuda" else 1
+    for _ in range(reps):
+        t, cpu = time.perf_counter(), time.process_time()
+        for _ in range(inner):
+            torch.mm(a, b, out=c)
+        _sync(device)
+        best = min(best, (time.perf_counter() - t) / inner)
+        best_cpu = min(best_cpu, max(time.process_time() - cpu, 1e-9) / inner)
+    return 2 * size**3 / best, 2 * size**3 / best_cpu
+
+
+# ---------------------------------------------------------------------------------------- the selfsup step
+def selfsup_config(method: str, dataset: str, heads: str, args):
+    from selfsup.config import load_run_config
+
+    overrides = ["trainer.seed=0", f"data.batch_size={args.batch_size}"]
+    if heads == "wide":
+        overrides += [f"method.{k}={v}" for k, v in WIDE_HEADS[method].items()]
+    return load_run_config(preset_name(method, dataset, args), overrides)
+
+
+def preset_name(method: str, dataset: str, args) -> str:
+    if args.recipe == "vit_s16_224":
+        return "moco-v3-vit-s-imagenet"  # ViT-S/16, 224 px, 4096-wide heads, stop-grad patch projection
+    return PRESETS[method].format("fmnist" if dataset == "fashion-mnist" else "digits")
+
+
+class SelfsupStep:
+    """selfsup's own step: the method's ``forward_views`` + backward + its configured optimiser."""
+
+    name = "selfsup"
+
+    def __init__(self, cfg, info, device, autocast):
+        from selfsup.methods.build import build_method
+
+        self.model = build_method(cfg, info).to(device).train()
+        if args_compile(cfg):
+            from selfsup.methods.base import compile_step_modules
+            compile_step_modules(self.model, cfg.trainer.compile_backend)
+        self.opt = self.model.configure_optimizers()
+        for group in self.opt.param_groups:  # the schedule's peak lr, held constant
+            group["lr"] = cfg.optim.base_lr * cfg.data.batch_size / 256 * group["lr_scale"]
+        self.model.momentum = getattr(cfg.method, "momentum", 0.0)
+        self.autocast = autocast
+
+    def loss(self, views):
+        with self.autocast():
+            return self.model.forward_views(views)["loss"]
+
+    def __call__(self, views):
+        self.loss(views).backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def args_compile(cfg) -> bool:
+    return bool(getattr(cfg.trainer, "compile", False))
+
+
+# ---------------------------------------------------------------------------------------- the lightly step
+class LightlyStep:
+    """The same algorithm from lightly's building blocks: its heads (same widths), losses and EMA update.
+
+    Written as lightly's own examples write a step: each view forwarded on its own, keys / targets under
+    ``no_grad``, ``update_momentum`` on backbone and projection head. The backbone is the same ViT.
+    """
+
+    name = "lightly"
+
+    def __init__(self, method: str, cfg, backbone: torch.nn.Module, device, autocast):
+        from lightly.loss import NegativeCosineSimilarity, NTXentLoss
+        from lightly.models import utils
+        from lightly.models.modules import heads as lh
+
+        c, d = cfg.method, backbone.num_features
+        self.method, self.utils, self.autocast = method, utils, autocast
+        self.backbone = timm_twin(backbone)
+        if method == "moco_v3":
+            self.projector = lh.MoCoProjectionHead(d, c.proj_hidden_dim, c.dim, num_layers=c.proj_layers, batch_norm=True)
+            self.predictor = lh.BYOLPredictionHead(c.dim, c.pred_hidden_dim, c.dim)
+            self.criterion = NTXentLoss(temperature=c.temperature)
+        elif method == "byol":
+            self.projector = lh.BYOLProjectionHead(d, c.proj_hidden_dim, c.dim)
+            self.predictor = lh.BYOLPredictionHead(c.dim, c.pred_hidden_dim, c.dim)
+            self.criterion = NegativeCosineSimilarity()
+        elif method == "simsiam":
+            self.projector = lh.SimSiamProjectionHead(d, c.proj_hidden_dim, c.dim)
+            self.predictor = lh.SimSiamPredictionHead(c.dim, c.pred_hidden_dim, c.dim)
+            self.criterion = NegativeCosineSimilarity()
+        else:
+            self.projector = lh.SimCLRProjectionHead(d, c.proj_hidden_dim, c.dim, num_layers=c.proj_layers)
+            self.predictor = None
+            self.criterion = NTXentLoss(temperature=c.temperature)
+        online = [self.backbone, self.projector] + ([self.predictor] if self.predictor is not None else [])
+        self.modules = torch.nn.ModuleList(online).to(device).train()
+        self.momentum = hasattr(c, "momentum")
+        if self.momentum:
+            self.backbone_m, self.projector_m = copy.deepcopy(self.backbone), copy.deepcopy(self.projector)
+            utils.deactivate_requires_grad(self.backbone_m)
+            utils.deactivate_requires_grad(self.projector_m)
+            self.m = c.momentum
+        lr = cfg.optim.base_lr * cfg.data.batch_size / 256
+        self.opt = torch.optim.AdamW([p for p in self.modules.parameters() if p.requires_grad], lr=lr,
+                                     weight_decay=cfg.optim.weight_decay)
+
+    def loss(self, views):
+        x0, x1 = views
+        with self.autocast():
+            if self.method == "simclr":
+                z0, z1 = self.projector(self.backbone(x0)), self.projector(self.backbone(x1))
+                return self.criterion(z0, z1)
+            if self.momentum:
+                self.utils.update_momentum(self.backbone, self.backbone_m, m=self.m)
+                self.utils.update_momentum(self.projector, self.projector_m, m=self.m)
+            z0, z1 = self.projector(self.backbone(x0)), self.projector(self.backbone(x1))
+            p0, p1 = self.predictor(z0), self.predictor(z1)
+            if self.momentum:
+                with torch.no_grad():
+                    z0 = self.projector_m(self.backbone_m(x0))
+                    z1 = self.projector_m(self.backbone_m(x1))
+            else:
+                z0, z1 = z0.detach(), z1.detach()
+            if self.method == "moco_v3":
+                return self.criterion(p0, z1) + self.criterion(p1, z0)
+            return 0.5 * (self.criterion(p0, z1) + self.criterion(p1, z0))
+
+    def __call__(self, views):
+        self.loss(views).backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def timm_twin(vit: torch.nn.Module) -> torch.nn.Module:
+    """The backbone a lightly user would take: timm's VisionTransformer of the same size, loaded with
+    the same weights (selfsup's ViT keeps timm's parameter names), patch projection trainable as in timm."""
+    import timm
+
+    twin = timm.models.vision_transformer.VisionTransformer(
+        img_size=vit.image_size, patch_size=vit.patch_size, in_chans=vit.in_chans, embed_dim=vit.embed_dim,
+        depth=vit.depth, num_heads=vit.blocks[0].attn.num_heads, num_classes=0, global_pool="token",
+        norm_layer=partial(torch.nn.LayerNorm, eps=1e-6))
+    twin.load_state_dict(vit.state_dict())
+    return twin
+
+
+# ---------------------------------------------------------------------------------------- measuring
+def count_flops(step, views) -> tuple[int, dict[str, int]]:
+    """FLOPs of one forward + backward of ``step`` (no optimiser step), total and per operator."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step.loss(views).backward()
+    for p in _params(step):
+        p.grad = None
+    per_op = {str(op): n
+              for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    return counter.get_total_flops(), per_op
+
+
+def _params(step):
+    return step.model.parameters() if hasattr(step, "model") else step.modules.parameters()
+
+
+def time_step(step, batches, warmup: int, steps: int, device) -> list[tuple[float, float]]:
+    """(wall, process CPU) seconds of each of ``steps`` steps after ``warmup`` untimed ones, cycling
+    over ``batches``. CPU time (all threads) is less disturbed by other processes on shared cores."""
+    out = []
+    for i in range(warmup + steps):
+        t, c = time.perf_counter(), time.process_time()
+        step(batches[i % len(batches)])
+        _sync(device)
+        if i >= warmup:
+            out.append((time.perf_counter() - t, time.process_time() - c))
+    return out
+
+
+def time_augment(model, images, device, n: int) -> float:
+    """Median seconds of making one step's views (selfsup's batched on-device augmentation)."""
+    gen = torch.Generator(device=device)
+    times = []
+    with torch.no_grad():
+        for i in range(n + 1):
+            gen.manual_seed(i)
+            t = time.perf_counter()
+            model.augment(images, gen)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+def profile_step(step, views, device) -> dict:
+    """The profiler's view of one step: top operators by self time and the number of ``copy_`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    step(views)
+    with profile(activities=acts) as prof:
+        step(views)
+        _sync(device)
+    events = prof.key_averages()
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    copies = {e.key: e.count for e in events if e.key in ("aten::copy_", "aten::to", "aten::_to_copy", "aten::item",
+                                                          "aten::_local_scalar_dense")}
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+    return {"calls": copies, "self_cpu_share": {e.key: round(e.self_cpu_time_total / total, 4) for e in top}}
+
+
+def make_views(cfg, info, device, n_batches: int, args):
+    """``n_batches`` pairs of views: selfsup's augmentation of real images, or a synthetic batch."""
+    from selfsup.methods.build import build_method
+
+    model = build_method(cfg, info).to(device)
+    if args.synthetic:
+        g = torch.Generator(device=device).manual_seed(0)
+        shape = (args.batch_size, info.channels, info.image_size, info.image_size)
+        return [[torch.randn(shape, generator=g, device=device) for _ in range(2)] for _ in range(n_batches)], None, model
+    from selfsup.data.datasets import load_dataset
+
+    data = load_dataset(cfg.data, "train")
+    gen = torch.Generator(device=device)
+    batches = []
+    for i in range(n_batches):
+        images = data.images[i * args.batch_size:(i + 1) * args.batch_size].to(device)
+        gen.manual_seed(i)
+        with torch.no_grad():
+            batches.append(model.augment(images, gen))
+    return batches, images, model
+
+
+def summarize(times: list[list[tuple[float, float]]], flops: int, batch: int, peak: float) -> dict:
+    """Per repetition the mean step time; the best and the median across repetitions (wall; CPU too)."""
+    means = [sum(w for w, _ in t) / len(t) for t in times]
+    cpu = [sum(c for _, c in t) / len(t) for t in times]
+    best, med = min(means), statistics.median(means)
+    return {"step_ms_best": 1000 * best, "step_ms_median": 1000 * med, "rep_step_ms": [round(1000 * m, 2) for m in means],
+            "cpu_step_ms_best": 1000 * min(cpu), "rep_cpu_step_ms": [round(1000 * m, 2) for m in cpu],
+            "images_per_s_best": batch / best, "images_per_s_median": batch / med,
+            "tflops_best": flops / best / 1e12, "mfu_best": flops / best / peak, "mfu_median": flops / med / peak}
+
+
+def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[float]) -> dict:
+    from selfsup.methods.build import data_info
+
+    cfg = selfsup_config(method, dataset, heads, args)
+    if args.compile:
+        cfg.trainer.compile = True
+    if args.synthetic:  # an ImageNet-shaped random batch; no dataset is read
+        from selfsup.methods.base import DataInfo
+        info = DataInfo(3, args.image_size, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    else:
+        from selfsup.data.datasets import load_dataset
+        info = data_info(cfg, load_dataset(cfg.data, "train"))
+    batches, images, aug_model = make_views(cfg, info, device, args.batches, args)
+    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else nullcontext)
+    steps = {"selfsup": SelfsupStep(cfg, info, device, autocast)}
+    if args.lightly:
+        steps["lightly"] = LightlyStep(method, cfg, steps["selfsup"].model.backbone, device, autocast)
+    flops = {k: count_flops(s, batches[0]) for k, s in steps.items()}
+    times = {k: [] for k in steps}
+    for rep in range(args.reps):
+        wall_peak, cpu_peak = measure_peak(device, torch.bfloat16 if args.bf16 else torch.float32, args.peak_size, 3)
+        peaks.append(wall_peak)
+        args.cpu_peaks.append(cpu_peak)
+        for k in (list(steps) if rep % 2 == 0 else list(steps)[::-1]):
+            times[k].append(time_step(steps[k], batches, args.warmup, args.steps, device))
+            t = times[k][-1]
+            print(f"[{method} {heads} rep {rep + 1}/{args.reps}] {k:<8} {1000 * sum(w for w, _ in t) / len(t):8.1f} "
+                  f"ms/step wall {1000 * sum(c for _, c in t) / len(t):8.1f} CPU", file=sys.stderr, flush=True)
+    peak = max(peaks)
+    out = {"preset": preset_name(method, dataset, args),
+           "heads": {k: getattr(cfg.method, k) for k in ("proj_hidden_dim", "dim", "pred_hidden_dim") if hasattr(cfg.method, k)}}
+    for k, step in steps.items():
+        out[k] = {"flops_per_step": flops[k][0], "flops_per_image": flops[k][0] / args.batch_size,
+                  "flops_by_op": flops[k][1], **summarize(times[k], flops[k][0], args.batch_size, peak)}
+    if images is not None:
+        aug = time_augment(aug_model, images, device, max(args.steps, 2))
+        s = out["selfsup"]
+        s["augment_ms"] = 1000 * aug
+        s["mfu_with_augment"] = flops["selfsup"][0] / (s["step_ms_best"] / 1000 + aug) / peak
+    if "lightly" in out:
+        out["speedup_vs_lightly_best"] = out["lightly"]["step_ms_best"] / out["selfsup"]["step_ms_best"]
+        out["speedup_vs_lightly_median"] = out["lightly"]["step_ms_median"] / out["selfsup"]["step_ms_median"]
+    if args.profile:
+        out["selfsup"]["profile"] = profile_step(steps["selfsup"], batches[0], device)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    p.add_argument("--heads", default="preset,wide", help="preset (the recipe's heads), wide (1024-wide), or both")
+    p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "digits"),
+                   help="digits is used when the Fashion-MNIST files are absent")
+    p.add_argument("--recipe", default=None, choices=(None, "vit_s16_224"),
+                   help="vit_s16_224: MoCo v3 ViT-S/16 at 224 px, ImageNet heads, synthetic batch (for GPUs)")
+    p.add_argument("--batch-size", type=int, default=None, help="default 256 (vit_s16_224: 128)")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per repetition")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before each repetition")
+    p.add_argument("--reps", type=int, default=3, help="repetitions; selfsup and lightly alternate")
+    p.add_argument("--batches", type=int, default=4, help="distinct view batches cycled through")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    p.add_argument("--peak-size", type=int, default=None, help="side of the peak matmul (default 2048 CPU, 8192 GPU)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--no-lightly", dest="lightly", action="store_false", help="skip the lightly-assembled step")
+    p.add_argument("--compile", action="store_true", help="trainer.compile=true: torch.compile the step's modules")
+    p.add_argument("--attention", default=None, choices=("sdpa", "matmul"), help="the ViT attention path (default sdpa)")
+    p.add_argument("--profile", action="store_true", help="print and record the profiler table of one step")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "mfu.json"))
+    p.add_argument("--quick", action="store_true", help="smoke test: digits, batch 16, 1 warm-up + 1 step, 1 rep")
+    args = p.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    args.bf16 = device.type == "cuda"
+    args.synthetic = args.recipe is not None
+    args.image_size = 224
+    if args.recipe:
+        args.methods, args.heads = "moco_v3", "preset"
+    if args.quick:
+        args.dataset, args.batch_size, args.steps, args.warmup, args.reps, args.batches = "digits", 16, 1, 1, 1, 1
+        args.peak_size = args.peak_size or 256
+        args.heads = "preset" if args.heads == "preset,wide" else args.heads
+    args.batch_size = args.batch_size or (128 if args.recipe else 256)
+    args.peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()]
+    if any(m not in METHODS for m in methods) or any(h not in ("preset", "wide") for h in heads):
+        p.error(f"--methods takes {','.join(METHODS)}; --heads takes preset,wide")
+    if args.lightly:
+        try:
+            import lightly  # noqa: F401
+        except ImportError:
+            print("lightly is not installed (pip install lightly): the peer step is skipped", file=sys.stderr)
+            args.lightly = False
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.attention:
+        from selfsup.models import vit
+        vit.set_attention(args.attention)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    dataset = args.dataset
+    if dataset == "fashion-mnist" and not args.synthetic:
+        from selfsup.config import DataConfig
+        from selfsup.data.datasets import load_dataset
+        from selfsup.errors import UserError
+        try:
+            load_dataset(DataConfig(name="fashion-mnist"), "train")
+        except UserError as e:
+            print(f"Fashion-MNIST unavailable ({e}); using digits", file=sys.stderr)
+            dataset = "digits"
+
+    started = time.perf_counter()
+    peaks: list[float] = []
+    args.cpu_peaks = []
+    results = {}
+    for method in methods:
+        for h in heads:
+            results[f"{method}/{h}"] = run_case(method, h, dataset, device, args, peaks)
+    peak, cpu_peak = max(peaks), max(args.cpu_peaks)
+    for r in results.values():  # all MFUs against the one best peak measured in this run
+        for k in ("selfsup", "lightly"):
+            if k in r:
+                r[k]["mfu_best"] = r[k]["tflops_best"] * 1e12 / peak
+                r[k]["mfu_median"] = r[k]["flops_per_step"] / (r[k]["step_ms_median"] / 1000) / peak
+                if device.type == "cpu":  # FLOPs per CPU-second over the matmul's FLOPs per CPU-second
+                    r[k]["mfu_cpu_time_best"] = r[k]["flops_per_step"] / (r[k]["cpu_step_ms_best"] / 1000) / cpu_peak
+        if "lightly" in r:
+            r["speedup_vs_lightly_cpu_time"] = r["lightly"]["cpu_step_ms_best"] / r["selfsup"]["cpu_step_ms_best"]
+        if "augment_ms" in r["selfsup"]:
+            s = r["selfsup"]
+            s["mfu_with_augment"] = s["flops_per_step"] / ((s["step_ms_best"] + s["augment_ms"]) / 1000) / peak
+    from selfsup.models import vit
+
+    report = {
+        "benchmark": "mfu",
+        "settings": {"dataset": "synthetic" if args.synthetic else dataset, "recipe": args.recipe or "presets",
+                     "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "reps": args.reps,
+                     "threads": torch.get_num_threads(), "device": str(device), "bf16": args.bf16,
+                     "compile": args.compile, "attention": vit.attention_mode(), "quick": args.quick,
+                     "peak_matmul": f"{args.peak_size}x{args.peak_size} {'bf16' if args.bf16 else 'fp32'}"},
+        "peak_flops": peak, "peak_flops_each_rep": peaks,
+        "peak_flops_per_cpu_s": cpu_peak, "peak_flops_per_cpu_s_each_rep": args.cpu_peaks,
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                    "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+                    "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "wall_s": time.perf_counter() - started,
+        "results": results,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+
+    print(f"\n{report['settings']['dataset']}, batch {args.batch_size}, {device}, {torch.get_num_threads()} threads; "
+          f"peak {peak / 1e9:.1f} GFLOP/s ({report['settings']['peak_matmul']} matmul, best of the run)")
+    print(f"{'case':<16} {'GFLOP/step':>10} {'img/s':>8} {'GFLOP/s':>8} {'MFU':>6} {'MFU+aug':>8}"
+          f" {'lightly img/s':>13} {'MFU':>6} {'speed-up':>9}   by CPU time: {'MFU':>6} {'lightly':>7} {'speed-up':>8}")
+    for name, r in results.items():
+        s, lt = r["selfsup"], r.get("lightly")
+        line = (f"{name:<16} {s['flops_per_step'] / 1e9:>10.2f} {s['images_per_s_best']:>8.1f} "
+                f"{s['tflops_best'] * 1e3:>8.1f} {100 * s['mfu_best']:>5.1f}% "
+                f"{100 * s.get('mfu_with_augment', float('nan')):>7.1f}%")
+        if lt:
+            line += (f" {lt['images_per_s_best']:>13.1f} {100 * lt['mfu_best']:>5.1f}% "
+                     f"{r['speedup_vs_lightly_best']:>8.2f}x")
+        if "mfu_cpu_time_best" in s:
+            line += f"   {'':>12} {100 * s['mfu_cpu_time_best']:>5.1f}%"
+            if lt:
+                line += f" {100 * lt['mfu_cpu_time_best']:>6.1f}% {r['speedup_vs_lightly_cpu_time']:>7.2f}x"
+        print(line)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

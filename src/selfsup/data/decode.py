@@ -1,0 +1,130 @@
+"""Decoding image files in DataLoader workers: random resized crops for training, resize + centre crop for evaluation.
+
+Training (``FolderCrops``): each view of each image is its own RandomResizedCrop (the recipe's scale
+per view, ratio (3/4, 4/3), torchvision's sampling rule) taken from the whole decoded image and
+resized (PIL, antialiased bilinear) straight to the output size, so a batch is a fixed-size
+``uint8 (B, V, C, S, S)`` tensor that the batched on-device augmentation takes without cropping again.
+The crop boxes come from a generator seeded by (seed, epoch, image index): the same on every worker
+count and after a resume. A JPEG is decoded at the smallest DCT scale that still leaves every crop
+at least the output size (``PIL.Image.draft``), which is most of the saving over a full decode.
+
+Evaluation (``resize_center_crop``): resize the shorter side to ``resize`` (default size / 0.875:
+256 for 224), then the central ``size`` square, exactly as torchvision's Resize + CenterCrop on PIL.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from selfsup.errors import UserError
+
+EVAL_CROP = 0.875  # Resize(256) + CenterCrop(224)
+
+
+def eval_resize(size: int) -> int:
+    """The shorter side before the centre crop: size / 0.875, rounded (224 → 256)."""
+    return int(round(size / EVAL_CROP))
+
+
+def _open(path: Path):
+    from PIL import Image
+
+    try:
+        return Image.open(path)
+    except (OSError, SyntaxError, ValueError) as e:
+        raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
+
+
+def _decoded(im, path: Path):
+    try:
+        return im.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as e:
+        raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
+
+
+def _to_tensor(im) -> Tensor:
+    return torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def resize_center_crop(path: Path, size: int, resize: int | None = None) -> Tensor:
+    """torchvision ``Resize(resize)`` (shorter side, PIL bilinear) + ``CenterCrop(size)`` as uint8 (3, size, size)."""
+    from PIL import Image
+
+    resize = resize or eval_resize(size)
+    with _open(path) as f:
+        im = _decoded(f, path)
+    w, h = im.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = resize, int(resize * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    if (new_w, new_h) != (w, h):
+        im = im.resize((new_w, new_h), Image.BILINEAR)
+    if new_w < size or new_h < size:
+        raise UserError(f"data.load_size={resize} is smaller than the {size}-pixel centre crop; raise it")
+    top, left = int(round((new_h - size) / 2.0)), int(round((new_w - size) / 2.0))
+    return _to_tensor(im.crop((left, top, left + size, top + size)))
+
+
+def crop_boxes(seed: int, epoch: int, index: int, height: int, width: int, scales, ratio=(3 / 4, 4 / 3)):
+    """One (top, left, h, w) per view, torchvision's RandomResizedCrop rule, from a generator seeded by
+    (seed, epoch, index): independent of the worker that decodes the image."""
+    from selfsup.data.views import sample_crop_boxes
+
+    state = np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint32)
+    g = torch.Generator().manual_seed(int(state[0]) << 31 ^ int(state[1]))
+    boxes = []
+    for scale in scales:
+        top, left, h, w = sample_crop_boxes(1, height, width, scale, g, ratio=ratio)
+        boxes.append((int(top), int(left), int(h), int(w)))
+    return boxes
+
+
+def decode_crops(path: Path, boxes_of, size: int, draft: bool = True) -> Tensor:
+    """The views of one file as uint8 (V, 3, size, size); ``boxes_of(height, width)`` gives the crop boxes
+    in full-resolution pixels (the header's size, read before decoding)."""
+    from PIL import Image
+
+    with _open(path) as f:
+        width, height = f.size
+        boxes = boxes_of(height, width)
+        sx = sy = 1.0
+        if draft and f.format == "JPEG":
+            # the largest DCT reduction that keeps every crop at least `size` pixels on each side
+            r = max(max(size / h, size / w) for _, _, h, w in boxes)
+            if r < 1:
+                f.draft("RGB", (math.ceil(width * r), math.ceil(height * r)))
+                sx, sy = f.size[0] / width, f.size[1] / height
+        im = _decoded(f, path)
+    views = []
+    for top, left, h, w in boxes:
+        box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
+        views.append(_to_tensor(im.resize((size, size), Image.BILINEAR, box=box)))
+    return torch.stack(views)
+
+
+class FolderCrops:
+    """Training views of image files, decoded and cropped per (epoch, index): ``crops(indices, epoch)`` →
+    uint8 (B, V, 3, size, size), view v a RandomResizedCrop with ``scales[v]``."""
+
+    def __init__(self, files: list[Path], size: int, scales, seed: int, ratio=(3 / 4, 4 / 3), draft: bool = True):
+        self.files, self.size, self.scales = files, size, [tuple(s) for s in scales]
+        self.seed, self.ratio, self.draft = seed, tuple(ratio), draft
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.files), 3, self.size, self.size)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def crop(self, i: int, epoch: int) -> Tensor:
+        return decode_crops(self.files[i], lambda h, w: crop_boxes(self.seed, epoch, i, h, w, self.scales, self.ratio),
+                            self.size, self.draft)
+
+    def crops(self, index: Tensor, epoch: int) -> Tensor:
+        return torch.stack([self.crop(i, epoch) for i in index.tolist()])

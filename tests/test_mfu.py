@@ -1,0 +1,167 @@
+"""The training step's speed levers and the MFU benchmark: FLOP count, batched views, attention paths, compile."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from selfsup.methods import moco_v3 as moco_module
+from selfsup.methods.base import compile_step_modules, encode_views, has_batch_statistics
+from selfsup.models import vit
+from ssl_helpers import random_views, tiny_config, tiny_method
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("mfu_bench", ROOT / "benchmarks" / "mfu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flop_count_of_a_moco_v3_vit_step_matches_a_hand_count():
+    model = tiny_method("moco_v3")  # vit_micro (D 128, depth 4, 4 heads), 8x8 patch 2, heads 128-64-64-32 / 32-64-32
+    c = model.cfg.method
+    B, D, depth, n = 16, 128, 4, 17  # images per view, width, blocks, tokens (16 patches + class)
+    blocks = depth * (2 * n * D * D * (3 + 1 + 4 + 4) + 2 * 2 * n * n * D)  # qkv, proj, fc1, fc2; q·kᵀ and a·v
+    patch = 16 * 2 * (2 * 2) * D  # frozen projection (stop_grad_conv1): forward only
+    proj = 2 * (D * c.proj_hidden_dim + c.proj_hidden_dim**2 + c.proj_hidden_dim * c.dim)
+    pred = 2 * (c.dim * c.pred_hidden_dim + c.pred_hidden_dim * c.dim)
+    per_view = B * (patch + 3 * (blocks + proj + pred) + patch + blocks + proj)  # online fwd+bwd, momentum fwd
+    loss = 2 * (2 * B * B * c.dim) * 2  # two directions: q·kᵀ forward and its gradient w.r.t. q
+    hand = 2 * per_view + loss
+
+    step = _bench().SelfsupStep(model.cfg, model.info, torch.device("cpu"), __import__("contextlib").nullcontext)
+    counted, by_op = _bench().count_flops(step, random_views(B))
+    assert abs(counted - hand) / hand < 0.05, (counted, hand, by_op)
+
+
+def test_batched_views_give_the_per_view_loss_and_gradients_for_the_vit(monkeypatch):
+    model = tiny_method("moco_v3")
+    twin = copy.deepcopy(model)
+    views = random_views(16)
+    calls = []
+    backbone_forward = type(model.backbone).forward
+
+    def counting(self, x):
+        calls.append(x.shape[0])
+        return backbone_forward(self, x)
+
+    monkeypatch.setattr(type(model.backbone), "forward", counting)
+    loss = model.forward_views(views)["loss"]
+    assert calls == [32, 32]  # online and momentum backbone: each view pair in one call
+    loss.backward()
+    monkeypatch.setattr(moco_module, "encode_views", lambda enc, vs: [enc(v) for v in vs])
+    ref = twin.forward_views(views)["loss"]
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        if p.grad is not None or q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_batchnorm_backbones_keep_one_call_per_view():
+    bn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten())
+    assert has_batch_statistics(bn) and not has_batch_statistics(tiny_method("moco_v3").backbone)
+    calls = []
+    bn.register_forward_pre_hook(lambda m, args: calls.append(args[0].shape[0]))
+    views = random_views(8)
+    out = encode_views(bn.train(), views)
+    assert calls == [8, 8]
+    torch.testing.assert_close(out[1], bn(views[1]))  # the second view normalised by its own statistics
+
+
+@pytest.mark.parametrize("tokens", [5, 17, 50])
+def test_every_attention_path_matches_the_reference(tokens):
+    g = torch.Generator().manual_seed(tokens)
+    q, k, v = (torch.randn(3, 4, tokens, 16, generator=g, requires_grad=True) for _ in range(3))
+    ref = (q @ k.transpose(-2, -1) / 4.0).softmax(-1) @ v  # softmax(q kᵀ / √16) v
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    try:
+        for mode in vit.ATTENTION_MODES:
+            vit.set_attention(mode)
+            out = vit.attention(q, k, v)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=mode)
+            for a, b in zip(torch.autograd.grad(out.square().sum(), (q, k, v)), ref_grads):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=mode)
+    finally:
+        vit.set_attention("sdpa")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        vit.set_attention("flash")
+
+
+def test_trainer_compile_trains_a_few_steps_on_cpu(tmp_path):
+    """trainer.compile=true through the engine (aot_eager backend: graph capture and compiled autograd
+    without the minutes of C++ code generation inductor needs on 2 cores); losses match eager."""
+    from selfsup.engine import PretrainData, make_trainer
+    from selfsup.data.datasets import load_dataset
+    from selfsup.methods.build import build_method, data_info
+
+    losses = {}
+    for compiled in (False, True):
+        cfg = tiny_config("moco_v3", trainer={"compile": compiled, "compile_backend": "aot_eager",
+                                             "limit_train_batches": 3, "log_every_n_steps": 1},
+                          output_dir=str(tmp_path), name=f"c{int(compiled)}")
+        train = load_dataset(cfg.data, "train")
+        model = build_method(cfg, data_info(cfg, train))
+        trainer = make_trainer(cfg, tmp_path / f"c{int(compiled)}")
+        trainer.fit(model, datamodule=PretrainData(cfg, train))
+        assert trainer.global_step == 3
+        assert (model.backbone._compiled_call_impl is not None) == compiled
+        losses[compiled] = [float(r) for r in _column(tmp_path / f"c{int(compiled)}" / "metrics.csv", "train/loss")]
+    assert len(losses[True]) == 3
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-5)
+
+
+def _column(path: Path, key: str) -> list[str]:
+    import csv
+
+    with path.open() as f:
+        return [r[key] for r in csv.DictReader(f) if r.get(key)]
+
+
+def test_fused_adamw_gives_the_per_parameter_update():
+    model = tiny_method("byol")
+    twin = copy.deepcopy(model)
+    fused = model.configure_optimizers()
+    twin.cfg.optim.fused = False
+    plain = twin.configure_optimizers()
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    for step in range(3):  # the same gradients into both (Adam would amplify rounding in near-zero gradients)
+        model.forward_views(random_views(16, step))["loss"].backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            q.grad = None if p.grad is None else p.grad.clone()
+        for opt in (fused, plain):
+            for group in opt.param_groups:
+                group["lr"] = 1e-2 * (step + 1)
+            opt.step()
+            opt.zero_grad()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            if p.requires_grad:  # (the EMA targets move in forward_views, which only the model ran)
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_compile_keeps_parameter_names():
+    model = tiny_method("simsiam")
+    names = [n for n, _ in model.named_parameters()]
+    compile_step_modules(model)
+    assert [n for n, _ in model.named_parameters()] == names
+
+
+def test_mfu_benchmark_quick_writes_its_json(tmp_path):
+    out = tmp_path / "mfu.json"
+    assert _bench().main(["--quick", "--methods", "moco_v3", "--threads", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    r = report["results"]["moco_v3/preset"]
+    assert report["peak_flops"] > 0 and r["selfsup"]["flops_per_step"] > 0
+    assert 0 < r["selfsup"]["mfu_best"] < 1.5
+    assert 0 < r["selfsup"]["mfu_cpu_time_best"] < 1.5 and report["peak_flops_per_cpu_s"] > 0
+    if importlib.util.find_spec("lightly") is not None:
+        assert r["lightly"]["flops_per_step"] > 0 and r["speedup_vs_lightly_best"] > 0
