@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     out_path.write_text(json.dumps(result, indent=2))
 
     steps = sorted({s for r in result["runs"].values() for s, _ in r["knn_curve"]})
-    print(f"\nkNN top-1 % (k=20, T=0.07; monitor subsets: {args.knn_train} train / {args.knn_test} test images) "
+    print(f"\nkNN top-1 % (k=20, T=0.07; monitor subsets: at most {args.knn_train} train / {args.knn_test} test images) "
           "by steps trained")
     print(f"{'variant':<12}" + "".join(f"{s:>8}" for s in steps) + f"{'wall s':>9}")
     for variant, r in result["runs"].items():

@@ -43,6 +43,8 @@ def series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 def run_one(method: str, variant: str, args, runs_dir: Path) -> dict:
     name = f"{method}-{variant}"
     run_dir = runs_dir / name
+    if args.collect:
+        return summarize(method, variant, run_dir)
     if run_dir.exists():
         import shutil
 
@@ -59,6 +61,13 @@ def run_one(method: str, variant: str, args, runs_dir: Path) -> dict:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-2000:]}")
+    (run_dir / "wall_s.txt").write_text(f"{wall:.1f}\n")
+    return summarize(method, variant, run_dir)
+
+
+def summarize(method: str, variant: str, run_dir: Path) -> dict:
+    """The figures of one finished run folder (``--collect`` rereads them without training)."""
+    wall = float((run_dir / "wall_s.txt").read_text())
     s = series(run_dir)
     knn_json = json.loads((run_dir / "knn.json").read_text())
     norms = {k.split("/")[1][len("norm_"):-len("_mean")]: v for k, v in s.items()
@@ -86,6 +95,7 @@ def main() -> None:
                         help="cut_init_last_c3: cut-init of the projector's last layer only")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-embedding-norms"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--collect", action="store_true", help="reread finished runs in --runs-dir, train nothing")
     parser.add_argument("--tag", default="", help="suffix of the JSON file (e.g. to run the methods in parallel)")
     parser.add_argument("--quick", action="store_true", help="digits, 1 epoch of 3 batches: a smoke test")
     parser.add_argument("extra", nargs="*", help="further config overrides for every run")

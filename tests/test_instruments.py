@@ -292,3 +292,19 @@ def test_instrument_callbacks_follow_config():
         load_run_config("simsiam-digits", ["instruments.spike_min_history=500"])
     with pytest.raises(UserError, match="unknown config key 'instruments.every'"):
         load_run_config("simsiam-digits", ["instruments.every=5"])
+
+
+def test_a_run_of_spikes_is_one_console_line_and_every_step_an_event(tmp_path, capsys):
+    from selfsup.instruments.dynamics import GradientNorms
+
+    cb = GradientNorms(every_n_steps=1, spike_k=1.0, spike_window=5, spike_min_history=2, run_dir=tmp_path)
+    cb.groups = {"all": []}
+    cb.detectors = {"all": SpikeDetector(k=1.0, window=5, min_history=2)}
+    series = [1.0, 1.1, 0.9, 1.0, 9.0, 9.5, 10.0, 1.0, 1.0, 1.0, 1.0, 1.0, 30.0]  # a run of 3, later one more
+    cb.buffer = [(step, torch.tensor([v])) for step, v in enumerate(series)]
+    cb.flush(SimpleNamespace(is_global_zero=True))
+    steps = [e["step"] for e in read_events(tmp_path / "events.jsonl")]
+    assert steps[:3] == [4, 5, 6] and steps[-1] == 12
+    lines = [line for line in capsys.readouterr().err.splitlines() if "grad_spike" in line]
+    assert len(lines) == len([s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s - 1])
+    assert "at step 4" in lines[0] and "at step 12" in lines[-1]

@@ -63,7 +63,8 @@ def test_only_present_metrics_are_plotted(tmp_path):
 
 
 def test_overlay_of_two_runs(tmp_path):
-    a, b = fake_run(tmp_path / "default"), fake_run(tmp_path / "cut-init", scale=2.0)
+    many = tuple(f"instruments/grad_l2_{g}" for g in ("", "a", "b", "c", "d", "e", "f", "g", "h"))  # > line styles
+    a, b = fake_run(tmp_path / "default", keys=many), fake_run(tmp_path / "cut-init", scale=2.0)
     assert main(["report", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
     page = (tmp_path / "cmp" / "report.html").read_text()
     assert "default" in page and "cut-init" in page

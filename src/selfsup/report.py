@@ -139,7 +139,8 @@ def _figure(plot: Plot, runs: list[Run], out: Path):
                 colour, style, label = colours[i % len(colours)], styles[j % len(styles)], f"{run.name}: {_short(key)}"
             else:
                 colour, style, label = colours[j % len(colours)], "-", _short(key)
-            ax.plot(steps, values, style, color=colour, label=label, lw=1.4, marker="." if len(points) < 30 else None)
+            ax.plot(steps, values, linestyle=style, color=colour, label=label, lw=1.4,
+                    marker="." if len(points) < 30 else None)
         if plot.events:
             marks = [e for e in run.events if e.get("kind") == plot.events]
             if marks:

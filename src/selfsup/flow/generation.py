@@ -1,7 +1,8 @@
 """``selfsup generate`` and ``selfsup eval generation``: samples of a flow run, and their quality.
 
-Samples are drawn from the run's EMA model with :mod:`selfsup.flow.sampler` (noise from a CPU
-generator seeded by ``--seed``, so a seed gives the same images on any device), in batches.
+Samples are drawn from the run's EMA model with :mod:`selfsup.flow.sampler`, in batches; the initial
+noise comes from a CPU generator seeded by ``--seed`` (the same draw on any device), the SDE's step
+noise from a generator on the device seeded by ``--seed + 1``.
 Pixel-space models work on images in [−1, 1] at the model's input size; for the metrics they are
 brought back to the dataset's size (the inverse of the run's resize / pad) and to uint8, then pass
 through the encoder's own evaluation transform exactly as the real images do.
@@ -129,7 +130,7 @@ def cmd_generate(args) -> int:
     model, cfg, info = _load(args.run_dir)
     if args.cfg != 1.0 and not model.num_classes:
         raise UserError(f"--cfg {args.cfg} needs a class-conditional model; {run_dir} is unconditional (use --cfg 1)")
-    labels = sample_labels(args.n, model.num_classes, getattr(args, "cls", None))
+    labels = sample_labels(args.n, model.num_classes, args.cls)
     device = _device(args.device)
     name = (f"samples-n{args.n}-{args.sampler}{args.steps}-cfg{args.cfg:g}"
             f"{'' if args.cls is None else f'-class{args.cls}'}-seed{args.seed}")

@@ -125,6 +125,7 @@ class GradientNorms(pl.Callback):
         self._pending_state: dict | None = None
         self.buffer: list[tuple[int, Tensor]] = []
         self.events: list[dict] = []
+        self._last_spike: dict[str, int] = {}  # per group: the step of the last spike (console lines name a run once)
 
     def _norms(self) -> Tensor:
         """(groups, 2): L2 and L∞ of each group, one norm per parameter computed once."""
@@ -179,7 +180,10 @@ class GradientNorms(pl.Callback):
                 if base is not None and log is not None:
                     event = log.write(step, "grad_spike", value, base[0], threshold=base[1], group=g)
                     self.events.append(event)
-                    report_event(event)
+                    if self._last_spike.get(g) != step - 1:  # the console names a run of spikes once
+                        report_event(event)
+                if base is not None:
+                    self._last_spike[g] = step
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.flush(trainer)
