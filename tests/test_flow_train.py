@@ -276,3 +276,22 @@ def test_label_dropout_and_unconditional():
     assert torch.equal(y[kept], (torch.arange(20000) % 10)[kept])
     uncond, _ = make("self-flow-digits", "method.class_conditional=false")
     assert uncond.student.num_classes == 0 and (uncond.class_labels(torch.arange(10)) == 0).all()
+
+
+def test_a_latents_run_is_evaluated_like_any_backbone(tmp_path):
+    """Precomputed latents (float, 4 channels) train a flow model and its features go through eval knn / rankme."""
+    g = torch.Generator().manual_seed(0)
+    (tmp_path / "lat").mkdir()
+    for split, n in (("train", 64), ("test", 16)):
+        y = torch.arange(n) % 4
+        z = torch.randn(n, 4, 8, 8, generator=g) + 3 * y[:, None, None, None].float()
+        torch.save({"latents": z, "labels": y}, tmp_path / "lat" / f"{split}.pt")
+    code, out, err = run_cli("pretrain", "flow-matching-digits", *MICRO, "data.name=latents",
+                             f"data.root={tmp_path / 'lat'}", "trainer.max_epochs=1",
+                             f"output_dir={tmp_path}", "name=lat")
+    assert code == 0, err
+    code, out, err = run_cli("eval", "knn", str(tmp_path / "lat"), "--k", "5")
+    assert code == 0, err
+    assert json.loads((tmp_path / "lat" / "eval" / "knn.json").read_text())["backbone"] == "flow_encoder"
+    code, out, err = run_cli("eval", "rankme", str(tmp_path / "lat"))
+    assert code == 0, err
