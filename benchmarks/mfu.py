@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +36,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from throughput import _sync, machine_info, write_report  # noqa: E402  (shared with the throughput benchmark)
 
 METHODS = ("moco_v3", "byol", "simsiam", "simclr")
 PRESETS = {  # the CPU recipes (Fashion-MNIST; digits where the Fashion-MNIST files are absent)
@@ -52,11 +52,6 @@ WIDE_HEADS = {
     "simsiam": dict(proj_hidden_dim=1024, dim=1024, pred_hidden_dim=256),
     "simclr": dict(proj_hidden_dim=1024, dim=128),
 }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_peak(device: torch.device, dtype: torch.dtype, size: int, reps: int) -> tuple[float, float]:
@@ -451,15 +446,11 @@ def main(argv: list[str] | None = None) -> int:
                      "peak_matmul": f"{args.peak_size}x{args.peak_size} {'bf16' if args.bf16 else 'fp32'}"},
         "peak_flops": peak, "peak_flops_each_rep": peaks,
         "peak_flops_per_cpu_s": cpu_peak, "peak_flops_per_cpu_s_each_rep": args.cpu_peaks,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-                    "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "machine": machine_info(device),
         "wall_s": time.perf_counter() - started,
         "results": results,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
 
     print(f"\n{report['settings']['dataset']}, batch {args.batch_size}, {device}, {torch.get_num_threads()} threads; "
           f"peak {peak / 1e9:.1f} GFLOP/s ({report['settings']['peak_matmul']} matmul, best of the run)")
@@ -478,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             if lt:
                 line += f" {100 * lt['mfu_cpu_time_best']:>6.1f}% {r['speedup_vs_lightly_cpu_time']:>7.2f}x"
         print(line)
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return 0
 
 

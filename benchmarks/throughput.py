@@ -66,6 +66,19 @@ def run_config(method: str, dataset: str, batch_size: int, max_epochs: int, out_
     })
 
 
+def machine_info(device: torch.device) -> dict:
+    """Where a benchmark ran: platform, cores, torch, GPU name, load average at the end."""
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+            "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def write_report(report: dict, path: str | Path) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -228,15 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                      "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "reps": args.reps,
                      "quick": args.quick, "threads": args.threads, "device": str(device),
                      "method_settings": {m: METHOD_SETTINGS[m] for m in methods}},
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-                    "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "machine": machine_info(device),
         "wall_s": time.perf_counter() - started,
         "results": results,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
 
     print(f"\n{args.dataset} {dataset.image_size}x{dataset.image_size}, vit_micro patch {DATASET_SETTINGS[args.dataset][0]}, "
           f"batch {args.batch_size}, {device}, {args.threads} threads; {args.steps} steps x {args.reps} reps "
@@ -248,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{method:<9} {b['images_per_s_best']:>10.1f} / {b['images_per_s_median']:<9.1f} "
               f"{e['images_per_s_best']:>11.1f} / {e['images_per_s_median']:<10.1f} "
               f"{r['overhead_pct_min']:>+7.1f}% / {r['overhead_pct_median']:+6.1f}% {r['overhead_pct_cpu_min']:>+9.1f}%")
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -26,14 +26,13 @@ One spawn runs all variants (each process imports torch and Lightning once) to s
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from spawn import spawn_and_join
 from ssl_helpers import METHOD_NAMES, tiny_method
 
 WORLD = 2
@@ -114,17 +113,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
-    ctx = mp.start_processes(_worker, args=(str(tmp / "rendezvous"), str(tmp)), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the DDP workers did not finish within {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+    spawn_and_join(_worker, (str(tmp / "rendezvous"), str(tmp)), WORLD, TIMEOUT_S, poll_s=5)
     return {v: [torch.load(tmp / f"{v}-{r}.pt") for r in range(WORLD)] for v in VARIANTS}
 
 

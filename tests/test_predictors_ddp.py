@@ -4,13 +4,12 @@ and F is the whole global batch's (not the local half's). Imports stay light (no
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from selfsup.predictors import DirectPredConfig, TrackedLinearPredictor, directpred_weight
+from spawn import spawn_and_join
 
 WORLD, BATCH, DIM, TIMEOUT_S = 2, 16, 6, 120
 
@@ -45,17 +44,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_ddp_replicas_hold_identical_predictor(tmp_path):
-    ctx = mp.start_processes(_worker, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the DDP workers did not finish within {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+    spawn_and_join(_worker, (str(tmp_path / "rendezvous"), str(tmp_path)), WORLD, TIMEOUT_S)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD))
     whole = run_steps(TrackedLinearPredictor(DIM, "directpred", DirectPredConfig()).train(), global_batches(),
                       slice(0, BATCH))

@@ -22,7 +22,7 @@ from selfsup.flow.model import SIT_SIZES, SiT
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
-from selfsup.methods.base import DataInfo, NonFiniteLoss
+from selfsup.methods.base import DataInfo, ExactResume, NonFiniteLoss
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import scaled_lr, warmup_cosine
 
@@ -141,7 +141,7 @@ def sit_kwargs(cfg, info: DataInfo) -> dict:
                 num_classes=(info.num_classes or 0) if c.class_conditional else 0)
 
 
-class FlowMethod(pl.LightningModule):
+class FlowMethod(ExactResume, pl.LightningModule):
     """Plain flow matching (SiT): ``loss = E ||v_θ(x_t, t, y) − (ε − x_0)||²``, t per sample."""
 
     Config = FlowMatchingConfig
@@ -270,19 +270,6 @@ class FlowMethod(pl.LightningModule):
         for group in self.trainer.optimizers[0].param_groups:
             group["lr"] = lr * group["lr_scale"]
         self.log("train/lr", lr, on_step=True, on_epoch=False)
-
-    # ------------------------------------------------------------------ exact resume
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        state = checkpoint.get("rng_state")
-        if state:
-            torch.set_rng_state(state["torch"])
-            if "cuda" in state and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda"])
 
     # ------------------------------------------------------------------ end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:

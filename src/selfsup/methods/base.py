@@ -112,7 +112,24 @@ def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
     return out
 
 
-class SSLMethod(pl.LightningModule):
+class ExactResume:
+    """Checkpoints carry the global RNG state (CPU and CUDA) so a resumed run continues bit for bit;
+    mixed into every method family's LightningModule."""
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("rng_state")
+        if state:
+            torch.set_rng_state(state["torch"])
+            if "cuda" in state and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class SSLMethod(ExactResume, pl.LightningModule):
     """Base of every method. Subclasses set ``Config`` and ``recipe`` and write ``forward_views``."""
 
     Config: type
@@ -246,16 +263,3 @@ class SSLMethod(pl.LightningModule):
         lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
                   for key in ("pretrained", "random_init")]
         return lines
-
-    # ----------------------------------------------------------------- exact resume
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        state = checkpoint.get("rng_state")
-        if state:
-            torch.set_rng_state(state["torch"])
-            if "cuda" in state and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda"])
