@@ -22,7 +22,7 @@ from selfsup.flow.model import SIT_SIZES, SiT
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
-from selfsup.methods.base import DataInfo, ExactResume, NonFiniteLoss
+from selfsup.methods.base import DataInfo, ExactResume, NonFiniteLoss, knn_report
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import scaled_lr, warmup_cosine
 
@@ -276,11 +276,9 @@ class FlowMethod(ExactResume, pl.LightningModule):
         """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
         (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
         from selfsup.flow.generation import generate, sample_labels, sample_images, save_grid
-        from selfsup.methods.base import SSLMethod
-
         c, lines = self.cfg.method, []
         if train.images.dtype == torch.uint8:
-            lines += SSLMethod.end_of_run_report(self, train, init_backbone, run_dir)
+            lines += knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
             lines[0] = lines[0].replace("kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
             n = 2 * self.ema.num_classes if self.ema.num_classes else 16
             labels = sample_labels(n, self.ema.num_classes)

@@ -112,6 +112,29 @@ def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
     return out
 
 
+def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
+    """The weighted kNN (k, T from ``cfg.eval``) on the test split of the trained and of the random-init
+    backbone, written to ``run_dir/knn.json``; the lines the engine prints."""
+    import json
+
+    from selfsup.data.datasets import load_dataset
+    from selfsup.eval.features import extract_features
+    from selfsup.eval.knn import knn_accuracy
+
+    test = load_dataset(cfg.data, "test")
+    k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
+    out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
+    for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
+        ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+        out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
+    (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
+    lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
+    lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
+              for key in ("pretrained", "random_init")]
+    return lines
+
+
 class ExactResume:
     """Checkpoints carry the global RNG state (CPU and CUDA) so a resumed run continues bit for bit;
     mixed into every method family's LightningModule."""
@@ -242,24 +265,5 @@ class SSLMethod(ExactResume, pl.LightningModule):
 
     # ----------------------------------------------------------------- end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """What the engine prints after fit: the weighted kNN (k, T from ``cfg.eval``) on the test split of
-        the trained and of the random-init backbone, also written to ``run_dir/knn.json``."""
-        import json
-
-        from selfsup.data.datasets import load_dataset
-        from selfsup.eval.features import extract_features
-        from selfsup.eval.knn import knn_accuracy
-
-        cfg, info = self.cfg, self.info
-        test = load_dataset(cfg.data, "test")
-        k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
-        out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
-        for key, model in (("pretrained", self.backbone), ("random_init", init_backbone)):
-            ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-            fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-            out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
-        (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
-        lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
-        lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
-                  for key in ("pretrained", "random_init")]
-        return lines
+        """What the engine prints after fit: :func:`knn_report` of the trained and the random-init backbone."""
+        return knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
