@@ -22,7 +22,7 @@ from selfsup.flow.model import SIT_SIZES, SiT
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
-from selfsup.methods.base import DataInfo, ExactResume, NonFiniteLoss, knn_report
+from selfsup.methods.base import DataInfo, ExactResume, check_finite, knn_report, momentum_update
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import scaled_lr, warmup_cosine
 
@@ -217,10 +217,7 @@ class FlowMethod(ExactResume, pl.LightningModule):
         x0, labels = batch
         out = self.forward_flow(x0, self.class_labels(labels))
         loss = out["loss"]
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss(
-                f"the loss became {loss.item()} at step {self.trainer.global_step}; training stopped and the last "
-                "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+        check_finite(loss, self.trainer.global_step)
         per_token, levels = out.pop("flow_loss"), out.pop("levels")
         log = dict(on_step=True, on_epoch=False)
         self.log("train/loss", loss.detach(), prog_bar=True, **log)
@@ -245,8 +242,7 @@ class FlowMethod(ExactResume, pl.LightningModule):
         self.ema_decay = c.ema_decay * min(1.0, step / c.ema_warmup_steps) if c.ema_warmup_steps else c.ema_decay
         if self._ema_params is None:
             self._ema_params = (list(self.student.parameters()), list(self.ema.parameters()))
-        with torch.no_grad():
-            torch._foreach_lerp_(self._ema_params[1], self._ema_params[0], 1.0 - self.ema_decay)
+        momentum_update(*self._ema_params, self.ema_decay)
 
     # ------------------------------------------------------------------ optimiser and lr
     def trainable(self) -> dict[str, nn.Module]:

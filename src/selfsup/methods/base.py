@@ -38,6 +38,14 @@ class NonFiniteLoss(UserError):
     """The loss became NaN or Inf: training stops and the last good checkpoint stays as it was."""
 
 
+def check_finite(loss: Tensor, step: int) -> None:
+    """Stop training with :class:`NonFiniteLoss` naming ``step`` when ``loss`` is NaN or Inf."""
+    if not torch.isfinite(loss):
+        raise NonFiniteLoss(
+            f"the loss became {loss.item()} at step {step}; training stopped and the last "
+            "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+
+
 def check_momentum(cfg) -> None:
     """Validate an EMA method's ``momentum`` (in [0, 1]) and ``momentum_schedule`` (cosine | constant)."""
     if not 0 <= cfg.momentum <= 1:
@@ -239,10 +247,7 @@ class SSLMethod(ExactResume, pl.LightningModule):
         views, labels = batch
         out = self.forward_views(views)
         loss = out["loss"]
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss(
-                f"the loss became {loss.item()} at step {self.trainer.global_step}; training stopped and the last "
-                "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+        check_finite(loss, self.trainer.global_step)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
         if hasattr(self.cfg.method, "momentum"):
             self.log("train/momentum", self.momentum, on_step=True, on_epoch=False)
