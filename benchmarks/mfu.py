@@ -214,7 +214,7 @@ def count_flops(step, views) -> tuple[int, dict[str, int]]:
     """FLOPs of one forward + backward of ``step`` (no optimiser step), total and per operator."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=cpu_attention_formulas())
     with counter:
         step.loss(views).backward()
     for p in _params(step):
@@ -222,6 +222,24 @@ def count_flops(step, views) -> tuple[int, dict[str, int]]:
     per_op = {str(op): n
               for op, n in counter.get_flop_counts().get("Global", {}).items()}
     return counter.get_total_flops(), per_op
+
+
+def cpu_attention_formulas() -> dict:
+    """FLOP formulas for CPU's fused attention, which ``FlopCounterMode`` has none for (it counts the CUDA
+    kernels only, so on CPU attention was 0 FLOPs): forward q·kᵀ and a·v, 2·B·H·Nq·Nk·(d + d_v);
+    backward the four products of their gradients, twice that."""
+    aten = torch.ops.aten
+
+    def forward(q, k, v, *args, out_shape=None, **kwargs) -> int:
+        *batch, n_q, d = q
+        return 2 * n_q * k[-2] * (d + v[-1]) * int(torch.Size(batch).numel())
+
+    def backward(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
+        return 2 * forward(q, k, v)
+
+    ops = {"_scaled_dot_product_flash_attention_for_cpu": forward,
+           "_scaled_dot_product_flash_attention_for_cpu_backward": backward}
+    return {getattr(aten, name): f for name, f in ops.items() if hasattr(aten, name)}
 
 
 def _params(step):

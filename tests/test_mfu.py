@@ -43,6 +43,24 @@ def test_flop_count_of_a_moco_v3_vit_step_matches_a_hand_count():
     assert abs(counted - hand) / hand < 0.05, (counted, hand, by_op)
 
 
+def test_fused_attention_is_counted_like_the_plain_product():
+    """FlopCounterMode has no formula for CPU's fused attention; the benchmark's equals the bmm count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 16, generator=g, requires_grad=True) for _ in range(3))
+    counts = []
+    try:
+        for mode in ("sdpa", "matmul"):
+            vit.set_attention(mode)
+            counter = FlopCounterMode(display=False, custom_mapping=_bench().cpu_attention_formulas())
+            with counter:
+                torch.autograd.grad(vit.attention(q, k, v).sum(), (q, k, v))
+            counts.append(counter.get_total_flops())
+    finally:
+        vit.set_attention("sdpa")
+    assert counts[0] == counts[1] == 3 * 2 * 2 * (2 * 3) * 17 * 17 * 16  # forward q·kᵀ, a·v; backward twice that
+
 def test_batched_views_give_the_per_view_loss_and_gradients_for_the_vit(monkeypatch):
     model = tiny_method("moco_v3")
     twin = copy.deepcopy(model)
