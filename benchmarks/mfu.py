@@ -14,10 +14,17 @@ The peer step is the same algorithm assembled from lightly's building blocks (it
 prediction heads of the same widths, its losses, ``update_momentum``), the same backbone and the same
 views; step and peer alternate ``--reps`` times so drift in machine load hits both.
 
-    python benchmarks/mfu.py                          # the four methods, Fashion-MNIST, preset + 1024-wide heads
+    python benchmarks/mfu.py                          # the four methods (preset + 1024-wide heads) and the flow steps
     python benchmarks/mfu.py --methods moco_v3 --heads wide --reps 5
     python benchmarks/mfu.py --quick                  # smoke test (digits, batch 16, 1 step)
     python benchmarks/mfu.py --recipe vit_s16_224     # GPU: MoCo v3 ViT-S/16 224 px on a synthetic batch, bf16
+    python benchmarks/mfu.py --methods self_flow,flow_matching   # the flow steps (SiT; no lightly peer)
+
+The flow methods (``self_flow``, ``flow_matching``; presets ``self-flow-fmnist`` / ``flow-matching-fmnist``)
+time the bare step of ``FlowStep``: ``forward_flow`` on a batch the method prepared itself (its
+``on_after_batch_transfer``: uint8 → [−1, 1], fitted; that preparation is the row's ``augment_ms``),
+backward, the preset's gradient clipping, the optimiser, ``zero_grad`` and the EMA update. Their FLOPs
+include the EMA teacher's forward (Self-Flow), which runs inside the loss. ``--heads`` does not apply.
 
 Flags that change the step (``--compile``, ``--threads``, ``--attention``) are the levers measured in
 the README's MFU section; ``--profile`` prints the profiler's table of the step (and its ``copy_`` count).
@@ -41,8 +48,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from throughput import _sync, machine_info, write_report  # noqa: E402  (shared with the throughput benchmark)
 
 METHODS = ("moco_v3", "byol", "simsiam", "simclr")
+FLOW_METHODS = ("self_flow", "flow_matching")  # SiT steps (selfsup.flow); preset heads only, no lightly peer
 PRESETS = {  # the CPU recipes (Fashion-MNIST; digits where the Fashion-MNIST files are absent)
     "moco_v3": "moco-v3-vit-{}", "byol": "byol-{}", "simsiam": "simsiam-{}", "simclr": "simclr-{}",
+    "self_flow": "self-flow-{}", "flow_matching": "flow-matching-{}",
 }
 # 1024-wide heads (lightly's default MoCo/BYOL widths scaled to the micro ViT): hidden 1024, output 256
 # (SimSiam keeps its bottleneck predictor: 1024 -> 256 -> 1024; SimCLR its 128-d output).
@@ -121,6 +130,48 @@ class SelfsupStep:
 
 def args_compile(cfg) -> bool:
     return bool(getattr(cfg.trainer, "compile", False))
+
+
+# ---------------------------------------------------------------------------------------- the flow step
+class FlowStep:
+    """A flow method's step (``selfsup.flow.methods``) as Lightning runs it, without Lightning:
+    ``forward_flow`` (student; Self-Flow's EMA teacher and head) + backward, the preset's gradient
+    clipping, the optimiser at the schedule's peak lr (held constant), ``zero_grad``, then the EMA update
+    the method makes after each optimiser step (``update_ema``)."""
+
+    name = "selfsup"
+
+    def __init__(self, cfg, info, device, autocast):
+        from selfsup.methods.build import build_method
+        from selfsup.schedules import scaled_lr
+
+        torch.manual_seed(cfg.trainer.seed)
+        self.model = build_method(cfg, info).to(device).train()
+        self.opt = self.model.configure_optimizers()
+        lr = scaled_lr(cfg.optim.base_lr, cfg.data.batch_size, cfg.optim.lr_scaling)
+        for group in self.opt.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        self.params = [p for g in self.opt.param_groups for p in g["params"]]
+        self.clip, self.seed, self.autocast, self.steps = cfg.trainer.gradient_clip_val, cfg.trainer.seed, autocast, 0
+
+    def prepare(self, images, labels):
+        """The method's own batch preparation (uint8 → [−1, 1], fitted to the model size)."""
+        return self.model.on_after_batch_transfer((images, labels), 0)
+
+    def loss(self, batch):
+        x0, labels = batch
+        self.model.rng(x0.device).manual_seed(self.seed * 1_000_003 + self.steps)  # noise, t, masks: per step, as in fit
+        with self.autocast():
+            return self.model.forward_flow(x0, self.model.class_labels(labels))["loss"]
+
+    def __call__(self, batch):
+        self.loss(batch).backward()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.steps += 1
+        self.model.update_ema(self.steps)
 
 
 # ---------------------------------------------------------------------------------------- the lightly step
@@ -371,9 +422,52 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
     return out
 
 
+def run_flow_case(method: str, dataset: str, device, args, peaks: list[float]) -> dict:
+    """The flow step of ``method``'s preset: FLOPs, step times and MFU (no lightly peer; no head widths)."""
+    from selfsup.config import load_run_config
+    from selfsup.data.datasets import load_dataset
+    from selfsup.methods.build import data_info
+
+    cfg = load_run_config(preset_name(method, dataset, args), ["trainer.seed=0", f"data.batch_size={args.batch_size}"])
+    if args.compile:
+        cfg.method.compile = True  # the flow methods' own switch: torch.compile of the student's forward
+    train = load_dataset(cfg.data, "train")
+    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else nullcontext)
+    step = FlowStep(cfg, data_info(cfg, train), device, autocast)
+    raw = [[t.to(device) for t in train[i * args.batch_size:(i + 1) * args.batch_size]] for i in range(args.batches)]
+    batches = [step.prepare(*b) for b in raw]
+    flops, by_op = count_flops(step, batches[0])
+    times = []
+    for rep in range(args.reps):
+        wall_peak, cpu_peak = measure_peak(device, torch.bfloat16 if args.bf16 else torch.float32, args.peak_size, 3)
+        peaks.append(wall_peak)
+        args.cpu_peaks.append(cpu_peak)
+        times.append(time_step(step, batches, args.warmup, args.steps, device))
+        t = times[-1]
+        print(f"[{method} rep {rep + 1}/{args.reps}] selfsup  {1000 * sum(w for w, _ in t) / len(t):8.1f} "
+              f"ms/step wall {1000 * sum(c for _, c in t) / len(t):8.1f} CPU", file=sys.stderr, flush=True)
+    sit = step.model.student
+    out = {"preset": preset_name(method, dataset, args),
+           "model": {"size": cfg.method.size, "hidden": sit.hidden, "depth": sit.depth, "heads": sit.heads,
+                     "patch_size": sit.patch_size, "tokens": sit.num_tokens},
+           "selfsup": {"flops_per_step": flops, "flops_per_image": flops / args.batch_size, "flops_by_op": by_op,
+                       **summarize(times, flops, args.batch_size, max(peaks))}}
+    prep = []
+    for _ in range(max(args.steps, 2) + 1):  # the batch preparation, reported in the augmentation's place
+        t0 = time.perf_counter()
+        step.prepare(*raw[0])
+        _sync(device)
+        prep.append(time.perf_counter() - t0)
+    out["selfsup"]["augment_ms"] = 1000 * statistics.median(prep[1:])
+    if args.profile:
+        out["selfsup"]["profile"] = profile_step(step, batches[0], device)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS + FLOW_METHODS),
+                   help="comma-separated subset of " + ",".join(METHODS + FLOW_METHODS))
     p.add_argument("--heads", default="preset,wide", help="preset (the recipe's heads), wide (1024-wide), or both")
     p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "digits"),
                    help="digits is used when the Fashion-MNIST files are absent")
@@ -408,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     args.peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
-    if any(m not in METHODS for m in methods) or any(h not in ("preset", "wide") for h in heads):
-        p.error(f"--methods takes {','.join(METHODS)}; --heads takes preset,wide")
+    if any(m not in METHODS + FLOW_METHODS for m in methods) or any(h not in ("preset", "wide") for h in heads):
+        p.error(f"--methods takes {','.join(METHODS + FLOW_METHODS)}; --heads takes preset,wide")
     if args.lightly:
         try:
             import lightly  # noqa: F401
@@ -438,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     args.cpu_peaks = []
     results = {}
     for method in methods:
+        if method in FLOW_METHODS:  # preset only: --heads does not apply
+            results[f"{method}/preset"] = run_flow_case(method, dataset, device, args, peaks)
+            continue
         for h in heads:
             results[f"{method}/{h}"] = run_case(method, h, dataset, device, args, peaks)
     peak, cpu_peak = max(peaks), max(args.cpu_peaks)
@@ -472,16 +569,18 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{report['settings']['dataset']}, batch {args.batch_size}, {device}, {torch.get_num_threads()} threads; "
           f"peak {peak / 1e9:.1f} GFLOP/s ({report['settings']['peak_matmul']} matmul, best of the run)")
-    print(f"{'case':<16} {'GFLOP/step':>10} {'img/s':>8} {'GFLOP/s':>8} {'MFU':>6} {'MFU+aug':>8}"
+    print(f"{'case':<20} {'GFLOP/step':>10} {'img/s':>8} {'GFLOP/s':>8} {'MFU':>6} {'MFU+aug':>8}"
           f" {'lightly img/s':>13} {'MFU':>6} {'speed-up':>9}   by CPU time: {'MFU':>6} {'lightly':>7} {'speed-up':>8}")
     for name, r in results.items():
         s, lt = r["selfsup"], r.get("lightly")
-        line = (f"{name:<16} {s['flops_per_step'] / 1e9:>10.2f} {s['images_per_s_best']:>8.1f} "
+        line = (f"{name:<20} {s['flops_per_step'] / 1e9:>10.2f} {s['images_per_s_best']:>8.1f} "
                 f"{s['tflops_best'] * 1e3:>8.1f} {100 * s['mfu_best']:>5.1f}% "
                 f"{100 * s.get('mfu_with_augment', float('nan')):>7.1f}%")
         if lt:
             line += (f" {lt['images_per_s_best']:>13.1f} {100 * lt['mfu_best']:>5.1f}% "
                      f"{r['speedup_vs_lightly_best']:>8.2f}x")
+        elif any("lightly" in q for q in results.values()):  # a row without a peer (the flow steps)
+            line += " " * 31
         if "mfu_cpu_time_best" in s:
             line += f"   {'':>12} {100 * s['mfu_cpu_time_best']:>5.1f}%"
             if lt:

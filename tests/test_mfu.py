@@ -183,3 +183,46 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
     assert 0 < r["selfsup"]["mfu_cpu_time_best"] < 1.5 and report["peak_flops_per_cpu_s"] > 0
     if importlib.util.find_spec("lightly") is not None:
         assert r["lightly"]["flops_per_step"] > 0 and r["speedup_vs_lightly_best"] > 0
+
+
+def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
+    """Self-Flow on the micro SiT (D 64, depth 4, 2 heads; 8x8 patch 2: 16 tokens): the student's forward
+    and backward with per-token conditioning, the head, and the EMA teacher's forward of blocks 1..k."""
+    from contextlib import nullcontext
+
+    from selfsup.config import load_run_config
+    from selfsup.methods.base import DataInfo
+
+    cfg = load_run_config("self-flow-digits", ["data.batch_size=16"])
+    step = _bench().FlowStep(cfg, DataInfo(1, 8, (0.5,), (0.5,), 10), torch.device("cpu"), nullcontext)
+    B, N, D, depth, k, P = 16, 16, 64, 4, step.model.k, 4  # P: p·p·C values per token
+    assert k == 3 and step.model.student.num_tokens == N and step.model.student.hidden == D
+    attention = 2 * 2 * N * N * D  # per sample and block: q·kᵀ and a·v
+    # per token, forward: adaLN 6D², qkv 3D², proj D², MLP 8D² (per token: Self-Flow's levels are per token)
+    block_tok = 2 * D * D * (6 + 3 + 1 + 8)
+    student = B * N * (2 * (2 * P * D)  # patch embedding: forward + weight gradient (its input needs none)
+                       + 2 * (2 * 256 * D) + 3 * (2 * D * D)  # timestep MLP (per token)
+                       + 3 * depth * block_tok + 3 * (2 * 2 * D * D + 2 * D * P)  # blocks, final adaLN + linear
+                       + 3 * 2 * (2 * D * D + 2 * D * D)) + 3 * depth * B * attention  # head D → 2D → D
+    teacher = (B * N * 2 * P * D + B * (2 * 256 * D + 2 * D * D)  # patch and timestep embedding (one level each)
+               + k * (B * 2 * 6 * D * D + B * N * 2 * D * D * 12 + B * attention))  # blocks 1..k, adaLN per sample
+    hand = student + teacher
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.rand(B, 1, 8, 8, generator=g) * 2 - 1, torch.randint(0, 10, (B,), generator=g))
+    counted, by_op = _bench().count_flops(step, batch)
+    assert abs(counted - hand) / hand < 0.05, (counted, hand, by_op)
+    assert any("attention" in op for op in by_op)  # CPU's fused attention is counted too
+
+
+def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
+    out = tmp_path / "mfu.json"
+    assert _bench().main(["--quick", "--methods", "self_flow,flow_matching", "--threads", "1", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"self_flow/preset", "flow_matching/preset"}
+    for r in results.values():
+        s = r["selfsup"]
+        assert r["preset"].endswith("-digits") and "lightly" not in r
+        assert s["flops_per_step"] > 0 and s["flops_per_image"] * 16 == s["flops_per_step"]
+        assert 0 < s["mfu_best"] <= 1 and 0 < s["mfu_cpu_time_best"] <= 1 and s["augment_ms"] > 0
+    # the teacher's forward and the head: Self-Flow's step costs more than plain flow matching's
+    assert results["self_flow/preset"]["selfsup"]["flops_per_step"] > results["flow_matching/preset"]["selfsup"]["flops_per_step"]
