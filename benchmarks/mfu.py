@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         if lt:
             line += (f" {lt['images_per_s_best']:>13.1f} {100 * lt['mfu_best']:>5.1f}% "
                      f"{r['speedup_vs_lightly_best']:>8.2f}x")
-        elif any("lightly" in q for q in results.values()):  # a row without a peer (the flow steps)
+        else:  # a row without a peer (the flow steps, --no-lightly): keep the columns
             line += " " * 31
         if "mfu_cpu_time_best" in s:
             line += f"   {'':>12} {100 * s['mfu_cpu_time_best']:>5.1f}%"
