@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     args.threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    if _device().type == "cpu":  # what the engine sets for CPU training, for both sides from the start
+        from selfsup import host
+        host.cache_freed_memory()
 
     from selfsup.config import DataConfig
     from selfsup.data.datasets import load_dataset

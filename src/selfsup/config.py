@@ -105,12 +105,15 @@ class TrainerConfig:
     seed: int = 0
     compile: bool = False  # torch.compile the step's modules (backbone, heads, momentum copies)
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
+    host_allocator: str = "cached"  # cached: glibc keeps freed blocks for reuse on CPU training (selfsup.host) | system
 
     def validate(self) -> None:
         if self.max_epochs < 1:
             raise UserError(f"trainer.max_epochs={self.max_epochs} must be >= 1")
         if self.precision not in ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true"):
             raise UserError(f"trainer.precision={self.precision!r} is not known; use 32-true, 16-mixed or bf16-mixed")
+        if self.host_allocator not in ("cached", "system"):
+            raise UserError(f"trainer.host_allocator={self.host_allocator!r} is not known; use cached or system")
 
 
 @dataclass

@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 import torch
 import yaml
 
+from selfsup import host
 from selfsup.checkpoints import load_checkpoint
 from selfsup.config import RunConfig, resolve, to_dict
 from selfsup.data.datasets import FolderImages, ImageDataset, load_dataset
@@ -225,6 +226,8 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         export_backbone(model.backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
+    if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
+        host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps
     if ckpt_path is not None:
         keep_metrics(trainer, run_dir, resumed_step)
     try:
