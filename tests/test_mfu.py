@@ -181,6 +181,12 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
     assert report["peak_flops"] > 0 and r["selfsup"]["flops_per_step"] > 0
     assert 0 < r["selfsup"]["mfu_best"] < 1.5
     assert 0 < r["selfsup"]["mfu_cpu_time_best"] < 1.5 and report["peak_flops_per_cpu_s"] > 0
+    # the kernels doing the counted FLOPs take part of the step; FLOPs over their time alone bound MFU
+    kernels = r["selfsup"]["flop_kernels"]
+    assert 0 < kernels["flop_kernels_ms"] < kernels["profiled_step_ms"]
+    assert r["selfsup"]["mfu_ceiling"] == pytest.approx(
+        r["selfsup"]["flops_per_step"] / (kernels["flop_kernels_ms"] / 1000) / report["peak_flops"])
+    assert report["settings"]["host_allocator"] == "cached"
     if importlib.util.find_spec("lightly") is not None:
         assert r["lightly"]["flops_per_step"] > 0 and r["speedup_vs_lightly_best"] > 0
 
