@@ -26,8 +26,10 @@ time the bare step of ``FlowStep``: ``forward_flow`` on a batch the method prepa
 backward, the preset's gradient clipping, the optimiser, ``zero_grad`` and the EMA update. Their FLOPs
 include the EMA teacher's forward (Self-Flow), which runs inside the loss. ``--heads`` does not apply.
 
-Flags that change the step (``--compile``, ``--threads``, ``--attention``) are the levers measured in
-the README's MFU section; ``--profile`` prints the profiler's table of the step (and its ``copy_`` count).
+Flags that change the step (``--compile``, ``--threads``, ``--attention``, ``--memory-format``) are the levers
+measured in the README's MFU section; ``--set`` overrides the selfsup step's config (a ResNet:
+``--set model.backbone=resnet18 --set model.small_stem=true``; lightly's twin is a ViT, so no peer row);
+``--profile`` prints the profiler's table of the step (and its ``copy_`` count).
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def measure_peak(device: torch.device, dtype: torch.dtype, size: int, reps: int)
 def selfsup_config(method: str, dataset: str, heads: str, args):
     from selfsup.config import load_run_config
 
-    overrides = ["trainer.seed=0", f"data.batch_size={args.batch_size}"]
+    overrides = ["trainer.seed=0", f"data.batch_size={args.batch_size}", f"trainer.memory_format={args.memory_format}"]
+    overrides += args.set or []
     if heads == "wide":
         overrides += [f"method.{k}={v}" for k, v in WIDE_HEADS[method].items()]
     return load_run_config(preset_name(method, dataset, args), overrides)
@@ -109,6 +112,8 @@ class SelfsupStep:
         from selfsup.methods.build import build_method
 
         self.model = build_method(cfg, info).to(device).train()
+        from selfsup.memory_format import resolve_memory_format
+        self.model.use_memory_format(resolve_memory_format(cfg.trainer.memory_format, self.model.backbone, device))
         if args_compile(cfg):
             from selfsup.methods.base import compile_step_modules
             compile_step_modules(self.model, cfg.trainer.compile_backend)
@@ -119,6 +124,8 @@ class SelfsupStep:
         self.autocast = autocast
 
     def loss(self, views):
+        if self.model.memory_format != torch.contiguous_format:  # as on_after_batch_transfer hands them over
+            views = [v.contiguous(memory_format=self.model.memory_format) for v in views]
         with self.autocast():
             return self.model.forward_views(views)["loss"]
 
@@ -416,7 +423,8 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
     batches, images, aug_model = make_views(cfg, info, device, args.batches, args)
     autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else nullcontext)
     steps = {"selfsup": SelfsupStep(cfg, info, device, autocast)}
-    if args.lightly:
+    from selfsup.models.vit import VisionTransformer
+    if args.lightly and isinstance(steps["selfsup"].model.backbone, VisionTransformer):  # the peer's twin: timm's ViT
         steps["lightly"] = LightlyStep(method, cfg, steps["selfsup"].model.backbone, device, autocast)
     flops = {k: count_flops(s, batches[0]) for k, s in steps.items()}
     times = {k: [] for k in steps}
@@ -512,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--no-lightly", dest="lightly", action="store_false", help="skip the lightly-assembled step")
     p.add_argument("--compile", action="store_true", help="trainer.compile=true: torch.compile the step's modules")
+    p.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
+                   help="trainer.memory_format of the selfsup step (auto: channels_last for a CNN on a GPU)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a config override of the selfsup step, e.g. --set model.backbone=resnet18 (repeatable)")
     p.add_argument("--attention", default=None, choices=("sdpa", "matmul"), help="the ViT attention path (default sdpa)")
     p.add_argument("--profile", action="store_true", help="print and record the profiler table of one step")
     p.add_argument("--host-allocator", default="cached", choices=("cached", "system"),
@@ -595,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"dataset": "synthetic" if args.synthetic else dataset, "recipe": args.recipe or "presets",
                      "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "reps": args.reps,
                      "threads": torch.get_num_threads(), "device": str(device), "bf16": args.bf16,
-                     "compile": args.compile, "attention": vit.attention_mode(), "quick": args.quick,
+                     "compile": args.compile, "memory_format": args.memory_format, "overrides": args.set or [],
+                     "attention": vit.attention_mode(), "quick": args.quick,
                      "host_allocator": args.host_allocator if device.type == "cpu" else None,
                      "peak_matmul": f"{args.peak_size}x{args.peak_size} {'bf16' if args.bf16 else 'fp32'}"},
         "peak_flops": peak, "peak_flops_each_rep": peaks,

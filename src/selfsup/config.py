@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from selfsup.errors import UserError
+from selfsup.memory_format import MEMORY_FORMATS
 from selfsup.optim import OptimConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -106,6 +107,7 @@ class TrainerConfig:
     compile: bool = False  # torch.compile the step's modules (backbone, heads, momentum copies)
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
     host_allocator: str = "cached"  # cached: glibc keeps freed blocks for reuse on CPU training (selfsup.host) | system
+    memory_format: str = "auto"  # auto (channels_last for a CNN backbone on a CUDA GPU, else contiguous) | channels_last | contiguous
 
     def validate(self) -> None:
         if self.max_epochs < 1:
@@ -114,6 +116,8 @@ class TrainerConfig:
             raise UserError(f"trainer.precision={self.precision!r} is not known; use 32-true, 16-mixed or bf16-mixed")
         if self.host_allocator not in ("cached", "system"):
             raise UserError(f"trainer.host_allocator={self.host_allocator!r} is not known; use cached or system")
+        if self.memory_format not in MEMORY_FORMATS:
+            raise UserError(f"trainer.memory_format={self.memory_format!r} is not known; use {', '.join(MEMORY_FORMATS)}")
 
 
 @dataclass

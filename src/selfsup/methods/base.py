@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from selfsup.data.views import AugmentConfig, MultiViewAugment, recipe_branches
 from selfsup.distributed import world
 from selfsup.errors import UserError
+from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import momentum_cosine, scaled_lr, warmup_cosine
@@ -179,6 +180,7 @@ class SSLMethod(ExactResume, pl.LightningModule):
         self._ema_pairs: list[tuple[nn.Module, nn.Module]] = []
         self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
         self._generator: torch.Generator | None = None
+        self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
 
     # ----------------------------------------------------------------- to write in a method
     def forward_views(self, views: list[Tensor]) -> dict[str, Tensor]:
@@ -211,6 +213,25 @@ class SSLMethod(ExactResume, pl.LightningModule):
     def global_batch_size(self) -> int:
         return self.cfg.data.batch_size
 
+    def use_memory_format(self, memory_format: torch.memory_format) -> None:
+        """Convolution weights (online and momentum backbones) and from now on the views in ``memory_format``."""
+        self.memory_format = memory_format
+        for name, child in self.named_children():
+            if name != "augment":
+                set_memory_format(child, memory_format)
+
+    def setup(self, stage: str) -> None:
+        """``trainer.memory_format`` for this backbone and device, applied before the strategy moves and wraps
+        the model (DDP's gradient buckets follow the parameters' strides) and before the optimiser is built."""
+        if stage == "fit":
+            self.use_memory_format(resolve_memory_format(self.cfg.trainer.memory_format, self.backbone,
+                                                         self.trainer.strategy.root_device))
+
+    def on_train_start(self) -> None:
+        """Optimiser state resumed from a checkpoint written in the other memory format takes its parameters' strides."""
+        for optimizer in self.trainer.optimizers:
+            match_optimizer_state(optimizer)
+
     def on_fit_start(self) -> None:
         if self.cfg.trainer.compile:
             compile_step_modules(self, self.cfg.trainer.compile_backend)
@@ -241,7 +262,10 @@ class SSLMethod(ExactResume, pl.LightningModule):
             self._generator = torch.Generator(device=images.device)
         rank, size = world()
         self._generator.manual_seed((self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * size + rank)
-        return self.augment(images, self._generator), labels
+        views = self.augment(images, self._generator)
+        if self.memory_format != torch.contiguous_format:
+            views = [images_in(v, self.memory_format) for v in views]
+        return views, labels
 
     def training_step(self, batch, batch_idx: int):
         views, labels = batch
