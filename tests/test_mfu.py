@@ -184,8 +184,9 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
     # the kernels doing the counted FLOPs take part of the step; FLOPs over their time alone bound MFU
     kernels = r["selfsup"]["flop_kernels"]
     assert 0 < kernels["flop_kernels_ms"] < kernels["profiled_step_ms"]
-    assert r["selfsup"]["mfu_ceiling"] == pytest.approx(
-        r["selfsup"]["flops_per_step"] / (kernels["flop_kernels_ms"] / 1000) / report["peak_flops"])
+    share = kernels["flop_kernels_ms"] / kernels["profiled_step_ms"]
+    assert kernels["flop_kernels_share"] == pytest.approx(share)
+    assert r["selfsup"]["mfu_ceiling"] == pytest.approx(r["selfsup"]["mfu_best"] / share)
     assert report["settings"]["host_allocator"] == "cached"
     if importlib.util.find_spec("lightly") is not None:
         assert r["lightly"]["flops_per_step"] > 0 and r["speedup_vs_lightly_best"] > 0
@@ -232,3 +233,20 @@ def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
         assert 0 < s["mfu_best"] <= 1 and 0 < s["mfu_cpu_time_best"] <= 1 and s["augment_ms"] > 0
     # the teacher's forward and the head: Self-Flow's step costs more than plain flow matching's
     assert results["self_flow/preset"]["selfsup"]["flops_per_step"] > results["flow_matching/preset"]["selfsup"]["flops_per_step"]
+
+
+def test_levers_benchmark_quick_puts_a_lever_beside_the_baseline(tmp_path):
+    """levers.py: the baseline and each lever in fresh mfu.py processes, per-round ratios in its JSON."""
+    spec = importlib.util.spec_from_file_location("levers_bench", ROOT / "benchmarks" / "levers.py")
+    levers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(levers)
+    out = tmp_path / "levers.json"
+    assert levers.main(["--quick", "--levers", "plain attention=--attention matmul", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"baseline", "plain attention"}
+    assert results["plain attention"]["flags"] == ["--attention", "matmul"]
+    for r in results.values():
+        assert r["step_ms_median"] > 0 and len(r["speedup_each_round"]) == 1
+    assert results["baseline"]["speedup_median"] == 1.0
+    with pytest.raises(SystemExit):
+        levers.main(["--quick", "--levers", "no equals sign"])
