@@ -194,7 +194,7 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
 
 def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
     """Self-Flow on the micro SiT (D 64, depth 4, 2 heads; 8x8 patch 2: 16 tokens): the student's forward
-    and backward with per-token conditioning, the head, and the EMA teacher's forward of blocks 1..k."""
+    and backward with its two levels per sample, the head, and the EMA teacher's forward of blocks 1..k."""
     from contextlib import nullcontext
 
     from selfsup.config import load_run_config
@@ -205,12 +205,17 @@ def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
     B, N, D, depth, k, P = 16, 16, 64, 4, step.model.k, 4  # P: p·p·C values per token
     assert k == 3 and step.model.student.num_tokens == N and step.model.student.hidden == D
     attention = 2 * 2 * N * N * D  # per sample and block: q·kᵀ and a·v
-    # per token, forward: adaLN 6D², qkv 3D², proj D², MLP 8D² (per token: Self-Flow's levels are per token)
-    block_tok = 2 * D * D * (6 + 3 + 1 + 8)
-    student = B * N * (2 * (2 * P * D)  # patch embedding: forward + weight gradient (its input needs none)
-                       + 2 * (2 * 256 * D) + 3 * (2 * D * D)  # timestep MLP (per token)
-                       + 3 * depth * block_tok + 3 * (2 * 2 * D * D + 2 * D * P)  # blocks, final adaLN + linear
-                       + 3 * 2 * (2 * D * D + 2 * D * D)) + 3 * depth * B * attention  # head D → 2D → D
+    # per token, forward: qkv 3D², proj D², MLP 8D²; the conditioning (timestep MLP, adaLN 6D² per block,
+    # final adaLN 2·D²·2) once per level: Self-Flow's two levels per sample (t, s), gathered to the tokens
+    block_tok = 2 * D * D * (3 + 1 + 8)
+    K = 2
+    student = (B * N * (2 * (2 * P * D)  # patch embedding: forward + weight gradient (its input needs none)
+                        + 3 * depth * block_tok + 3 * (2 * D * P)  # blocks, final linear
+                        + 3 * 2 * (2 * D * D + 2 * D * D))  # head D → 2D → D
+               + B * K * (2 * (2 * 256 * D) + 3 * (2 * D * D)  # timestep MLP (per level)
+                          + 3 * depth * (2 * D * 6 * D) + 3 * (2 * D * 2 * D))  # adaLN of the blocks, final adaLN
+               + 2 * B * N * (2 * K * 6 * D * depth + 2 * K * 2 * D)  # one-hot selection of the levels' rows
+               + 3 * depth * B * attention)
     teacher = (B * N * 2 * P * D + B * (2 * 256 * D + 2 * D * D)  # patch and timestep embedding (one level each)
                + k * (B * 2 * 6 * D * D + B * N * 2 * D * D * 12 + B * attention))  # blocks 1..k, adaLN per sample
     hand = student + teacher

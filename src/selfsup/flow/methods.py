@@ -310,7 +310,9 @@ class SelfFlow(FlowMethod):
         t, s = self.draw_t(B, x0.device), self.draw_t(B, x0.device)
         mask = token_mask(B, self.student.num_tokens, c.mask_ratio, device=x0.device, generator=self.rng(x0.device))
         levels, teacher_level = self_flow_levels(t, s, mask)
-        v, (h,) = self._forward[0](interpolate(x0, noise, levels, p), levels, y, features=(self.l,))
+        # the student's conditioning per level (t, s), gathered to the tokens: the per-token values, fewer FLOPs
+        v, (h,) = self._forward[0](interpolate(x0, noise, levels, p), torch.stack([t, s], dim=1), y,
+                                   features=(self.l,), token_index=mask.long())
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), p)
         with torch.no_grad():  # the teacher: whole image at min(t, s), the same noise, blocks 1..k only
             target = self.ema.block_tokens(interpolate(x0, noise, teacher_level), teacher_level, y, self.k)
