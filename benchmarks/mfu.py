@@ -584,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
             kern = r[k].get("flop_kernels") if k in r else None
             if kern:  # the best step with everything outside the FLOP kernels taking no time
                 r[k]["mfu_ceiling"] = r[k]["mfu_best"] / kern["flop_kernels_share"]
+        if "lightly" in r and r["lightly"].get("flop_kernels"):
+            # the speed-up over the peer of a step that was nothing but the same FLOPs' kernels
+            r["speedup_vs_lightly_bound"] = 1 / r["lightly"]["flop_kernels"]["flop_kernels_share"]
         if "lightly" in r:
             r["speedup_vs_lightly_cpu_time"] = r["lightly"]["cpu_step_ms_best"] / r["selfsup"]["cpu_step_ms_best"]
         if "augment_ms" in r["selfsup"]:

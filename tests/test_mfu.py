@@ -190,6 +190,7 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
     assert report["settings"]["host_allocator"] == "cached"
     if importlib.util.find_spec("lightly") is not None:
         assert r["lightly"]["flops_per_step"] > 0 and r["speedup_vs_lightly_best"] > 0
+        assert r["speedup_vs_lightly_bound"] == pytest.approx(1 / r["lightly"]["flop_kernels"]["flop_kernels_share"])
 
 
 def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
