@@ -229,7 +229,9 @@ class SiT(nn.Module):
                              f"got {tuple(token_index.shape)} and {tuple(t.shape)}")
         h = self.x_embedder(self.patchify(x)) + self.pos_embed
         c = self.condition(t, y)
-        select = None if token_index is None else F.one_hot(token_index, t.shape[1]).to(c.dtype)
+        select = None  # (B, N, K) one-hot of each token's level (a comparison: F.one_hot reads its range back)
+        if token_index is not None:
+            select = (token_index[..., None] == torch.arange(t.shape[1], device=t.device)).to(c.dtype)
         out = []
         for i, block in enumerate(self.blocks, start=1):
             h = block(h, c, select)
