@@ -69,16 +69,16 @@ def _fit_counting(cfg, tmp_path):
     return reads, logged
 
 
-@pytest.mark.parametrize("method", ["moco_v3", "self_flow"])
+@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam", "simclr", "self_flow", "flow_matching"])
 def test_no_host_reads_between_logging_steps(tmp_path, method):
     """12 steps, logging every 4, the default instruments every 5: a logging step reads once (the NaN
     check; the logged values come back in one copy), an instrument step reads what it measures, and
     every other step reads nothing, with the progress bar on."""
     trainer = {"limit_train_batches": 12, "log_every_n_steps": 4, "progress_bar": True}
-    if method == "self_flow":
+    if method in ("self_flow", "flow_matching"):
         from selfsup.config import load_run_config
 
-        cfg = load_run_config("self-flow-digits", ["method.size=micro", "data.batch_size=16", "trainer.max_epochs=1",
+        cfg = load_run_config(f"{method.replace('_', '-')}-digits", ["method.size=micro", "data.batch_size=16", "trainer.max_epochs=1",
                                                    "trainer.accelerator=cpu", "trainer.devices=1",
                                                    "instruments.every_n_steps=5",
                                                    *[f"trainer.{k}={v}" for k, v in trainer.items()],
