@@ -359,8 +359,9 @@ FLOP_KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::
 def flop_kernel_time(step, batches, device, n: int = 2) -> dict | None:
     """How much of a step the kernels that do the counted FLOPs take (CPU only; None on a GPU, where the
     profiler's CPU self time is launch time): their summed self time per step, the profiled step's
-    wall time, and the share. FLOPs over that kernel time alone bound MFU from above: the ceiling
-    if every other operator (elementwise, normalisation, copies, optimiser) took no time."""
+    wall time, and the share (stable across machine-speed drift, unlike the times). The best step's MFU
+    over that share bounds MFU from above: the ceiling if every other operator (elementwise,
+    normalisation, copies, optimiser) took no time and the kernels kept their speed."""
     if device.type != "cpu":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -593,8 +594,11 @@ def main(argv: list[str] | None = None) -> int:
                 if device.type == "cpu":  # FLOPs per CPU-second over the matmul's FLOPs per CPU-second
                     r[k]["mfu_cpu_time_best"] = r[k]["flops_per_step"] / (r[k]["cpu_step_ms_best"] / 1000) / cpu_peak
             kern = r[k].get("flop_kernels") if k in r else None
-            if kern:
-                r[k]["mfu_ceiling"] = r[k]["flops_per_step"] / (kern["flop_kernels_ms"] / 1000) / peak
+            if kern:  # the best step with everything outside the FLOP kernels taking no time
+                r[k]["mfu_ceiling"] = r[k]["mfu_best"] / kern["flop_kernels_share"]
+        if "lightly" in r and r["lightly"].get("flop_kernels"):
+            # the speed-up over the peer of a step that was nothing but the same FLOPs' kernels
+            r["speedup_vs_lightly_bound"] = 1 / r["lightly"]["flop_kernels"]["flop_kernels_share"]
         if "lightly" in r:
             r["speedup_vs_lightly_cpu_time"] = r["lightly"]["cpu_step_ms_best"] / r["selfsup"]["cpu_step_ms_best"]
         if "augment_ms" in r["selfsup"]:

@@ -80,7 +80,7 @@ def plan_steps(args, n_train: int) -> None:
 
 
 def recorder(checkpoints: list[int], snap_dir: Path):
-    """A callback: per-step losses from the logged metrics; EMA weights saved at the checkpoint steps."""
+    """A callback: per-step losses from the step's outputs; EMA weights saved at the checkpoint steps."""
     import lightning.pytorch as pl
 
     class Recorder(pl.Callback):
@@ -92,10 +92,10 @@ def recorder(checkpoints: list[int], snap_dir: Path):
             self.t0 = time.perf_counter()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            m, step = trainer.callback_metrics, trainer.global_step
+            step = trainer.global_step  # (the logged metrics are written every log_every_n_steps only)
             self.curves["step"].append(step)
             for key in ("flow_loss", "rep_loss"):
-                v = m.get(f"train/{key}")
+                v = outputs.get(key) if isinstance(outputs, dict) else None
                 self.curves[key].append(float(v) if v is not None else float("nan"))
             if step in checkpoints:
                 snap_dir.mkdir(parents=True, exist_ok=True)

@@ -202,8 +202,11 @@ def test_nan_loss_from_a_huge_lr_names_the_step(tmp_path):
     assert not (tmp_path / "r" / "backbone.safetensors").exists()
 
 
-def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeypatch):
-    """The loss turns NaN at step 3 (4th step, epoch 2): last.ckpt stays what it was after step 2."""
+@pytest.mark.parametrize("log_every", [1, 100])
+def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeypatch, log_every):
+    """The loss turns NaN at step 3 (4th step, epoch 2): last.ckpt stays what it was after step 2. The loss
+    is read back to the host at logging steps only: with log_every_n_steps=100 the bad step is caught
+    when the checkpoint after it is about to be written, and still named."""
     forward, seen = moco_v3.MoCoV3.forward_views, {}
     ckpt = tmp_path / "r" / "checkpoints" / "last.ckpt"
 
@@ -216,7 +219,7 @@ def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeyp
 
     monkeypatch.setattr(moco_v3.MoCoV3, "forward_views", nan_at_step_3)
     code, _, err = run_cli("pretrain", PRESET, *TINY, "trainer.max_epochs=3", "trainer.checkpoint_every_n_steps=1",
-                           f"output_dir={tmp_path}", "name=r")
+                           f"trainer.log_every_n_steps={log_every}", f"output_dir={tmp_path}", "name=r")
     assert_user_error(code, err, "the loss became nan at step 3", "last good checkpoint is kept", only_line=False)
     assert ckpt.read_bytes() == seen["bytes"]
     assert torch.load(ckpt, weights_only=False)["global_step"] == 3

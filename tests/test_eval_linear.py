@@ -181,6 +181,25 @@ def test_online_probe_trains_on_detached_embeddings():
     assert torch.equal(other.probe.weight, probe.probe.weight)
 
 
+def test_online_probe_ignores_unlabelled_samples():
+    """A batch with unlabelled (-1) samples updates the probe as its labelled samples alone would."""
+    trainer, module = fake(tiny_dataset())
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(16, module.backbone.num_features, generator=g)
+    labels = torch.randint(0, 3, (16,), generator=g)
+    labels[::3] = -1
+    probes = [OnlineLinearProbe(lr=0.05, num_classes=3) for _ in range(2)]
+    for probe in probes:
+        probe.on_fit_start(trainer, module)
+    probes[0].on_train_batch_end(trainer, module, {"embedding": emb, "labels": labels}, None, 0)
+    logged = dict(module.log.logged)
+    keep = labels >= 0
+    probes[1].on_train_batch_end(trainer, module, {"embedding": emb[keep], "labels": labels[keep]}, None, 0)
+    torch.testing.assert_close(probes[0].probe.weight, probes[1].probe.weight)
+    assert logged["monitor/probe_acc"] == pytest.approx(module.log.logged["monitor/probe_acc"])
+    assert logged["monitor/probe_loss"] == pytest.approx(module.log.logged["monitor/probe_loss"])
+
+
 def test_monitor_callbacks_follow_config():
     from selfsup.config import load_run_config
 

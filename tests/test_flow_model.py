@@ -95,6 +95,31 @@ def test_per_token_conditioning():
     assert not torch.allclose(m(x, levels, y), m(x, t, y), atol=1e-4)
 
 
+def test_levels_with_a_token_index_give_the_per_token_model():
+    """K levels per sample + each token's index into them: the same velocity, features and gradients
+    as the (B, N) per-token levels, with the modulation computed per level (Self-Flow's student)."""
+    m = micro()
+    randomise_modulation(m)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(3, 1, 8, 8, generator=g), torch.tensor([3, 10, 0])
+    t, s = torch.rand(3, generator=g), torch.rand(3, generator=g)
+    mask = token_mask(3, m.num_tokens, 0.25, generator=g)
+    dense, _ = self_flow_levels(t, s, mask)
+    grads = []
+    for levels, index in ((dense, None), (torch.stack([t, s], dim=1), mask.long())):
+        m.zero_grad()
+        v, (h,) = m(x, levels, y, features=(2,), token_index=index)
+        (v.square().sum() + h.sum()).backward()
+        grads.append((v.detach(), h.detach(), [p.grad.clone() for p in m.parameters()]))
+    (v0, h0, g0), (v1, h1, g1) = grads
+    torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h1, h0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="token_index must be"):
+        m(x, t, y, token_index=mask.long())
+
+
 def test_interface_time_convention():
     m = micro()
     x, y = torch.randn(2, 1, 8, 8), torch.tensor([1, 2])

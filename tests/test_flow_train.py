@@ -59,7 +59,7 @@ def test_teacher_sees_min_t_s_and_the_same_noise():
     student, teacher_tokens = model._forward[0], model.ema.block_tokens
 
     def student_spy(x, t, y, **kw):
-        seen["student"] = (x, t)
+        seen["student"] = (x, t.gather(1, kw["token_index"]))  # (t, s) per sample -> each token's level
         seen["y"] = [y]
         return student(x, t, y, **kw)
 

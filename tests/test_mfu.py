@@ -184,16 +184,18 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
     # the kernels doing the counted FLOPs take part of the step; FLOPs over their time alone bound MFU
     kernels = r["selfsup"]["flop_kernels"]
     assert 0 < kernels["flop_kernels_ms"] < kernels["profiled_step_ms"]
-    assert r["selfsup"]["mfu_ceiling"] == pytest.approx(
-        r["selfsup"]["flops_per_step"] / (kernels["flop_kernels_ms"] / 1000) / report["peak_flops"])
+    share = kernels["flop_kernels_ms"] / kernels["profiled_step_ms"]
+    assert kernels["flop_kernels_share"] == pytest.approx(share)
+    assert r["selfsup"]["mfu_ceiling"] == pytest.approx(r["selfsup"]["mfu_best"] / share)
     assert report["settings"]["host_allocator"] == "cached"
     if importlib.util.find_spec("lightly") is not None:
         assert r["lightly"]["flops_per_step"] > 0 and r["speedup_vs_lightly_best"] > 0
+        assert r["speedup_vs_lightly_bound"] == pytest.approx(1 / r["lightly"]["flop_kernels"]["flop_kernels_share"])
 
 
 def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
     """Self-Flow on the micro SiT (D 64, depth 4, 2 heads; 8x8 patch 2: 16 tokens): the student's forward
-    and backward with per-token conditioning, the head, and the EMA teacher's forward of blocks 1..k."""
+    and backward with its two levels per sample, the head, and the EMA teacher's forward of blocks 1..k."""
     from contextlib import nullcontext
 
     from selfsup.config import load_run_config
@@ -204,12 +206,17 @@ def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
     B, N, D, depth, k, P = 16, 16, 64, 4, step.model.k, 4  # P: p·p·C values per token
     assert k == 3 and step.model.student.num_tokens == N and step.model.student.hidden == D
     attention = 2 * 2 * N * N * D  # per sample and block: q·kᵀ and a·v
-    # per token, forward: adaLN 6D², qkv 3D², proj D², MLP 8D² (per token: Self-Flow's levels are per token)
-    block_tok = 2 * D * D * (6 + 3 + 1 + 8)
-    student = B * N * (2 * (2 * P * D)  # patch embedding: forward + weight gradient (its input needs none)
-                       + 2 * (2 * 256 * D) + 3 * (2 * D * D)  # timestep MLP (per token)
-                       + 3 * depth * block_tok + 3 * (2 * 2 * D * D + 2 * D * P)  # blocks, final adaLN + linear
-                       + 3 * 2 * (2 * D * D + 2 * D * D)) + 3 * depth * B * attention  # head D → 2D → D
+    # per token, forward: qkv 3D², proj D², MLP 8D²; the conditioning (timestep MLP, adaLN 6D² per block,
+    # final adaLN 2·D²·2) once per level: Self-Flow's two levels per sample (t, s), gathered to the tokens
+    block_tok = 2 * D * D * (3 + 1 + 8)
+    K = 2
+    student = (B * N * (2 * (2 * P * D)  # patch embedding: forward + weight gradient (its input needs none)
+                        + 3 * depth * block_tok + 3 * (2 * D * P)  # blocks, final linear
+                        + 3 * 2 * (2 * D * D + 2 * D * D))  # head D → 2D → D
+               + B * K * (2 * (2 * 256 * D) + 3 * (2 * D * D)  # timestep MLP (per level)
+                          + 3 * depth * (2 * D * 6 * D) + 3 * (2 * D * 2 * D))  # adaLN of the blocks, final adaLN
+               + 2 * B * N * (2 * K * 6 * D * depth + 2 * K * 2 * D)  # one-hot selection of the levels' rows
+               + 3 * depth * B * attention)
     teacher = (B * N * 2 * P * D + B * (2 * 256 * D + 2 * D * D)  # patch and timestep embedding (one level each)
                + k * (B * 2 * 6 * D * D + B * N * 2 * D * D * 12 + B * attention))  # blocks 1..k, adaLN per sample
     hand = student + teacher
@@ -232,3 +239,20 @@ def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
         assert 0 < s["mfu_best"] <= 1 and 0 < s["mfu_cpu_time_best"] <= 1 and s["augment_ms"] > 0
     # the teacher's forward and the head: Self-Flow's step costs more than plain flow matching's
     assert results["self_flow/preset"]["selfsup"]["flops_per_step"] > results["flow_matching/preset"]["selfsup"]["flops_per_step"]
+
+
+def test_levers_benchmark_quick_puts_a_lever_beside_the_baseline(tmp_path):
+    """levers.py: the baseline and each lever in fresh mfu.py processes, per-round ratios in its JSON."""
+    spec = importlib.util.spec_from_file_location("levers_bench", ROOT / "benchmarks" / "levers.py")
+    levers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(levers)
+    out = tmp_path / "levers.json"
+    assert levers.main(["--quick", "--levers", "plain attention=--attention matmul", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"baseline", "plain attention"}
+    assert results["plain attention"]["flags"] == ["--attention", "matmul"]
+    for r in results.values():
+        assert r["step_ms_median"] > 0 and len(r["speedup_each_round"]) == 1
+    assert results["baseline"]["speedup_median"] == 1.0
+    with pytest.raises(SystemExit):
+        levers.main(["--quick", "--levers", "no equals sign"])

@@ -22,7 +22,7 @@ from selfsup.flow.model import SIT_SIZES, SiT
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
-from selfsup.methods.base import DataInfo, ExactResume, check_finite, knn_report, momentum_update
+from selfsup.methods.base import DataInfo, ExactResume, LogStepsOnly, knn_report, momentum_update
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import scaled_lr, warmup_cosine
 
@@ -141,7 +141,7 @@ def sit_kwargs(cfg, info: DataInfo) -> dict:
                 num_classes=(info.num_classes or 0) if c.class_conditional else 0)
 
 
-class FlowMethod(ExactResume, pl.LightningModule):
+class FlowMethod(LogStepsOnly, ExactResume, pl.LightningModule):
     """Plain flow matching (SiT): ``loss = E ||v_θ(x_t, t, y) − (ε − x_0)||²``, t per sample."""
 
     Config = FlowMatchingConfig
@@ -161,6 +161,7 @@ class FlowMethod(ExactResume, pl.LightningModule):
         self.ema = copy.deepcopy(self.student).requires_grad_(False)
         self.ema_decay = c.ema_decay
         self.total_steps, self.steps_per_epoch = 1, 1
+        self.lr = 0.0  # set per iteration by on_train_batch_start
         self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
         self._generator: torch.Generator | None = None
         self._forward = [torch.compile(self.student) if c.compile else self.student]  # a list: not a submodule
@@ -217,18 +218,17 @@ class FlowMethod(ExactResume, pl.LightningModule):
         x0, labels = batch
         out = self.forward_flow(x0, self.class_labels(labels))
         loss = out["loss"]
-        check_finite(loss, self.trainer.global_step)
         per_token, levels = out.pop("flow_loss"), out.pop("levels")
-        log = dict(on_step=True, on_epoch=False)
-        self.log("train/loss", loss.detach(), prog_bar=True, **log)
-        self.log("train/flow_loss", per_token.detach().mean(), **log)
+        out["flow_loss"] = per_token.detach().mean()  # the step's scalars stay in its outputs for callbacks
+        values = {"train/loss": loss, "train/flow_loss": out["flow_loss"]}
         if "rep_loss" in out:
-            self.log("train/rep_loss", out.pop("rep_loss").detach(), prog_bar=True, **log)
+            out["rep_loss"] = values["train/rep_loss"] = out["rep_loss"].detach()
         means, counts = noise_level_buckets(per_token, levels, self.cfg.method.loss_buckets)
         b = self.cfg.method.loss_buckets
         for i in range(b):  # an empty bucket logs NaN
-            self.log(f"train/flow_loss_t{i / b:.2f}-{(i + 1) / b:.2f}", means[i], **log)
-        self.log("train/ema_decay", self.ema_decay, **log)
+            values[f"train/flow_loss_t{i / b:.2f}-{(i + 1) / b:.2f}"] = means[i]
+        values["train/ema_decay"], values["train/lr"] = self.ema_decay, self.lr
+        self.log_step(loss, values, prog_bar=("train/loss", "train/rep_loss"))
         out["labels"] = labels
         return out
 
@@ -265,7 +265,7 @@ class FlowMethod(ExactResume, pl.LightningModule):
                            int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
         for group in self.trainer.optimizers[0].param_groups:
             group["lr"] = lr * group["lr_scale"]
-        self.log("train/lr", lr, on_step=True, on_epoch=False)
+        self.lr = lr
 
     # ------------------------------------------------------------------ end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
@@ -310,7 +310,9 @@ class SelfFlow(FlowMethod):
         t, s = self.draw_t(B, x0.device), self.draw_t(B, x0.device)
         mask = token_mask(B, self.student.num_tokens, c.mask_ratio, device=x0.device, generator=self.rng(x0.device))
         levels, teacher_level = self_flow_levels(t, s, mask)
-        v, (h,) = self._forward[0](interpolate(x0, noise, levels, p), levels, y, features=(self.l,))
+        # the student's conditioning per level (t, s), gathered to the tokens: the per-token values, fewer FLOPs
+        v, (h,) = self._forward[0](interpolate(x0, noise, levels, p), torch.stack([t, s], dim=1), y,
+                                   features=(self.l,), token_index=mask.long())
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), p)
         with torch.no_grad():  # the teacher: whole image at min(t, s), the same noise, blocks 1..k only
             target = self.ema.block_tokens(interpolate(x0, noise, teacher_level), teacher_level, y, self.k)

@@ -7,7 +7,12 @@ velocity ``ε − x_0`` of the linear path ``x_t = (1 − t)·x_0 + t·ε``.
 
 Blocks: LayerNorm without affine (eps 1e-6), attention with qkv bias through
 ``scaled_dot_product_attention``, MLP ratio 4 with the tanh GELU, modulation SiLU → Linear(D, 6D)
-(final layer 2D) computed per token when the conditioning is per token. Init as the release:
+(final layer 2D) per token when the conditioning is per token. Per-token levels can also be given
+as a few levels per sample and each token's index into them (``token_index``; Self-Flow: two): the
+embedding and the modulations are then computed once per level and given to the tokens by a product
+with the one-hot of their level: the same values as the release's per-token computation (up to float
+rounding) for a fraction of its FLOPs (the modulation Linear alone is half a block's matmul work per
+token). Init as the release:
 xavier-uniform on every Linear with zero biases, label and time embedders N(0, 0.02), the last
 modulation Linear of each block and of the final layer zero, the output Linear zero (so every block
 is the identity and the output 0 at step 0).
@@ -84,6 +89,17 @@ class Attention(nn.Module):
         return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, D))
 
 
+def modulation(layer: nn.Module, c: Tensor, select: Tensor | None, chunks: int) -> tuple[Tensor, ...]:
+    """``layer(c)`` split in ``chunks`` along the channels. With ``select`` (B, N, K), the one-hot of each
+    token's level, ``c`` holds one row per level (B, K, D): the layer runs once per level and each token
+    takes its level's row by a batched product with the one-hot (exact: products with 1 and 0; on CPU
+    5x faster forward + backward than the per-token Linear, 3.5x than a gather, micro SiT)."""
+    m = layer(c)
+    if select is not None:
+        m = torch.bmm(select.to(m.dtype), m)
+    return m.chunk(chunks, dim=-1)
+
+
 class SiTBlock(nn.Module):
     """adaLN-zero block: ``x + gate·f(modulate(norm(x), shift, scale))`` for attention then MLP."""
 
@@ -96,9 +112,10 @@ class SiTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
 
-    def forward(self, x: Tensor, c: Tensor) -> Tensor:
-        """``c`` is (B, 1, D) (one level per sample) or (B, N, D) (one level per token)."""
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=-1)
+    def forward(self, x: Tensor, c: Tensor, select: Tensor | None = None) -> Tensor:
+        """``c`` is (B, 1, D) (one level per sample), (B, N, D) (one level per token), or (B, K, D) with
+        ``select`` (B, N, K) the one-hot of each token's level."""
+        shift1, scale1, gate1, shift2, scale2, gate2 = modulation(self.adaLN_modulation, c, select, 6)
         x = x + gate1 * self.attn(modulate(self.norm1(x), shift1, scale1))
         return x + gate2 * self.mlp(modulate(self.norm2(x), shift2, scale2))
 
@@ -110,8 +127,8 @@ class FinalLayer(nn.Module):
         self.linear = nn.Linear(dim, patch_size * patch_size * out_channels)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
 
-    def forward(self, x: Tensor, c: Tensor) -> Tensor:
-        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+    def forward(self, x: Tensor, c: Tensor, select: Tensor | None = None) -> Tensor:
+        shift, scale = modulation(self.adaLN_modulation, c, select, 2)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
@@ -188,15 +205,18 @@ class SiT(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def condition(self, t: Tensor, y: Tensor) -> Tensor:
-        """c = t_emb(1 − t) + y_emb: (B, 1, D) for t of shape (B,), (B, N, D) for per-token t."""
+        """c = t_emb(1 − t) + y_emb: (B, 1, D) for t of shape (B,), (B, N, D) for per-token t
+        ((B, K, D) for K levels per sample)."""
         c = self.t_embedder(1.0 - t)
         c = c[:, None] if t.ndim == 1 else c
         return c + self.y_embedder(y)[:, None]
 
     def forward(self, x: Tensor, t: Tensor, y: Tensor, features: tuple[int, ...] = (),
-                stop_after: int | None = None):
+                stop_after: int | None = None, token_index: Tensor | None = None):
         """The velocity at (x, t) given class ``y``.
 
+        ``t``: a level per sample (B,) (or one scalar), per token (B, N), or with ``token_index`` (B, N)
+        K levels per sample (B, K), token n of sample b at level ``t[b, token_index[b, n]]``.
         ``features``: blocks (counted from 1) whose output tokens (B, N, D) to return as well:
         ``(velocity, [tokens...])``. ``stop_after=k`` runs only blocks 1..k and returns their ``features``
         alone (no velocity), e.g. the teacher's block-k tokens.
@@ -204,16 +224,22 @@ class SiT(nn.Module):
         self.check_input(x)
         if t.ndim == 0:
             t = t.expand(x.shape[0])
+        if token_index is not None and (t.ndim != 2 or token_index.shape != (x.shape[0], self.num_tokens)):
+            raise ValueError(f"token_index must be (B, {self.num_tokens}) with t (B, K) levels, "
+                             f"got {tuple(token_index.shape)} and {tuple(t.shape)}")
         h = self.x_embedder(self.patchify(x)) + self.pos_embed
         c = self.condition(t, y)
+        select = None  # (B, N, K) one-hot of each token's level (a comparison: F.one_hot reads its range back)
+        if token_index is not None:
+            select = (token_index[..., None] == torch.arange(t.shape[1], device=t.device)).to(c.dtype)
         out = []
         for i, block in enumerate(self.blocks, start=1):
-            h = block(h, c)
+            h = block(h, c, select)
             if i in features:
                 out.append(h)
             if stop_after is not None and i >= stop_after:
                 return out
-        v = -self.unpatchify(self.final_layer(h, c))
+        v = -self.unpatchify(self.final_layer(h, c, select))
         return (v, out) if features else v
 
     def block_tokens(self, x: Tensor, t: Tensor, y: Tensor, block: int) -> Tensor:

@@ -31,7 +31,8 @@ class OnlineLinearProbe(pl.Callback):
             probe.weight.normal_(0.0, 0.01, generator=g)
             probe.bias.zero_()
         self.probe = probe.to(pl_module.device)
-        self.optimizer = torch.optim.AdamW(self.probe.parameters(), lr=self.lr, weight_decay=0.0)
+        # fused: its step counter stays on the device (the for-loop AdamW reads it back every step)
+        self.optimizer = torch.optim.AdamW(self.probe.parameters(), lr=self.lr, weight_decay=0.0, fused=True)
         if self._pending is not None:
             self.probe.load_state_dict(self._pending["probe"])
             self.optimizer.load_state_dict(self._pending["optimizer"])
@@ -41,13 +42,14 @@ class OnlineLinearProbe(pl.Callback):
         if not isinstance(outputs, dict) or "embedding" not in outputs or "labels" not in outputs:
             return
         emb, labels = outputs["embedding"].detach().float(), outputs["labels"]
-        keep = labels >= 0
-        if not bool(keep.any()):
-            return
-        emb, labels = emb[keep], labels[keep]
+        # unlabelled samples (-1) weigh 0; masking instead of selecting keeps the step free of host reads
+        # (an all-unlabelled batch gives a zero loss and gradient: Adam's moments still advance, as they
+        # would with any zero gradient)
+        keep = (labels >= 0).float()
         with torch.enable_grad(), torch.autocast(emb.device.type, enabled=False):
             logits = self.probe(emb)
-            loss = F.cross_entropy(logits, labels)
+            per_sample = F.cross_entropy(logits, labels.clamp_min(0), reduction="none")
+            loss = (per_sample * keep).sum() / keep.sum().clamp_min(1.0)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -56,7 +58,7 @@ class OnlineLinearProbe(pl.Callback):
                 torch.distributed.all_reduce(p.grad)
                 p.grad.div_(world)
         self.optimizer.step()
-        acc = 100.0 * (logits.detach().argmax(1) == labels).float().mean()
+        acc = 100.0 * ((logits.detach().argmax(1) == labels).float() * keep).sum() / keep.sum().clamp_min(1.0)
         pl_module.log("monitor/probe_acc", acc, on_step=True, on_epoch=False)
         pl_module.log("monitor/probe_loss", loss.detach(), on_step=True, on_epoch=False)
 

@@ -39,12 +39,66 @@ class NonFiniteLoss(UserError):
     """The loss became NaN or Inf: training stops and the last good checkpoint stays as it was."""
 
 
-def check_finite(loss: Tensor, step: int) -> None:
-    """Stop training with :class:`NonFiniteLoss` naming ``step`` when ``loss`` is NaN or Inf."""
-    if not torch.isfinite(loss):
-        raise NonFiniteLoss(
-            f"the loss became {loss.item()} at step {step}; training stopped and the last "
-            "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+class FiniteLossWatch:
+    """Watches the loss for NaN / Inf without reading it back to the host each step: ``observe`` keeps
+    the first non-finite step and value on the loss's device; ``check`` reads them (one host sync) and
+    stops training with :class:`NonFiniteLoss` naming that step."""
+
+    def __init__(self) -> None:
+        self.step: Tensor | None = None  # int64, -1 while every loss seen was finite
+        self.value: Tensor | None = None
+
+    def observe(self, loss: Tensor, step: int) -> None:
+        loss = loss.detach().float()
+        if self.step is None or self.step.device != loss.device:
+            self.step = torch.full((), -1, dtype=torch.long, device=loss.device)
+            self.value = torch.zeros((), device=loss.device)
+        first = ~torch.isfinite(loss) & (self.step < 0)
+        self.step = torch.where(first, torch.full_like(self.step, step), self.step)
+        self.value = torch.where(first, loss, self.value)
+
+    def check(self) -> None:
+        if self.step is not None and int(self.step) >= 0:
+            raise NonFiniteLoss(
+                f"the loss became {float(self.value)} at step {int(self.step)}; training stopped and the last "
+                "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+
+
+class LogStepsOnly:
+    """Per-step values (loss, lr, momentum, ...) leave the device only at Lightning's logging steps
+    (every ``trainer.log_every_n_steps``), in one copy, so the steps between run without a host-device
+    sync: on a GPU, ``self.log`` of a Python float copies it to the device, and a progress-bar tensor
+    is read back at every batch end; both wait for the queued step. The loss is watched for NaN / Inf
+    on the device (:class:`FiniteLossWatch`) and checked at those logging steps, before any checkpoint
+    is written and at the end of training, so a bad step never reaches a checkpoint or an export.
+    Mixed into every method family's LightningModule."""
+
+    def log_step(self, loss: Tensor, values: dict, prog_bar: tuple[str, ...] = ("train/loss",)) -> None:
+        """Observe ``loss``; at a logging step, check it and log ``values`` (tensors or floats)."""
+        watch = self.__dict__.setdefault("_finite_watch", FiniteLossWatch())
+        watch.observe(loss, self.trainer.global_step)
+        t = self.trainer
+        if t.log_every_n_steps == 0 or ((t.global_step + 1) % t.log_every_n_steps and not t.should_stop):
+            return
+        watch.check()
+        tensors = [k for k, v in values.items() if isinstance(v, Tensor)]
+        host = (dict(zip(tensors, torch.stack([values[k].detach().float().reshape(()) for k in tensors]).cpu()))
+                if tensors else {})  # one device-to-host copy for all of them; floats stay on the host
+        for name, value in values.items():
+            self.log(name, host[name] if name in host else torch.tensor(float(value)), prog_bar=name in prog_bar,
+                     on_step=True, on_epoch=False)
+
+    def check_finite_loss(self) -> None:
+        watch = self.__dict__.get("_finite_watch")
+        if watch is not None:
+            watch.check()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.check_finite_loss()  # raising here leaves the previous checkpoint file as it was
+        super().on_save_checkpoint(checkpoint)
+
+    def on_train_end(self) -> None:
+        self.check_finite_loss()
 
 
 def check_momentum(cfg) -> None:
@@ -161,7 +215,7 @@ class ExactResume:
                 torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class SSLMethod(ExactResume, pl.LightningModule):
+class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
     """Base of every method. Subclasses set ``Config`` and ``recipe`` and write ``forward_views``."""
 
     Config: type
@@ -176,6 +230,7 @@ class SSLMethod(ExactResume, pl.LightningModule):
             raise UserError(f"model: {e}") from None
         self.augment = MultiViewAugment(augment_branches(cfg, self.recipe), info.image_size, info.mean, info.std)
         self.momentum = getattr(cfg.method, "momentum", 0.0)
+        self.lr = 0.0  # set per iteration by on_train_batch_start
         self.total_steps = 1
         self._ema_pairs: list[tuple[nn.Module, nn.Module]] = []
         self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
@@ -250,7 +305,7 @@ class SSLMethod(ExactResume, pl.LightningModule):
         if hasattr(m, "momentum"):
             cosine = getattr(m, "momentum_schedule", "cosine") == "cosine"
             self.momentum = momentum_cosine(step, self.total_steps, m.momentum) if cosine else m.momentum
-        self.log("train/lr", lr, on_step=True, on_epoch=False)
+        self.lr = lr
 
     # ----------------------------------------------------------------- the step
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
@@ -271,10 +326,10 @@ class SSLMethod(ExactResume, pl.LightningModule):
         views, labels = batch
         out = self.forward_views(views)
         loss = out["loss"]
-        check_finite(loss, self.trainer.global_step)
-        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        values = {"train/loss": loss, "train/lr": self.lr}
         if hasattr(self.cfg.method, "momentum"):
-            self.log("train/momentum", self.momentum, on_step=True, on_epoch=False)
+            values["train/momentum"] = self.momentum
+        self.log_step(loss, values)
         out["labels"] = labels
         return out
 

@@ -66,9 +66,9 @@ class PatchEmbed(nn.Module):
 
 # Attention path: "sdpa" (torch's fused kernel, the default) or "matmul" (softmax(q kᵀ/√d) v as two
 # batched products); both give the same result within float rounding. Chosen by measurement
-# (benchmarks/mfu.py --attention): for the 17-token micro ViT on CPU the whole MoCo v3 step took
-# 8% more CPU time with the plain product (its transposes are copied for the batched product,
-# and the (N, N) weights are kept for backward), so the fused kernel stays the default.
+# (benchmarks/levers.py, MoCo v3 micro ViT, 17 tokens, CPU): the plain product took 8% more CPU time
+# per step with glibc's own allocator and was 1.02x (per round 0.96-1.18x) with the cached one, no
+# reliable gain, so the fused kernel stays the default (on GPUs it is the flash / memory-efficient one).
 ATTENTION_MODES = ("sdpa", "matmul")
 _attention = "sdpa"
 
