@@ -4,8 +4,8 @@ glibc's ``malloc`` serves blocks above its mmap threshold (128 KiB, raised dynam
 with fresh ``mmap`` pages and gives freed memory at the top of its heap back to the system. A CPU
 training step allocates and frees the same tens of megabytes of activations every step, so each step
 pays for the kernel zeroing and page-faulting those pages again: on this project's 2-core machine
-about 13% of the MoCo v3 ``vit_micro`` step (``benchmarks/mfu.py --host-allocator system`` vs the
-default; README "Training speed"). ``cache_freed_memory`` makes glibc keep them for reuse instead,
+about 7-12% of the MoCo v3 ``vit_micro`` step (``benchmarks/levers.py``, glibc's own allocator vs
+this one; README "Training speed"). ``cache_freed_memory`` makes glibc keep them for reuse instead,
 which is what tcmalloc or jemalloc (the usual ``LD_PRELOAD`` advice for PyTorch on CPUs) do.
 The numbers computed are unchanged: only where the memory comes from.
 """
