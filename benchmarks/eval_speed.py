@@ -7,13 +7,16 @@ KNeighborsClassifier and the bare similarity product, plus feature-extraction im
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
 
 
 def timed(fn, repeat: int = 1) -> float:
@@ -68,8 +71,7 @@ def main() -> None:
     for key, value in out.items():
         print(f"{key:<40} {value:.4g}" if isinstance(value, float) else f"{key:<40} {value}")
     path = Path(__file__).parent / "results" / "eval_speed.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
+    write_report(out, path)
     print(f"wrote {path}")
 
 

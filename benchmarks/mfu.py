@@ -125,7 +125,8 @@ class SelfsupStep:
 
     def loss(self, views):
         if self.model.memory_format != torch.contiguous_format:  # as on_after_batch_transfer hands them over
-            views = [v.contiguous(memory_format=self.model.memory_format) for v in views]
+            from selfsup.memory_format import images_in
+            views = [images_in(v, self.model.memory_format) for v in views]
         with self.autocast():
             return self.model.forward_views(views)["loss"]
 
@@ -409,6 +410,27 @@ def summarize(times: list[list[tuple[float, float]]], flops: int, batch: int, pe
             "tflops_best": flops / best / 1e12, "mfu_best": flops / best / peak, "mfu_median": flops / med / peak}
 
 
+def autocast_for(device, args):
+    """The step's autocast: bf16 on a GPU, none on the CPU (fp32)."""
+    return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else nullcontext
+
+
+def time_reps(steps: dict, batches, device, args, peaks: list[float], label: str) -> dict[str, list]:
+    """``--reps`` repetitions, each after a fresh peak measurement; with several steps their order
+    alternates per repetition so drift in machine load hits all of them. Per step: each repetition's times."""
+    times = {k: [] for k in steps}
+    for rep in range(args.reps):
+        wall_peak, cpu_peak = measure_peak(device, torch.bfloat16 if args.bf16 else torch.float32, args.peak_size, 3)
+        peaks.append(wall_peak)
+        args.cpu_peaks.append(cpu_peak)
+        for k in (list(steps) if rep % 2 == 0 else list(steps)[::-1]):
+            times[k].append(time_step(steps[k], batches, args.warmup, args.steps, device))
+            t = times[k][-1]
+            print(f"[{label} rep {rep + 1}/{args.reps}] {k:<8} {1000 * sum(w for w, _ in t) / len(t):8.1f} "
+                  f"ms/step wall {1000 * sum(c for _, c in t) / len(t):8.1f} CPU", file=sys.stderr, flush=True)
+    return times
+
+
 def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[float]) -> dict:
     from selfsup.methods.build import data_info
 
@@ -422,22 +444,13 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
         from selfsup.data.datasets import load_dataset
         info = data_info(cfg, load_dataset(cfg.data, "train"))
     batches, images, aug_model = make_views(cfg, info, device, args.batches, args)
-    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else nullcontext)
+    autocast = autocast_for(device, args)
     steps = {"selfsup": SelfsupStep(cfg, info, device, autocast)}
     from selfsup.models.vit import VisionTransformer
     if args.lightly and isinstance(steps["selfsup"].model.backbone, VisionTransformer):  # the peer's twin: timm's ViT
         steps["lightly"] = LightlyStep(method, cfg, steps["selfsup"].model.backbone, device, autocast)
     flops = {k: count_flops(s, batches[0]) for k, s in steps.items()}
-    times = {k: [] for k in steps}
-    for rep in range(args.reps):
-        wall_peak, cpu_peak = measure_peak(device, torch.bfloat16 if args.bf16 else torch.float32, args.peak_size, 3)
-        peaks.append(wall_peak)
-        args.cpu_peaks.append(cpu_peak)
-        for k in (list(steps) if rep % 2 == 0 else list(steps)[::-1]):
-            times[k].append(time_step(steps[k], batches, args.warmup, args.steps, device))
-            t = times[k][-1]
-            print(f"[{method} {heads} rep {rep + 1}/{args.reps}] {k:<8} {1000 * sum(w for w, _ in t) / len(t):8.1f} "
-                  f"ms/step wall {1000 * sum(c for _, c in t) / len(t):8.1f} CPU", file=sys.stderr, flush=True)
+    times = time_reps(steps, batches, device, args, peaks, f"{method} {heads}")
     peak = max(peaks)
     out = {"preset": preset_name(method, dataset, args),
            "heads": {k: getattr(cfg.method, k) for k in ("proj_hidden_dim", "dim", "pred_hidden_dim") if hasattr(cfg.method, k)}}
@@ -469,20 +482,11 @@ def run_flow_case(method: str, dataset: str, device, args, peaks: list[float]) -
     if args.compile:
         cfg.method.compile = True  # the flow methods' own switch: torch.compile of the student's forward
     train = load_dataset(cfg.data, "train")
-    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else nullcontext)
-    step = FlowStep(cfg, data_info(cfg, train), device, autocast)
+    step = FlowStep(cfg, data_info(cfg, train), device, autocast_for(device, args))
     raw = [[t.to(device) for t in train[i * args.batch_size:(i + 1) * args.batch_size]] for i in range(args.batches)]
     batches = [step.prepare(*b) for b in raw]
     flops, by_op = count_flops(step, batches[0])
-    times = []
-    for rep in range(args.reps):
-        wall_peak, cpu_peak = measure_peak(device, torch.bfloat16 if args.bf16 else torch.float32, args.peak_size, 3)
-        peaks.append(wall_peak)
-        args.cpu_peaks.append(cpu_peak)
-        times.append(time_step(step, batches, args.warmup, args.steps, device))
-        t = times[-1]
-        print(f"[{method} rep {rep + 1}/{args.reps}] selfsup  {1000 * sum(w for w, _ in t) / len(t):8.1f} "
-              f"ms/step wall {1000 * sum(c for _, c in t) / len(t):8.1f} CPU", file=sys.stderr, flush=True)
+    times = time_reps({"selfsup": step}, batches, device, args, peaks, method)["selfsup"]
     sit = step.model.student
     out = {"preset": preset_name(method, dataset, args),
            "model": {"size": cfg.method.size, "hidden": sit.hidden, "depth": sit.depth, "heads": sit.heads,

@@ -46,10 +46,11 @@ class OnlineLinearProbe(pl.Callback):
         # (an all-unlabelled batch gives a zero loss and gradient: Adam's moments still advance, as they
         # would with any zero gradient)
         keep = (labels >= 0).float()
+        labelled = keep.sum().clamp_min(1.0)
         with torch.enable_grad(), torch.autocast(emb.device.type, enabled=False):
             logits = self.probe(emb)
             per_sample = F.cross_entropy(logits, labels.clamp_min(0), reduction="none")
-            loss = (per_sample * keep).sum() / keep.sum().clamp_min(1.0)
+            loss = (per_sample * keep).sum() / labelled
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -58,7 +59,7 @@ class OnlineLinearProbe(pl.Callback):
                 torch.distributed.all_reduce(p.grad)
                 p.grad.div_(world)
         self.optimizer.step()
-        acc = 100.0 * ((logits.detach().argmax(1) == labels).float() * keep).sum() / keep.sum().clamp_min(1.0)
+        acc = 100.0 * ((logits.detach().argmax(1) == labels).float() * keep).sum() / labelled
         pl_module.log("monitor/probe_acc", acc, on_step=True, on_epoch=False)
         pl_module.log("monitor/probe_loss", loss.detach(), on_step=True, on_epoch=False)
 

@@ -73,14 +73,20 @@ class LogStepsOnly:
     is written and at the end of training, so a bad step never reaches a checkpoint or an export.
     Mixed into every method family's LightningModule."""
 
+    @property
+    def finite_watch(self) -> FiniteLossWatch:
+        """This module's watch, made at first use (a mixin without an ``__init__`` of its own)."""
+        if "_finite_watch" not in self.__dict__:
+            self.__dict__["_finite_watch"] = FiniteLossWatch()
+        return self.__dict__["_finite_watch"]
+
     def log_step(self, loss: Tensor, values: dict, prog_bar: tuple[str, ...] = ("train/loss",)) -> None:
         """Observe ``loss``; at a logging step, check it and log ``values`` (tensors or floats)."""
-        watch = self.__dict__.setdefault("_finite_watch", FiniteLossWatch())
-        watch.observe(loss, self.trainer.global_step)
         t = self.trainer
+        self.finite_watch.observe(loss, t.global_step)
         if t.log_every_n_steps == 0 or ((t.global_step + 1) % t.log_every_n_steps and not t.should_stop):
             return
-        watch.check()
+        self.finite_watch.check()
         tensors = [k for k, v in values.items() if isinstance(v, Tensor)]
         host = (dict(zip(tensors, torch.stack([values[k].detach().float().reshape(()) for k in tensors]).cpu()))
                 if tensors else {})  # one device-to-host copy for all of them; floats stay on the host
@@ -88,17 +94,12 @@ class LogStepsOnly:
             self.log(name, host[name] if name in host else torch.tensor(float(value)), prog_bar=name in prog_bar,
                      on_step=True, on_epoch=False)
 
-    def check_finite_loss(self) -> None:
-        watch = self.__dict__.get("_finite_watch")
-        if watch is not None:
-            watch.check()
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.check_finite_loss()  # raising here leaves the previous checkpoint file as it was
+        self.finite_watch.check()  # raising here leaves the previous checkpoint file as it was
         super().on_save_checkpoint(checkpoint)
 
     def on_train_end(self) -> None:
-        self.check_finite_loss()
+        self.finite_watch.check()
 
 
 def check_momentum(cfg) -> None:
