@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 PRESETS = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits",
-           "self-flow-digits", "flow-matching-digits", "repa-digits")
+           "byol-directpred-fmnist", "self-flow-digits", "flow-matching-digits", "repa-digits")
 TINY = ["data.batch_size=64", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
         "trainer.log_every_n_steps=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
         "trainer.devices=1"]
