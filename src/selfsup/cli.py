@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     from selfsup.simulate.cli import add_simulate_parser
 
     add_simulate_parser(sub)
+    from selfsup.claims.cli import add_claims_parser
+
+    add_claims_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""The seeds' claims as commands with an honest verdict (``selfsup claims``)."""
