@@ -47,7 +47,7 @@ def test_every_claim_is_stated_before_it_runs():
                                       "byol-no-ema-predictor-lr", "directpred-beats-linear", "frozen-patch-projection"])
 def test_one_quick_claim_of_each_seed_runs(claim_id, tmp_path):
     claim = CLAIMS[claim_id]
-    result = run_claim(claim, Context(quick=True, seeds=1, out=tmp_path, overrides=TINY, progress=lambda m: None))
+    result = run_claim(claim, Context(quick=True, seeds=1, work=tmp_path, overrides=TINY, progress=lambda m: None))
     assert result["verdict"] in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
     assert result["verdict"] == verdict(claim.rules, result["metrics"])
     assert {r.metric for r in claim.rules} <= set(result["metrics"])
@@ -57,7 +57,8 @@ def test_one_quick_claim_of_each_seed_runs(claim_id, tmp_path):
 
 
 def test_cli_run_writes_json_png_and_verdict_and_table(tmp_path, capsys):
-    assert main(["claims", "run", "norm-convergence-quadratic", "--quick", "--out", str(tmp_path)]) == 0
+    assert main(["claims", "run", "norm-convergence-quadratic", "--quick", "--out", str(tmp_path),
+                 "--work", str(tmp_path / "runs")]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads((tmp_path / "norm-convergence-quadratic.json").read_text())
     assert line.startswith(f"norm-convergence-quadratic: {result['verdict']} — ours: steps ∝ r^")

@@ -45,7 +45,8 @@ def cmd_run(args) -> int:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - start:7.1f}s] {message}", file=sys.stderr, flush=True)
 
-    result = run_claim(claim, Context(quick=args.quick, seeds=seeds, out=out, overrides=args.set, progress=progress))
+    work = Path(args.work) / claim.id
+    result = run_claim(claim, Context(quick=args.quick, seeds=seeds, work=work, overrides=args.set, progress=progress))
     result["wall_s"] = round(time.perf_counter() - start, 1)
     (out / f"{claim.id}.json").write_text(json.dumps(result, indent=1))
     plot_result(result, out / f"{claim.id}.png")
@@ -89,6 +90,8 @@ def add_claims_parser(sub) -> None:
     run.add_argument("--quick", action="store_true", help="a few CPU-minutes instead of the full budget")
     run.add_argument("--seeds", type=int, default=0, help="training seeds (default: the claim's own)")
     run.add_argument("--out", default=str(RESULTS), metavar="DIR", help=f"output folder (default {RESULTS})")
+    run.add_argument("--work", default="runs/claims", metavar="DIR",
+                     help="folder for the claim's training runs (default runs/claims; ID/ inside it)")
     run.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
     run.set_defaults(func=cmd_run)
     tb = names.add_parser("table", help="write docs/CLAIMS.md from the result JSONs")

@@ -53,12 +53,12 @@ def verdict(rules: tuple[Rule, ...], metrics: dict[str, list[float]]) -> str:
 
 @dataclass
 class Context:
-    """What a measurement may use: quick or full budget, the seeds, its output folder, extra run overrides
-    (the tests pass tiny ones), and a progress printer."""
+    """What a measurement may use: quick or full budget, the seeds, the folder for its training runs, extra
+    run overrides (the tests pass tiny ones), and a progress printer."""
 
     quick: bool
     seeds: int
-    out: Path
+    work: Path
     overrides: list[str] = field(default_factory=list)
     progress: Callable[[str], None] = print
 
@@ -79,17 +79,17 @@ class Claim:
 # ---- measurement helpers ----------------------------------------------------------------------------------
 
 def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str]) -> Path:
-    """One pretraining run of ``preset`` in ``ctx.out/runs/name`` (replaced if it exists)."""
+    """One pretraining run of ``preset`` in ``ctx.work/name`` (replaced if it exists)."""
     import shutil
 
     from selfsup.config import load_run_config
     from selfsup.engine import pretrain
 
-    run_dir = ctx.out / "runs" / name
+    run_dir = ctx.work / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cfg = load_run_config(preset, [*overrides, "trainer.progress_bar=false", "trainer.accelerator=cpu",
-                                   "trainer.devices=1", f"output_dir={ctx.out / 'runs'}", f"name={name}",
+                                   "trainer.devices=1", f"output_dir={ctx.work}", f"name={name}",
                                    *ctx.overrides])
     ctx.progress(f"pretrain {preset} {' '.join(overrides)}")
     return pretrain(cfg, preset=preset)
