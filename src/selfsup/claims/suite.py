@@ -154,7 +154,7 @@ def measure_norm_convergence(ctx: Context) -> dict:
     return {"metrics": {"exponent": [exponent if exponent is not None else float("nan")]},
             "series": {"ours": [[r["norm"], r["steps"]] for r in rows if r["steps"] is not None],
                        "paper": [[r, s] for r, s in nc.PAPER_STEPS.items() if r <= max(cfg.norms)]},
-            "xlabel": "initial norm r", "ylabel": "steps to converge", "logy": True,
+            "xlabel": "initial norm r", "ylabel": "steps to converge", "logy": True, "logx": True,
             "ours": f"steps ∝ r^{exponent:.2f}" + (f"; with the penalty {penalty} (the stated loss removes "
                                                     "lr·γ/n of norm per step, so at large r steps grow like "
                                                     "n·r/(lr·γ): linearly, not quadratically)" if penalty else "")}
@@ -270,7 +270,7 @@ def run_claim(claim: Claim, ctx: Context) -> dict:
             "paper": claim.paper, "rules": [str(r) for r in claim.rules], "quick": ctx.quick, "seeds": ctx.seeds,
             "metrics": metrics, "ours": measured["ours"], "verdict": verdict(claim.rules, metrics),
             "why_different": claim.why_different, "series": measured.get("series", {}),
-            "plot": {k: measured[k] for k in ("xlabel", "ylabel", "logy") if k in measured}}
+            "plot": {k: measured[k] for k in ("xlabel", "ylabel", "logy", "logx") if k in measured}}
 
 
 def plot_result(result: dict, path: Path) -> None:
@@ -289,6 +289,8 @@ def plot_result(result: dict, path: Path) -> None:
         ax.set_ylabel(style.get("ylabel", ""))
         if style.get("logy"):
             ax.set_yscale("log")
+        if style.get("logx"):
+            ax.set_xscale("log")
     else:
         for i, (name, values) in enumerate(result["metrics"].items()):
             ax.scatter([i] * len(values), values, label=name)
