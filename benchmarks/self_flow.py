@@ -175,7 +175,7 @@ def sample_quality(model, info, labels, spaces, train, args) -> dict:
 def own_knn(run: Path, train, test, args) -> dict:
     """kNN (k = 20, T = 0.07) of the EMA model's own features, trained and at init."""
     from selfsup.data.datasets import ImageDataset  # noqa: F401
-    from selfsup.eval.data import subset
+    from selfsup.eval.session import subset
     from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_accuracy
     from selfsup.export import load_exported

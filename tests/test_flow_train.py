@@ -236,7 +236,7 @@ def test_paper_scale_preset():
     assert m.ema_decay == 0.9999 and m.ema_warmup_steps == 0 and cfg.data.name == "latents"
     assert cfg.optim.name == "adamw" and cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.precision == "bf16-mixed"
     # defaults l, k for depth 28 are the same blocks
-    from selfsup.flow.methods import default_block
+    from selfsup.methods.flow import default_block
 
     assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)
 

@@ -23,7 +23,7 @@ class Context:
 
     def __init__(self, args):
         from selfsup.eval.cache import default_device
-        from selfsup.eval.data import data_config
+        from selfsup.eval.session import data_config
         from selfsup.eval.source import load_source
 
         self.args = args
@@ -56,7 +56,7 @@ class Context:
 
     def split(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize", limit: int | None = None):
         """A dataset split checked against the backbone (``--train-limit``: a fixed subset of train)."""
-        from selfsup.eval.data import load_split, subset
+        from selfsup.eval.session import load_split, subset
 
         cfg = cfg or self.data_cfg
         limit = self._limit(name, cfg, limit)
@@ -332,7 +332,7 @@ def _parse_classes(spec: str, num_classes: int) -> list[int]:
 def run_norms_ood(ctx: Context, ood: str | None = None) -> dict:
     """Embedding-norm OOD score: AUROC of in-distribution test (positive) vs the OOD set (``--ood``), and a histogram."""
     ood = ood or ctx.args.ood
-    from selfsup.eval.data import data_config
+    from selfsup.eval.session import data_config
     from selfsup.eval.ood import auroc, histogram, norm_scores
     from selfsup.eval.report import print_table, write_json
 

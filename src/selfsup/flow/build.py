@@ -13,14 +13,14 @@ from torch import Tensor, nn
 
 from selfsup.errors import UserError
 from selfsup.flow.encoder import FLOW_ENCODER, FlowEncoder
-from selfsup.flow.model import SiT
+from selfsup.models.sit import SiT
 
 FLOW_METHOD_NAMES = ("flow_matching", "self_flow", "repa")
 
 
 def flow_backbone_meta(cfg, info) -> dict:
     """The exported ``backbone.safetensors`` of a flow run: the EMA model as a ``FlowEncoder``."""
-    from selfsup.flow.methods import sit_kwargs
+    from selfsup.methods.flow import sit_kwargs
     from selfsup.methods import method_name
 
     c = cfg.method
@@ -34,7 +34,7 @@ def flow_backbone_meta(cfg, info) -> dict:
 
 def _sit_only(kwargs: dict) -> dict:
     """SiT kwargs with the size name resolved to explicit hidden/depth/heads (stable across size tables)."""
-    from selfsup.flow.model import SIT_SIZES
+    from selfsup.models.sit import SIT_SIZES
 
     k = dict(kwargs)
     D, L, H = SIT_SIZES[k.pop("size")]

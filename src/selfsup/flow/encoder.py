@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from selfsup.flow.model import SiT
+from selfsup.models.sit import SiT
 
 FLOW_ENCODER = "flow_encoder"
 FITS = ("resize", "pad")

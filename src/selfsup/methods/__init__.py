@@ -8,7 +8,7 @@ from selfsup.methods.simsiam import SimSiam
 
 METHODS: dict[str, type] = {"moco_v3": MoCoV3, "byol": BYOL, "simsiam": SimSiam, "simclr": SimCLR}
 
-import selfsup.flow.methods  # noqa: E402,F401  (registers the generative family: flow_matching, self_flow, repa)
+import selfsup.methods.flow  # noqa: E402,F401  (registers the generative family: flow_matching, self_flow, repa)
 
 
 def method_name(method_cfg) -> str:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.flow.encoder import FITS, FlowEncoder, fit_images
-from selfsup.flow.model import SIT_SIZES, SiT
+from selfsup.models.sit import SIT_SIZES, SiT
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
