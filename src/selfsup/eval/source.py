@@ -81,7 +81,7 @@ def _from_checkpoint(path: Path) -> EvalSource:
     from selfsup.data.datasets import load_dataset
     from selfsup.methods.build import backbone_meta, data_info
     from selfsup.export import read_meta, rebuild_backbone
-    from selfsup.flow.encoder import FLOW_ENCODER
+    from selfsup.models.sit import FLOW_ENCODER
 
     run_dir = next((d for d in (path.parent.parent, path.parent) if (d / "config.yaml").exists()), None)
     if run_dir is None:
@@ -156,7 +156,7 @@ def with_projector(source: EvalSource) -> EvalSource:
 
 def with_flow_features(source: EvalSource, t: float | None, block: int | None) -> EvalSource:
     """A flow run's features at another noise level ``t`` and/or block (``--flow-t``, ``--flow-block``)."""
-    from selfsup.flow.encoder import FLOW_ENCODER
+    from selfsup.models.sit import FLOW_ENCODER
 
     if source.meta.get("backbone") != FLOW_ENCODER:
         raise UserError(f"--flow-t/--flow-block apply to flow runs; {source.weights} holds a {source.meta.get('backbone')}")

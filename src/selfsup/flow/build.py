@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from selfsup.errors import UserError
-from selfsup.flow.encoder import FLOW_ENCODER, FlowEncoder
+from selfsup.models.sit import FLOW_ENCODER
 from selfsup.models.sit import SiT
 
 FLOW_METHOD_NAMES = ("flow_matching", "self_flow", "repa")
@@ -42,11 +42,6 @@ def _sit_only(kwargs: dict) -> dict:
     return k
 
 
-def rebuild_encoder(meta: dict) -> FlowEncoder:
-    """The FlowEncoder an exported flow backbone describes (random weights)."""
-    return FlowEncoder.build(**meta["kwargs"])
-
-
 def _run_config(run_dir: Path):
     import yaml
 
@@ -74,7 +69,7 @@ def load_flow_run(run_dir) -> tuple[SiT, object, dict]:
     data_size (the dataset's own), fit, num_classes (0: unconditional; the null class is num_classes),
     latents (True for a latent dataset), mean/std (pixel data: x = (image − mean)/std in [−1, 1]), weights.
     """
-    from selfsup.export import read_meta
+    from selfsup.export import read_meta, rebuild_backbone
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -86,7 +81,7 @@ def load_flow_run(run_dir) -> tuple[SiT, object, dict]:
         raise UserError(f"{run_dir} holds no backbone.safetensors or backbone_init.safetensors; it is not a finished "
                         "or started flow run")
     meta = read_meta(meta_file)
-    encoder = rebuild_encoder(meta)
+    encoder = rebuild_backbone(meta)
     if exported.exists():
         from safetensors.torch import load_file
 

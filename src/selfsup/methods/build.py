@@ -17,7 +17,7 @@ def data_info(cfg, dataset) -> DataInfo:
     """Channels, model input size, normalisation and classes of the run's dataset.
 
     Flow methods see their data at its own size, scaled to [−1, 1] (mean = std = 0.5; latents as they are);
-    their model size (data.image_size) is the method's business (``flow.encoder.fit_images``).
+    their model size (data.image_size) is the method's business (``models.sit.fit_images``).
     """
     if getattr(METHODS[method_name(cfg.method)], "family", "joint") == "flow":
         c = dataset.channels

@@ -3,7 +3,7 @@
 Each keeps the student SiT, an EMA copy made by deepcopy (the sampling model; Self-Flow's teacher),
 and a method head. A batch is images (uint8 → [−1, 1], or float latents as they are) fitted to the
 model's size; the step draws noise, timesteps and masks from a generator seeded by (seed, step, rank).
-The run's ``backbone`` is the EMA model as a feature extractor (``flow.encoder.FlowEncoder``).
+The run's ``backbone`` is the EMA model as a feature extractor (``models.sit.FlowEncoder``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from selfsup.distributed import world
 from selfsup.errors import UserError
-from selfsup.flow.encoder import FITS, FlowEncoder, fit_images
+from selfsup.models.sit import FITS, FlowEncoder, fit_images
 from selfsup.models.sit import SIT_SIZES, SiT
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
