@@ -24,8 +24,8 @@ def cmd_presets(args) -> int:
 
 def cmd_pretrain(args) -> int:
     """Pretrain a preset or YAML with overrides, or continue a run with --resume."""
-    from selfsup.config import load_run_config
-    from selfsup.engine import load_run, pretrain
+    from selfsup.config import load_run, load_run_config
+    from selfsup.engine import pretrain
 
     if args.resume:
         # the run folder's own config.yaml is used; a preset name given too is ignored
