@@ -109,7 +109,7 @@ def _device(name: str | None) -> torch.device:
 
 
 def _load(run_dir: str):
-    from selfsup.flow.build import load_flow_run
+    from selfsup.eval.source import load_flow_run
 
     return load_flow_run(Path(run_dir))
 
