@@ -157,7 +157,8 @@ def real_features(source, train, test, args):
 
 def sample_quality(model, info, labels, spaces, train, args) -> dict:
     """Encoder Fréchet distance in each space and class fidelity in the metrics encoder's space."""
-    from selfsup.flow.generation import generate, image_features, sample_images
+    from selfsup.flow.metrics import image_features
+    from selfsup.flow.sampler import generate, sample_images
     from selfsup.flow.metrics import class_fidelity, feature_frechet_distance
 
     t0 = time.perf_counter()
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     from selfsup.data.datasets import load_dataset
     from selfsup.eval.source import load_source
     from selfsup.eval.source import load_flow_run
-    from selfsup.flow.generation import sample_labels, save_grid
+    from selfsup.flow.sampler import sample_labels, save_grid
     from selfsup.flow.metrics import feature_frechet_distance
 
     out_path = Path(args.out)

@@ -1,4 +1,4 @@
-"""selfsup.flow.generation helpers on a stand-in velocity model (no training)."""
+"""selfsup.flow.sampler's sampling helpers on a stand-in velocity model (no training)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from selfsup.errors import UserError
-from selfsup.flow.generation import generate, sample_labels, save_grid, to_dataset_size, to_uint8
+from selfsup.flow.sampler import generate, sample_labels, save_grid, to_dataset_size, to_uint8
 
 
 class PointModel(nn.Module):

@@ -1,4 +1,4 @@
-"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.generation); eval (selfsup.eval.cli);
+"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.cli); eval (selfsup.eval.cli);
 simulate (selfsup.simulate.cli)."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run)")
     p.set_defaults(func=cmd_report)
-    from selfsup.flow.generation import add_generate_parser
+    from selfsup.flow.cli import add_generate_parser
 
     add_generate_parser(sub)
     try:

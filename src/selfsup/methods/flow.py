@@ -25,6 +25,7 @@ from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, 
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
+from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
 from selfsup.methods.base import DataInfo, ExactResume, LogStepsOnly, knn_report, momentum_update
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import scaled_lr, warmup_cosine
@@ -302,7 +303,6 @@ class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
         """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
         (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
-        from selfsup.flow.generation import generate, sample_labels, sample_images, save_grid
         c, lines = self.cfg.method, []
         if train.images.dtype == torch.uint8:
             lines += knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
