@@ -30,7 +30,7 @@ class EvalSource:
     weights: Path
     run_dir: Path | None
     out_dir: Path
-    run_cfg: object | None = None  # RunConfig of the run, when there is one
+    run_cfg: object | None = None  # the run's data and augment sections (``_run_cfg``), when there is a run
     embedding: str = "backbone"  # backbone | projector (the backbone followed by the method's projector)
 
     @property

@@ -38,7 +38,7 @@ def default_block(depth: int, fraction: float) -> int:
 
 @dataclass
 class FlowConfig:
-    """The SiT, the path and the EMA; shared by every flow method."""
+    """The SiT, the path and the EMA: plain flow matching's config, and the base of every flow method's."""
 
     size: str = "tiny"  # micro | tiny | S | B | L | XL (hidden, depth, heads of SiT-S..XL)
     patch_size: int = 2
