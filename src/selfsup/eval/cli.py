@@ -22,7 +22,6 @@ from selfsup.eval.ood import OodConfig
 from selfsup.eval.session import FEATURE_BATCH, EvalSession, positive
 from selfsup.eval.spectrum import SpectrumConfig
 
-
 # --------------------------------------------------------------------------- the command line → typed configs
 
 

@@ -125,8 +125,8 @@ def with_projector(source: EvalSource) -> EvalSource:
     LayerNorm, so its norm is nearly constant, while the projector's output norm is not.
     """
     from selfsup.config import resolve
-    from selfsup.methods.build import build_method
     from selfsup.methods import DataInfo
+    from selfsup.methods.build import build_method
 
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
     if ckpt is None or not ckpt.exists():

@@ -65,7 +65,7 @@ def cmd_generate(args) -> int:
     pt = _save_tensor({"samples": x, "labels": labels, "settings": settings}, stem.with_name(stem.name + ".pt"))
     print(f"  {pt} (samples in [-1, 1], {tuple(x.shape)}; {seconds:.1f} s)")
     if info["latents"]:
-        print(f"  (no PNG: the run models latents; decode the .pt with the VAE that made them)")
+        print("  (no PNG: the run models latents; decode the .pt with the VAE that made them)")
     else:
         print(f"  {save_grid(to_uint8(x, info['mean'], info['std']), stem.with_name(stem.name + '.png'))}")
     return 0
@@ -114,8 +114,13 @@ def eval_generation(args) -> int:
     """Encoder Fréchet distance, class fidelity (and Inception FID when on disk) of a flow run's samples."""
     from selfsup.eval.knn import knn_predict_scores, topk_accuracy
     from selfsup.eval.report import print_table, write_json
-    from selfsup.flow.metrics import (class_fidelity, feature_frechet_distance, image_features, inception_fid,
-                                      inception_fid_unavailable)
+    from selfsup.flow.metrics import (
+        class_fidelity,
+        feature_frechet_distance,
+        image_features,
+        inception_fid,
+        inception_fid_unavailable,
+    )
 
     check_options(args.steps, args.cfg, args.sampler, args.n)
     if args.n < 2:

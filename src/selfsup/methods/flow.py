@@ -21,12 +21,12 @@ from torch import Tensor, nn
 from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.export import load_backbone
-from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
 from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
 from selfsup.methods.base import DataInfo, ExactResume, LogStepsOnly, knn_report, momentum_update
+from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import scaled_lr, warmup_cosine
 
