@@ -172,3 +172,19 @@ def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
     exported_only = tmp_path / "lonely.safetensors"
     exported_only.write_bytes((run / "backbone.safetensors").read_bytes())
     assert "needs the run's checkpoints/last.ckpt" in bad(capsys, "rankme", exported_only, "--embedding", "projector")
+
+
+def test_load_backbone_reads_a_run_folder_or_its_file(run, tmp_path):
+    from selfsup.errors import UserError
+    from selfsup.export import load_backbone
+
+    folder, meta = load_backbone(run)
+    file, _ = load_backbone(run / "backbone.safetensors")
+    assert meta["method"] == "moco_v3"
+    assert all(torch.equal(a, b) for a, b in zip(folder.state_dict().values(), file.state_dict().values()))
+    with pytest.raises(UserError, match="holds no backbone.safetensors"):
+        load_backbone(tmp_path)
+    with pytest.raises(UserError, match="is not a .safetensors file"):
+        load_backbone(run / "checkpoints" / "last.ckpt")
+    with pytest.raises(UserError, match="does not exist"):
+        load_backbone(tmp_path / "missing.safetensors")
