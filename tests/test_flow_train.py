@@ -215,6 +215,8 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     assert json.loads((run / "eval" / "knn-flow-t0.5-block2.json").read_text())["embedding"] == "flow-t0.5-block2"
     code, out, err = run_cli("eval", "knn", str(run), "--flow-block", "7")
     assert_user_error(code, err, "--flow-block=7", "1..4")
+    code, out, err = run_cli("eval", "finetune", str(run))
+    assert_user_error(code, err, "finetune", "flow_encoder", "knn, linear")
     # without the exported file, the EMA weights come from the checkpoint (same features)
     exported = load_flow_run(run)[0].state_dict()
     (run / "backbone.safetensors").unlink()

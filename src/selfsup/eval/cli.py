@@ -21,6 +21,7 @@ from selfsup.eval.linear import DEFAULT_LR_GRID, ProbeConfig
 from selfsup.eval.ood import OodConfig
 from selfsup.eval.session import FEATURE_BATCH, EvalSession, positive
 from selfsup.eval.spectrum import SpectrumConfig
+from selfsup.models.sit import FLOW_ENCODER
 
 # --------------------------------------------------------------------------- the command line → typed configs
 
@@ -81,6 +82,10 @@ def probe_config(a, session: EvalSession) -> ProbeConfig:
 
 
 def finetune_config(a, session: EvalSession) -> FinetuneConfig:
+    backbone = session.source.meta["backbone"]
+    if backbone == FLOW_ENCODER:
+        raise UserError(f"eval finetune trains an image backbone; {session.source.weights} holds a {backbone} "
+                        "(a flow run's frozen features): evaluate it with knn, linear or rankme")
     crop = a.crop_min if a.crop_min is not None else FinetuneConfig.crop_min
     flip = a.hflip if a.hflip is not None else session.run_hflip(FinetuneConfig.hflip_p)
     if not 0 <= a.drop_path < 1:
