@@ -142,7 +142,7 @@ def args_compile(cfg) -> bool:
 
 # ---------------------------------------------------------------------------------------- the flow step
 class FlowStep:
-    """A flow method's step (``selfsup.flow.methods``) as Lightning runs it, without Lightning:
+    """A flow method's step (``selfsup.methods.flow``) as Lightning runs it, without Lightning:
     ``forward_flow`` (student; Self-Flow's EMA teacher and head) + backward, the preset's gradient
     clipping, the optimiser at the schedule's peak lr (held constant), ``zero_grad``, then the EMA update
     the method makes after each optimiser step (``update_ema``)."""

@@ -157,7 +157,8 @@ def real_features(source, train, test, args):
 
 def sample_quality(model, info, labels, spaces, train, args) -> dict:
     """Encoder Fréchet distance in each space and class fidelity in the metrics encoder's space."""
-    from selfsup.flow.generation import generate, image_features, sample_images
+    from selfsup.flow.metrics import image_features
+    from selfsup.flow.sampler import generate, sample_images
     from selfsup.flow.metrics import class_fidelity, feature_frechet_distance
 
     t0 = time.perf_counter()
@@ -175,7 +176,7 @@ def sample_quality(model, info, labels, spaces, train, args) -> dict:
 def own_knn(run: Path, train, test, args) -> dict:
     """kNN (k = 20, T = 0.07) of the EMA model's own features, trained and at init."""
     from selfsup.data.datasets import ImageDataset  # noqa: F401
-    from selfsup.eval.data import subset
+    from selfsup.eval.session import subset
     from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_accuracy
     from selfsup.export import load_exported
@@ -364,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     from selfsup.config import DataConfig, load_run_config
     from selfsup.data.datasets import load_dataset
     from selfsup.eval.source import load_source
-    from selfsup.flow.build import load_flow_run
-    from selfsup.flow.generation import sample_labels, save_grid
+    from selfsup.eval.source import load_flow_run
+    from selfsup.flow.sampler import sample_labels, save_grid
     from selfsup.flow.metrics import feature_frechet_distance
 
     out_path = Path(args.out)

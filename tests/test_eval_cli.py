@@ -174,11 +174,17 @@ def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
     assert "needs the run's checkpoints/last.ckpt" in bad(capsys, "rankme", exported_only, "--embedding", "projector")
 
 
-def test_evaluation_never_imports_the_trainer(tmp_path):
-    """Rebuilding a model for evaluation goes through selfsup.methods.build, not selfsup.engine."""
-    import subprocess
-    import sys
+def test_load_backbone_reads_a_run_folder_or_its_file(run, tmp_path):
+    from selfsup.errors import UserError
+    from selfsup.export import load_backbone
 
-    code = ("import sys, selfsup.eval.source, selfsup.eval.cli, selfsup.methods.build; "
-            "sys.exit(1 if 'selfsup.engine' in sys.modules else 0)")
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    folder, meta = load_backbone(run)
+    file, _ = load_backbone(run / "backbone.safetensors")
+    assert meta["method"] == "moco_v3"
+    assert all(torch.equal(a, b) for a, b in zip(folder.state_dict().values(), file.state_dict().values()))
+    with pytest.raises(UserError, match="holds no backbone.safetensors"):
+        load_backbone(tmp_path)
+    with pytest.raises(UserError, match="is not a .safetensors file"):
+        load_backbone(run / "checkpoints" / "last.ckpt")
+    with pytest.raises(UserError, match="does not exist"):
+        load_backbone(tmp_path / "missing.safetensors")

@@ -19,8 +19,9 @@ FLOW_TINY = ["data.batch_size=64", "trainer.max_epochs=1", "trainer.limit_train_
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("flow-e2e")
-    code, _, err = run_cli("pretrain", "self-flow-digits", *FLOW_TINY, f"output_dir={out}", "name=flow")
+    code, stdout, err = run_cli("pretrain", "self-flow-digits", *FLOW_TINY, f"output_dir={out}", "name=flow")
     assert code == 0, err
+    (out / "flow-pretrain-stdout.txt").write_text(stdout)  # the end-of-run report, for the suggested commands
     code, _, err = run_cli("pretrain", "moco-v3-vit-digits", *TINY, f"output_dir={out}", "name=moco")
     assert code == 0, err
     return out / "flow", out / "moco"
@@ -71,9 +72,24 @@ def test_generate_and_eval_generation_reject_a_non_flow_run(runs, tmp_path):
     assert_user_error(code, err, "not a flow run")
     code, _, err = run_cli("eval", "generation", str(moco), "--encoder", str(moco), "--out", str(tmp_path))
     assert_user_error(code, err, "not a flow run")
-    code, _, err = run_cli("eval", "generation", str(flow), "--out", str(tmp_path))
-    assert_user_error(code, err, "--encoder")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_suggested_eval_generation_works_as_printed(runs):
+    """A flow run ends by suggesting ``selfsup eval generation RUN``: run as printed (no --encoder), it measures the
+    samples in the run's own EMA feature space and says so in its table and its JSON."""
+    flow, _ = runs
+    report = (flow.parent / "flow-pretrain-stdout.txt").read_text()
+    suggested = report.split("; selfsup eval generation ")[1].splitlines()[0].split()
+    assert suggested == [str(flow)]
+    # as printed, plus fewer samples and steps than the defaults (1000, 50) to stay fast: no --encoder
+    code, out, err = run_cli("eval", "generation", *suggested, "--n", "40", "--steps", "2")
+    assert code == 0, err
+    res = json.loads((flow / "eval" / "generation.json").read_text())
+    assert res["backbone"] == "flow_encoder" and res["encoder"] == str(flow / "backbone.safetensors")
+    assert "own EMA features" in res["encoder_note"] and "own EMA features" in out
+    assert res["n"] == 40 and "class_fidelity" in res
+    assert res["encoder_frechet_distance"] > res["reference_real_test_frechet_distance"] >= 0
 
 
 def test_eval_generation_bad_options_exit_2(runs, tmp_path):
@@ -84,14 +100,13 @@ def test_eval_generation_bad_options_exit_2(runs, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_eval_generation_defaults_to_a_repa_runs_encoder():
+def test_eval_generation_defaults_to_a_repa_runs_encoder_else_the_run_itself():
     from types import SimpleNamespace
 
-    from selfsup.errors import UserError
-    from selfsup.flow.generation import _encoder_location
+    from selfsup.flow.cli import OWN_FEATURES, _encoder_location
 
     repa = SimpleNamespace(method=SimpleNamespace(encoder="runs/moco"))
-    assert _encoder_location(SimpleNamespace(encoder=None), repa) == "runs/moco"
-    assert _encoder_location(SimpleNamespace(encoder="other"), repa) == "other"
-    with pytest.raises(UserError, match="--encoder"):
-        _encoder_location(SimpleNamespace(encoder=None), SimpleNamespace(method=SimpleNamespace()))
+    assert _encoder_location(SimpleNamespace(encoder=None), repa, "runs/repa") == ("runs/moco", None)
+    assert _encoder_location(SimpleNamespace(encoder="other"), repa, "runs/repa") == ("other", None)
+    plain = SimpleNamespace(method=SimpleNamespace())
+    assert _encoder_location(SimpleNamespace(encoder=None), plain, "runs/sf") == ("runs/sf", OWN_FEATURES)

@@ -1,4 +1,4 @@
-"""selfsup.flow.generation helpers on a stand-in velocity model (no training)."""
+"""selfsup.flow.sampler's sampling helpers on a stand-in velocity model (no training)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from selfsup.errors import UserError
-from selfsup.flow.generation import generate, sample_labels, save_grid, to_dataset_size, to_uint8
+from selfsup.flow.sampler import generate, sample_labels, save_grid, to_dataset_size, to_uint8
 
 
 class PointModel(nn.Module):
@@ -52,7 +52,7 @@ def test_to_uint8_and_the_inverse_fit():
     assert to_uint8(x, (0.2,), (0.1,)).flatten().tolist() == [13, 26, 51, 76]  # (x·0.1 + 0.2)·255, half to even
     x = torch.arange(36.0).view(1, 1, 6, 6)
     torch.testing.assert_close(to_dataset_size(x, 4, "pad"), x[..., 1:5, 1:5])
-    from selfsup.flow.encoder import fit_images
+    from selfsup.models.sit import fit_images
 
     small = torch.rand(2, 1, 28, 28)
     torch.testing.assert_close(to_dataset_size(fit_images(small, 32, "pad"), 28, "pad"), small)

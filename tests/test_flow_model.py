@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from selfsup.flow.model import SIT_SIZES, SiT, sincos_pos_embed, timestep_sinusoid
+from selfsup.models.sit import SIT_SIZES, SiT, sincos_pos_embed, timestep_sinusoid
 from selfsup.flow.objective import (SimpleHead, alignment_loss, noise_level_buckets, per_token_flow_loss,
                                     repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import interpolate, sample_t, velocity_target

@@ -202,7 +202,7 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     header = (run / "metrics.csv").read_text().splitlines()[0]
     for key in ("train/flow_loss", "train/rep_loss", "train/ema_decay", "train/flow_loss_t0.75-1.00"):
         assert key in header
-    from selfsup.flow.build import load_flow_run
+    from selfsup.eval.source import load_flow_run
 
     model, cfg, info = load_flow_run(run)
     assert info["num_classes"] == 10 and info["image_size"] == 8 and not any(p.requires_grad for p in model.parameters())
@@ -215,6 +215,8 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     assert json.loads((run / "eval" / "knn-flow-t0.5-block2.json").read_text())["embedding"] == "flow-t0.5-block2"
     code, out, err = run_cli("eval", "knn", str(run), "--flow-block", "7")
     assert_user_error(code, err, "--flow-block=7", "1..4")
+    code, out, err = run_cli("eval", "finetune", str(run))
+    assert_user_error(code, err, "finetune", "flow_encoder", "knn, linear")
     # without the exported file, the EMA weights come from the checkpoint (same features)
     exported = load_flow_run(run)[0].state_dict()
     (run / "backbone.safetensors").unlink()
@@ -236,7 +238,7 @@ def test_paper_scale_preset():
     assert m.ema_decay == 0.9999 and m.ema_warmup_steps == 0 and cfg.data.name == "latents"
     assert cfg.optim.name == "adamw" and cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.precision == "bf16-mixed"
     # defaults l, k for depth 28 are the same blocks
-    from selfsup.flow.methods import default_block
+    from selfsup.methods.flow import default_block
 
     assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)
 

@@ -220,3 +220,15 @@ def test_build_backbone_unknown_name():
     with pytest.raises(ValueError, match="resnet10t"):
         build_backbone("timm:resnet10tt", in_chans=3, image_size=32)
     assert "vit_micro" in BACKBONE_NAMES and "resnet152" in BACKBONE_NAMES
+
+
+def test_build_backbone_rebuilds_a_flow_encoder_by_name_and_refuses_unknown_keys():
+    from selfsup.models.sit import FLOW_ENCODER, FlowEncoder
+
+    sit = dict(input_size=8, in_channels=1, patch_size=2, hidden=32, depth=2, heads=2, num_classes=10)
+    encoder = build_backbone(FLOW_ENCODER, sit=sit, block=2, t=0.1, fit="resize", seed=0)
+    assert isinstance(encoder, FlowEncoder) and encoder.kwargs == dict(sit=encoder.model.kwargs, block=2, t=0.1,
+                                                                       fit="resize", seed=0)
+    assert encoder(torch.zeros(3, 1, 8, 8)).shape == (3, 32)
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['depth'\\]"):
+        build_backbone("resnet18", in_chans=1, image_size=8, depth=2)

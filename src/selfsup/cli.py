@@ -1,4 +1,4 @@
-"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.generation); eval (selfsup.eval.cli);
+"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.cli); eval (selfsup.eval.cli);
 simulate (selfsup.simulate.cli)."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def cmd_presets(args) -> int:
 
 def cmd_pretrain(args) -> int:
     """Pretrain a preset or YAML with overrides, or continue a run with --resume."""
-    from selfsup.config import load_run_config
-    from selfsup.engine import load_run, pretrain
+    from selfsup.config import load_run, load_run_config
+    from selfsup.engine import pretrain
 
     if args.resume:
         # the run folder's own config.yaml is used; a preset name given too is ignored
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run)")
     p.set_defaults(func=cmd_report)
-    from selfsup.flow.generation import add_generate_parser
+    from selfsup.flow.cli import add_generate_parser
 
     add_generate_parser(sub)
     try:

@@ -413,3 +413,22 @@ def to_dict(cfg: RunConfig) -> dict:
 def load_run_config(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
     """Preset or YAML + overrides → validated RunConfig."""
     return resolve(merge(load_preset(name_or_path), parse_overrides(overrides or [])))
+
+
+def read_run_config(run_dir: str | Path) -> dict:
+    """The ``config.yaml`` of a run folder as a plain mapping (not resolved: no method is imported)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise UserError(f"{run_dir} is not a selfsup run folder (no config.yaml); pass the folder a pretrain run made")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        raise UserError(f"{path} is not valid YAML; restore the run's config.yaml") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} is not a selfsup run config; restore the run's config.yaml")
+    return raw
+
+
+def load_run(run_dir: str | Path) -> RunConfig:
+    """The resolved config of an existing run folder."""
+    return resolve(read_run_config(run_dir))

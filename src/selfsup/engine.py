@@ -23,7 +23,7 @@ import yaml
 
 from selfsup import host
 from selfsup.checkpoints import load_checkpoint
-from selfsup.config import RunConfig, resolve, to_dict
+from selfsup.config import RunConfig, load_run, resolve, to_dict  # noqa: F401  (load_run: engine.load_run for callers)
 from selfsup.data.datasets import FolderImages, ImageDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError
@@ -76,14 +76,6 @@ def new_run_dir(cfg: RunConfig, preset: str) -> Path:
         raise UserError(f"run folder {run_dir} already holds a run; continue it with --resume {run_dir} "
                         "or choose another name=...")
     return run_dir
-
-
-def load_run(run_dir: Path) -> RunConfig:
-    """The resolved config of an existing run folder."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.exists():
-        raise UserError(f"{run_dir} is not a selfsup run folder (no config.yaml); pass the folder a pretrain run made")
-    return resolve(yaml.safe_load(path.read_text()))
 
 
 def check_checkpoint(path: Path, model: SSLMethod) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from selfsup.errors import UserError
+from selfsup.models.backbones import build_backbone
 
 FORMAT = "selfsup-backbone/1"
 
@@ -45,14 +45,7 @@ def read_meta(path: Path) -> dict:
 
 
 def rebuild_backbone(meta: dict) -> nn.Module:
-    """The (randomly initialised) backbone ``meta`` describes; a flow run's is its ``FlowEncoder``."""
-    from selfsup.flow.encoder import FLOW_ENCODER
-    from selfsup.models.backbones import build_backbone
-
-    if meta["backbone"] == FLOW_ENCODER:
-        from selfsup.flow.build import rebuild_encoder
-
-        return rebuild_encoder(meta)
+    """The (randomly initialised) backbone ``meta`` describes, by name (a flow run's is its ``flow_encoder``)."""
     return build_backbone(meta["backbone"], **meta["kwargs"])
 
 
@@ -67,3 +60,18 @@ def load_exported(path: Path) -> tuple[nn.Module, dict]:
     except RuntimeError as e:
         raise UserError(f"{path}: weights do not fit {meta['backbone']} ({str(e).splitlines()[0]})") from None
     return backbone, meta
+
+
+def load_backbone(location: str | Path) -> tuple[nn.Module, dict]:
+    """(backbone, meta) of an exported backbone: a run folder's ``backbone.safetensors``, or a ``.safetensors`` file."""
+    path = Path(location)
+    what = "pass a finished selfsup run folder (its backbone.safetensors) or an exported backbone .safetensors"
+    if path.is_dir():
+        path = path / "backbone.safetensors"
+        if not path.exists():
+            raise UserError(f"{location} holds no backbone.safetensors (the run has not finished); {what}")
+    elif not path.exists():
+        raise UserError(f"{path} does not exist; {what}")
+    elif path.suffix != ".safetensors":
+        raise UserError(f"{path} is not a .safetensors file; {what}")
+    return load_exported(path)

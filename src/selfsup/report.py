@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from selfsup.config import read_run_config
 from selfsup.errors import UserError
 from selfsup.instruments.detectors import read_events
 
@@ -78,10 +79,12 @@ def load_run(run_dir: str | Path) -> Run:
             run.final_norms = {k: v.float().numpy() for k, v in torch.load(path / "embedding_norms.pt").items()}
         except Exception:  # a corrupt optional file only loses its histogram
             run.final_norms = None
-    config = path / "config.yaml"
-    if config.exists():
-        m = re.search(r"^method:\s*\n\s+name:\s*(\S+)", config.read_text(), re.M)
-        run.method = m.group(1) if m else "?"
+    if (path / "config.yaml").exists():
+        try:
+            method = read_run_config(path).get("method")
+        except UserError:  # an unreadable config.yaml only loses the method's name
+            method = None
+        run.method = str(method.get("name") or "?") if isinstance(method, dict) else "?"
     return run
 
 

@@ -8,6 +8,7 @@ so memory stays at about ``block_elements`` floats whatever the sizes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -20,11 +21,30 @@ DEFAULT_KS = (10, 20, 100, 200)
 BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (256 MB of float32; fastest of 2^24..2^27 on 2 CPU cores)
 
 
+@dataclass
+class KnnConfig:
+    """``selfsup eval knn``: neighbour counts (() = ``DEFAULT_KS`` up to the training-set size) and the vote
+    temperature (DINO's 0.07; None: majority voting)."""
+
+    ks: tuple[int, ...] = ()
+    temperature: float | None = 0.07
+
+
 def _check_k(k: int, n_train: int) -> None:
     if k < 1:
         raise UserError(f"k={k} must be >= 1")
     if k > n_train:
         raise UserError(f"k={k} is larger than the {n_train} training samples; choose k <= {n_train}")
+
+
+def resolve_ks(ks: Iterable[int], n_train: int) -> list[int]:
+    """The sorted, checked neighbour counts; none given: ``DEFAULT_KS`` up to ``n_train`` (else just ``n_train``)."""
+    ks = sorted(set(int(k) for k in ks))
+    if not ks:
+        return [k for k in DEFAULT_KS if k <= n_train] or [n_train]
+    for k in ks:
+        _check_k(k, n_train)
+    return ks
 
 
 @torch.no_grad()
@@ -99,9 +119,7 @@ def knn_sweep(train_features: Tensor, train_labels: Tensor, test_features: Tenso
               ks: Iterable[int] = DEFAULT_KS, temperatures: Iterable[float | None] = (0.07, None),
               block_elements: int = BLOCK_ELEMENTS) -> dict[str, dict[str, dict[str, float]]]:
     """Accuracy for every (T, k) from one top-max(k) search: {"T=0.07"|"majority": {"k=20": {top1, top5}}}."""
-    ks = sorted(set(int(k) for k in ks))
-    for k in ks:
-        _check_k(k, train_features.shape[0])
+    ks = resolve_ks(ks, train_features.shape[0])
     sims, idx = knn_search(train_features, test_features, ks[-1], block_elements)
     labels = train_labels.to(idx.device)[idx]
     c = _num_classes(train_labels, test_labels)

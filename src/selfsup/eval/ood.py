@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+
+@dataclass
+class OodConfig:
+    """``selfsup eval norms-ood``: the OOD set (a dataset name, its test split; or ``classes:8,9``, held-out
+    classes), its folder and an optional fixed random subset size."""
+
+    ood: str
+    root: str | None = None
+    limit: int | None = None
 
 
 def norm_scores(features: Tensor, train_mean_norm: float) -> Tensor:

@@ -1,4 +1,5 @@
-"""What to evaluate: a run folder, an exported backbone (.safetensors) or a Lightning .ckpt → backbone + metadata.
+"""What to evaluate: a run folder, an exported backbone (.safetensors) or a Lightning .ckpt → backbone + metadata;
+and a flow run folder → its EMA model for sampling (``load_flow_run``).
 
 A run folder gives its ``backbone.safetensors``, else ``checkpoints/last.ckpt`` rebuilt with its
 ``config.yaml``. Results go to ``RUN/eval/`` (an exported file outside a run: ``<file>-eval/``).
@@ -13,7 +14,9 @@ from pathlib import Path
 from torch import nn
 
 from selfsup.checkpoints import load_checkpoint
+from selfsup.config import read_run_config
 from selfsup.errors import UserError
+from selfsup.models.sit import FLOW_ENCODER
 
 WHAT = "pass a selfsup run folder, an exported backbone .safetensors, or a run's checkpoints/*.ckpt"
 
@@ -27,7 +30,7 @@ class EvalSource:
     weights: Path
     run_dir: Path | None
     out_dir: Path
-    run_cfg: object | None = None  # RunConfig of the run, when there is one
+    run_cfg: object | None = None  # the run's data and augment sections (``_run_cfg``), when there is a run
     embedding: str = "backbone"  # backbone | projector (the backbone followed by the method's projector)
 
     @property
@@ -38,19 +41,6 @@ class EvalSource:
         return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
-def _raw_config(run_dir: Path) -> dict:
-    import yaml
-
-    path = run_dir / "config.yaml"
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        raise UserError(f"{path} is not valid YAML; restore the run's config.yaml") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path} is not a selfsup run config; restore the run's config.yaml")
-    return raw
-
-
 def _run_cfg(run_dir: Path | None):
     """The run's data and augment sections (without importing the methods and Lightning)."""
     from types import SimpleNamespace
@@ -59,7 +49,7 @@ def _run_cfg(run_dir: Path | None):
 
     if run_dir is None or not (run_dir / "config.yaml").exists():
         return None
-    raw = _raw_config(run_dir)
+    raw = read_run_config(run_dir)
 
     def section(cls, key):
         values = raw.get(key) or {}
@@ -79,9 +69,9 @@ def _from_exported(path: Path, run_dir: Path | None) -> EvalSource:
 def _from_checkpoint(path: Path) -> EvalSource:
     """The backbone weights (``backbone.*``) of a pretraining checkpoint, rebuilt from the run's config."""
     from selfsup.data.datasets import load_dataset
-    from selfsup.methods.build import backbone_meta, data_info
     from selfsup.export import read_meta, rebuild_backbone
-    from selfsup.flow.encoder import FLOW_ENCODER
+    from selfsup.methods import METHODS
+    from selfsup.methods.build import backbone_meta, data_info
 
     run_dir = next((d for d in (path.parent.parent, path.parent) if (d / "config.yaml").exists()), None)
     if run_dir is None:
@@ -93,12 +83,12 @@ def _from_checkpoint(path: Path) -> EvalSource:
     else:
         from selfsup.config import resolve
 
-        full = resolve(_raw_config(run_dir))
+        full = resolve(read_run_config(run_dir))
         meta = backbone_meta(full, data_info(full, load_dataset(full.data, "train")))
     ckpt = load_checkpoint(path, WHAT)  # weights-only: a file holding code is refused before any of it runs
-    # a flow run's backbone is its EMA model (``ema.*``) seen through a FlowEncoder (``model.*``)
-    prefix, rename = ("ema.", "model.") if meta["backbone"] == FLOW_ENCODER else ("backbone.", "")
-    state = {rename + k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    if meta.get("method") not in METHODS:
+        raise UserError(f"{path} was made by method {meta.get('method')!r}, which this selfsup does not know; {WHAT}")
+    state = METHODS[meta["method"]].backbone_state(ckpt["state_dict"])  # backbone.*, or a flow run's EMA model
     if not state:
         raise UserError(f"{path} holds no backbone weights; {WHAT}")
     backbone = rebuild_backbone(meta)
@@ -135,15 +125,15 @@ def with_projector(source: EvalSource) -> EvalSource:
     LayerNorm, so its norm is nearly constant, while the projector's output norm is not.
     """
     from selfsup.config import resolve
-    from selfsup.methods.build import build_method
     from selfsup.methods import DataInfo
+    from selfsup.methods.build import build_method
 
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
     if ckpt is None or not ckpt.exists():
         raise UserError("--embedding projector needs the run's checkpoints/last.ckpt (it holds the heads); "
                         "pass the run folder")
     m = source.meta
-    model = build_method(resolve(_raw_config(source.run_dir)),
+    model = build_method(resolve(read_run_config(source.run_dir)),
                          DataInfo(m["in_chans"], m["image_size"], tuple(m["mean"]), tuple(m["std"])))
     state = load_checkpoint(ckpt, WHAT)["state_dict"]
     try:
@@ -156,8 +146,6 @@ def with_projector(source: EvalSource) -> EvalSource:
 
 def with_flow_features(source: EvalSource, t: float | None, block: int | None) -> EvalSource:
     """A flow run's features at another noise level ``t`` and/or block (``--flow-t``, ``--flow-block``)."""
-    from selfsup.flow.encoder import FLOW_ENCODER
-
     if source.meta.get("backbone") != FLOW_ENCODER:
         raise UserError(f"--flow-t/--flow-block apply to flow runs; {source.weights} holds a {source.meta.get('backbone')}")
     encoder = source.backbone
@@ -170,3 +158,63 @@ def with_flow_features(source: EvalSource, t: float | None, block: int | None) -
     encoder.t, encoder.block = t, block
     meta = {**source.meta, "kwargs": {**source.meta["kwargs"], "t": t, "block": block}}
     return replace(source, backbone=encoder, meta=meta, embedding=f"flow-t{t:g}-block{block}")
+
+
+# --------------------------------------------------------------------------- flow runs, for sampling
+
+
+def _flow_run_config(run_dir: Path):
+    """The resolved RunConfig of a flow run folder; any other run is refused."""
+    from selfsup.config import resolve
+    from selfsup.methods import METHODS
+
+    raw = read_run_config(run_dir)
+    name = (raw.get("method") or {}).get("name")
+    if name not in METHODS or METHODS[name].family != "flow":
+        flow = ", ".join(n for n, cls in METHODS.items() if cls.family == "flow")
+        raise UserError(f"{run_dir} is a {name} run, not a flow run; pass a run of {flow} "
+                        "(selfsup pretrain self-flow-fmnist, ...)")
+    return resolve(raw)
+
+
+def load_flow_run(run_dir) -> tuple[nn.Module, object, dict]:
+    """(EMA SiT in eval mode on CPU, the run's RunConfig, info) of a flow run folder.
+
+    Weights: ``backbone.safetensors`` (exported at the end of training), else the ``ema.*`` weights of
+    ``checkpoints/last.ckpt``. ``info``: method, dataset, channels, image_size (the model's input size),
+    data_size (the dataset's own), fit, num_classes (0: unconditional; the null class is num_classes),
+    latents (True for a latent dataset), mean/std (pixel data: x = (image − mean)/std in [−1, 1]), weights.
+    """
+    from selfsup.export import read_meta, rebuild_backbone
+    from selfsup.methods import METHODS
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a run folder; pass the folder a flow pretrain run made")
+    cfg = _flow_run_config(run_dir)
+    exported, ckpt = run_dir / "backbone.safetensors", run_dir / "checkpoints" / "last.ckpt"
+    meta_file = exported if exported.exists() else run_dir / "backbone_init.safetensors"
+    if not meta_file.exists():
+        raise UserError(f"{run_dir} holds no backbone.safetensors or backbone_init.safetensors; it is not a finished "
+                        "or started flow run")
+    meta = read_meta(meta_file)
+    encoder = rebuild_backbone(meta)
+    if exported.exists():
+        from safetensors.torch import load_file
+
+        state, source = load_file(str(exported)), exported
+    elif ckpt.exists():
+        full = load_checkpoint(ckpt, "pass a flow run folder made by selfsup pretrain")["state_dict"]
+        state, source = METHODS[meta["method"]].backbone_state(full), ckpt
+    else:
+        raise UserError(f"{run_dir} has neither backbone.safetensors nor checkpoints/last.ckpt; train it first")
+    try:
+        encoder.load_state_dict(state)
+    except RuntimeError as e:
+        raise UserError(f"{source}: weights do not fit the run's model ({str(e).splitlines()[0]})") from None
+    model = encoder.model.eval().requires_grad_(False)
+    info = {"method": meta["method"], "dataset": meta["dataset"], "channels": meta["in_chans"],
+            "image_size": model.input_size, "data_size": meta["image_size"], "fit": meta["kwargs"]["fit"],
+            "num_classes": model.num_classes, "latents": cfg.data.name == "latents",
+            "mean": meta["mean"], "std": meta["std"], "weights": str(source)}
+    return model, cfg, info

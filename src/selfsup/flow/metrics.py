@@ -91,3 +91,13 @@ def inception_fid(real: Tensor, fake: Tensor, batch_size: int = 256, device: tor
             batch = images[i : i + batch_size].to(device)
             metric.update(batch.expand(-1, 3, -1, -1) if batch.shape[1] == 1 else batch, real=is_real)
     return float(metric.compute())
+
+
+def image_features(source, images: Tensor, batch_size: int = 512, device=None) -> Tensor:
+    """Features (N × D) of uint8 images through an evaluation source's frozen backbone and its transform."""
+    from selfsup.data.datasets import ImageDataset
+    from selfsup.eval.features import extract_features
+
+    m = source.meta
+    fake = ImageDataset("generated", images, torch.zeros(len(images), dtype=torch.long), 1, m["mean"], m["std"])
+    return extract_features(source.backbone, fake, m["image_size"], m["mean"], m["std"], batch_size, device)[0]

@@ -19,13 +19,23 @@ t = ``last_step_size``, then one noise-free "Mean" step (drift only) to t = 0 (S
 
 Classifier-free guidance: v = v_u + w·(v_c − v_u), with the conditional and unconditional
 (null class) halves in one batched forward. Guidance is applied to every channel.
+
+Sampling a model in batches (``generate``): the initial noise comes from a CPU generator seeded by
+``seed`` (the same draw on any device), the SDE's step noise from a generator on the device seeded by
+``seed + 1``. Pixel-space models work on images in [−1, 1] at the model's input size;
+``sample_images`` brings samples back to the dataset's size (the inverse of the run's resize / pad)
+and to uint8.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from selfsup.errors import UserError
@@ -109,3 +119,76 @@ def sample(velocity: Velocity, noise: Tensor, y: Tensor, steps: int = 50, method
     if not 0 < last_step_size < 1:
         raise UserError(f"last_step_size {last_step_size} must be in (0, 1)")
     return euler_maruyama(v, noise, y, steps, last_step_size, diffusion_norm, generator)
+
+
+# --------------------------------------------------------------------------- a model, in batches
+
+
+def sample_labels(n: int, num_classes: int, cls: int | None = None) -> Tensor:
+    """``cls`` for every sample, else the classes in turn (0, 1, …); the null class for an unconditional model."""
+    if cls is not None:
+        if num_classes == 0 or not 0 <= cls < num_classes:
+            what = "an unconditional model" if num_classes == 0 else f"classes 0..{num_classes - 1}"
+            raise UserError(f"--class {cls} is not a class of the model ({what})")
+        return torch.full((n,), cls, dtype=torch.long)
+    if num_classes == 0:
+        return torch.zeros(n, dtype=torch.long)
+    return torch.arange(n) % num_classes
+
+
+@torch.no_grad()
+def generate(model, labels: Tensor, steps: int = 50, method: str = "ode", cfg_scale: float = 1.0, seed: int = 0,
+             device: torch.device | str = "cpu", batch_size: int = 256, progress: bool = False) -> Tensor:
+    """Samples (N, C, S, S), float32 on CPU, of ``model(x_t, t, y) -> velocity`` for ``labels``."""
+    device = torch.device(device)
+    model = model.eval().to(device)
+    shape = (model.in_channels, model.input_size, model.input_size)
+    noise = torch.randn(len(labels), *shape, generator=torch.Generator().manual_seed(seed))
+    sde_gen = torch.Generator(device=device).manual_seed(seed + 1)
+    null = model.num_classes if model.num_classes else None
+    out, t0 = [], time.perf_counter()
+    for i in range(0, len(labels), batch_size):
+        x = sample(model, noise[i : i + batch_size].to(device), labels[i : i + batch_size].to(device), steps, method,
+                   cfg_scale, null, generator=sde_gen)
+        out.append(x.float().cpu())
+        if progress:
+            done = min(i + batch_size, len(labels))
+            print(f"  sampled {done}/{len(labels)} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return torch.cat(out)
+
+
+def to_uint8(x: Tensor, mean=(0.5,), std=(0.5,)) -> Tensor:
+    """The model's space ``(image − mean)/std`` (a flow run's: [−1, 1]) → uint8 images [0, 255]."""
+    shape = (1, -1, 1, 1)
+    image = x.float() * torch.tensor(std).view(shape) + torch.tensor(mean).view(shape)
+    return (image * 255).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def to_dataset_size(x: Tensor, size: int, fit: str) -> Tensor:
+    """Undo the run's fit of ``size``×``size`` dataset images to the model input: centre crop (pad) or resize."""
+    s = x.shape[-1]
+    if s == size:
+        return x
+    if fit == "pad":
+        top = (s - size) // 2
+        return x[..., top : top + size, top : top + size]
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+
+
+def save_grid(images: Tensor, path: Path) -> Path:
+    """uint8 (N, C, H, W) → a PNG grid about √N wide (grey images as grey)."""
+    from PIL import Image
+    from torchvision.utils import make_grid
+
+    grid = make_grid(images, nrow=max(1, math.ceil(math.sqrt(len(images)))), padding=2, pad_value=255)
+    array = grid.permute(1, 2, 0).numpy()
+    img = Image.fromarray(array[..., 0] if images.shape[1] == 1 else array[..., :3])
+    tmp = path.with_name(path.name + ".tmp")
+    img.save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
+def sample_images(x: Tensor, info: dict, data_size: int) -> Tensor:
+    """Samples in the model's space → uint8 images at the dataset's size (the run's fit undone)."""
+    return to_uint8(to_dataset_size(x, data_size, info["fit"]), info["mean"], info["std"])

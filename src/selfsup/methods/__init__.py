@@ -1,19 +1,35 @@
-"""Methods registered by name: ``method.name`` in a config picks one."""
+"""The registry: ``method.name`` in a config picks one of ``METHODS`` (both families, a literal mapping).
+
+Each family's base class answers what the builder and evaluation ask of a method, so neither names a
+family: ``data_info(cfg, dataset)``, ``backbone_meta(cfg, info)``, ``backbone_state(state_dict)``
+(``SSLMethod`` for the joint-embedding methods, ``FlowMatching`` for the flow methods).
+"""
 
 from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
+from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
 
-METHODS: dict[str, type] = {"moco_v3": MoCoV3, "byol": BYOL, "simsiam": SimSiam, "simclr": SimCLR}
-
-import selfsup.flow.methods  # noqa: E402,F401  (registers the generative family: flow_matching, self_flow, repa)
+METHODS: dict[str, type] = {
+    "moco_v3": MoCoV3,
+    "byol": BYOL,
+    "simsiam": SimSiam,
+    "simclr": SimCLR,
+    "flow_matching": FlowMatching,
+    "self_flow": SelfFlow,
+    "repa": Repa,
+}
 
 
 def method_name(method_cfg) -> str:
-    """The registered name of the method whose Config ``method_cfg`` is."""
-    return next(name for name, cls in METHODS.items() if isinstance(method_cfg, cls.Config))
+    """The registered name of the method whose Config is exactly ``type(method_cfg)``."""
+    for name, cls in METHODS.items():
+        if type(method_cfg) is cls.Config:
+            return name
+    raise KeyError(f"{type(method_cfg).__name__} is the Config of no registered method")
 
 
-__all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR"]
+__all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR",
+           "FlowMatching", "SelfFlow", "Repa"]

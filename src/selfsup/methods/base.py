@@ -221,6 +221,25 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
 
     Config: type
     recipe: str = "moco_v3"
+    family = "joint"
+
+    # ----------------------------------------------------------------- the family's answers to the registry
+    @classmethod
+    def data_info(cls, cfg, dataset) -> DataInfo:
+        """Channels, model input size (data.image_size, else the data's own), normalisation, classes."""
+        image_size = cfg.data.image_size or dataset.image_size
+        return DataInfo(dataset.channels, image_size, tuple(dataset.mean), tuple(dataset.std), dataset.num_classes)
+
+    @classmethod
+    def backbone_meta(cls, cfg, info: DataInfo) -> dict:
+        """How to rebuild the backbone (stored in the exported file; the builder adds the method name)."""
+        return {"backbone": cfg.model.backbone, "kwargs": backbone_kwargs(cfg, info), "image_size": info.image_size,
+                "in_chans": info.channels, "mean": list(info.mean), "std": list(info.std), "dataset": cfg.data.name}
+
+    @staticmethod
+    def backbone_state(state_dict: dict) -> dict:
+        """A checkpoint's backbone weights (``backbone.*``) under the exported backbone's keys."""
+        return {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()

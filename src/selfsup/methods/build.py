@@ -1,31 +1,24 @@
 """Building a run's method from its config: data info, the seeded LightningModule, backbone metadata.
 
 These live beside the methods (not in the engine), so that evaluation can rebuild a model
-without importing the trainer.
+without importing the trainer. Each question goes to the registered method class, whatever its family.
 """
 
 from __future__ import annotations
 
-import torch
-
 from selfsup.errors import UserError
 from selfsup.methods import METHODS, method_name
-from selfsup.methods.base import DataInfo, backbone_kwargs
+from selfsup.methods.base import DataInfo
+
+
+def method_class(cfg) -> type:
+    """The registered class of ``cfg.method``."""
+    return METHODS[method_name(cfg.method)]
 
 
 def data_info(cfg, dataset) -> DataInfo:
-    """Channels, model input size, normalisation and classes of the run's dataset.
-
-    Flow methods see their data at its own size, scaled to [−1, 1] (mean = std = 0.5; latents as they are);
-    their model size (data.image_size) is the method's business (``flow.encoder.fit_images``).
-    """
-    if getattr(METHODS[method_name(cfg.method)], "family", "joint") == "flow":
-        c = dataset.channels
-        latents = dataset.images.dtype != torch.uint8
-        mean, std = ((0.0,) * c, (1.0,) * c) if latents else ((0.5,) * c, (0.5,) * c)
-        return DataInfo(c, dataset.image_size, mean, std, dataset.num_classes)
-    image_size = cfg.data.image_size or dataset.image_size
-    return DataInfo(dataset.channels, image_size, tuple(dataset.mean), tuple(dataset.std), dataset.num_classes)
+    """Channels, model input size, normalisation and classes of the run's dataset, as the method sees them."""
+    return method_class(cfg).data_info(cfg, dataset)
 
 
 def build_method(cfg, info: DataInfo):
@@ -36,7 +29,7 @@ def build_method(cfg, info: DataInfo):
     from selfsup.interventions import cut_init
 
     try:
-        model = METHODS[method_name(cfg.method)](cfg, info)
+        model = method_class(cfg)(cfg, info)
         cut_init(model, cfg.interventions.cut_init, cfg.interventions.cut_init_scope)
     except ValueError as e:  # e.g. image size not divisible by the patch size, or channel mismatch
         raise UserError(f"{' '.join(str(e).split())}") from None
@@ -44,11 +37,5 @@ def build_method(cfg, info: DataInfo):
 
 
 def backbone_meta(cfg, info: DataInfo) -> dict:
-    """How to rebuild the backbone (stored in the exported file)."""
-    if getattr(METHODS[method_name(cfg.method)], "family", "joint") == "flow":
-        from selfsup.flow.build import flow_backbone_meta
-
-        return flow_backbone_meta(cfg, info)
-    return {"backbone": cfg.model.backbone, "kwargs": backbone_kwargs(cfg, info), "image_size": info.image_size,
-            "in_chans": info.channels, "mean": list(info.mean), "std": list(info.std), "dataset": cfg.data.name,
-            "method": method_name(cfg.method)}
+    """How to rebuild the backbone (stored in the exported file), with the method's registered name."""
+    return {**method_class(cfg).backbone_meta(cfg, info), "method": method_name(cfg.method)}

@@ -1,12 +1,15 @@
-"""Build a backbone by name: MoCo v3 ViTs, torchvision ResNets, or any timm model as ``timm:<name>``."""
+"""Build a backbone by name: MoCo v3 ViTs, torchvision ResNets, a flow run's ``flow_encoder`` (SiT features),
+or any timm model as ``timm:<name>``."""
 
 from __future__ import annotations
 
 import difflib
+from typing import Callable
 
 from torch import nn
 
 from .resnet import RESNET_NAMES, resnet
+from .sit import FLOW_ENCODER, FlowEncoder
 from .vit import VIT_SIZES, VisionTransformer
 
 BACKBONE_NAMES = tuple(VIT_SIZES) + RESNET_NAMES
@@ -33,36 +36,51 @@ def _timm_backbone(model_name: str, in_chans: int, image_size: int, drop_path_ra
         return timm.create_model(model_name, **kwargs)
 
 
-def build_backbone(
-    name: str,
-    *,
-    in_chans: int,
-    image_size: int,
-    patch_size: int = 16,
-    drop_path_rate: float = 0.0,
-    pool: str = "cls",
-    stop_grad_conv1: bool = False,
-    small_stem: bool = False,
-    zero_init_residual: bool = False,
-    layer_scale: float = 0.0,
-) -> nn.Module:
-    """A feature extractor (B, C, S, S) -> (B, num_features); every result has ``.num_features``."""
-    if name in VIT_SIZES:
-        return VisionTransformer(
-            image_size=image_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            drop_path_rate=drop_path_rate,
-            pool=pool,
-            stop_grad_conv1=stop_grad_conv1,
-            layer_scale=layer_scale,
-            **VIT_SIZES[name],
-        )
+def _vit(name: str, *, in_chans: int, image_size: int, patch_size: int = 16, drop_path_rate: float = 0.0,
+         pool: str = "cls", stop_grad_conv1: bool = False, layer_scale: float = 0.0, **_) -> nn.Module:
+    return VisionTransformer(image_size=image_size, patch_size=patch_size, in_chans=in_chans,
+                             drop_path_rate=drop_path_rate, pool=pool, stop_grad_conv1=stop_grad_conv1,
+                             layer_scale=layer_scale, **VIT_SIZES[name])
+
+
+def _no_layer_scale(name: str, layer_scale: float) -> None:
     if layer_scale > 0:
         raise ValueError(f"LayerScale (model.layer_scale={layer_scale}) applies to the selfsup ViTs "
                          f"({', '.join(VIT_SIZES)}), not to {name}; set model.layer_scale=0")
-    if name in RESNET_NAMES:
-        return resnet(name, in_chans=in_chans, small_stem=small_stem, zero_init_residual=zero_init_residual)
+
+
+def _resnet(name: str, *, in_chans: int, small_stem: bool = False, zero_init_residual: bool = False,
+            layer_scale: float = 0.0, **_) -> nn.Module:
+    _no_layer_scale(name, layer_scale)
+    return resnet(name, in_chans=in_chans, small_stem=small_stem, zero_init_residual=zero_init_residual)
+
+
+def _timm(name: str, *, in_chans: int, image_size: int, drop_path_rate: float = 0.0, layer_scale: float = 0.0,
+          **_) -> nn.Module:
+    _no_layer_scale(name, layer_scale)
+    return _timm_backbone(name[len(TIMM_PREFIX):], in_chans, image_size, drop_path_rate)
+
+
+def _flow_encoder(name: str, **kwargs) -> nn.Module:
+    return FlowEncoder.build(**kwargs)
+
+
+# name → builder(name, **kwargs); the image backbones read their keys of the run's model section
+# (``methods.base.backbone_kwargs``: in_chans, image_size, patch_size, drop_path_rate, pool, ...) and
+# ignore the others; ``flow_encoder`` takes ``FlowEncoder.build``'s (sit, block, t, fit, seed).
+IMAGE_KEYS = {"in_chans", "image_size", "patch_size", "drop_path_rate", "pool", "stop_grad_conv1", "small_stem",
+              "zero_init_residual", "layer_scale"}
+BUILDERS: dict[str, Callable[..., nn.Module]] = {**{n: _vit for n in VIT_SIZES}, **{n: _resnet for n in RESNET_NAMES},
+                                                 FLOW_ENCODER: _flow_encoder}
+
+
+def build_backbone(name: str, **kwargs) -> nn.Module:
+    """A feature extractor (B, C, S, S) -> (B, num_features) by name (``BUILDERS``, or ``timm:<name>``);
+    every result has ``.num_features``. This is how an exported backbone is rebuilt (``export.rebuild_backbone``)."""
+    if name != FLOW_ENCODER and set(kwargs) - IMAGE_KEYS:
+        raise TypeError(f"build_backbone({name!r}) got unexpected keyword arguments {sorted(set(kwargs) - IMAGE_KEYS)}")
     if name.startswith(TIMM_PREFIX):
-        return _timm_backbone(name[len(TIMM_PREFIX):], in_chans, image_size, drop_path_rate)
-    raise _unknown(name, BACKBONE_NAMES, "backbone")
+        return _timm(name, **kwargs)
+    if name not in BUILDERS:
+        raise _unknown(name, BACKBONE_NAMES, "backbone")
+    return BUILDERS[name](name, **kwargs)

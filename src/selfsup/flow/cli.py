@@ -1,93 +1,21 @@
-"""``selfsup generate`` and ``selfsup eval generation``: samples of a flow run, and their quality.
+"""``selfsup generate`` and ``selfsup eval generation``: samples of a flow run, and their quality (a front end).
 
-Samples are drawn from the run's EMA model with :mod:`selfsup.flow.sampler`, in batches; the initial
-noise comes from a CPU generator seeded by ``--seed`` (the same draw on any device), the SDE's step
-noise from a generator on the device seeded by ``--seed + 1``.
-Pixel-space models work on images in [−1, 1] at the model's input size; for the metrics they are
-brought back to the dataset's size (the inverse of the run's resize / pad) and to uint8, then pass
-through the encoder's own evaluation transform exactly as the real images do.
+Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``eval.source.load_flow_run``);
+for the metrics they are brought back to the dataset's size and to uint8, then pass through the
+encoder's own evaluation transform exactly as the real images do (``flow.metrics``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 from selfsup.errors import UserError
-from selfsup.flow.sampler import check_options, sample
-
-
-# --------------------------------------------------------------------------- sampling
-
-
-def sample_labels(n: int, num_classes: int, cls: int | None = None) -> Tensor:
-    """``cls`` for every sample, else the classes in turn (0, 1, …); the null class for an unconditional model."""
-    if cls is not None:
-        if num_classes == 0 or not 0 <= cls < num_classes:
-            what = "an unconditional model" if num_classes == 0 else f"classes 0..{num_classes - 1}"
-            raise UserError(f"--class {cls} is not a class of the model ({what})")
-        return torch.full((n,), cls, dtype=torch.long)
-    if num_classes == 0:
-        return torch.zeros(n, dtype=torch.long)
-    return torch.arange(n) % num_classes
-
-
-@torch.no_grad()
-def generate(model, labels: Tensor, steps: int = 50, method: str = "ode", cfg_scale: float = 1.0, seed: int = 0,
-             device: torch.device | str = "cpu", batch_size: int = 256, progress: bool = False) -> Tensor:
-    """Samples (N, C, S, S), float32 on CPU, of ``model(x_t, t, y) -> velocity`` for ``labels``."""
-    device = torch.device(device)
-    model = model.eval().to(device)
-    shape = (model.in_channels, model.input_size, model.input_size)
-    noise = torch.randn(len(labels), *shape, generator=torch.Generator().manual_seed(seed))
-    sde_gen = torch.Generator(device=device).manual_seed(seed + 1)
-    null = model.num_classes if model.num_classes else None
-    out, t0 = [], time.perf_counter()
-    for i in range(0, len(labels), batch_size):
-        x = sample(model, noise[i : i + batch_size].to(device), labels[i : i + batch_size].to(device), steps, method,
-                   cfg_scale, null, generator=sde_gen)
-        out.append(x.float().cpu())
-        if progress:
-            done = min(i + batch_size, len(labels))
-            print(f"  sampled {done}/{len(labels)} ({time.perf_counter() - t0:.1f} s)", flush=True)
-    return torch.cat(out)
-
-
-def to_uint8(x: Tensor, mean=(0.5,), std=(0.5,)) -> Tensor:
-    """The model's space ``(image − mean)/std`` (a flow run's: [−1, 1]) → uint8 images [0, 255]."""
-    shape = (1, -1, 1, 1)
-    image = x.float() * torch.tensor(std).view(shape) + torch.tensor(mean).view(shape)
-    return (image * 255).round_().clamp_(0, 255).to(torch.uint8)
-
-
-def to_dataset_size(x: Tensor, size: int, fit: str) -> Tensor:
-    """Undo the run's fit of ``size``×``size`` dataset images to the model input: centre crop (pad) or resize."""
-    s = x.shape[-1]
-    if s == size:
-        return x
-    if fit == "pad":
-        top = (s - size) // 2
-        return x[..., top : top + size, top : top + size]
-    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-
-
-def save_grid(images: Tensor, path: Path) -> Path:
-    """uint8 (N, C, H, W) → a PNG grid about √N wide (grey images as grey)."""
-    from PIL import Image
-    from torchvision.utils import make_grid
-
-    grid = make_grid(images, nrow=max(1, math.ceil(math.sqrt(len(images)))), padding=2, pad_value=255)
-    array = grid.permute(1, 2, 0).numpy()
-    img = Image.fromarray(array[..., 0] if images.shape[1] == 1 else array[..., :3])
-    tmp = path.with_name(path.name + ".tmp")
-    img.save(tmp, format="PNG")
-    tmp.replace(path)
-    return path
+from selfsup.eval.session import FEATURE_BATCH, EvalSession, checked_device
+from selfsup.eval.source import load_flow_run
+from selfsup.flow.sampler import check_options, generate, sample_images, sample_labels, save_grid, to_uint8
 
 
 def _save_tensor(blob: dict, path: Path) -> Path:
@@ -100,17 +28,7 @@ def _save_tensor(blob: dict, path: Path) -> Path:
 # --------------------------------------------------------------------------- selfsup generate
 
 
-def _device(name: str | None) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from selfsup.eval.cli import _device as checked
-
-    return checked(name)
-
-
 def _load(run_dir: str):
-    from selfsup.flow.build import load_flow_run
-
     return load_flow_run(Path(run_dir))
 
 
@@ -131,7 +49,7 @@ def cmd_generate(args) -> int:
     if args.cfg != 1.0 and not model.num_classes:
         raise UserError(f"--cfg {args.cfg} needs a class-conditional model; {run_dir} is unconditional (use --cfg 1)")
     labels = sample_labels(args.n, model.num_classes, args.cls)
-    device = _device(args.device)
+    device = checked_device(args.device)
     name = (f"samples-n{args.n}-{args.sampler}{args.steps}-cfg{args.cfg:g}"
             f"{'' if args.cls is None else f'-class{args.cls}'}-seed{args.seed}")
     stem = _stem(args.out, run_dir, name)
@@ -147,7 +65,7 @@ def cmd_generate(args) -> int:
     pt = _save_tensor({"samples": x, "labels": labels, "settings": settings}, stem.with_name(stem.name + ".pt"))
     print(f"  {pt} (samples in [-1, 1], {tuple(x.shape)}; {seconds:.1f} s)")
     if info["latents"]:
-        print(f"  (no PNG: the run models latents; decode the .pt with the VAE that made them)")
+        print("  (no PNG: the run models latents; decode the .pt with the VAE that made them)")
     else:
         print(f"  {save_grid(to_uint8(x, info['mean'], info['std']), stem.with_name(stem.name + '.png'))}")
     return 0
@@ -172,29 +90,19 @@ def add_generate_parser(subparsers) -> None:
 # --------------------------------------------------------------------------- selfsup eval generation
 
 
-def sample_images(x: Tensor, info: dict, data_size: int) -> Tensor:
-    """Samples in the model's space → uint8 images at the dataset's size (the run's fit undone)."""
-    return to_uint8(to_dataset_size(x, data_size, info["fit"]), info["mean"], info["std"])
+OWN_FEATURES = ("the run's own EMA features (its exported flow_encoder): the model judges its own samples; "
+                "pass --encoder RUN_OR_FILE for an independent feature space")
 
 
-def image_features(source, images: Tensor, batch_size: int = 512, device=None) -> Tensor:
-    """Features (N × D) of uint8 images through an evaluation source's frozen backbone and its transform."""
-    from selfsup.data.datasets import ImageDataset
-    from selfsup.eval.features import extract_features
-
-    m = source.meta
-    fake = ImageDataset("generated", images, torch.zeros(len(images), dtype=torch.long), 1, m["mean"], m["std"])
-    return extract_features(source.backbone, fake, m["image_size"], m["mean"], m["std"], batch_size, device)[0]
-
-
-def _encoder_location(args, cfg) -> str:
+def _encoder_location(args, cfg, run_dir) -> tuple[str, str | None]:
+    """(the encoder whose features define the metrics, a note when it is the run's own): ``--encoder``, else the
+    run's REPA encoder, else the flow run itself (its EMA model's block-k tokens, as ``selfsup eval`` sees it)."""
     if args.encoder:
-        return args.encoder
+        return args.encoder, None
     repa = default_encoder(cfg)
     if repa:
-        return repa
-    raise UserError("eval generation needs an encoder for its feature space: pass --encoder RUN_OR_FILE "
-                    "(a selfsup-pretrained backbone on the same images, e.g. a moco-v3-vit-fmnist run)")
+        return repa, None
+    return str(run_dir), OWN_FEATURES
 
 
 def default_encoder(cfg) -> str | None:
@@ -204,13 +112,15 @@ def default_encoder(cfg) -> str | None:
 
 def eval_generation(args) -> int:
     """Encoder Fréchet distance, class fidelity (and Inception FID when on disk) of a flow run's samples."""
-    from argparse import Namespace
-
-    from selfsup.eval.cli import Context
     from selfsup.eval.knn import knn_predict_scores, topk_accuracy
     from selfsup.eval.report import print_table, write_json
-    from selfsup.flow.metrics import (class_fidelity, feature_frechet_distance, inception_fid,
-                                      inception_fid_unavailable)
+    from selfsup.flow.metrics import (
+        class_fidelity,
+        feature_frechet_distance,
+        image_features,
+        inception_fid,
+        inception_fid_unavailable,
+    )
 
     check_options(args.steps, args.cfg, args.sampler, args.n)
     if args.n < 2:
@@ -225,31 +135,33 @@ def eval_generation(args) -> int:
     if args.cfg != 1.0 and not model.num_classes:
         raise UserError(f"--cfg {args.cfg} needs a class-conditional model; {run_dir} is unconditional (use --cfg 1)")
     data = cfg.data
-    ctx = Context(Namespace(ckpt=_encoder_location(args, cfg), data=data.name, root=data.root, resize=True,
-                            device=args.device, batch_size=args.batch_size, out=args.out or str(run_dir / "eval"),
-                            no_cache=args.no_cache, train_limit=None))
-    train = ctx.split("train")
+    encoder, own = _encoder_location(args, cfg, run_dir)
+    session = EvalSession(encoder, data=data.name, root=data.root, resize=True, device=args.device,
+                      batch_size=args.batch_size, out=args.out or str(run_dir / "eval"), cache=not args.no_cache)
+    train = session.split("train")
     if train.channels != model.in_channels:
         raise UserError(f"{data.name} images have {train.channels} channel(s) but the flow model makes "
                         f"{model.in_channels}; evaluate the run with an encoder of its own dataset")
-    m = ctx.source.meta
-    print(f"real features: {data.name} train/test through {ctx.source.weights}", flush=True)
-    ftr, ytr = ctx.features("train")
-    fte, yte = ctx.features("test")
+    m = session.source.meta
+    print(f"real features: {data.name} train/test through {session.source.weights}"
+          f"{f' ({own})' if own else ''}", flush=True)
+    ftr, ytr = session.features("train")
+    fte, yte = session.features("test")
 
     labels = sample_labels(args.n, model.num_classes)
-    print(f"sampling {args.n} images ({args.sampler}, {args.steps} steps, guidance {args.cfg:g}) on {ctx.device}",
+    print(f"sampling {args.n} images ({args.sampler}, {args.steps} steps, guidance {args.cfg:g}) on {session.device}",
           flush=True)
     t0 = time.perf_counter()
-    x = generate(model, labels, args.steps, args.sampler, args.cfg, args.seed, ctx.device, args.sample_batch,
+    x = generate(model, labels, args.steps, args.sampler, args.cfg, args.seed, session.device, args.sample_batch,
                  progress=True)
     sample_seconds = time.perf_counter() - t0
     images = sample_images(x, info, train.image_size)
-    fgen = image_features(ctx.source, images, args.batch_size, ctx.device)
+    fgen = image_features(session.source, images, args.batch_size, session.device)
 
     n_ref = min(args.n, len(yte))
     ref = torch.randperm(len(yte), generator=torch.Generator().manual_seed(0))[:n_ref]
-    out = {**ctx.header(), "run": str(run_dir), "encoder": str(ctx.source.weights),
+    out = {**session.header(), "run": str(run_dir), "encoder": str(session.source.weights),
+           **({"encoder_note": own} if own else {}),
            "metric": "encoder Fréchet distance (Fréchet distance of encoder features; not FID)",
            "n": args.n, "steps": args.steps, "sampler": args.sampler, "cfg": args.cfg, "seed": args.seed,
            "sample_seconds": sample_seconds, "real_train_size": len(ytr),
@@ -264,20 +176,21 @@ def eval_generation(args) -> int:
                    reference_real_test_knn_top1=real)
     why = "Inception FID skipped (--no-inception)" if args.no_inception else inception_fid_unavailable()
     if why is None:
-        out["inception_fid"] = inception_fid(train.images, images, device=ctx.device)
+        out["inception_fid"] = inception_fid(train.images, images, device=session.device)
     else:
         out["inception_fid"] = None
         out["inception_fid_note"] = why
-    grid = save_grid(images[: min(100, len(images))], ctx.out_dir / "generation-samples.png")
-    path = write_json(ctx.out_dir, "generation", out)
+    grid = save_grid(images[: min(100, len(images))], session.out_dir / "generation-samples.png")
+    path = write_json(session.out_dir, "generation", out)
     rows = [["encoder Fréchet distance", out["encoder_frechet_distance"],
              out["reference_real_test_frechet_distance"]]]
     if model.num_classes:
         rows.append(["class fidelity %", out["class_fidelity"], out["reference_real_test_knn_top1"]])
     if out["inception_fid"] is not None:
         rows.append(["Inception FID", out["inception_fid"], "-"])
+    encoder_name = m["backbone"] + (" (the run's own EMA features)" if own else "")
     print_table(f"generation of {run_dir.name}: {args.n} samples vs {data.name} train ({len(ytr)}), "
-                f"encoder {m['backbone']}", ["metric", "samples", f"real test ({n_ref})"], rows)
+                f"encoder {encoder_name}", ["metric", "samples", f"real test ({n_ref})"], rows)
     if why:
         print(why)
     print(f"  {path}\n  {grid}")
@@ -291,7 +204,7 @@ def add_generation_eval_parser(sub) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a flow run folder")
     p.add_argument("--encoder", metavar="RUN_OR_FILE",
                    help="selfsup backbone whose features define the metrics (run folder, .safetensors or .ckpt); "
-                        "default: the run's REPA encoder")
+                        "default: the run's REPA encoder, else the run's own EMA features (labelled as such)")
     p.add_argument("--n", type=int, default=1000, help="generated samples, classes in turn (default 1000)")
     p.add_argument("--steps", type=int, default=50, help="sampler steps (default 50)")
     p.add_argument("--sampler", default="ode", help="ode or sde (default ode)")
@@ -299,7 +212,8 @@ def add_generation_eval_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", type=int, default=20, help="neighbours of the class-fidelity kNN classifier (default 20)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--batch-size", type=int, default=512, help="feature extraction batch (default 512)")
+    p.add_argument("--batch-size", type=int, default=FEATURE_BATCH,
+                   help=f"feature extraction batch (default {FEATURE_BATCH})")
     p.add_argument("--sample-batch", type=int, default=256, help="samples per sampler forward (default 256)")
     p.add_argument("--out", help="folder for the results (default: RUN/eval)")
     p.add_argument("--no-cache", action="store_true", help="extract real features again instead of the cache")

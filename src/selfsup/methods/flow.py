@@ -3,7 +3,9 @@
 Each keeps the student SiT, an EMA copy made by deepcopy (the sampling model; Self-Flow's teacher),
 and a method head. A batch is images (uint8 → [−1, 1], or float latents as they are) fitted to the
 model's size; the step draws noise, timesteps and masks from a generator seeded by (seed, step, rank).
-The run's ``backbone`` is the EMA model as a feature extractor (``flow.encoder.FlowEncoder``).
+The run's ``backbone`` is the EMA model as a feature extractor (``models.sit.FlowEncoder``, exported as
+``flow_encoder``). ``FlowMatching`` is the concrete plain method and the family's base: it answers the
+registry's questions (``data_info``, ``backbone_meta``, ``backbone_state``) for ``SelfFlow`` and ``Repa`` too.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from dataclasses import dataclass
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from selfsup.distributed import world
 from selfsup.errors import UserError
-from selfsup.flow.encoder import FITS, FlowEncoder, fit_images
-from selfsup.flow.model import SIT_SIZES, SiT
+from selfsup.export import load_backbone
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
+from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
 from selfsup.methods.base import DataInfo, ExactResume, LogStepsOnly, knn_report, momentum_update
+from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import scaled_lr, warmup_cosine
 
@@ -34,7 +38,7 @@ def default_block(depth: int, fraction: float) -> int:
 
 @dataclass
 class FlowConfig:
-    """The SiT, the path and the EMA; shared by every flow method."""
+    """The SiT, the path and the EMA: plain flow matching's config, and the base of every flow method's."""
 
     size: str = "tiny"  # micro | tiny | S | B | L | XL (hidden, depth, heads of SiT-S..XL)
     patch_size: int = 2
@@ -89,11 +93,6 @@ class FlowConfig:
 
 
 @dataclass
-class FlowMatchingConfig(FlowConfig):
-    """Plain flow matching: the shared keys only (its own class, so the method name is unambiguous)."""
-
-
-@dataclass
 class SelfFlowConfig(FlowConfig):
     """Self-Flow: R_M, the student block l, the teacher block k and the weight of 1 − cos."""
 
@@ -133,6 +132,14 @@ class RepaConfig(FlowConfig):
             raise UserError("method.rep_weight must be >= 0 and method.proj_hidden_dim >= 1")
 
 
+def _sit_only(kwargs: dict) -> dict:
+    """SiT kwargs with the size name resolved to explicit hidden/depth/heads (stable across size tables)."""
+    k = dict(kwargs)
+    D, L, H = SIT_SIZES[k.pop("size")]
+    k["hidden"], k["depth"], k["heads"] = k["hidden"] or D, k["depth"] or L, k["heads"] or H
+    return k
+
+
 def sit_kwargs(cfg, info: DataInfo) -> dict:
     """The SiT constructor arguments of a run (model size = data.image_size or the data's own)."""
     c = cfg.method
@@ -141,11 +148,36 @@ def sit_kwargs(cfg, info: DataInfo) -> dict:
                 num_classes=(info.num_classes or 0) if c.class_conditional else 0)
 
 
-class FlowMethod(LogStepsOnly, ExactResume, pl.LightningModule):
+class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
     """Plain flow matching (SiT): ``loss = E ||v_θ(x_t, t, y) − (ε − x_0)||²``, t per sample."""
 
-    Config = FlowMatchingConfig
+    Config = FlowConfig
     family = "flow"
+
+    # ------------------------------------------------------------------ the family's answers to the registry
+    @classmethod
+    def data_info(cls, cfg, dataset) -> DataInfo:
+        """The data at its own size, scaled to [−1, 1] (mean = std = 0.5; latents as they are, 0 and 1); the model
+        size (data.image_size) is the method's business (``fit_images``)."""
+        c = dataset.channels
+        latents = dataset.images.dtype != torch.uint8
+        mean, std = ((0.0,) * c, (1.0,) * c) if latents else ((0.5,) * c, (0.5,) * c)
+        return DataInfo(c, dataset.image_size, mean, std, dataset.num_classes)
+
+    @classmethod
+    def backbone_meta(cls, cfg, info: DataInfo) -> dict:
+        """The exported ``backbone.safetensors``: the EMA model as a ``FlowEncoder`` (method name added by the builder)."""
+        c = cfg.method
+        sit = _sit_only(sit_kwargs(cfg, info))
+        return {"backbone": FLOW_ENCODER,
+                "kwargs": dict(sit=sit, block=c.eval_block(), t=c.feature_t, fit=c.fit, seed=cfg.trainer.seed),
+                "image_size": info.image_size, "in_chans": info.channels, "mean": list(info.mean),
+                "std": list(info.std), "dataset": cfg.data.name, "num_classes": sit["num_classes"]}
+
+    @staticmethod
+    def backbone_state(state_dict: dict) -> dict:
+        """A checkpoint's EMA weights (``ema.*``) as the exported ``FlowEncoder``'s (``model.*``)."""
+        return {"model." + k[len("ema."):]: v for k, v in state_dict.items() if k.startswith("ema.")}
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -271,7 +303,6 @@ class FlowMethod(LogStepsOnly, ExactResume, pl.LightningModule):
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
         """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
         (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
-        from selfsup.flow.generation import generate, sample_labels, sample_images, save_grid
         c, lines = self.cfg.method, []
         if train.images.dtype == torch.uint8:
             lines += knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
@@ -286,7 +317,7 @@ class FlowMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         return lines
 
 
-class SelfFlow(FlowMethod):
+class SelfFlow(FlowMatching):
     """Self-Flow: mixed-level student (mask ratio R_M at level s, rest at t), EMA teacher at min(t, s).
 
     ``loss = flow(student velocity, each token at its own level) + 0.8 · mean(1 − cos(h(student_l), sg(teacher_k)))``.
@@ -323,15 +354,58 @@ class SelfFlow(FlowMethod):
                 "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
 
 
-class Repa(FlowMethod):
+# --------------------------------------------------------------------------- REPA's frozen encoder
+
+
+def load_repa_encoder(location: str, channels: int) -> tuple[nn.Module, int, list, list, int]:
+    """(frozen ViT, its input size, mean, std, token width) from a selfsup run folder or exported .safetensors."""
+    try:
+        encoder, meta = load_backbone(location)
+    except UserError as e:
+        raise UserError(f"method.encoder: {e}") from None
+    if meta.get("backbone") == FLOW_ENCODER:
+        raise UserError(f"method.encoder={location} is a flow run; REPA needs a joint-embedding ViT (moco_v3, byol, ...)")
+    if meta["in_chans"] != channels:
+        raise UserError(f"method.encoder={location} takes {meta['in_chans']}-channel images but the data has "
+                        f"{channels}; pretrain the encoder on this dataset")
+    encoder = encoder.eval().requires_grad_(False)
+    size = meta["image_size"]
+    try:
+        with torch.no_grad():
+            probe = encoder.forward_features(torch.zeros(1, channels, size, size))
+    except AttributeError:
+        probe = None
+    if probe is None or probe.ndim != 3 or probe.shape[1] - _prefix_tokens(encoder) < 1:
+        raise UserError(f"method.encoder={location} ({meta['backbone']}) gives no patch tokens; use a ViT encoder")
+    return encoder, size, list(meta["mean"]), list(meta["std"]), probe.shape[-1]
+
+
+def _prefix_tokens(encoder: nn.Module) -> int:
+    """Class / register tokens before the patch tokens (timm: num_prefix_tokens; selfsup ViT: 1)."""
+    return int(getattr(encoder, "num_prefix_tokens", 1))
+
+
+def patch_tokens(encoder: nn.Module, x: Tensor, grid: int) -> Tensor:
+    """(B, grid², D): the encoder's patch tokens, bilinearly resized from its own token grid to ``grid``."""
+    tokens = encoder.forward_features(x)[:, _prefix_tokens(encoder):]
+    B, N, D = tokens.shape
+    g = int(round(N ** 0.5))
+    if g * g != N:
+        raise UserError(f"the REPA encoder's {N} patch tokens do not form a square grid")
+    if g != grid:
+        fmap = tokens.transpose(1, 2).reshape(B, D, g, g)
+        tokens = F.interpolate(fmap.float(), size=(grid, grid), mode="bilinear", align_corners=False)
+        tokens = tokens.flatten(2).transpose(1, 2)
+    return tokens
+
+
+class Repa(FlowMatching):
     """REPA: ``loss = flow + 0.5 · mean(−cos(mlp(student_l), encoder(x_0) patch tokens)))``, frozen encoder."""
 
     Config = RepaConfig
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)
-        from selfsup.flow.build import load_repa_encoder
-
         c = cfg.method
         if cfg.data.name == "latents":
             raise UserError("repa needs pixel images (its encoder sees the clean image); use a pixel dataset")
@@ -348,8 +422,6 @@ class Repa(FlowMethod):
     @torch.no_grad()
     def encoder_tokens(self, x0: Tensor) -> Tensor:
         """The frozen encoder's clean-image patch tokens, on the student's token grid: (B, N, D_enc)."""
-        from selfsup.flow.build import patch_tokens
-
         encoder = self._encoder[0]
         if next(encoder.parameters()).device != x0.device:
             encoder.to(x0.device)
@@ -370,15 +442,3 @@ class Repa(FlowMethod):
                 "rep_loss": rep, "embedding": h.detach().mean(1),
                 "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
 
-
-FLOW_METHODS: dict[str, type[FlowMethod]] = {"flow_matching": FlowMethod, "self_flow": SelfFlow, "repa": Repa}
-
-
-def _register() -> None:
-    """Add the flow methods to ``selfsup.methods.METHODS`` (imported by that package, either order works)."""
-    from selfsup.methods import METHODS
-
-    METHODS.update(FLOW_METHODS)
-
-
-_register()

@@ -1,0 +1,160 @@
+"""An evaluation session: what is evaluated (an :class:`~selfsup.eval.source.EvalSource`), on which device, on
+which datasets (the run's own by default, checked against the backbone's channels and input size), with
+the feature cache. ``selfsup eval`` and ``selfsup eval generation`` open one; the protocols take it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from selfsup.config import DataConfig
+from selfsup.data.datasets import ImageDataset, load_dataset
+from selfsup.errors import UserError
+
+FEATURE_BATCH = 512  # images per feature-extraction forward
+
+
+def data_config(source, name: str | None = None, root: str | None = None) -> DataConfig:
+    """The run's DataConfig (or one for the backbone's training dataset) with ``name`` / ``root`` overrides."""
+    run_cfg = getattr(source, "run_cfg", None)
+    base = copy.deepcopy(run_cfg.data) if run_cfg is not None else DataConfig(name=source.meta.get("dataset", "digits"))
+    if name and name != base.name:
+        base = DataConfig(name=name)  # another dataset: none of the run's root / layout settings apply
+    if root:
+        base.root = root
+    base.unlabeled = False  # evaluation needs labels
+    base.validate()
+    return base
+
+
+def check_fits(dataset: ImageDataset, meta: dict, resize: bool, flag: str = "--resize") -> None:
+    """Channels must equal the backbone's (never expanded); another image size only when ``resize``."""
+    channels, size = meta["in_chans"], meta["image_size"]
+    if dataset.channels != channels:
+        raise UserError(f"{dataset.name} images have {dataset.channels} channel(s) but the backbone takes {channels}; "
+                        f"evaluate on a {channels}-channel dataset (channels are never converted)")
+    if dataset.image_size != size and not resize:
+        raise UserError(f"{dataset.name} images are {dataset.image_size}x{dataset.image_size} but the backbone takes "
+                        f"{size}x{size}; pass {flag} to resize them, or use the dataset it was trained on")
+
+
+def load_split(cfg: DataConfig, split: str, meta: dict, resize: bool, flag: str = "--resize") -> ImageDataset:
+    """One split, checked against the backbone."""
+    dataset = load_dataset(cfg, split)
+    check_fits(dataset, meta, resize, flag)
+    return dataset
+
+
+def subset(dataset: ImageDataset, limit: int | None, seed: int = 0) -> ImageDataset:
+    """A fixed random subset of at most ``limit`` samples (in their original order); None: all."""
+    import torch
+
+    if limit is None or limit >= len(dataset):
+        return dataset
+    return dataset.select(torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].sort().values)
+
+
+def checked_device(name: str | None) -> torch.device:
+    """The torch device ``name`` (cpu, cuda, cuda:N), refused when it does not exist; None: cuda when available."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device name; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name} asked for a GPU but none is available; use --device cpu")
+    return dev
+
+
+def positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise UserError(f"{flag} {value} must be >= 1")
+    return value
+
+
+class EvalSession:
+    """The source, device, datasets and cached features of one evaluation.
+
+    ``location``: run folder, exported .safetensors or .ckpt; ``data`` / ``root``: another dataset (default
+    the run's); ``resize``: accept images of another size; ``out``: results folder (default RUN/eval);
+    ``train_limit``: a fixed random subset of train; ``embedding``: backbone | projector; ``flow_t`` /
+    ``flow_block``: a flow run's features at another level / block.
+    """
+
+    def __init__(self, location, *, data: str | None = None, root: str | None = None, resize: bool = False,
+                 device: str | None = None, batch_size: int = FEATURE_BATCH, out: str | None = None, cache: bool = True,
+                 train_limit: int | None = None, embedding: str = "backbone", flow_t: float | None = None,
+                 flow_block: int | None = None):
+        from selfsup.eval.source import load_source, with_flow_features, with_projector
+
+        self.device = checked_device(device)
+        self.resize, self.batch_size, self.cache = resize, batch_size, cache
+        self.train_limit = None if train_limit is None else positive(train_limit, "--train-limit")
+        self.source = load_source(location)
+        if embedding == "projector":
+            self.source = with_projector(self.source)
+        if flow_t is not None or flow_block is not None:
+            self.source = with_flow_features(self.source, flow_t, flow_block)
+        if out:
+            self.source.out_dir = Path(out)
+        self.data_cfg = data_config(self.source, data, root)
+        self._splits: dict = {}
+
+    @classmethod
+    def from_args(cls, args) -> "EvalSession":
+        """The session of a ``selfsup eval`` command line (the flags of ``eval.cli``'s common arguments)."""
+        return cls(args.ckpt, data=args.data, root=args.root, resize=args.resize, device=args.device,
+                   batch_size=args.batch_size, out=args.out, cache=not args.no_cache, train_limit=args.train_limit,
+                   embedding=args.embedding, flow_t=args.flow_t, flow_block=args.flow_block)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.source.out_dir
+
+    def data_key(self, cfg, limit: int | None = None) -> str:
+        return json.dumps([cfg.name, cfg.root, cfg.image_size, cfg.load_size, limit])
+
+    def _limit(self, name: str, cfg, limit: int | None) -> int | None:
+        if limit is None and name == "train" and cfg is self.data_cfg:
+            return self.train_limit
+        return limit
+
+    def split(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize", limit: int | None = None):
+        """A dataset split checked against the backbone (``train_limit``: a fixed subset of train)."""
+        cfg = cfg or self.data_cfg
+        limit = self._limit(name, cfg, limit)
+        key = (self.data_key(cfg, limit), name)
+        if key not in self._splits:
+            full = load_split(cfg, name, self.source.meta, self.resize if resize is None else resize, flag)
+            self._splits[key] = subset(full, limit)
+        return self._splits[key]
+
+    def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",
+                 limit: int | None = None):
+        """(features, labels) of a split, through the feature cache."""
+        from selfsup.eval.cache import features
+
+        cfg = cfg or self.data_cfg
+        limit = self._limit(name, cfg, limit)
+        dataset = self.split(name, cfg, resize, flag, limit)
+        return features(self.source, dataset, name, self.data_key(cfg, limit), self.batch_size, self.device,
+                        self.cache)
+
+    def header(self) -> dict:
+        return {"source": str(self.source.weights), "backbone": self.source.meta["backbone"],
+                "method": self.source.meta.get("method"), "dataset": self.data_cfg.name,
+                "embedding": self.source.embedding}
+
+    def suffix(self) -> str:
+        """File-name suffix of results on an embedding other than the backbone's."""
+        return "" if self.source.embedding == "backbone" else f"-{self.source.embedding}"
+
+    def run_hflip(self, default: float = 0.5) -> float:
+        """The run's flip probability (0 where flips change the class), else ``default``."""
+        aug = getattr(self.source.run_cfg, "augment", None)
+        return aug.hflip_p if aug is not None and aug.hflip_p is not None else default

@@ -1,0 +1,155 @@
+"""The house's layers: every import of the package (top-level and inside functions), read with ``ast``, forms an
+acyclic graph, and no lower layer imports an upper one (docs/ARCHITECTURE.md). Plus the method registry's shape."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import selfsup
+
+PACKAGE = Path(selfsup.__file__).parent
+
+# (importer prefix, forbidden prefixes): a module matches a prefix when it is that module or inside that package
+FORBIDDEN = [
+    ("models", ("methods", "flow", "eval", "engine", "config")),
+    ("methods", ("config", "engine", "eval.cli", "eval.source", "eval.session", "flow.cli", "cli")),
+    ("export", ("methods", "flow", "eval")),
+    ("instruments", ("methods",)),
+    ("eval", ("engine",)),
+]
+
+
+def module_names(root: Path = PACKAGE) -> dict[str, Path]:
+    """``selfsup.x.y`` → file, for every module of the package (a package is its ``__init__.py``)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("selfsup",) + path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports_of(name: str, source: str, modules) -> set[str]:
+    """The package modules that ``source`` (module ``name``) imports anywhere: top level, in functions, relative."""
+    package = name if modules[name].name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            # ``from pkg import mod`` imports the module pkg.mod; ``from mod import name`` imports mod
+            targets = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = module_names(root)
+    return {name: imports_of(name, path.read_text(), modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (a list of modules, first = last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def _within(module: str, prefix: str) -> bool:
+    full = f"selfsup.{prefix}"
+    return module == full or module.startswith(full + ".")
+
+
+def forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  for low, high in FORBIDDEN if _within(a, low) and any(_within(b, h) for h in high))
+
+
+def test_the_reader_sees_function_level_and_relative_imports():
+    modules = {m: Path(f"{m}.py") for m in ("selfsup.models.vit", "selfsup.models.sit", "selfsup.engine",
+                                            "selfsup.eval.knn", "selfsup.methods")}
+    modules["selfsup.models"] = Path("__init__.py")
+    source = ("from .sit import SiT\n"
+              "def f():\n    from selfsup.engine import pretrain\n"
+              "class A:\n    def g(self):\n        import selfsup.eval.knn\n"
+              "        from selfsup import methods\n")
+    assert imports_of("selfsup.models.vit", source, modules) == {"selfsup.models.sit", "selfsup.engine",
+                                                                 "selfsup.eval.knn", "selfsup.methods"}
+    assert imports_of("selfsup.models", "from . import vit\nfrom .vit import X\n", modules) == {"selfsup.models.vit"}
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert forbidden_imports({"selfsup.models.vit": {"selfsup.engine"}, "selfsup.engine": set()}) == [
+        "selfsup.models.vit -> selfsup.engine"]
+
+
+def test_the_package_import_graph_is_acyclic():
+    graph = import_graph()
+    assert len(graph) > 50 and sum(map(len, graph.values())) > 150  # the whole package was read
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_lower_layer_imports_an_upper_one():
+    assert forbidden_imports(import_graph()) == []
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def test_the_registry_names_every_method_class_and_asks_the_class():
+    import torch
+
+    from selfsup.methods import METHODS, method_name
+    from selfsup.methods.base import SSLMethod
+    from selfsup.methods.flow import FlowMatching
+
+    assert set(METHODS) >= {"moco_v3", "byol", "simsiam", "simclr", "flow_matching", "self_flow", "repa"}
+    configs = [cls.Config for cls in METHODS.values()]
+    assert len(set(configs)) == len(configs)  # method_name matches the exact Config type: one per method
+    for name, cls in METHODS.items():
+        assert method_name(cls.Config()) == name
+        assert issubclass(cls, SSLMethod if cls.family == "joint" else FlowMatching)
+    state = {"backbone.w": torch.ones(1), "projector.w": torch.zeros(1), "ema.blocks.0.w": torch.full((1,), 2.0),
+             "student.blocks.0.w": torch.full((1,), 3.0)}
+    assert list(METHODS["moco_v3"].backbone_state(state)) == ["w"]
+    flow = METHODS["self_flow"].backbone_state(state)
+    assert list(flow) == ["model.blocks.0.w"] and flow["model.blocks.0.w"].item() == 2.0  # the EMA, not the student
+    with pytest.raises(KeyError, match="Config of no registered method"):
+        method_name(object())
+
+
+def test_the_registry_module_has_no_side_effect_import():
+    tree = ast.parse((PACKAGE / "methods" / "__init__.py").read_text())
+    plain = [n for n in tree.body if isinstance(n, ast.Import)]
+    assert plain == []  # only ``from ... import Class`` lines, whose names the METHODS literal uses
+    assert not any(isinstance(n, ast.FunctionDef) and n.name == "_register" for n in ast.walk(tree))
