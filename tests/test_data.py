@@ -44,6 +44,30 @@ def test_digits_split_sizes_and_fixedness():
     assert torch.equal(images, train.images[[3, 0, 7]]) and torch.equal(labels, train.labels[[3, 0, 7]])
 
 
+def _numbered(n: int, unlabelled_every: int = 0):
+    """A dataset whose image i holds the number i, so a subset shows which samples it drew."""
+    from selfsup.data.datasets import ImageDataset
+
+    labels = torch.arange(n)
+    if unlabelled_every:
+        labels[::unlabelled_every] = -1
+    return ImageDataset("numbered", torch.arange(n).view(n, 1, 1, 1), labels, n, (0.0,), (1.0,))
+
+
+def test_subset_is_one_fixed_draw_in_original_order():
+    """The one subset helper (kNN monitor, RankCollapse batch, eval --train-limit): the values are the draws of
+    the three helpers it replaced (randperm(N, seed)[:n] sorted), so every seeded figure stays the same."""
+    ds = _numbered(20)
+    assert ds.subset(6, 0).images.flatten().tolist() == [4, 5, 7, 13, 14, 19]
+    assert ds.subset(6, 0, labelled_only=True).images.flatten().tolist() == [4, 5, 7, 13, 14, 19]  # all labelled
+    assert ds.subset(6, 1).images.flatten().tolist() != [4, 5, 7, 13, 14, 19]  # the seed matters
+    assert ds.subset(None) is ds and ds.subset(20) is ds and len(ds.subset(19, 3)) == 19
+    partly = _numbered(20, unlabelled_every=2)  # even samples unlabelled
+    assert partly.subset(4, 0, labelled_only=True).images.flatten().tolist() == [3, 9, 11, 15]
+    assert partly.subset(4, 0).images.flatten().tolist() == [4, 5, 13, 19]
+    assert partly.subset(100, 0, labelled_only=True).images.flatten().tolist() == list(range(1, 20, 2))
+
+
 def test_unknown_split_is_a_programming_error():
     with pytest.raises(ValueError):
         load_dataset(DataConfig(name="digits"), "val")

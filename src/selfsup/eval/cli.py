@@ -56,14 +56,14 @@ class Context:
 
     def split(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize", limit: int | None = None):
         """A dataset split checked against the backbone (``--train-limit``: a fixed subset of train)."""
-        from selfsup.eval.data import load_split, subset
+        from selfsup.eval.data import load_split
 
         cfg = cfg or self.data_cfg
         limit = self._limit(name, cfg, limit)
         key = (self.data_key(cfg, limit), name)
         if key not in self._splits:
             full = load_split(cfg, name, self.source.meta, self.args.resize if resize is None else resize, flag)
-            self._splits[key] = subset(full, limit)
+            self._splits[key] = full.subset(limit)
         return self._splits[key]
 
     def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",

@@ -47,11 +47,3 @@ def keep_classes(dataset: ImageDataset, classes, keep: bool) -> ImageDataset:
     mask = torch.isin(dataset.labels, torch.tensor(sorted(classes)))
     return dataset.select((mask if keep else ~mask).nonzero().squeeze(1))
 
-
-def subset(dataset: ImageDataset, limit: int | None, seed: int = 0) -> ImageDataset:
-    """A fixed random subset of at most ``limit`` samples (in their original order); None: all."""
-    import torch
-
-    if limit is None or limit >= len(dataset):
-        return dataset
-    return dataset.select(torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].sort().values)
