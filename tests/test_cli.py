@@ -228,6 +228,16 @@ def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeyp
 # --------------------------------------------------------------------------- the real executable
 
 
+def test_a_broken_eval_import_is_not_hidden(monkeypatch):
+    """cli.py once caught ImportError around the eval front end, so a broken import read "invalid choice: 'eval'"."""
+    from selfsup.cli import build_parser
+
+    assert "eval" in build_parser()._subparsers._group_actions[0].choices
+    monkeypatch.setitem(sys.modules, "selfsup.eval.cli", None)  # any import of it now raises ImportError
+    with pytest.raises(ImportError, match="selfsup.eval.cli"):
+        build_parser()
+
+
 def test_real_executable_exit_code_and_no_traceback(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     bad_key = subprocess.run([str(SELFSUP), "pretrain", PRESET, "optim.base_rl=0.1"], capture_output=True,

@@ -101,6 +101,18 @@ def test_zero_mean_subtracts_running_mean_product():
     torch.testing.assert_close(pred.weight, cov, atol=1e-5, rtol=1e-5)
 
 
+def test_a_linear_predictor_is_a_bias_free_square_matrix_with_nn_linears_init():
+    """The official predictor is a bias-free nn.Linear(d, d): same single parameter, same initial values."""
+    torch.manual_seed(3)
+    pred = TrackedLinearPredictor(32, "linear", DirectPredConfig())
+    torch.manual_seed(3)
+    reference = nn.Linear(32, 32, bias=False)
+    assert [name for name, _ in pred.named_parameters()] == ["weight"] and pred.weight.requires_grad
+    assert torch.equal(pred.weight, reference.weight)
+    z = torch.randn(5, 32)
+    torch.testing.assert_close(pred.eval()(z), reference(z))
+
+
 def test_freq_leaves_gradient_steps_in_between():
     cfg = DirectPredConfig(freq=3)
     torch.manual_seed(0)
