@@ -69,18 +69,40 @@ def test_cut_init_config_errors():
         load_run_config("simclr-digits", ["interventions.cut_init=0"])
 
 
+GRAD_SCALE_PLACE = {"simclr": "projector", "simsiam": "predictor", "byol": "predictor", "moco_v3": "predictor"}
+
+
 @pytest.mark.parametrize("name", ["simclr", "simsiam", "byol", "moco_v3"])
-def test_grad_scale_leaves_the_loss_and_scales_head_gradients(name):
+def test_grad_scale_acts_at_its_documented_place_with_its_power(name):
+    """interventions.py: GradScale multiplies the gradient of each sample's output of the documented head
+    (SimCLR: projector outputs; MoCo v3 queries, BYOL, SimSiam: predictor outputs) by ‖z_i‖^p. The forward is
+    the identity, so the loss and the gradient arriving from the loss are the same for every p: the gradient
+    at the head's output must be p = 0's times ‖z_i‖^p, sample by sample (another place or power fails)."""
     views = random_views(8)
-    losses, grads = [], []
-    for p in (0.0, 1.0):
+    runs = {}
+    for p in (0.0, 1.0, 2.0):
         m = tiny_method(name, interventions={"grad_scale_p": p})
+        outputs, grads = [], {}
+
+        def capture(module, args, out, outputs=outputs, grads=grads):
+            i = len(outputs)
+            outputs.append(out.detach())
+            out.register_hook(lambda g, i=i: grads.__setitem__(i, g.detach()))
+
+        getattr(m, GRAD_SCALE_PLACE[name]).register_forward_hook(capture)
         loss = m.forward_views(views)["loss"]
         loss.backward()
-        losses.append(loss.detach())
-        grads.append(m.backbone.blocks[0].mlp.fc1.weight.grad.clone())
-    torch.testing.assert_close(losses[0], losses[1])
-    assert not torch.allclose(grads[0], grads[1])
+        runs[p] = (loss.detach(), outputs, [grads[i] for i in range(len(outputs))],
+                   m.backbone.blocks[0].mlp.fc1.weight.grad.clone())
+    loss0, outs0, grads0, backbone0 = runs[0.0]
+    assert len(grads0) >= 1
+    for p in (1.0, 2.0):
+        loss, outs, grads, backbone = runs[p]
+        torch.testing.assert_close(loss, loss0)
+        for z, g, g0, z0 in zip(outs, grads, grads0, outs0):
+            torch.testing.assert_close(z, z0)
+            torch.testing.assert_close(g, g0 * z.norm(dim=1, keepdim=True) ** p, rtol=1e-4, atol=1e-7)
+        assert not torch.allclose(backbone, backbone0)  # and it reaches the backbone
 
 
 def test_sqrt_lr_scaling_boundaries():
