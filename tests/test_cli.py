@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -20,31 +18,10 @@ from PIL import Image
 import selfsup.methods.moco_v3 as moco_v3
 from selfsup.cli import main
 from selfsup.config import load_run_config, preset_names, to_dict
-from conftest import TINY
+from ssl_helpers import TINY, assert_user_error, run_cli
 
 PRESET = "moco-v3-vit-digits"
 SELFSUP = Path(sys.executable).with_name("selfsup")
-
-
-def run_cli(*argv):
-    """main(argv) in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
-def assert_user_error(code, err, *words, only_line=True):
-    """Exit 2, the message on one stderr line starting 'selfsup: error:', no traceback."""
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("selfsup: error:")]
-    assert len(lines) == 1, err
-    if only_line:
-        assert err.strip() == lines[0], err
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +60,9 @@ def test_pretrain_run_folder(e2e):
     knn = json.loads((run / "knn.json").read_text())
     for key in ("pretrained", "random_init"):
         assert 0 <= knn[key]["top1"] <= knn[key]["top5"] <= 100
+        assert knn[key]["top1"] > 30  # a random or 2-step micro ViT's features still carry the digit (chance: 10%)
     assert knn["test_size"] == 359 and knn["train_size"] == 1438
-    assert f"on digits test (359 images)" in stdout
+    assert "on digits test (359 images)" in stdout
     for key in ("pretrained", "random_init"):
         assert f"{key}" in stdout and f"top-1 {knn[key]['top1']:6.2f}%" in stdout
         assert f"top-5 {knn[key]['top5']:6.2f}%" in stdout

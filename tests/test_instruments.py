@@ -2,7 +2,6 @@
 SimCLR EMA positives): formulas against hand-computed values, and training unchanged by the instruments."""
 
 import csv
-import json
 import math
 from functools import partial
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ from selfsup.errors import UserError
 from selfsup.instruments.detectors import DipDetector, EventLog, SpikeDetector, read_events
 from selfsup.instruments.dynamics import PredictorAlignment, layer_groups, square_weight
 from selfsup.instruments.measures import misalignment, norm_summary, per_dim_std, predictor_alignment
-from selfsup.interventions import cut_init, grad_scale
+from selfsup.interventions import grad_scale
 from selfsup.losses import nt_xent
 from selfsup.schedules import scaled_lr
 from ssl_helpers import random_views, tiny_method
@@ -300,9 +299,14 @@ def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
 
 
 def test_instrument_callbacks_follow_config():
-    from selfsup.instruments import (Alignment, EmbeddingNorms, GradientNorms, KNNMonitor, PredictorAlignment,
-                                     RankCollapse, monitor_callbacks)
+    """The one test of ``monitor_callbacks``' choice and order (online evaluators first, then the instruments)."""
+    from selfsup.instruments import (Alignment, EmbeddingNorms, GradientNorms, KNNMonitor, OnlineLinearProbe,
+                                     PredictorAlignment, RankCollapse, monitor_callbacks)
 
+    assert monitor_callbacks(load_run_config("moco-v3-vit-digits", ["instruments.enabled=false"])) == []
+    cfg = load_run_config("moco-v3-vit-digits", ["eval.knn_every_n_steps=50", "eval.online_probe=true",
+                                                 "instruments.enabled=false"])
+    assert [type(c) for c in monitor_callbacks(cfg)] == [KNNMonitor, OnlineLinearProbe]
     kinds = [type(c) for c in monitor_callbacks(load_run_config("simsiam-digits", []))]
     assert kinds == [EmbeddingNorms, GradientNorms, Alignment, RankCollapse, PredictorAlignment]
     cfg = load_run_config("simsiam-digits", ["instruments.gradients=false", "instruments.rank_every_n_steps=0",
@@ -314,6 +318,24 @@ def test_instrument_callbacks_follow_config():
         load_run_config("simsiam-digits", ["instruments.spike_min_history=500"])
     with pytest.raises(UserError, match="unknown config key 'instruments.every'"):
         load_run_config("simsiam-digits", ["instruments.every=5"])
+
+
+def test_rank_collapse_measures_a_fixed_subset_of_joint_embedding_runs_only():
+    """Its batch is ``dataset.subset(samples, seed)`` (the draw it always made); a module whose ``family`` is not
+    ``joint`` (a flow method: its own feature extractor) is left alone, without importing any method class."""
+    from selfsup.data.datasets import ImageDataset
+    from selfsup.instruments import RankCollapse
+
+    n = 40
+    data = ImageDataset("numbered", torch.arange(n).view(n, 1, 1, 1), torch.arange(n), n, (0.0,), (1.0,))
+    g = torch.Generator().manual_seed(3)
+    expected = torch.randperm(n, generator=g)[:16].sort().values.tolist()
+    joint = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
+    joint.setup(SimpleNamespace(), SimpleNamespace(), "fit")  # no family attribute: a joint-embedding method
+    assert joint._batch.images.flatten().tolist() == expected
+    flow = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
+    flow.setup(SimpleNamespace(), SimpleNamespace(family="flow"), "fit")
+    assert flow._batch is None
 
 
 def test_a_run_of_spikes_is_one_console_line_and_every_step_an_event(tmp_path, capsys):

@@ -6,7 +6,6 @@ import math
 import re
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
