@@ -2,8 +2,8 @@
 
 A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, ``metrics.csv``,
 ``tensorboard/``, ``backbone_init.safetensors`` (the random init, the kNN floor),
-``backbone.safetensors`` (the exported backbone) and the method's report files (``knn.json`` for the
-joint-embedding methods).
+``backbone.safetensors`` (the exported backbone), ``run.json`` (steps, epochs, devices, fit wall time) and the
+method's report files (``knn.json``).
 """
 
 from __future__ import annotations
