@@ -57,6 +57,10 @@ def test_pretrain_run_folder(e2e):
     metrics = (run / "metrics.csv").read_text().splitlines()
     assert "train/loss" in metrics[0] and len(metrics) == 1 + 2  # a row per step (log_every_n_steps=1)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    facts = json.loads((run / "run.json").read_text())  # what the report's header reads
+    assert {k: facts[k] for k in ("global_step", "epochs", "sessions", "world_size", "num_nodes", "accelerator")} == \
+        {"global_step": 2, "epochs": 1, "sessions": 1, "world_size": 1, "num_nodes": 1, "accelerator": "cpu"}
+    assert facts["device"] == "cpu" and 0 < facts["fit_seconds"] < 600
     knn = json.loads((run / "knn.json").read_text())
     for key in ("pretrained", "random_init"):
         assert 0 <= knn[key]["top1"] <= knn[key]["top5"] <= 100

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import lightning.pytorch as pl
 import pytest
 
@@ -39,8 +41,11 @@ def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path, monk
         run_b = engine.pretrain(cfg)
     first = ckpt(run_b)
     assert first["global_step"] == 3  # stopped after epoch 1 of 2 (3 batches each)
+    seconds = json.loads((run_b / "run.json").read_text())["fit_seconds"]
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_same_run(straight, run_b)
+    facts = json.loads((run_b / "run.json").read_text())  # the report's wall time: both sessions of fit
+    assert (facts["global_step"], facts["epochs"], facts["sessions"]) == (6, 2, 2) and facts["fit_seconds"] > seconds
 
 
 def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypatch, capsys):
