@@ -124,7 +124,8 @@ def load_run(run_dir: str | Path) -> Run:
         import torch
 
         try:
-            run.final_norms = {k: v.float().numpy() for k, v in torch.load(path / "embedding_norms.pt", weights_only=True).items()}
+            norms = torch.load(path / "embedding_norms.pt", weights_only=True)
+            run.final_norms = {k: v.float().numpy() for k, v in norms.items()}
         except Exception:  # a corrupt optional file only loses its histogram
             run.final_norms = None
     return run
