@@ -175,13 +175,11 @@ def sample_quality(model, info, labels, spaces, train, args) -> dict:
 
 def own_knn(run: Path, train, test, args) -> dict:
     """kNN (k = 20, T = 0.07) of the EMA model's own features, trained and at init."""
-    from selfsup.data.datasets import ImageDataset  # noqa: F401
-    from selfsup.eval.session import subset
     from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_accuracy
     from selfsup.export import load_exported
 
-    tr = subset(train, args.knn_train)
+    tr = train.subset(args.knn_train)
     out = {"train_size": len(tr), "test_size": len(test)}
     for tag, file in (("trained", "backbone.safetensors"), ("init", "backbone_init.safetensors")):
         backbone, meta = load_exported(run / file)

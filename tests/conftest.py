@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny run overrides every end-to-end test uses (CPU, seconds per run)."""
+"""Shared fixtures: the tiny run overrides (``ssl_helpers.TINY``: CPU, seconds per run) and one thread per process."""
 
 from __future__ import annotations
 
@@ -12,11 +12,7 @@ import torch
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-TINY = [
-    "method.proj_hidden_dim=64", "method.pred_hidden_dim=64", "method.dim=32", "data.batch_size=64",
-    "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.progress_bar=false",
-    "trainer.log_every_n_steps=1", "trainer.accelerator=cpu", "trainer.devices=1",
-]
+from ssl_helpers import TINY  # noqa: E402  (after the thread settings)
 
 
 @pytest.fixture

@@ -1,10 +1,43 @@
-"""Tiny configurations and models for the method and DDP tests (shared; importable from spawned workers)."""
+"""What the tests share (importable from spawned workers; no test module imports another or conftest):
+the one tiny-run recipe (``tiny_run`` / ``TINY`` for the CLI, ``tiny_config`` / ``tiny_method`` in process),
+the CLI runner and the one-line user-error checks, and the run-folder helpers of the resume tests."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
+import re
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
 import torch
 
 from selfsup.config import resolve
+from selfsup.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------- the tiny run
+TINY_TRAINER = {"accelerator": "cpu", "devices": 1, "progress_bar": False, "max_epochs": 1}
+TINY_HEADS = {"proj_hidden_dim": 64, "pred_hidden_dim": 64, "dim": 32}  # the joint-embedding presets' heads, narrowed
+
+
+def _override(section: str, values: dict) -> list[str]:
+    return [f"{section}.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
+
+
+def tiny_run(batches: int = 2, batch_size: int = 64, heads: bool = True) -> list[str]:
+    """CLI overrides for a seconds-long run of a preset on one CPU: one epoch of ``batches`` batches, logged every
+    step; ``heads``: narrow a joint-embedding preset's heads (flow presets have none). Later overrides win, so a
+    test appends what it changes (``output_dir=...``, ``name=...``, more epochs)."""
+    return [*(_override("method", TINY_HEADS) if heads else []), f"data.batch_size={batch_size}",
+            *_override("trainer", TINY_TRAINER), f"trainer.limit_train_batches={batches}", "trainer.log_every_n_steps=1"]
+
+
+TINY = tiny_run()  # a joint-embedding preset, 2 steps
+FLOW_TINY = tiny_run(batches=3, heads=False)  # a flow preset, 3 steps
 
 METHOD_NAMES = ("moco_v3", "byol", "simsiam", "simclr")
 
@@ -23,7 +56,7 @@ def tiny_config(method: str, method_extra: dict | None = None, **sections):
         "data": {"name": "digits", "batch_size": 16},
         "model": {"backbone": "vit_micro", "patch_size": 2, "stop_grad_conv1": True},
         "optim": {"name": "adamw", "base_lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 0},
-        "trainer": {"accelerator": "cpu", "devices": 1, "progress_bar": False, "max_epochs": 1},
+        "trainer": dict(TINY_TRAINER),
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
@@ -40,3 +73,114 @@ def tiny_method(method: str, method_extra: dict | None = None, **sections):
 def random_views(batch: int = 8, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, 1, 8, 8, generator=g), torch.randn(batch, 1, 8, 8, generator=g)]
+
+
+# --------------------------------------------------------------------------- the CLI and its user errors
+def run_cli(*argv):
+    """main(argv) in this process: (exit code, stdout, stderr)."""
+    from selfsup.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_user_error(code, err, *words, only_line=True):
+    """The CLI's user error: exit 2, the message on one stderr line starting 'selfsup: error:' and naming each
+    of ``words``, no traceback (``only_line``: nothing else on stderr)."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("selfsup: error:")]
+    assert len(lines) == 1, err
+    if only_line:
+        assert err.strip() == lines[0], err
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+@contextlib.contextmanager
+def raises_user_error(*words):
+    """``pytest.raises(UserError, match=...)`` on the first of ``words`` (literal text), whose message is one line
+    naming every one of them: what the CLI prints after 'selfsup: error:'."""
+    assert words, "name at least the thing the message must mention"
+    with pytest.raises(UserError, match=re.escape(words[0])) as e:
+        yield e
+    assert_user_error(2, f"selfsup: error: {e.value}", *words)
+
+
+# --------------------------------------------------------------------------- run folders (resume tests)
+# 3 batches per epoch, 2 epochs, warmup over the first epoch: lr and momentum change every step,
+# so a resume that saw another total step count or another step index would differ.
+RESUME = TINY + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "optim.warmup_epochs=1"]
+
+
+class StopAfterEpoch(pl.Callback):
+    """Ends fit cleanly at the end of the first epoch (the epoch-end checkpoint is still written)."""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == 0:
+            trainer.should_stop = True
+
+
+def with_callback(monkeypatch, callback):
+    """Every trainer the engine makes gets ``callback`` first."""
+    import selfsup.engine as engine
+
+    make = engine.make_trainer
+
+    def patched(cfg, run_dir):
+        trainer = make(cfg, run_dir)
+        trainer.callbacks.insert(0, callback)
+        return trainer
+
+    monkeypatch.setattr(engine, "make_trainer", patched)
+
+
+def ckpt(run_dir):
+    """The run's last checkpoint (selfsup writes only plain types: loaded weights-only)."""
+    return torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def assert_same_run(a, b):
+    """Two 6-step MoCo v3 runs (``RESUME``) with the same weights, momentum encoder, optimiser state, lr,
+    exported backbone and logged losses."""
+    from safetensors.torch import load_file
+
+    ca, cb = ckpt(a), ckpt(b)
+    assert ca["global_step"] == cb["global_step"] == 6
+    sa, sb = ca["state_dict"], cb["state_dict"]
+    assert sa.keys() == sb.keys()
+    assert any(k.startswith("momentum_backbone.") for k in sa) and any(k.startswith("momentum_projector.") for k in sa)
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=0, msg=lambda m: f"{k}: {m}")
+    oa, ob = ca["optimizer_states"][0], cb["optimizer_states"][0]
+    assert oa["state"].keys() == ob["state"].keys() and len(oa["state"]) > 0
+    for i in oa["state"]:
+        for name, value in oa["state"][i].items():
+            torch.testing.assert_close(value, ob["state"][i][name], atol=1e-6, rtol=0)
+    assert [g["lr"] for g in oa["param_groups"]] == pytest.approx([g["lr"] for g in ob["param_groups"]], rel=1e-12)
+    ba, bb = load_file(str(Path(a) / "backbone.safetensors")), load_file(str(Path(b) / "backbone.safetensors"))
+    for k in ba:
+        torch.testing.assert_close(ba[k], bb[k], atol=1e-6, rtol=0)
+    # the resumed run's metrics.csv keeps the first half and continues it with the same losses
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == sorted(lb) == list(range(6))
+    assert lb == pytest.approx(la, abs=1e-5)
+
+
+def losses(run_dir):
+    """step → train/loss of a run's metrics.csv."""
+    import csv
+
+    with (Path(run_dir) / "metrics.csv").open(newline="") as f:
+        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
+
+
+def mfu_benchmark():
+    """``benchmarks/mfu.py`` as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("mfu_bench", ROOT / "benchmarks" / "mfu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

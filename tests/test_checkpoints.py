@@ -9,8 +9,7 @@ import yaml
 from selfsup.config import load_run_config, to_dict
 from selfsup.methods.build import build_method, data_info
 from selfsup.data.datasets import load_dataset
-from conftest import TINY
-from test_cli import assert_user_error, run_cli
+from ssl_helpers import TINY, assert_user_error, run_cli
 
 
 class Payload:

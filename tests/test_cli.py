@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -20,31 +18,10 @@ from PIL import Image
 import selfsup.methods.moco_v3 as moco_v3
 from selfsup.cli import main
 from selfsup.config import load_run_config, preset_names, to_dict
-from conftest import TINY
+from ssl_helpers import TINY, assert_user_error, run_cli
 
 PRESET = "moco-v3-vit-digits"
 SELFSUP = Path(sys.executable).with_name("selfsup")
-
-
-def run_cli(*argv):
-    """main(argv) in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
-def assert_user_error(code, err, *words, only_line=True):
-    """Exit 2, the message on one stderr line starting 'selfsup: error:', no traceback."""
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("selfsup: error:")]
-    assert len(lines) == 1, err
-    if only_line:
-        assert err.strip() == lines[0], err
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +57,16 @@ def test_pretrain_run_folder(e2e):
     metrics = (run / "metrics.csv").read_text().splitlines()
     assert "train/loss" in metrics[0] and len(metrics) == 1 + 2  # a row per step (log_every_n_steps=1)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    facts = json.loads((run / "run.json").read_text())  # what the report's header reads
+    assert {k: facts[k] for k in ("global_step", "epochs", "sessions", "world_size", "num_nodes", "accelerator")} == \
+        {"global_step": 2, "epochs": 1, "sessions": 1, "world_size": 1, "num_nodes": 1, "accelerator": "cpu"}
+    assert facts["device"] == "cpu" and 0 < facts["fit_seconds"] < 600
     knn = json.loads((run / "knn.json").read_text())
     for key in ("pretrained", "random_init"):
         assert 0 <= knn[key]["top1"] <= knn[key]["top5"] <= 100
+        assert knn[key]["top1"] > 30  # a random or 2-step micro ViT's features still carry the digit (chance: 10%)
     assert knn["test_size"] == 359 and knn["train_size"] == 1438
-    assert f"on digits test (359 images)" in stdout
+    assert "on digits test (359 images)" in stdout
     for key in ("pretrained", "random_init"):
         assert f"{key}" in stdout and f"top-1 {knn[key]['top1']:6.2f}%" in stdout
         assert f"top-5 {knn[key]['top5']:6.2f}%" in stdout
@@ -226,6 +208,16 @@ def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeyp
 
 
 # --------------------------------------------------------------------------- the real executable
+
+
+def test_a_broken_eval_import_is_not_hidden(monkeypatch):
+    """cli.py once caught ImportError around the eval front end, so a broken import read "invalid choice: 'eval'"."""
+    from selfsup.cli import build_parser
+
+    assert "eval" in build_parser()._subparsers._group_actions[0].choices
+    monkeypatch.setitem(sys.modules, "selfsup.eval.cli", None)  # any import of it now raises ImportError
+    with pytest.raises(ImportError, match="selfsup.eval.cli"):
+        build_parser()
 
 
 def test_real_executable_exit_code_and_no_traceback(tmp_path):

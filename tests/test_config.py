@@ -11,6 +11,7 @@ from selfsup.config import (RunConfig, load_preset, load_run_config, parse_overr
                             to_dict)
 from selfsup.errors import UserError
 from selfsup.methods import method_name
+from ssl_helpers import raises_user_error
 
 
 def test_parse_overrides_types_and_nesting():
@@ -52,11 +53,8 @@ def test_overrides_reach_the_typed_config():
     ("data.zzzzzz=1", ["'data.zzzzzz'", "valid keys:", "batch_size"]),
 ])
 def test_unknown_keys_suggest_close_ones(override, words):
-    with pytest.raises(UserError) as e:
+    with raises_user_error(*words):
         load_run_config("moco-v3-vit-digits", [override])
-    for w in words:
-        assert w in str(e.value)
-    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("override, words", [
@@ -80,11 +78,8 @@ def test_unknown_keys_suggest_close_ones(override, words):
     ("trainer.max_epochs", ["not of the form dotted.key=value"]),
 ])
 def test_type_and_range_errors_are_one_line_user_errors(override, words):
-    with pytest.raises(UserError) as e:
+    with raises_user_error(*words):
         load_run_config("moco-v3-vit-digits", [override])
-    for w in words:
-        assert w in str(e.value), str(e.value)
-    assert "\n" not in str(e.value)
 
 
 def test_unknown_preset_suggests_close_names():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import struct
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError, clean_message
 
 from idx_files import fake_fashion, write_idx
+from ssl_helpers import raises_user_error
 
 
 # --------------------------------------------------------------------------- digits
@@ -42,6 +42,30 @@ def test_digits_split_sizes_and_fixedness():
     assert key(ours) == key(everything)
     images, labels = train[torch.tensor([3, 0, 7])]
     assert torch.equal(images, train.images[[3, 0, 7]]) and torch.equal(labels, train.labels[[3, 0, 7]])
+
+
+def _numbered(n: int, unlabelled_every: int = 0):
+    """A dataset whose image i holds the number i, so a subset shows which samples it drew."""
+    from selfsup.data.datasets import ImageDataset
+
+    labels = torch.arange(n)
+    if unlabelled_every:
+        labels[::unlabelled_every] = -1
+    return ImageDataset("numbered", torch.arange(n).view(n, 1, 1, 1), labels, n, (0.0,), (1.0,))
+
+
+def test_subset_is_one_fixed_draw_in_original_order():
+    """The one subset helper (kNN monitor, RankCollapse batch, eval --train-limit): the values are the draws of
+    the three helpers it replaced (randperm(N, seed)[:n] sorted), so every seeded figure stays the same."""
+    ds = _numbered(20)
+    assert ds.subset(6, 0).images.flatten().tolist() == [4, 5, 7, 13, 14, 19]
+    assert ds.subset(6, 0, labelled_only=True).images.flatten().tolist() == [4, 5, 7, 13, 14, 19]  # all labelled
+    assert ds.subset(6, 1).images.flatten().tolist() != [4, 5, 7, 13, 14, 19]  # the seed matters
+    assert ds.subset(None) is ds and ds.subset(20) is ds and len(ds.subset(19, 3)) == 19
+    partly = _numbered(20, unlabelled_every=2)  # even samples unlabelled
+    assert partly.subset(4, 0, labelled_only=True).images.flatten().tolist() == [3, 9, 11, 15]
+    assert partly.subset(4, 0).images.flatten().tolist() == [4, 5, 13, 19]
+    assert partly.subset(100, 0, labelled_only=True).images.flatten().tolist() == list(range(1, 20, 2))
 
 
 def test_unknown_split_is_a_programming_error():
@@ -104,9 +128,8 @@ def test_corrupt_idx_is_a_user_error_naming_the_file(tmp_path, damage):
         target.write_bytes(b"this is not gzip at all" * 10)
     else:
         target.write_bytes(gzip.compress(b""))
-    with pytest.raises(UserError) as e:
+    with raises_user_error(str(target), "not a readable IDX file"):
         load_dataset(DataConfig(name="fashion-mnist", root=str(tmp_path)), "train")
-    assert str(target) in str(e.value) and "not a readable IDX file" in str(e.value)
 
 
 def test_images_and_labels_that_do_not_belong_together(tmp_path):
@@ -117,10 +140,8 @@ def test_images_and_labels_that_do_not_belong_together(tmp_path):
 
 
 def test_missing_fashion_mnist_says_where_it_looked_and_how_to_get_it(tmp_path):
-    with pytest.raises(UserError) as e:
+    with raises_user_error(str(tmp_path), "apt-get install dataset-fashion-mnist", "data.download=true"):
         load_dataset(DataConfig(name="fashion-mnist", root=str(tmp_path)), "train")
-    msg = str(e.value)
-    assert str(tmp_path) in msg and "apt-get install dataset-fashion-mnist" in msg and "data.download=true" in msg
 
 
 # --------------------------------------------------------------------------- imagefolder
@@ -159,9 +180,8 @@ def test_imagefolder_corrupt_file_names_it(tmp_path):
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20)
     train = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8), "train")
     train[torch.tensor([0, 1])]  # the good ones decode
-    with pytest.raises(UserError) as e:
+    with raises_user_error(str(bad), "corrupt"):
         train[torch.tensor([2, 3])]
-    assert str(bad) in str(e.value) and "corrupt" in str(e.value)
     # the same from a decoding worker: the CLI's one-line message still names the file
     loader = batch_loader(train, EpochBatchSampler(len(train), 4, shuffle=False), num_workers=1)
     with pytest.raises(Exception) as e:

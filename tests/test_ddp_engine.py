@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TINY
+from ssl_helpers import TINY
 
 SELFSUP = Path(sys.executable).with_name("selfsup")
 

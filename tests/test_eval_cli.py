@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -9,6 +10,7 @@ import yaml
 from selfsup.cli import main
 
 from idx_files import fake_fashion
+from ssl_helpers import assert_user_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +34,24 @@ def run(tmp_path_factory):
     return run_dir
 
 
+def cached_features(run, n):
+    """(features, labels) as numpy of the run's cached features of the split with ``n`` samples."""
+    for path in sorted((run / "eval" / "cache").glob("features-digits-*.pt")):
+        blob = torch.load(path, weights_only=True)
+        if len(blob["labels"]) == n:
+            return blob["features"].double().numpy(), blob["labels"].numpy()
+    raise AssertionError(f"no cached features of {n} samples")
+
+
 def ok(capsys, *argv):
     assert main(["eval", *map(str, argv)]) == 0
     return capsys.readouterr().out
 
 
-def bad(capsys, *argv):
-    assert main(["eval", *map(str, argv)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("selfsup: error: ") and "\n" not in err and "Traceback" not in err
-    return err
+def bad(*argv):
+    """``selfsup eval ARGV``: a one-line user error (exit 2); its line."""
+    code, _, err = run_cli("eval", *argv)
+    return assert_user_error(code, err)
 
 
 def test_knn_writes_json_and_reuses_feature_cache(run, capsys):
@@ -75,14 +85,31 @@ def test_linear_rankme_norms_all(run, capsys):
     ok(capsys, "linear", run, "--epochs", "1", "--lr", "3", "--out", run / "one")
     one = json.loads((run / "one" / "linear.json").read_text())
     assert len(one["grid"]) == 1 and one["lr"] == pytest.approx(3.0 * 256 / 256)
-    assert "--lr-grid" in bad(capsys, "linear", run, "--lr-grid", "0.1,fast")
-    assert "--val-fraction" in bad(capsys, "linear", run, "--val-fraction", "1.5")
+    assert "--lr-grid" in bad("linear", run, "--lr-grid", "0.1,fast")
+    assert "--val-fraction" in bad("linear", run, "--val-fraction", "1.5")
     ok(capsys, "rankme", run)
     rk = json.loads((run / "eval" / "rankme.json").read_text())
     assert 1 <= rk["rankme"] <= rk["dim"] and 1 <= rk["effective_rank_99"] <= rk["dim"]
+    # the values, recomputed with numpy from the cached train features the evaluations share
+    train_f, train_y = cached_features(run, 1438)
+    s = np.linalg.svd(train_f.astype(np.float64), compute_uv=False)
+    p = s / s.sum() + 1e-7
+    assert rk["rankme"] == pytest.approx(float(np.exp(-(p * np.log(p)).sum())), rel=1e-6)
+    centred = np.linalg.svd(train_f - train_f.mean(0), compute_uv=False) ** 2
+    assert rk["effective_rank_99"] == int(np.searchsorted(np.cumsum(centred) / centred.sum(), 0.99 - 1e-12) + 1)
     ok(capsys, "norms-ood", run, "--ood", "classes:8,9")
     ood = json.loads((run / "eval" / "norms-ood-classes-8-9.json").read_text())
     assert 0 <= ood["auroc"] <= 1 and (run / "eval" / "norms-ood-classes-8-9.png").stat().st_size > 1000
+    # AUROC (in-distribution test scores positive) against sklearn on the cached features' norms
+    from sklearn.metrics import roc_auc_score
+
+    test_f, test_y = cached_features(run, 359)
+    held = np.isin(test_y, [8, 9])
+    # norms in float32 as the scores are (a final LayerNorm makes them nearly equal: ties decide the area)
+    mean_norm = float(torch.from_numpy(train_f[~np.isin(train_y, [8, 9])]).float().norm(dim=1).mean())
+    scores = (torch.from_numpy(test_f).float().norm(dim=1) / mean_norm).double().numpy()
+    assert ood["auroc"] == pytest.approx(roc_auc_score(~held, scores), abs=1e-9)
+    assert (ood["in_size"], ood["ood_size"]) == (int((~held).sum()), int(held.sum()))
     ok(capsys, "all", run)
     summary = json.loads((run / "eval" / "all.json").read_text())
     assert {"knn", "linear", "rankme", "effective_rank_99", "norms"} <= set(summary)
@@ -96,6 +123,7 @@ def test_linear_augmented_and_finetune(run, capsys):
     ok(capsys, "finetune", run, "--epochs", "1", "--ft-batch", "64", "--train-limit", "128")
     ft = json.loads((run / "eval" / "finetune.json").read_text())
     assert ft["layer_decay"] == 0.75 and ft["steps"] == 2 and (run / "eval" / "finetuned_backbone.safetensors").exists()
+    assert ft["recipe"] == "plain"  # the digits default: the plain crop + flip, not the MAE recipe
 
 
 def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
@@ -105,11 +133,9 @@ def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
     assert ft["recipe"]["rand_augment"] == "rand-m9-mstd0.5-inc1" and ft["recipe"]["mixup"] == 0.8
     assert ft["recipe"]["cutmix"] == 1.0 and ft["recipe"]["reprob"] == 0.25 and ft["recipe"]["smoothing"] == 0.1
     assert ft["steps"] == 2 and ft["min_lr"] == ft["final_lr"] == 1e-6 and "MAE recipe" in out
-    plain = json.loads((run / "eval" / "finetune.json").read_text()) if (run / "eval" / "finetune.json").exists() else None
-    assert plain is None or plain["recipe"] == "plain"  # digits default: the plain crop + flip
-    assert "even" in bad(capsys, "finetune", run, "--recipe", "mae", "--ft-batch", "63")
-    assert "--rand-augment" in bad(capsys, "finetune", run, "--recipe", "mae", "--rand-augment", "strong")
-    assert "--reprob" in bad(capsys, "finetune", run, "--recipe", "mae", "--reprob", "1.5")
+    assert "even" in bad("finetune", run, "--recipe", "mae", "--ft-batch", "63")
+    assert "--rand-augment" in bad("finetune", run, "--recipe", "mae", "--rand-augment", "strong")
+    assert "--reprob" in bad("finetune", run, "--recipe", "mae", "--reprob", "1.5")
 
 
 def test_ood_dataset_is_resized(run, capsys, tmp_path):
@@ -122,27 +148,27 @@ def test_ood_dataset_is_resized(run, capsys, tmp_path):
 def test_bad_inputs(run, capsys, tmp_path):
     junk = tmp_path / "junk.txt"
     junk.write_text("x")
-    assert "not a selfsup run or exported backbone" in bad(capsys, "knn", junk)
+    assert "not a selfsup run or exported backbone" in bad("knn", junk)
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "not a selfsup run folder" in bad(capsys, "knn", empty)
+    assert "not a selfsup run folder" in bad("knn", empty)
     fake = tmp_path / "fake.safetensors"
     fake.write_bytes(b"not safetensors")
-    assert "fake.safetensors" in bad(capsys, "rankme", fake)
-    assert "larger than the 1438 training samples" in bad(capsys, "knn", run, "--k", "5000")
-    assert "--temperature" in bad(capsys, "knn", run, "--temperature", "warm")
+    assert "fake.safetensors" in bad("rankme", fake)
+    assert "larger than the 1438 training samples" in bad("knn", run, "--k", "5000")
+    assert "--temperature" in bad("knn", run, "--temperature", "warm")
     (tmp_path / "fmnist").mkdir()
     fake_fashion(tmp_path / "fmnist")
-    assert "--resize" in bad(capsys, "knn", run, "--data", "fashion-mnist", "--root", tmp_path / "fmnist")
-    assert "classes:99" in bad(capsys, "norms-ood", run, "--ood", "classes:99")
+    assert "--resize" in bad("knn", run, "--data", "fashion-mnist", "--root", tmp_path / "fmnist")
+    assert "classes:99" in bad("norms-ood", run, "--ood", "classes:99")
     # an RGB image folder does not fit a 1-channel backbone, even for the OOD set
     from PIL import Image
 
     for split in ("train", "val"):
         (tmp_path / "rgb" / split / "a").mkdir(parents=True)
         Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "rgb" / split / "a" / "x.png")
-    assert "channel" in bad(capsys, "knn", run, "--data", "imagefolder", "--root", tmp_path / "rgb", "--resize")
-    assert "channel" in bad(capsys, "norms-ood", run, "--ood", "imagefolder", "--ood-root", tmp_path / "rgb")
+    assert "channel" in bad("knn", run, "--data", "imagefolder", "--root", tmp_path / "rgb", "--resize")
+    assert "channel" in bad("norms-ood", run, "--ood", "imagefolder", "--ood-root", tmp_path / "rgb")
 
 
 def test_exit_code_and_single_line_in_a_real_process(tmp_path):
@@ -171,7 +197,7 @@ def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
     assert (out / "norms-ood-classes-8-9-projector.json").exists()
     exported_only = tmp_path / "lonely.safetensors"
     exported_only.write_bytes((run / "backbone.safetensors").read_bytes())
-    assert "needs the run's checkpoints/last.ckpt" in bad(capsys, "rankme", exported_only, "--embedding", "projector")
+    assert "needs the run's checkpoints/last.ckpt" in bad("rankme", exported_only, "--embedding", "projector")
 
 
 def test_load_backbone_reads_a_run_folder_or_its_file(run, tmp_path):

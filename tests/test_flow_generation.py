@@ -8,6 +8,7 @@ from torch import nn
 
 from selfsup.errors import UserError
 from selfsup.flow.sampler import generate, sample_labels, save_grid, to_dataset_size, to_uint8
+from ssl_helpers import raises_user_error
 
 
 class PointModel(nn.Module):
@@ -41,8 +42,9 @@ def test_generate_lands_on_each_class_point_in_batches_and_is_seeded():
 def test_sample_labels_checks_the_class():
     assert sample_labels(3, 10, 4).tolist() == [4, 4, 4]
     assert sample_labels(2, 0).tolist() == [0, 0]
-    for cls, n_classes in ((10, 10), (-1, 10), (0, 0)):
-        with pytest.raises(UserError):
+    for cls, n_classes, words in ((10, 10, ["--class 10", "classes 0..9"]), (-1, 10, ["--class -1", "classes 0..9"]),
+                                  (0, 0, ["--class 0", "an unconditional model"])):
+        with raises_user_error(*words):
             sample_labels(2, n_classes, cls)
 
 

@@ -11,6 +11,7 @@ import torch
 from selfsup.errors import UserError
 from selfsup.flow.metrics import class_fidelity, feature_frechet_distance, frechet_distance, gaussian_stats
 from selfsup.flow.sampler import euler_maruyama, guided, sample
+from ssl_helpers import raises_user_error
 
 
 def point_field(mu):
@@ -120,10 +121,15 @@ def test_guidance_formula_in_one_batched_forward():
     torch.testing.assert_close(guided(Linear(), 0.0, 3)(x, t, y), v_u)
 
 
-@pytest.mark.parametrize("kwargs", [dict(steps=0), dict(cfg_scale=-1.0, null_class=3), dict(method="heun"),
-                                    dict(cfg_scale=2.0), dict(cfg_scale=math.nan, null_class=3)])
-def test_bad_sampling_options_are_user_errors(kwargs):
-    with pytest.raises(UserError):
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(steps=0), ["--steps 0 must be >= 1"]),
+    (dict(cfg_scale=-1.0, null_class=3), ["--cfg -1.0 must be a finite number >= 0"]),
+    (dict(method="heun"), ["--sampler 'heun' is not one of ode, sde"]),
+    (dict(cfg_scale=2.0), ["classifier-free guidance needs the model's null class"]),
+    (dict(cfg_scale=math.nan, null_class=3), ["--cfg nan must be a finite number >= 0"]),
+])
+def test_bad_sampling_options_are_user_errors(kwargs, words):
+    with raises_user_error(*words):
         sample(Linear(), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), **kwargs)
 
 
@@ -166,7 +172,7 @@ def test_gaussian_stats_match_numpy():
     mu, cov = gaussian_stats(f)
     np.testing.assert_allclose(cov.numpy(), np.cov(f.double().numpy(), rowvar=False), rtol=1e-12)
     np.testing.assert_allclose(mu.numpy(), f.double().numpy().mean(0), rtol=1e-12)
-    with pytest.raises(UserError):
+    with raises_user_error("needs at least 2 samples per set (got 1)", "raise --n"):
         gaussian_stats(f[:1])
 
 

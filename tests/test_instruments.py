@@ -2,7 +2,6 @@
 SimCLR EMA positives): formulas against hand-computed values, and training unchanged by the instruments."""
 
 import csv
-import json
 import math
 from functools import partial
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ from selfsup.errors import UserError
 from selfsup.instruments.detectors import DipDetector, EventLog, SpikeDetector, read_events
 from selfsup.instruments.dynamics import PredictorAlignment, layer_groups, square_weight
 from selfsup.instruments.measures import misalignment, norm_summary, per_dim_std, predictor_alignment
-from selfsup.interventions import cut_init, grad_scale
+from selfsup.interventions import grad_scale
 from selfsup.losses import nt_xent
 from selfsup.schedules import scaled_lr
 from ssl_helpers import random_views, tiny_method
@@ -69,18 +68,40 @@ def test_cut_init_config_errors():
         load_run_config("simclr-digits", ["interventions.cut_init=0"])
 
 
+GRAD_SCALE_PLACE = {"simclr": "projector", "simsiam": "predictor", "byol": "predictor", "moco_v3": "predictor"}
+
+
 @pytest.mark.parametrize("name", ["simclr", "simsiam", "byol", "moco_v3"])
-def test_grad_scale_leaves_the_loss_and_scales_head_gradients(name):
+def test_grad_scale_acts_at_its_documented_place_with_its_power(name):
+    """interventions.py: GradScale multiplies the gradient of each sample's output of the documented head
+    (SimCLR: projector outputs; MoCo v3 queries, BYOL, SimSiam: predictor outputs) by ‖z_i‖^p. The forward is
+    the identity, so the loss and the gradient arriving from the loss are the same for every p: the gradient
+    at the head's output must be p = 0's times ‖z_i‖^p, sample by sample (another place or power fails)."""
     views = random_views(8)
-    losses, grads = [], []
-    for p in (0.0, 1.0):
+    runs = {}
+    for p in (0.0, 1.0, 2.0):
         m = tiny_method(name, interventions={"grad_scale_p": p})
+        outputs, grads = [], {}
+
+        def capture(module, args, out, outputs=outputs, grads=grads):
+            i = len(outputs)
+            outputs.append(out.detach())
+            out.register_hook(lambda g, i=i: grads.__setitem__(i, g.detach()))
+
+        getattr(m, GRAD_SCALE_PLACE[name]).register_forward_hook(capture)
         loss = m.forward_views(views)["loss"]
         loss.backward()
-        losses.append(loss.detach())
-        grads.append(m.backbone.blocks[0].mlp.fc1.weight.grad.clone())
-    torch.testing.assert_close(losses[0], losses[1])
-    assert not torch.allclose(grads[0], grads[1])
+        runs[p] = (loss.detach(), outputs, [grads[i] for i in range(len(outputs))],
+                   m.backbone.blocks[0].mlp.fc1.weight.grad.clone())
+    loss0, outs0, grads0, backbone0 = runs[0.0]
+    assert len(grads0) >= 1
+    for p in (1.0, 2.0):
+        loss, outs, grads, backbone = runs[p]
+        torch.testing.assert_close(loss, loss0)
+        for z, g, g0, z0 in zip(outs, grads, grads0, outs0):
+            torch.testing.assert_close(z, z0)
+            torch.testing.assert_close(g, g0 * z.norm(dim=1, keepdim=True) ** p, rtol=1e-4, atol=1e-7)
+        assert not torch.allclose(backbone, backbone0)  # and it reaches the backbone
 
 
 def test_sqrt_lr_scaling_boundaries():
@@ -278,9 +299,14 @@ def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
 
 
 def test_instrument_callbacks_follow_config():
-    from selfsup.instruments import (Alignment, EmbeddingNorms, GradientNorms, KNNMonitor, PredictorAlignment,
-                                     RankCollapse, monitor_callbacks)
+    """The one test of ``monitor_callbacks``' choice and order (online evaluators first, then the instruments)."""
+    from selfsup.instruments import (Alignment, EmbeddingNorms, GradientNorms, KNNMonitor, OnlineLinearProbe,
+                                     PredictorAlignment, RankCollapse, monitor_callbacks)
 
+    assert monitor_callbacks(load_run_config("moco-v3-vit-digits", ["instruments.enabled=false"])) == []
+    cfg = load_run_config("moco-v3-vit-digits", ["eval.knn_every_n_steps=50", "eval.online_probe=true",
+                                                 "instruments.enabled=false"])
+    assert [type(c) for c in monitor_callbacks(cfg)] == [KNNMonitor, OnlineLinearProbe]
     kinds = [type(c) for c in monitor_callbacks(load_run_config("simsiam-digits", []))]
     assert kinds == [EmbeddingNorms, GradientNorms, Alignment, RankCollapse, PredictorAlignment]
     cfg = load_run_config("simsiam-digits", ["instruments.gradients=false", "instruments.rank_every_n_steps=0",
@@ -292,6 +318,24 @@ def test_instrument_callbacks_follow_config():
         load_run_config("simsiam-digits", ["instruments.spike_min_history=500"])
     with pytest.raises(UserError, match="unknown config key 'instruments.every'"):
         load_run_config("simsiam-digits", ["instruments.every=5"])
+
+
+def test_rank_collapse_measures_a_fixed_subset_of_joint_embedding_runs_only():
+    """Its batch is ``dataset.subset(samples, seed)`` (the draw it always made); a module whose ``family`` is not
+    ``joint`` (a flow method: its own feature extractor) is left alone, without importing any method class."""
+    from selfsup.data.datasets import ImageDataset
+    from selfsup.instruments import RankCollapse
+
+    n = 40
+    data = ImageDataset("numbered", torch.arange(n).view(n, 1, 1, 1), torch.arange(n), n, (0.0,), (1.0,))
+    g = torch.Generator().manual_seed(3)
+    expected = torch.randperm(n, generator=g)[:16].sort().values.tolist()
+    joint = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
+    joint.setup(SimpleNamespace(), SimpleNamespace(), "fit")  # no family attribute: a joint-embedding method
+    assert joint._batch.images.flatten().tolist() == expected
+    flow = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
+    flow.setup(SimpleNamespace(), SimpleNamespace(family="flow"), "fit")
+    assert flow._batch is None
 
 
 def test_a_run_of_spikes_is_one_console_line_and_every_step_an_event(tmp_path, capsys):

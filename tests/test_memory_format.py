@@ -17,8 +17,8 @@ from selfsup.memory_format import match_optimizer_state, resolve_memory_format
 from selfsup.methods import DataInfo
 from selfsup.methods.build import build_method
 from selfsup.models.backbones import build_backbone
-from ssl_helpers import tiny_config
-from test_resume import RESUME, StopAfterEpoch, assert_same_run, ckpt, with_callback
+from ssl_helpers import (RESUME, StopAfterEpoch, assert_same_run, ckpt, mfu_benchmark, raises_user_error, tiny_config,
+                         with_callback)
 
 CL, NCHW = torch.channels_last, torch.contiguous_format
 RESNET = {"backbone": "resnet18", "small_stem": True}
@@ -44,10 +44,8 @@ def test_auto_is_channels_last_only_for_a_cnn_on_a_cuda_device():
 
 
 def test_a_bad_memory_format_is_a_one_line_user_error():
-    with pytest.raises(UserError) as e:
+    with raises_user_error("trainer.memory_format='nhwc'", "channels_last"):
         tiny_config("moco_v3", trainer={"memory_format": "nhwc"})
-    assert "trainer.memory_format='nhwc'" in str(e.value) and "channels_last" in str(e.value)
-    assert "\n" not in str(e.value)
 
 
 def _resnet_method(method: str, channels: int = 3):
@@ -151,12 +149,10 @@ def test_channels_last_run_trains_exports_and_resumes_exactly(tmp_path, monkeypa
 def test_mfu_benchmark_times_a_channels_last_resnet_step(tmp_path):
     import json
 
-    from test_mfu import _bench
-
     out = tmp_path / "mfu.json"
     argv = ["--quick", "--methods", "simsiam", "--threads", "1", "--memory-format", "channels_last",
             "--set", "model.backbone=resnet18", "--set", "model.small_stem=true", "--out", str(out)]
-    assert _bench().main(argv) == 0
+    assert mfu_benchmark().main(argv) == 0
     report = json.loads(out.read_text())
     assert report["settings"]["memory_format"] == "channels_last"
     assert report["settings"]["overrides"] == ["model.backbone=resnet18", "model.small_stem=true"]

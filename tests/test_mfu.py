@@ -14,17 +14,7 @@ from torch import nn
 from selfsup.methods import moco_v3 as moco_module
 from selfsup.methods.base import compile_step_modules, encode_views, has_batch_statistics
 from selfsup.models import vit
-from ssl_helpers import random_views, tiny_config, tiny_method
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("mfu_bench", ROOT / "benchmarks" / "mfu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from ssl_helpers import ROOT, mfu_benchmark, random_views, tiny_config, tiny_method
 
 def test_flop_count_of_a_moco_v3_vit_step_matches_a_hand_count():
     model = tiny_method("moco_v3")  # vit_micro (D 128, depth 4, 4 heads), 8x8 patch 2, heads 128-64-64-32 / 32-64-32
@@ -38,8 +28,8 @@ def test_flop_count_of_a_moco_v3_vit_step_matches_a_hand_count():
     loss = 2 * (2 * B * B * c.dim) * 2  # two directions: q·kᵀ forward and its gradient w.r.t. q
     hand = 2 * per_view + loss
 
-    step = _bench().SelfsupStep(model.cfg, model.info, torch.device("cpu"), __import__("contextlib").nullcontext)
-    counted, by_op = _bench().count_flops(step, random_views(B))
+    step = mfu_benchmark().SelfsupStep(model.cfg, model.info, torch.device("cpu"), __import__("contextlib").nullcontext)
+    counted, by_op = mfu_benchmark().count_flops(step, random_views(B))
     assert abs(counted - hand) / hand < 0.05, (counted, hand, by_op)
 
 
@@ -53,7 +43,7 @@ def test_fused_attention_is_counted_like_the_plain_product():
     try:
         for mode in ("sdpa", "matmul"):
             vit.set_attention(mode)
-            counter = FlopCounterMode(display=False, custom_mapping=_bench().cpu_attention_formulas())
+            counter = FlopCounterMode(display=False, custom_mapping=mfu_benchmark().cpu_attention_formulas())
             with counter:
                 torch.autograd.grad(vit.attention(q, k, v).sum(), (q, k, v))
             counts.append(counter.get_total_flops())
@@ -175,7 +165,7 @@ def test_compile_keeps_parameter_names():
 
 def test_mfu_benchmark_quick_writes_its_json(tmp_path):
     out = tmp_path / "mfu.json"
-    assert _bench().main(["--quick", "--methods", "moco_v3", "--threads", "1", "--out", str(out)]) == 0
+    assert mfu_benchmark().main(["--quick", "--methods", "moco_v3", "--threads", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     r = report["results"]["moco_v3/preset"]
     assert report["peak_flops"] > 0 and r["selfsup"]["flops_per_step"] > 0
@@ -202,7 +192,7 @@ def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
     from selfsup.methods.base import DataInfo
 
     cfg = load_run_config("self-flow-digits", ["data.batch_size=16"])
-    step = _bench().FlowStep(cfg, DataInfo(1, 8, (0.5,), (0.5,), 10), torch.device("cpu"), nullcontext)
+    step = mfu_benchmark().FlowStep(cfg, DataInfo(1, 8, (0.5,), (0.5,), 10), torch.device("cpu"), nullcontext)
     B, N, D, depth, k, P = 16, 16, 64, 4, step.model.k, 4  # P: p·p·C values per token
     assert k == 3 and step.model.student.num_tokens == N and step.model.student.hidden == D
     attention = 2 * 2 * N * N * D  # per sample and block: q·kᵀ and a·v
@@ -222,14 +212,14 @@ def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
     hand = student + teacher
     g = torch.Generator().manual_seed(0)
     batch = (torch.rand(B, 1, 8, 8, generator=g) * 2 - 1, torch.randint(0, 10, (B,), generator=g))
-    counted, by_op = _bench().count_flops(step, batch)
+    counted, by_op = mfu_benchmark().count_flops(step, batch)
     assert abs(counted - hand) / hand < 0.05, (counted, hand, by_op)
     assert any("attention" in op for op in by_op)  # CPU's fused attention is counted too
 
 
 def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
     out = tmp_path / "mfu.json"
-    assert _bench().main(["--quick", "--methods", "self_flow,flow_matching", "--threads", "1", "--out", str(out)]) == 0
+    assert mfu_benchmark().main(["--quick", "--methods", "self_flow,flow_matching", "--threads", "1", "--out", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"self_flow/preset", "flow_matching/preset"}
     for r in results.values():

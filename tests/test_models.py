@@ -10,7 +10,6 @@ from torch import nn
 from selfsup.models import (
     BACKBONE_NAMES,
     DropPath,
-    LinearPredictor,
     VIT_SIZES,
     VisionTransformer,
     build_2d_sincos_position_embedding,
@@ -193,8 +192,6 @@ def test_mlp_structures():
     assert len(one) == 1 and isinstance(one[0], nn.Linear) and one[0].weight.shape == (8, 16)
     assert mlp(4, 8, 4, 2, hidden_bn=False)[1].__class__ is nn.ReLU
 
-    lp = LinearPredictor(32)
-    assert lp.weight.shape == (32, 32) and lp.bias is None
     assert proj.train()(torch.randn(4, 384)).shape == (4, 256)
 
 

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import csv
+import json
 
 import lightning.pytorch as pl
 import pytest
-import torch
-from safetensors.torch import load_file
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from conftest import TINY
-
-# 3 batches per epoch, 2 epochs, warmup over the first epoch: lr and momentum change every step,
-# so a resume that saw another total step count or another step index would differ.
-RESUME = TINY + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "optim.warmup_epochs=1"]
+from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt, with_callback
 
 
 def cfg_for(out, name, *extra):
     return load_run_config("moco-v3-vit-digits", RESUME + list(extra) + [f"output_dir={out}", f"name={name}"])
-
-
-class StopAfterEpoch(pl.Callback):
-    """Ends fit cleanly at the end of the first epoch (the epoch-end checkpoint is still written)."""
-
-    def on_train_epoch_end(self, trainer, pl_module):
-        if trainer.current_epoch == 0:
-            trainer.should_stop = True
 
 
 class CtrlCAtStep(pl.Callback):
@@ -39,49 +25,6 @@ class CtrlCAtStep(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.step:
             raise KeyboardInterrupt
-
-
-def with_callback(monkeypatch, callback):
-    make = engine.make_trainer
-
-    def patched(cfg, run_dir):
-        trainer = make(cfg, run_dir)
-        trainer.callbacks.insert(0, callback)
-        return trainer
-
-    monkeypatch.setattr(engine, "make_trainer", patched)
-
-
-def ckpt(run_dir):
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)  # selfsup writes only plain types
-
-
-def losses(run_dir):
-    with (run_dir / "metrics.csv").open(newline="") as f:
-        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
-
-
-def assert_same_run(a, b):
-    ca, cb = ckpt(a), ckpt(b)
-    assert ca["global_step"] == cb["global_step"] == 6
-    sa, sb = ca["state_dict"], cb["state_dict"]
-    assert sa.keys() == sb.keys()
-    assert any(k.startswith("momentum_backbone.") for k in sa) and any(k.startswith("momentum_projector.") for k in sa)
-    for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=0, msg=lambda m: f"{k}: {m}")
-    oa, ob = ca["optimizer_states"][0], cb["optimizer_states"][0]
-    assert oa["state"].keys() == ob["state"].keys() and len(oa["state"]) > 0
-    for i in oa["state"]:
-        for name, value in oa["state"][i].items():
-            torch.testing.assert_close(value, ob["state"][i][name], atol=1e-6, rtol=0)
-    assert [g["lr"] for g in oa["param_groups"]] == pytest.approx([g["lr"] for g in ob["param_groups"]], rel=1e-12)
-    ba, bb = load_file(str(a / "backbone.safetensors")), load_file(str(b / "backbone.safetensors"))
-    for k in ba:
-        torch.testing.assert_close(ba[k], bb[k], atol=1e-6, rtol=0)
-    # the resumed run's metrics.csv keeps the first half and continues it with the same losses
-    la, lb = losses(a), losses(b)
-    assert sorted(la) == sorted(lb) == list(range(6))
-    assert lb == pytest.approx(la, abs=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +41,11 @@ def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path, monk
         run_b = engine.pretrain(cfg)
     first = ckpt(run_b)
     assert first["global_step"] == 3  # stopped after epoch 1 of 2 (3 batches each)
+    seconds = json.loads((run_b / "run.json").read_text())["fit_seconds"]
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_same_run(straight, run_b)
+    facts = json.loads((run_b / "run.json").read_text())  # the report's wall time: both sessions of fit
+    assert (facts["global_step"], facts["epochs"], facts["sessions"]) == (6, 2, 2) and facts["fit_seconds"] > seconds
 
 
 def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypatch, capsys):

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from ssl_helpers import assert_user_error
+
 from selfsup.simulate import byol_dynamics as bd
 from selfsup.simulate import norm_convergence as nc
 
@@ -124,6 +126,5 @@ def test_cli_bad_input_is_one_line_exit_2(argv, message, capsys, tmp_path):
         rc = main(argv + ["--out", str(tmp_path / "x")] if len(argv) > 2 else argv)
     except SystemExit as e:  # argparse's own errors (unknown name, malformed value)
         rc = e.code
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.count("\n") == 0 and message in err, err
+    assert_user_error(rc, capsys.readouterr().err, message)
     assert not (tmp_path / "x").exists()

@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from selfsup.methods.base import FiniteLossWatch, NonFiniteLoss
-from ssl_helpers import tiny_config
+from ssl_helpers import tiny_config, tiny_run
 
 READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default}
 
@@ -78,11 +78,9 @@ def test_no_host_reads_between_logging_steps(tmp_path, method):
     if method in ("self_flow", "flow_matching"):
         from selfsup.config import load_run_config
 
-        cfg = load_run_config(f"{method.replace('_', '-')}-digits", ["method.size=micro", "data.batch_size=16", "trainer.max_epochs=1",
-                                                   "trainer.accelerator=cpu", "trainer.devices=1",
-                                                   "instruments.every_n_steps=5",
-                                                   *[f"trainer.{k}={v}" for k, v in trainer.items()],
-                                                   f"output_dir={tmp_path}", "name=run"])
+        cfg = load_run_config(f"{method.replace('_', '-')}-digits",
+                              [*tiny_run(batch_size=16, heads=False), "method.size=micro", "instruments.every_n_steps=5",
+                               *[f"trainer.{k}={v}" for k, v in trainer.items()], f"output_dir={tmp_path}", "name=run"])
     else:
         cfg = tiny_config(method, trainer=trainer, instruments={"every_n_steps": 5}, output_dir=str(tmp_path),
                           name="run")

@@ -187,3 +187,71 @@ def test_recipes():
     with pytest.raises(ValueError, match="moco_v3.*simclr"):
         recipe_branches("dino")
     assert math.isclose(b1.blur_sigma_min, 0.1) and math.isclose(b1.blur_sigma_max, 2.0)
+
+
+# --------------------------------------------------------------------------- the random stream, pinned
+RECORDED_OPS = ("sample_crop_boxes", "resized_crop_flip", "adjust_brightness", "adjust_contrast", "adjust_saturation",
+                "adjust_hue", "random_grayscale", "gaussian_blur", "solarize")
+
+
+def test_the_augmentation_stream_is_pinned(monkeypatch):
+    """Golden values, computed from the code as it was when this test was written: the first crop boxes, flips,
+    colour-jitter factors (1 / 0 where a sample is not jittered) and their op order, grayscale, blur sigmas and
+    solarize coins of BYOL's two branches for seed 0, then the generator's next draw (so a draw added anywhere
+    shows too). A change here changes every seeded run: make it on purpose, and say so."""
+    import selfsup.data.views as views
+
+    calls = []
+
+    def recording(name, op):
+        def wrapper(*args, **kwargs):
+            if name == "sample_crop_boxes":
+                out = op(*args, **kwargs)
+                calls.append((name, [t.tolist() for t in out]))
+                return out
+            arg = args[5] if name == "resized_crop_flip" else args[1]  # the flips; the per-sample factor or coin
+            calls.append((name, arg.tolist()))
+            return op(*args, **kwargs)
+        return wrapper
+
+    for name in RECORDED_OPS:
+        monkeypatch.setattr(views, name, recording(name, getattr(views, name)))
+    aug = MultiViewAugment(recipe_branches("byol"), 16, MEAN3, STD3)
+    x = torch.randint(0, 256, (4, 3, 24, 24), generator=gen(0), dtype=torch.uint8)
+    g = gen(0)
+    out = aug(x, g)
+    expected = [
+        ("sample_crop_boxes", [[0, 9, 3, 3], [6, 0, 1, 3], [17, 14, 19, 16], [18, 17, 22, 13]]),  # top, left, h, w
+        ("resized_crop_flip", [False, True, False, False]),
+        ("adjust_brightness", [1.0, 1.083721, 0.687966, 0.769672]),
+        ("adjust_contrast", [1.0, 1.269527, 0.82559, 0.899326]),
+        ("adjust_hue", [0.0, 0.015015, -0.040953, 0.059338]),
+        ("adjust_saturation", [1.0, 0.996405, 0.849388, 0.845729]),
+        ("random_grayscale", [True, False, False, True]),
+        ("gaussian_blur", [0.101629, 0.079065, 0.041891, 0.107109]),  # σ ~ U(0.1, 2) · 16/224
+        ("sample_crop_boxes", [[5, 3, 5, 3], [6, 1, 5, 5], [17, 17, 15, 17], [13, 21, 12, 15]]),
+        ("resized_crop_flip", [True, True, False, True]),
+        ("adjust_contrast", [0.865793, 1.0, 1.004375, 1.329923]),
+        ("adjust_hue", [0.04485, 0.0, -0.042383, 0.029412]),
+        ("adjust_saturation", [1.024968, 1.0, 1.122342, 0.873557]),
+        ("adjust_brightness", [0.653356, 1.0, 0.715088, 0.886454]),
+        ("random_grayscale", [False, False, False, False]),
+        ("gaussian_blur", [0.0, 0.063463, 0.0, 0.083969]),  # branch 2: blur_p 0.1
+        ("solarize", [False, False, False, False]),
+    ]
+    assert [name for name, _ in calls] == [name for name, _ in expected]
+    for (name, got), (_, want) in zip(calls, expected):
+        if name == "sample_crop_boxes":  # whole pixels
+            assert got == want, name
+        else:
+            assert got == pytest.approx(want, abs=1e-6), name
+    assert torch.rand(1, generator=g).item() == pytest.approx(0.00442582368850708, abs=1e-9)
+    assert [v.sum().item() for v in out] == pytest.approx([325.776, -62.854], abs=2e-3)
+
+
+def test_the_decode_time_crop_stream_is_pinned():
+    """Golden boxes of the imagefolder decode-time crops (seeded by seed, epoch and index), computed when written."""
+    from selfsup.data.decode import crop_boxes
+
+    assert crop_boxes(0, 0, 0, 48, 64, [(0.08, 1.0), (0.08, 1.0)]) == [(0, 17, 36, 36), (0, 11, 46, 52)]
+    assert crop_boxes(0, 1, 7, 48, 64, [(0.2, 1.0)]) == [(0, 22, 47, 41)]

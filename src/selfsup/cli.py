@@ -69,12 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     from selfsup.flow.cli import add_generate_parser
 
     add_generate_parser(sub)
-    try:
-        from selfsup.eval.cli import add_eval_parser
-    except ImportError:
-        pass
-    else:
-        add_eval_parser(sub)
+    from selfsup.eval.cli import add_eval_parser  # a broken import fails loudly, never as "invalid choice: 'eval'"
+
+    add_eval_parser(sub)
     from selfsup.simulate.cli import add_simulate_parser
 
     add_simulate_parser(sub)

@@ -2,8 +2,8 @@
 
 A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, ``metrics.csv``,
 ``tensorboard/``, ``backbone_init.safetensors`` (the random init, the kNN floor),
-``backbone.safetensors`` (the exported backbone) and the method's report files (``knn.json`` for the
-joint-embedding methods).
+``backbone.safetensors`` (the exported backbone), ``run.json`` (steps, epochs, devices, fit wall time) and the
+method's report files (``knn.json``).
 """
 
 from __future__ import annotations
@@ -190,6 +190,25 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
         raise UserError(f"trainer: {str(e).splitlines()[0]}") from None
 
 
+def write_run_facts(trainer, run_dir: Path, seconds: float) -> None:
+    """``RUN/run.json``: what the config cannot say about a finished run (read by ``selfsup report``): steps and
+    epochs done, the devices it ran on, and the wall time of fit, summed over the sessions of a resumed run."""
+    import json
+
+    path = run_dir / "run.json"
+    try:
+        before = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        before = {}
+    kind = type(trainer.accelerator).__name__.replace("Accelerator", "").lower()
+    device = torch.cuda.get_device_name(trainer.strategy.root_device) if kind == "cuda" else kind
+    facts = {"global_step": int(trainer.global_step), "epochs": int(trainer.current_epoch),
+             "fit_seconds": float(before.get("fit_seconds", 0.0)) + seconds,
+             "sessions": int(before.get("sessions", 0)) + 1, "world_size": int(trainer.world_size),
+             "num_nodes": int(trainer.num_nodes), "accelerator": kind, "device": device}
+    path.write_text(json.dumps(facts, indent=2))
+
+
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
     """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report."""
     import copy
@@ -225,6 +244,7 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     try:
         # Lightning reads the (already checked) file again: weights-only as well, where its fit() takes the switch.
         safe = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
+        started = time.perf_counter()
         trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path, **safe)
     except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
         if not trainer.interrupted:
@@ -234,6 +254,7 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
         raise KeyboardInterrupt from None
     if not trainer.is_global_zero:
         return run_dir
+    write_run_facts(trainer, run_dir, time.perf_counter() - started)
     backbone = model.backbone.cpu()
     export_backbone(backbone, run_dir / "backbone.safetensors", meta)
     init_backbone = copy.deepcopy(backbone)

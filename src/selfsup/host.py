@@ -50,7 +50,3 @@ def cache_freed_memory() -> dict[str, int] | None:
     _applied = {name: value for name, (param, value) in settings.items() if libc.mallopt(param, value) == 1}
     return _applied
 
-
-def allocator_settings() -> dict[str, int] | None:
-    """What ``cache_freed_memory`` applied in this process (None: not called, or not glibc)."""
-    return _applied

@@ -65,7 +65,7 @@ class OptimConfig:
     predictor_lr_mult: float = 1.0  # predictor lr = mult × scheduled lr (DirectPred studies 1–10×)
     predictor_weight_decay: float | None = None  # None: same as weight_decay
     fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
-    fused: bool = True  # AdamW: torch's fused kernel (same update; 6 vs 17 ms per micro-ViT step on CPU)
+    fused: bool = True  # AdamW: torch's fused kernel (the same update in fewer kernels; benchmarks/README.md)
 
     def validate(self) -> None:
         if self.name not in ("adamw", "lars", "sgd"):

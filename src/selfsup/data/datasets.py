@@ -65,6 +65,19 @@ class ImageDataset:
         """The samples at ``index`` as a dataset of their own (images loaded into memory)."""
         return ImageDataset(self.name, self.images[index], self.labels[index], self.num_classes, self.mean, self.std)
 
+    def subset(self, n: int | None, seed: int = 0, labelled_only: bool = False) -> "ImageDataset":
+        """A fixed random subset of at most ``n`` samples (of the labelled ones when ``labelled_only``), drawn once
+        with ``seed`` and kept in their original order; ``n`` None: all of them. The draw is one ``randperm`` of the
+        candidates, so a subset of a fully labelled dataset is the same with or without ``labelled_only``."""
+        if not labelled_only:
+            if n is None or n >= len(self):
+                return self
+            pick = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n]
+            return self.select(pick.sort().values)
+        labelled = (self.labels >= 0).nonzero().squeeze(1)
+        pick = labelled[torch.randperm(len(labelled), generator=torch.Generator().manual_seed(seed))[:n]]
+        return self.select(pick.sort().values)
+
 
 def _split(n: int, test_fraction: float, seed: int = 0) -> tuple[Tensor, Tensor]:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))

@@ -49,15 +49,6 @@ def load_split(cfg: DataConfig, split: str, meta: dict, resize: bool, flag: str 
     return dataset
 
 
-def subset(dataset: ImageDataset, limit: int | None, seed: int = 0) -> ImageDataset:
-    """A fixed random subset of at most ``limit`` samples (in their original order); None: all."""
-    import torch
-
-    if limit is None or limit >= len(dataset):
-        return dataset
-    return dataset.select(torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit].sort().values)
-
-
 def checked_device(name: str | None) -> torch.device:
     """The torch device ``name`` (cpu, cuda, cuda:N), refused when it does not exist; None: cuda when available."""
     if name is None:
@@ -131,7 +122,7 @@ class EvalSession:
         key = (self.data_key(cfg, limit), name)
         if key not in self._splits:
             full = load_split(cfg, name, self.source.meta, self.resize if resize is None else resize, flag)
-            self._splits[key] = subset(full, limit)
+            self._splits[key] = full.subset(limit)
         return self._splits[key]
 
     def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",

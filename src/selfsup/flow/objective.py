@@ -23,11 +23,6 @@ def per_token_flow_loss(velocity: Tensor, target: Tensor, patch_size: int) -> Te
     return err.reshape(B, C, H // p, p, W // p, p).mean(dim=(1, 3, 5)).flatten(1)
 
 
-def flow_loss(velocity: Tensor, target: Tensor) -> Tensor:
-    """Mean squared velocity error ``E ||v_θ(x_t, t) − (ε − x_0)||²`` (mean over every value)."""
-    return (velocity.float() - target.float()).square().mean()
-
-
 def token_mask(batch: int, tokens: int, ratio: float, *, device=None, generator: torch.Generator | None = None) -> Tensor:
     """(B, N) bool: exactly ``round(ratio · N)`` tokens per sample are True (masked), chosen uniformly."""
     n_masked = int(round(ratio * tokens))

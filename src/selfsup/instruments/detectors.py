@@ -5,14 +5,22 @@ values (MoCo v3 §4.1: gradient spikes of the first layer precede kNN dips). The
 ``mad_floor · |median|`` so a flat series does not alarm on rounding noise.
 ``DipDetector``: a kNN dip starts when accuracy falls more than ``threshold`` points below the running
 best, and ends when it is back within the threshold; one event per dip.
+``log_metrics``, ``event_log`` and ``report_event``: how every instrument writes a value, an event and its console
+line (the plumbing the callbacks of ``dynamics.py`` and ``knn_monitor.py`` share).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import deque
 from pathlib import Path
 from statistics import median
+
+import torch
+from torch import Tensor
+
+PREFIX = "instruments"
 
 
 class SpikeDetector:
@@ -96,3 +104,33 @@ def read_events(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def log_metrics(trainer, values: dict, step: int, prefix: str = PREFIX) -> None:
+    """Write ``values`` (floats or 0-d tensors, read back in one sync) under ``prefix/`` at ``step`` straight to
+    the run's loggers (CSV, TensorBoard; rank 0 only): a value appears once, labelled with the step it measures,
+    whatever ``trainer.log_every_n_steps`` is (``LightningModule.log`` would repeat it at later logging steps)."""
+    if not values or not trainer.is_global_zero:
+        return
+    tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
+    if tensors:
+        read = torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).tolist()
+        values = {**values, **dict(zip(tensors, read))}
+    metrics = {f"{prefix}/{k}": float(v) for k, v in values.items()}
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def measured_step(trainer) -> int:
+    """The index of the optimiser step that just ran (from on_train_batch_end)."""
+    return trainer.global_step - 1
+
+
+def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
+    return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl")
+
+
+def report_event(event: dict) -> None:
+    group = f" ({event['group']})" if "group" in event else ""
+    print(f"selfsup: {event['kind']}{group} at step {event['step']}: {event['value']:.4g} "
+          f"(baseline {event['baseline']:.4g})", file=sys.stderr)

@@ -10,48 +10,16 @@ Steps are 0-based optimiser-step indices (the step whose gradient or output is m
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from selfsup.instruments.detectors import EventLog, SpikeDetector
+from selfsup.instruments.detectors import SpikeDetector, event_log, log_metrics, measured_step, report_event
 from selfsup.instruments.measures import QUANTILES, misalignment, norm_summary, per_dim_std, predictor_alignment
 
-PREFIX = "instruments"
 NORM_KEYS = ("embedding", "projection", "prediction")
-
-
-def log_metrics(trainer, values: dict, step: int, prefix: str = PREFIX) -> None:
-    """Write ``values`` (floats or 0-d tensors, read back in one sync) under ``prefix/`` at ``step`` straight to
-    the run's loggers (CSV, TensorBoard; rank 0 only): a value appears once, labelled with the step it measures,
-    whatever ``trainer.log_every_n_steps`` is (``LightningModule.log`` would repeat it at later logging steps)."""
-    if not values or not trainer.is_global_zero:
-        return
-    tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
-    if tensors:
-        read = torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).tolist()
-        values = {**values, **dict(zip(tensors, read))}
-    metrics = {f"{prefix}/{k}": float(v) for k, v in values.items()}
-    for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=step)
-
-
-def _step(trainer) -> int:
-    """The index of the optimiser step that just ran (from on_train_batch_end)."""
-    return trainer.global_step - 1
-
-
-def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
-    return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl")
-
-
-def report_event(event: dict) -> None:
-    group = f" ({event['group']})" if "group" in event else ""
-    print(f"selfsup: {event['kind']}{group} at step {event['step']}: {event['value']:.4g} "
-          f"(baseline {event['baseline']:.4g})", file=sys.stderr)
 
 
 class EmbeddingNorms(pl.Callback):
@@ -65,7 +33,7 @@ class EmbeddingNorms(pl.Callback):
         self.last: dict[str, Tensor] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+        if not isinstance(outputs, dict) or measured_step(trainer) % self.every:
             return
         values = {}
         for key in self.keys:
@@ -76,7 +44,7 @@ class EmbeddingNorms(pl.Callback):
                 values[f"norm_{key}_mean"] = summary[0]
                 for q, v in zip(QUANTILES, summary[1:]):
                     values[f"norm_{key}_q{int(q * 100)}"] = v
-        log_metrics(trainer, values, _step(trainer))
+        log_metrics(trainer, values, measured_step(trainer))
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero and self.last:
@@ -205,17 +173,18 @@ class Alignment(pl.Callback):
         self.every, self.pairs = every_n_steps, tuple(tuple(p) for p in pairs)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+        if not isinstance(outputs, dict) or measured_step(trainer) % self.every:
             return
         values = {f"align_{a}_{b}": misalignment(outputs[a], outputs[b]) for a, b in self.pairs
                   if isinstance(outputs.get(a), Tensor) and isinstance(outputs.get(b), Tensor)}
-        log_metrics(trainer, values, _step(trainer))
+        log_metrics(trainer, values, measured_step(trainer))
 
 
 class RankCollapse(pl.Callback):
     """Every N steps, on a fixed batch of training images in eval mode: RankMe, effective rank (PCs for
     99% of the variance) and the per-dimension std of the L2-normalised backbone features and, when the
-    method has a ``projector``, of its outputs. Joint-embedding methods (``SSLMethod``) only."""
+    method has a ``projector``, of its outputs. Joint-embedding methods only (``family`` ``joint``, the
+    default when a module names none)."""
 
     def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
         super().__init__()
@@ -223,17 +192,11 @@ class RankCollapse(pl.Callback):
         self._batch = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        from selfsup.instruments.knn_monitor import fixed_subset
-
         if self._batch is None:
             data = self._dataset if self._dataset is not None else getattr(trainer.datamodule, "dataset", None)
-            from selfsup.methods.base import SSLMethod
-
-            if data is None or not isinstance(pl_module, SSLMethod):
+            if data is None or getattr(pl_module, "family", "joint") != "joint":
                 return  # a joint-embedding method's measure (flow runs have their own feature extractor)
-            g = torch.Generator().manual_seed(self.seed)
-            pick = torch.randperm(len(data), generator=g)[: self.samples].sort().values
-            self._batch = data.select(pick) if hasattr(data, "select") else fixed_subset(data, self.samples, self.seed)
+            self._batch = data.subset(self.samples, self.seed)
 
     @torch.no_grad()
     def measure(self, pl_module) -> dict[str, float]:
@@ -244,10 +207,8 @@ class RankCollapse(pl.Callback):
         h, _ = extract_features(pl_module.backbone, self._batch, info.image_size, info.mean, info.std,
                                 len(self._batch), pl_module.device)
         feats = {"embedding": h}
-        from selfsup.methods.base import SSLMethod
-
         projector = getattr(pl_module, "projector", None)
-        if isinstance(pl_module, SSLMethod) and isinstance(projector, nn.Module):  # its input is the backbone feature
+        if isinstance(projector, nn.Module):  # a joint-embedding projector: its input is the backbone feature
             was = projector.training
             projector.eval()
             try:
@@ -262,9 +223,9 @@ class RankCollapse(pl.Callback):
         return out
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if _step(trainer) % self.every or self._batch is None or not trainer.is_global_zero:
+        if measured_step(trainer) % self.every or self._batch is None or not trainer.is_global_zero:
             return
-        log_metrics(trainer, self.measure(pl_module), _step(trainer))
+        log_metrics(trainer, self.measure(pl_module), measured_step(trainer))
 
 
 def square_weight(predictor: nn.Module) -> Tensor | None:
@@ -312,11 +273,11 @@ class PredictorAlignment(pl.Callback):
                 self.correlation = batch_corr
             else:
                 self.correlation.mul_(self.rho).add_(batch_corr, alpha=1.0 - self.rho)
-        if _step(trainer) % self.every:
+        if measured_step(trainer) % self.every:
             return
         corr = own if isinstance(own, Tensor) else self.correlation
         weight = square_weight(predictor)
         if corr is None or weight is None or corr.shape != weight.shape:
             return
         values = predictor_alignment(weight, corr, min(self.top_k, weight.shape[0]))
-        log_metrics(trainer, {f"pred_{k}": v for k, v in values.items()}, _step(trainer))
+        log_metrics(trainer, {f"pred_{k}": v for k, v in values.items()}, measured_step(trainer))

@@ -8,19 +8,11 @@ gradient, train mode restored after), on the first process only; writes ``monito
 from __future__ import annotations
 
 import lightning.pytorch as pl
-import torch
 
 from selfsup.data.datasets import ImageDataset, load_dataset
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
-from selfsup.instruments.detectors import DipDetector
-
-
-def fixed_subset(dataset: ImageDataset, size: int, seed: int) -> ImageDataset:
-    """At most ``size`` labelled samples drawn once with ``seed`` (in their original order)."""
-    labelled = (dataset.labels >= 0).nonzero().squeeze(1)
-    pick = labelled[torch.randperm(len(labelled), generator=torch.Generator().manual_seed(seed))[:size]]
-    return dataset.select(pick.sort().values)
+from selfsup.instruments.detectors import DipDetector, event_log, log_metrics, report_event
 
 
 class KNNMonitor(pl.Callback):
@@ -47,8 +39,9 @@ class KNNMonitor(pl.Callback):
             return
         train = self._train if self._train is not None else trainer.datamodule.dataset
         test = self._test if self._test is not None else load_dataset(pl_module.cfg.data, "test")
-        train = fixed_subset(train, self.train_size, self.seed)
-        self._data = (train, fixed_subset(test, self.test_size, self.seed + 1), min(self.k, len(train)))
+        train = train.subset(self.train_size, self.seed, labelled_only=True)
+        test = test.subset(self.test_size, self.seed + 1, labelled_only=True)
+        self._data = (train, test, min(self.k, len(train)))
 
     def measure(self, pl_module) -> float:
         """kNN top-1 (%) of the current backbone on the fixed subsets; the backbone's mode is restored."""
@@ -66,8 +59,6 @@ class KNNMonitor(pl.Callback):
             return
         top1 = self.measure(pl_module)
         self.history.append((step, top1))
-        from selfsup.instruments.dynamics import event_log, log_metrics, report_event
-
         log_metrics(trainer, {"knn_top1": top1}, step - 1, prefix="monitor")  # after step index step − 1
         best = self.dips.update(top1) if self.dips is not None else None
         if best is not None:

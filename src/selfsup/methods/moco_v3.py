@@ -3,7 +3,10 @@
 Follows facebookresearch/moco-v3 builder.py: heads are bias-free MLPs ending in BN(affine=False);
 the momentum encoder (backbone + projector, no predictor) is updated at the start of the step,
 before the keys are computed (alg. 1 updates after the optimiser step: the keys are the same);
-each view is forwarded separately; keys are gathered from all processes without gradient.
+the official code forwards each view separately: here the two views go through a backbone without BatchNorm
+(the ViT) in one batched call, which gives the same per-sample outputs, and through a ResNet and the BN heads
+one call per view, so each view keeps its own batch statistics (``encode_views``); keys are gathered from all
+processes without gradient.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Backbones (MoCo v3 ViT, torchvision ResNet, timm) and projector/predictor heads."""
 
 from .backbones import BACKBONE_NAMES, build_backbone
-from .heads import LinearPredictor, linear_predictor, mlp
+from .heads import mlp
 from .resnet import RESNET_NAMES, resnet
 from .vit import VIT_SIZES, DropPath, VisionTransformer, build_2d_sincos_position_embedding
 
@@ -10,11 +10,9 @@ __all__ = [
     "RESNET_NAMES",
     "VIT_SIZES",
     "DropPath",
-    "LinearPredictor",
     "VisionTransformer",
     "build_2d_sincos_position_embedding",
     "build_backbone",
-    "linear_predictor",
     "mlp",
     "resnet",
 ]

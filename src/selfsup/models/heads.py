@@ -1,4 +1,4 @@
-"""Projector / predictor MLPs for MoCo v3, BYOL and SimSiam, and a linear (DirectPred-style) predictor."""
+"""Projector / predictor MLPs for MoCo v3, BYOL and SimSiam (the linear predictors live in ``selfsup.predictors``)."""
 
 from __future__ import annotations
 
@@ -44,14 +44,3 @@ def mlp(
         layers.append(nn.BatchNorm1d(out_dim, affine=last_bn_affine))
     return nn.Sequential(*layers)
 
-
-class LinearPredictor(nn.Linear):
-    """Bias-free d x d linear predictor (DirectPred / linear-predictor ablations)."""
-
-    def __init__(self, dim: int):
-        super().__init__(dim, dim, bias=False)
-
-
-def linear_predictor(dim: int) -> LinearPredictor:
-    """A bias-free d x d Linear."""
-    return LinearPredictor(dim)

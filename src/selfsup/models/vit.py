@@ -64,11 +64,9 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
-# Attention path: "sdpa" (torch's fused kernel, the default) or "matmul" (softmax(q kᵀ/√d) v as two
-# batched products); both give the same result within float rounding. Chosen by measurement
-# (benchmarks/levers.py, MoCo v3 micro ViT, 17 tokens, CPU): the plain product took 8% more CPU time
-# per step with glibc's own allocator and was 1.02x (per round 0.96-1.18x) with the cached one, no
-# reliable gain, so the fused kernel stays the default (on GPUs it is the flash / memory-efficient one).
+# Attention path: "sdpa" (torch's fused kernel, the default; on GPUs the flash / memory-efficient one) or
+# "matmul" (softmax(q kᵀ/√d) v as two batched products); both give the same result within float rounding.
+# The switch exists for the attention lever of benchmarks/levers.py (figures: benchmarks/README.md).
 ATTENTION_MODES = ("sdpa", "matmul")
 _attention = "sdpa"
 
