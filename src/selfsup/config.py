@@ -27,7 +27,7 @@ PRESET_DIR = Path(__file__).parent / "presets"
 class DataConfig:
     """Which images, where from, and how they are batched."""
 
-    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | latents (precomputed, float)
+    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | images (unlabelled, any depth) | latents (precomputed, float)
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
     image_size: int | None = None  # None: the dataset's native size
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size

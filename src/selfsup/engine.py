@@ -24,7 +24,7 @@ import yaml
 from selfsup import host
 from selfsup.checkpoints import load_checkpoint
 from selfsup.config import RunConfig, resolve, to_dict
-from selfsup.data.datasets import FolderImages, ImageDataset, load_dataset
+from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError
 from selfsup.export import export_backbone
@@ -212,6 +212,9 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     else:
         run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
         os.environ["SELFSUP_RUN_DIR"] = str(run_dir)
+    if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
+        raise UserError(f"eval.knn_every_n_steps and eval.online_probe need labels, and data.name={cfg.data.name} has "
+                        "none; set eval.knn_every_n_steps=0 eval.online_probe=false")
     train = load_dataset(cfg.data, "train")
     info = data_info(cfg, train)
     model = build_method(cfg, info)

@@ -1,7 +1,8 @@
 """Datasets as uint8 image tensors with fixed train/test splits.
 
 Small datasets (digits, Fashion-MNIST, CIFAR, STL-10) live in memory as one (N, C, H, W) uint8
-tensor, so a batch is one indexing operation. ``imagefolder`` decodes files lazily in DataLoader
+tensor, so a batch is one indexing operation. ``imagefolder`` (classes from folder names) and ``images``
+(an unlabelled folder at any depth, pretraining only) decode files lazily in DataLoader
 workers (``selfsup.data.decode``): for evaluation, resize the shorter side to ``load_size`` and take the
 central ``image_size`` square; for pretraining, each view a random resized crop of the whole image at
 the output size. Augmentation then runs batched on the device.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,6 +232,64 @@ def load_imagefolder(split: str, root: str | None, size: int, resize: int | None
                         IMAGENET_MEAN, IMAGENET_STD)
 
 
+UNLABELLED = ("images", "webdataset")  # pretraining-only data: no labels, no test split
+
+
+def needs_labels(name: str) -> UserError:
+    """The one-line refusal of evaluating (or kNN-monitoring) on unlabelled pretraining data."""
+    return UserError(f"data.name={name} has no labels and evaluation needs them; evaluate on labelled data, e.g. "
+                     "--data imagefolder --root <folder with train/<class>/ and val/<class>/>")
+
+
+def image_files(base: Path) -> list[Path]:
+    """Every file with an image suffix under ``base``, at any depth (symlinked folders followed, hidden
+    files and folders skipped), sorted by path: the order, and so a seeded run, depends on nothing else."""
+    out = []
+    for folder, dirs, files in os.walk(base, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [Path(folder) / f for f in files if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_SUFFIXES]
+    return sorted(out)
+
+
+def _readable(path: Path) -> bool:
+    """Whether ``path`` opens as an image (header read; PIL's verify, which checks e.g. PNG chunk CRCs)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+        return True
+    except Exception:  # PIL raises many types for damaged files (OSError, SyntaxError, ValueError, struct.error...)
+        return False
+
+
+def load_images(split: str, root: str | None, size: int, resize: int | None = None) -> ImageDataset:
+    """An unlabelled folder of images, flat or nested at any depth, for pretraining: ``root/**/*.{jpg,png,...}``.
+    Files that do not open as images are skipped, and their count printed; labels −1, 0 classes."""
+    if split != "train":
+        raise needs_labels("images")
+    if not root:
+        raise UserError("data.name=images needs data.root=<folder of images, flat or nested at any depth>")
+    base = Path(root)
+    if not base.is_dir():
+        raise UserError(f"data.root={root} is not a folder; data.name=images reads every image file under a folder")
+    candidates = image_files(base)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:  # file opens wait on the disk
+        ok = list(pool.map(_readable, candidates, chunksize=64))
+    files = [f for f, good in zip(candidates, ok) if good]
+    if len(files) < len(candidates):
+        first = next(f for f, good in zip(candidates, ok) if not good)
+        print(f"selfsup: data.name=images skipped {len(candidates) - len(files)} corrupt or unreadable image file(s) "
+              f"of {len(candidates)} under {base} (first: {first})", file=sys.stderr)
+    if not files:
+        suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
+        raise UserError(f"no readable image files under {base} (looked for {suffixes} at any depth)")
+    return ImageDataset("images", FolderImages(files, size, resize), torch.full((len(files),), -1), 0,
+                        IMAGENET_MEAN, IMAGENET_STD)
+
+
 LATENT_SUFFIXES = (".pt", ".npz", ".npy")
 
 
@@ -282,7 +342,7 @@ def load_latents(split: str, root: str | None) -> ImageDataset:
     return ImageDataset("latents", latents, labels, int(labels.max()) + 1, (0.0,) * c, (1.0,) * c)
 
 
-DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "latents")
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "images", "latents")
 
 
 def load_dataset(cfg, split: str) -> ImageDataset:
@@ -297,6 +357,8 @@ def load_dataset(cfg, split: str) -> ImageDataset:
         return _torchvision_dataset(cfg.name, split, cfg.root, cfg.download, cfg.unlabeled)
     if cfg.name == "imagefolder":
         return load_imagefolder(split, cfg.root, cfg.image_size or 224, cfg.load_size)
+    if cfg.name == "images":
+        return load_images(split, cfg.root, cfg.image_size or 224, cfg.load_size)
     if cfg.name == "latents":
         return load_latents(split, cfg.root)
     raise UserError(f"data.name={cfg.name!r} is not known; use one of {', '.join(DATASETS)}")

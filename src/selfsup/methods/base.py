@@ -181,10 +181,12 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
     backbone, written to ``run_dir/knn.json``; the lines the engine prints."""
     import json
 
-    from selfsup.data.datasets import load_dataset
+    from selfsup.data.datasets import UNLABELLED, load_dataset
     from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_accuracy
 
+    if cfg.data.name in UNLABELLED:
+        return [f"no kNN report: data.name={cfg.data.name} has no labels (selfsup eval knn RUN --data ... on labelled data)"]
     test = load_dataset(cfg.data, "test")
     k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
     out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
