@@ -99,6 +99,7 @@ class TrainerConfig:
     precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed
     sync_batchnorm: bool = True  # SyncBN across processes (MoCo v3 official); GPUs only, no-op in one process
     gradient_clip_val: float | None = None
+    accumulate_grad_batches: int = 1  # optimiser step every k batches of data.batch_size (schedules count steps)
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 0  # 0: a checkpoint at each epoch end only
     limit_train_batches: float | int = 1.0
@@ -112,6 +113,8 @@ class TrainerConfig:
     def validate(self) -> None:
         if self.max_epochs < 1:
             raise UserError(f"trainer.max_epochs={self.max_epochs} must be >= 1")
+        if self.accumulate_grad_batches < 1:
+            raise UserError(f"trainer.accumulate_grad_batches={self.accumulate_grad_batches} must be >= 1 (1: no accumulation)")
         if self.precision not in ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true"):
             raise UserError(f"trainer.precision={self.precision!r} is not known; use 32-true, 16-mixed or bf16-mixed")
         if self.host_allocator not in ("cached", "system"):

@@ -28,7 +28,7 @@ from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, load_d
 from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError
 from selfsup.export import export_backbone
-from selfsup.methods import SSLMethod
+from selfsup.methods import METHODS, SSLMethod, method_name
 from selfsup.methods.build import backbone_meta, build_method, data_info
 
 
@@ -188,7 +188,8 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
         return pl.Trainer(
             default_root_dir=run_dir, max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices,
             num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=sync_bn,
-            gradient_clip_val=t.gradient_clip_val, log_every_n_steps=t.log_every_n_steps,
+            gradient_clip_val=t.gradient_clip_val, accumulate_grad_batches=t.accumulate_grad_batches,
+            log_every_n_steps=t.log_every_n_steps,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
             enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg)], logger=loggers,
             use_distributed_sampler=False,
@@ -215,6 +216,9 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
         raise UserError(f"eval.knn_every_n_steps and eval.online_probe need labels, and data.name={cfg.data.name} has "
                         "none; set eval.knn_every_n_steps=0 eval.online_probe=false")
+    if cfg.trainer.accumulate_grad_batches > 1 and getattr(METHODS[method_name(cfg.method)], "family", "") == "flow":
+        raise UserError("trainer.accumulate_grad_batches applies to the joint-embedding methods; the flow methods "
+                        "do not accumulate yet (their EMA follows every batch): set it to 1")
     train = load_dataset(cfg.data, "train")
     info = data_info(cfg, train)
     model = build_method(cfg, info)

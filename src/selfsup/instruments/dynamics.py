@@ -44,6 +44,13 @@ def _step(trainer) -> int:
     return trainer.global_step - 1
 
 
+def _stepped(trainer) -> bool:
+    """Whether the batch that just ended took an optimiser step (with ``trainer.accumulate_grad_batches`` > 1
+    the batches before the step's last only add gradients): the step-output instruments measure once per step."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    return loop is None or not loop._should_accumulate()
+
+
 def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
     return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl")
 
@@ -65,7 +72,7 @@ class EmbeddingNorms(pl.Callback):
         self.last: dict[str, Tensor] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+        if not isinstance(outputs, dict) or _step(trainer) % self.every or not _stepped(trainer):
             return
         values = {}
         for key in self.keys:
@@ -205,7 +212,7 @@ class Alignment(pl.Callback):
         self.every, self.pairs = every_n_steps, tuple(tuple(p) for p in pairs)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+        if not isinstance(outputs, dict) or _step(trainer) % self.every or not _stepped(trainer):
             return
         values = {f"align_{a}_{b}": misalignment(outputs[a], outputs[b]) for a, b in self.pairs
                   if isinstance(outputs.get(a), Tensor) and isinstance(outputs.get(b), Tensor)}
@@ -262,7 +269,7 @@ class RankCollapse(pl.Callback):
         return out
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if _step(trainer) % self.every or self._batch is None or not trainer.is_global_zero:
+        if _step(trainer) % self.every or self._batch is None or not trainer.is_global_zero or not _stepped(trainer):
             return
         log_metrics(trainer, self.measure(pl_module), _step(trainer))
 
@@ -312,7 +319,7 @@ class PredictorAlignment(pl.Callback):
                 self.correlation = batch_corr
             else:
                 self.correlation.mul_(self.rho).add_(batch_corr, alpha=1.0 - self.rho)
-        if _step(trainer) % self.every:
+        if _step(trainer) % self.every or not _stepped(trainer):
             return
         corr = own if isinstance(own, Tensor) else self.correlation
         weight = square_weight(predictor)
