@@ -21,6 +21,7 @@ from selfsup.memory_format import MEMORY_FORMATS
 from selfsup.optim import OptimConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
+LOGGERS = ("csv", "tensorboard", "wandb")
 
 
 @dataclass
@@ -109,6 +110,8 @@ class TrainerConfig:
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
     host_allocator: str = "cached"  # cached: glibc keeps freed blocks for reuse on CPU training (selfsup.host) | system
     memory_format: str = "auto"  # auto (channels_last for a CNN backbone on a CUDA GPU, else contiguous) | channels_last | contiguous
+    loggers: list[str] | str = field(default_factory=lambda: ["csv", "tensorboard"])  # any of csv, tensorboard, wandb
+    wandb_project: str = "selfsup"  # trainer.loggers=wandb: the W&B project (offline without an API key or network)
 
     def validate(self) -> None:
         if self.max_epochs < 1:
@@ -119,6 +122,12 @@ class TrainerConfig:
             raise UserError(f"trainer.precision={self.precision!r} is not known; use 32-true, 16-mixed or bf16-mixed")
         if self.host_allocator not in ("cached", "system"):
             raise UserError(f"trainer.host_allocator={self.host_allocator!r} is not known; use cached or system")
+        if isinstance(self.loggers, str):  # trainer.loggers=csv,wandb
+            self.loggers = [name.strip() for name in self.loggers.split(",") if name.strip()]
+        unknown = [name for name in self.loggers if name not in LOGGERS]
+        if unknown or not self.loggers or len(set(self.loggers)) < len(self.loggers):
+            raise UserError(f"trainer.loggers={self.loggers} must name each of its loggers once, from {', '.join(LOGGERS)}"
+                            + (f" ({unknown[0]!r} is not one)" if unknown else ""))
         if self.memory_format not in MEMORY_FORMATS:
             raise UserError(f"trainer.memory_format={self.memory_format!r} is not known; use {', '.join(MEMORY_FORMATS)}")
 

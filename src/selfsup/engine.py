@@ -1,7 +1,7 @@
 """Pretraining on the Lightning engine: run folder, data module, Trainer, export, the method's final report.
 
-A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, ``metrics.csv``,
-``tensorboard/``, ``backbone_init.safetensors`` (the random init, the kNN floor),
+A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, the loggers' files (``trainer.loggers``:
+``metrics.csv``, ``tensorboard/``, ``wandb/``), ``backbone_init.safetensors`` (the random init, the kNN floor),
 ``backbone.safetensors`` (the exported backbone) and the method's report files (``knn.json`` for the
 joint-embedding methods).
 """
@@ -144,6 +144,78 @@ def step_csv_logger(run_dir: Path, flush_every: int = 100):
     return StepCSVLogger(run_dir, name="", version="")
 
 
+WANDB_ID = "wandb-run-id"  # in the run folder: a resumed run continues the same W&B run
+
+
+def wandb_mode() -> str:
+    """``$WANDB_MODE`` when set; else online when an API key is configured (``$WANDB_API_KEY`` or ~/.netrc) and the
+    W&B host answers within 2 s, else offline (the files stay in ``RUN/wandb/`` for a later ``wandb sync``)."""
+    import netrc
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    key = os.environ.get("WANDB_API_KEY")
+    if not key:
+        try:
+            key = (netrc.netrc().authenticators(host) or (None, None, None))[2]
+        except (OSError, netrc.NetrcParseError):
+            key = None
+    if not key:
+        return "offline"
+    try:
+        socket.create_connection((host, 443), timeout=2).close()
+    except OSError:
+        return "offline"
+    return "online"
+
+
+def wandb_logger(cfg: RunConfig, run_dir: Path):
+    """Lightning's WandbLogger writing under ``RUN/wandb/`` (project ``trainer.wandb_project``, the run folder's name,
+    the resolved config); its run id is kept in ``RUN/wandb-run-id`` so a resume continues the same W&B run."""
+    import importlib.util
+    import secrets
+
+    if importlib.util.find_spec("wandb") is None:
+        raise UserError("trainer.loggers names wandb but the wandb package is not installed; "
+                        "pip install 'selfsup[wandb]' (or drop wandb from trainer.loggers)")
+    from lightning.pytorch.loggers import WandbLogger
+
+    id_file = run_dir / WANDB_ID
+    run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
+    parent = os.environ.get("LOCAL_RANK", "0") == "0"  # rank 0's logger is the one that writes
+    if parent and not id_file.exists():
+        id_file.write_text(run_id + "\n")
+    mode = wandb_mode()
+    if mode == "offline" and parent:
+        print(f"selfsup: wandb runs offline (no API key or no network); upload later with "
+              f"`wandb sync {run_dir / 'wandb'}/offline-run-*`", file=sys.stderr)
+    return WandbLogger(save_dir=str(run_dir), project=cfg.trainer.wandb_project, name=run_dir.name, id=run_id,
+                       mode=mode, config=to_dict(cfg))
+
+
+def run_loggers(cfg: RunConfig, run_dir: Path) -> list:
+    """The loggers ``trainer.loggers`` names: csv (``metrics.csv``, one row per step), tensorboard
+    (``tensorboard/``), wandb (``wandb/``). Lightning's values and the instruments' reach each of them."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    make = {"csv": lambda: step_csv_logger(run_dir),
+            "tensorboard": lambda: TensorBoardLogger(run_dir, name="tensorboard", version=""),
+            "wandb": lambda: wandb_logger(cfg, run_dir)}
+    return [make[name]() for name in cfg.trainer.loggers]
+
+
+def finish_loggers(trainer: pl.Trainer, failed: bool) -> None:
+    """Close a W&B run this process started (Lightning leaves it open: the next run in the process would join it)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and getattr(logger, "_experiment", None) is not None:
+            logger._experiment.finish(exit_code=1 if failed else 0)
+
+
 class _DropTips(logging.Filter):
     """Drops Lightning's advertising tips; keeps every real message."""
 
@@ -172,7 +244,6 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import TensorBoardLogger
 
     from selfsup.instruments import monitor_callbacks
 
@@ -183,7 +254,7 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.
     on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
     sync_bn = t.sync_batchnorm and on_gpu
-    loggers = [step_csv_logger(run_dir), TensorBoardLogger(run_dir, name="tensorboard", version="")]
+    loggers = run_loggers(cfg, run_dir)
     try:
         return pl.Trainer(
             default_root_dir=run_dir, max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices,
@@ -237,16 +308,20 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
         host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps
     if ckpt_path is not None:
         keep_metrics(trainer, run_dir, resumed_step)
+    failed = True
     try:
         # Lightning reads the (already checked) file again: weights-only as well, where its fit() takes the switch.
         safe = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
         trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path, **safe)
+        failed = False
     except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
         if not trainer.interrupted:
             raise
         if trainer.is_global_zero:
             print(f"interrupted; continue with: selfsup pretrain --resume {run_dir}", file=sys.stderr)
         raise KeyboardInterrupt from None
+    finally:
+        finish_loggers(trainer, failed)
     if not trainer.is_global_zero:
         return run_dir
     backbone = model.backbone.cpu()

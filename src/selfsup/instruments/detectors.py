@@ -71,16 +71,20 @@ class DipDetector:
 
 
 class EventLog:
-    """Appends one JSON object per event to ``path``: ``{"step", "kind", "value", "baseline", ...}``."""
+    """Appends one JSON object per event to ``path``: ``{"step", "kind", "value", "baseline", ...}``, and writes
+    the value as ``events/<kind>[/<group>]`` at the event's step to each of ``loggers`` (TensorBoard, W&B)."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, loggers=()):
+        self.path, self.loggers = Path(path), list(loggers)
 
     def write(self, step: int, kind: str, value: float, baseline: float, **extra) -> dict:
         event = {"step": int(step), "kind": kind, "value": float(value), "baseline": float(baseline), **extra}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(event) + "\n")
+        key = f"events/{kind}" + (f"/{extra['group']}" if "group" in extra else "")
+        for logger in self.loggers:
+            logger.log_metrics({key: float(value)}, step=int(step))
         return event
 
 

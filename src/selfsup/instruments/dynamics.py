@@ -2,7 +2,7 @@
 
 They never change training: everything they read is detached, they draw no random numbers from the
 global generators, and a module they put in eval mode is put back. Every value is logged under
-``instruments/`` (CSV and TensorBoard); the detectors also append to ``RUN/events.jsonl``.
+``instruments/`` (every logger of ``trainer.loggers``); the detectors also append to ``RUN/events.jsonl``.
 Steps are 0-based optimiser-step indices (the step whose gradient or output is measured), as in the
 ``step`` column Lightning writes; the values go straight to the loggers (``log_metrics``).
 """
@@ -52,7 +52,11 @@ def _stepped(trainer) -> bool:
 
 
 def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
-    return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl")
+    """``RUN/events.jsonl``, the events also sent to the run's loggers but the CSV one (whose events are that file)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    loggers = [lg for lg in getattr(trainer, "loggers", []) if not isinstance(lg, CSVLogger)]
+    return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl", loggers)
 
 
 def report_event(event: dict) -> None:
