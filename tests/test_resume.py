@@ -162,3 +162,22 @@ def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tm
     assert first["global_step"] == 4 and first["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 2
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_same_run(straight, run_b)
+
+
+def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
+    """data.name=webdataset with a decoding worker: killed mid-epoch, the resumed run re-reads its stream up to the
+    consumed batches and continues at the right sample (the same views, seeded by (seed, epoch, sample))."""
+    from test_shards import write_shards
+
+    write_shards(tmp_path / "shards", [9, 8, 7])  # 24 samples, batch 8: 3 steps per epoch
+    shards = ["data.name=webdataset", f"data.root={tmp_path / 'shards'}", "data.image_size=8", "data.batch_size=8",
+              "data.num_workers=1", "data.shuffle_buffer=5", "trainer.checkpoint_every_n_steps=1"]
+    straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *shards))
+    with monkeypatch.context() as m:
+        with_callback(m, CtrlCAtStep(4))
+        with pytest.raises(KeyboardInterrupt):
+            engine.pretrain(cfg_for(tmp_path / "b", "B", *shards))
+    run_b = tmp_path / "b" / "B"
+    assert ckpt(run_b)["global_step"] == 4
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    assert_same_run(straight, run_b)

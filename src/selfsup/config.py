@@ -28,13 +28,15 @@ LOGGERS = ("csv", "tensorboard", "wandb")
 class DataConfig:
     """Which images, where from, and how they are batched."""
 
-    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | images (unlabelled, any depth) | latents (precomputed, float)
+    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | images (unlabelled, any depth) | webdataset (tar shards) | latents (precomputed, float)
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
     image_size: int | None = None  # None: the dataset's native size
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
     num_workers: int = 0  # decoding workers (imagefolder); in-memory datasets need none
     load_size: int | None = None  # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
     unlabeled: bool = False  # stl10: pretrain on train + unlabeled
+    num_samples: int | None = None  # webdataset: samples per epoch, all shards (None: counted from local tar headers)
+    shuffle_buffer: int = 1000  # webdataset: samples in each stream's shuffle buffer (0: shard order)
     download: bool = False  # torchvision download when the files are absent (never in tests)
 
     def validate(self) -> None:
@@ -44,6 +46,10 @@ class DataConfig:
             raise UserError(f"data.name={self.name!r} is not known; use one of {', '.join(DATASETS)}")
         if self.batch_size < 1:
             raise UserError(f"data.batch_size={self.batch_size} must be >= 1")
+        if self.num_samples is not None and self.num_samples < 1:
+            raise UserError(f"data.num_samples={self.num_samples} must be >= 1 (or null: count the local shards)")
+        if self.shuffle_buffer < 0:
+            raise UserError(f"data.shuffle_buffer={self.shuffle_buffer} must be >= 0 (0: shard order)")
         if self.image_size is not None and self.image_size < 4:
             raise UserError(f"data.image_size={self.image_size} is too small; use >= 4")
 

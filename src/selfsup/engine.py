@@ -24,8 +24,9 @@ import yaml
 from selfsup import host
 from selfsup.checkpoints import load_checkpoint
 from selfsup.config import RunConfig, resolve, to_dict
-from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, load_dataset
-from selfsup.data.loader import EpochBatchSampler, batch_loader
+from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, StreamDataset, load_dataset
+from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
+from selfsup.data.shards import ShardCrops
 from selfsup.errors import UserError
 from selfsup.export import export_backbone
 from selfsup.methods import METHODS, SSLMethod, method_name
@@ -33,11 +34,15 @@ from selfsup.methods.build import backbone_meta, build_method, data_info
 
 
 class PretrainData(pl.LightningDataModule):
-    """The training split as whole uint8 batches; each process takes its slice of the global batch."""
+    """The training split as whole uint8 batches; each process takes its slice of the global batch.
+    Tar shards (``StreamDataset``) are streamed instead; ``dataset`` is then their first images (the fixed batch of
+    the instruments that need one)."""
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset):
         super().__init__()
-        self.cfg, self.dataset = cfg, dataset
+        self.cfg, self.dataset, self.stream = cfg, dataset, None
+        if isinstance(dataset, StreamDataset):
+            self.stream, self.dataset = dataset, dataset.head(cfg.instruments.rank_samples)
 
     def _consumed(self) -> int:
         """Batches of the current epoch a mid-epoch checkpoint already trained on (Lightning restarts a
@@ -51,6 +56,8 @@ class PretrainData(pl.LightningDataModule):
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is the global batch and must divide "
                             f"by the {world_size} processes")
         local = self.cfg.data.batch_size // world_size
+        if self.stream is not None:
+            return self._stream_loader(local, world_size)
         if len(self.dataset) < self.cfg.data.batch_size:
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
                             "training images; lower it")
@@ -66,6 +73,26 @@ class PretrainData(pl.LightningDataModule):
                                     consumed=self._consumed, tag_epoch=folder)
         return batch_loader(dataset, sampler, self.cfg.data.num_workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
+
+
+    def _stream_loader(self, local: int, world_size: int):
+        augment = getattr(self.trainer.lightning_module, "augment", None)
+        if not hasattr(augment, "branches"):
+            raise UserError(f"data.name={self.stream.name} streams crops for the joint-embedding methods; "
+                            "train a flow method on an in-memory dataset or latents")
+        batches = len(self.stream) // self.cfg.data.batch_size
+        if batches < 1:
+            raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.stream)} samples "
+                            "of the shards; lower it")
+        streams = max(1, self.cfg.data.num_workers)
+        if len(self.stream.images.urls) < world_size * streams:
+            raise UserError(f"{len(self.stream.images.urls)} shard(s) cannot feed {world_size} process(es) x {streams} "
+                            "decoding stream(s) (data.num_workers); write more shards or lower data.num_workers")
+        crops = ShardCrops(self.stream.images, [(b.crop_min, b.crop_max) for b in augment.branches],
+                           self.cfg.trainer.seed, self.trainer.global_rank, world_size, local, streams)
+        return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
+                             self.cfg.data.num_workers,
+                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 
 
 def new_run_dir(cfg: RunConfig, preset: str) -> Path:

@@ -290,6 +290,35 @@ def load_images(split: str, root: str | None, size: int, resize: int | None = No
                         IMAGENET_MEAN, IMAGENET_STD)
 
 
+@dataclass
+class StreamDataset(ImageDataset):
+    """Tar shards streamed for pretraining (``images`` a ``ShardImages``; no per-sample labels in memory)."""
+
+    def __len__(self) -> int:
+        return self.images.num_samples
+
+    def head(self, n: int) -> ImageDataset:
+        """The first ``n`` images of the shards as an in-memory dataset (evaluation crops): the fixed batch of the
+        instruments that need one (a stream has no random access)."""
+        images, labels = self.images.head(n)
+        return ImageDataset(self.name, images, labels, self.num_classes, self.mean, self.std)
+
+
+def load_webdataset(split: str, cfg) -> StreamDataset:
+    """WebDataset tar shards for pretraining (``selfsup.data.shards``): ``data.root`` the shards, ``data.num_samples``
+    the epoch length (None: counted from the local shards' tar headers)."""
+    from selfsup.data.shards import ShardImages, count_samples, shard_urls
+
+    if split != "train":
+        raise needs_labels("webdataset")
+    urls = shard_urls(cfg.root)
+    n = cfg.num_samples if cfg.num_samples is not None else count_samples(urls)
+    if n < 1:
+        raise UserError(f"the shards {urls[0]} ... hold no image samples (members named <key>.jpg, <key>.png, ...)")
+    images = ShardImages(urls, n, cfg.image_size or 224, cfg.load_size, cfg.shuffle_buffer)
+    return StreamDataset("webdataset", images, torch.zeros(0, dtype=torch.long), 0, IMAGENET_MEAN, IMAGENET_STD)
+
+
 LATENT_SUFFIXES = (".pt", ".npz", ".npy")
 
 
@@ -342,7 +371,7 @@ def load_latents(split: str, root: str | None) -> ImageDataset:
     return ImageDataset("latents", latents, labels, int(labels.max()) + 1, (0.0,) * c, (1.0,) * c)
 
 
-DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "images", "latents")
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "images", "webdataset", "latents")
 
 
 def load_dataset(cfg, split: str) -> ImageDataset:
@@ -359,6 +388,8 @@ def load_dataset(cfg, split: str) -> ImageDataset:
         return load_imagefolder(split, cfg.root, cfg.image_size or 224, cfg.load_size)
     if cfg.name == "images":
         return load_images(split, cfg.root, cfg.image_size or 224, cfg.load_size)
+    if cfg.name == "webdataset":
+        return load_webdataset(split, cfg)
     if cfg.name == "latents":
         return load_latents(split, cfg.root)
     raise UserError(f"data.name={cfg.name!r} is not known; use one of {', '.join(DATASETS)}")
