@@ -167,3 +167,55 @@ def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
         augment=SimpleNamespace(branches=[AugmentConfig()])))
     with pytest.raises(UserError, match="4 shard\\(s\\) cannot feed 2 process\\(es\\) x 3 decoding stream"):
         data.train_dataloader()
+
+
+DDP_SCRIPT = '''
+import json, os, sys
+import lightning.pytorch as pl
+import selfsup.engine as engine
+from selfsup.config import load_run_config
+
+class Seen(pl.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        with open(os.path.join(sys.argv[2], f"seen-{trainer.global_rank}.jsonl"), "a") as f:
+            f.write(json.dumps([trainer.current_epoch, batch[1].tolist()]) + "\\n")
+
+make = engine.make_trainer
+def patched(cfg, run_dir):
+    trainer = make(cfg, run_dir)
+    trainer.callbacks.append(Seen())
+    return trainer
+engine.make_trainer = patched
+engine.pretrain(load_run_config("byol-digits", sys.argv[3:] + [f"data.root={sys.argv[1]}", f"output_dir={sys.argv[2]}", "name=ddp"]))
+'''
+
+
+def test_two_ddp_processes_train_on_each_sample_once_per_epoch(tmp_path):
+    """A real two-process CPU DDP run (gloo; Lightning re-runs the script for rank 1) on 4 shards of 6: per epoch,
+    the labels the two processes trained on are every sample exactly once, dealt differently each epoch."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import TINY
+
+    write_shards(tmp_path / "s", [6] * 4)
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    overrides = [o for o in TINY if not o.startswith(("trainer.devices", "trainer.limit_train_batches", "data.batch",
+                                                      "trainer.max_epochs"))]
+    run = subprocess.run(
+        [sys.executable, str(tmp_path / "ddp.py"), str(tmp_path / "s"), str(tmp_path), *overrides, "trainer.devices=2",
+         "trainer.strategy=ddp", "trainer.max_epochs=2", "data.name=webdataset", "data.image_size=8",
+         "data.batch_size=8", "instruments.rank_samples=4"],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = {0: [], 1: []}
+    for rank in (0, 1):
+        for line in (tmp_path / f"seen-{rank}.jsonl").read_text().splitlines():
+            epoch, labels = json.loads(line)
+            seen[epoch].append(labels)
+    for epoch in (0, 1):
+        assert len(seen[epoch]) == 2 * 3 and all(len(b) == 4 for b in seen[epoch])  # 3 steps x 2 processes x 4
+        assert sorted(sum(seen[epoch], [])) == list(range(24))
+    assert sorted(map(sorted, seen[0])) != sorted(map(sorted, seen[1]))
