@@ -32,7 +32,7 @@ class DataConfig:
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
     image_size: int | None = None  # None: the dataset's native size
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
-    num_workers: int = 0  # decoding workers (imagefolder); in-memory datasets need none
+    num_workers: int = 0  # decoding workers (imagefolder, images, webdataset: one shard stream each); in-memory datasets need none
     load_size: int | None = None  # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
     unlabeled: bool = False  # stl10: pretrain on train + unlabeled
     num_samples: int | None = None  # webdataset: samples per epoch, all shards (None: counted from local tar headers)
