@@ -18,8 +18,9 @@ Each epoch (selfsup's rule, the same in every process):
 
 What this guarantees, and what not:
 
-* each sample is seen at most once per epoch when every stream's shards hold at least its share
-  (⌊N / data.batch_size⌋ · b / S samples): equal shards, and as many as processes × streams or a multiple.
+* each sample is seen at most once per epoch when every stream's shards hold at least the samples of the
+  batches it serves (stream s serves batches s, s + S, ... of the ⌊N / data.batch_size⌋): e.g. equal shards,
+  their number a multiple of processes × streams, and ⌊N / data.batch_size⌋ a multiple of S.
   A stream whose shards hold fewer starts them again (those samples are seen twice that epoch); one whose
   shards hold more leaves the rest for later epochs (the shard assignment changes every epoch);
 * a resumed run continues at the right sample and ends bit-identical, given the same shards, processes,
