@@ -54,6 +54,7 @@ def test_wandb_chosen_but_not_installed_is_one_line(tmp_path, monkeypatch):
     cfg = load_run_config("byol-digits", [*TINY, "trainer.loggers=csv,wandb", f"output_dir={tmp_path}", "name=r"])
     with pytest.raises(UserError, match=r"wandb package is not installed; pip install 'selfsup\[wandb\]'"):
         engine.pretrain(cfg)
+    assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 
 def test_wandb_offline_files_hold_the_metrics_and_events_and_tensorboard_too(tmp_path, monkeypatch, capsys):

@@ -199,15 +199,21 @@ def wandb_mode() -> str:
     return "online"
 
 
+def require_loggers(cfg: RunConfig) -> None:
+    """The packages of the chosen loggers are installed (checked before a run folder is made), or a one-line UserError."""
+    import importlib.util
+
+    if "wandb" in cfg.trainer.loggers and importlib.util.find_spec("wandb") is None:
+        raise UserError("trainer.loggers names wandb but the wandb package is not installed; "
+                        "pip install 'selfsup[wandb]' (or drop wandb from trainer.loggers)")
+
+
 def wandb_logger(cfg: RunConfig, run_dir: Path):
     """Lightning's WandbLogger writing under ``RUN/wandb/`` (project ``trainer.wandb_project``, the run folder's name,
     the resolved config); its run id is kept in ``RUN/wandb-run-id`` so a resume continues the same W&B run."""
-    import importlib.util
     import secrets
 
-    if importlib.util.find_spec("wandb") is None:
-        raise UserError("trainer.loggers names wandb but the wandb package is not installed; "
-                        "pip install 'selfsup[wandb]' (or drop wandb from trainer.loggers)")
+    require_loggers(cfg)
     from lightning.pytorch.loggers import WandbLogger
 
     id_file = run_dir / WANDB_ID
@@ -311,6 +317,7 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     else:
         run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
         os.environ["SELFSUP_RUN_DIR"] = str(run_dir)
+    require_loggers(cfg)
     if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
         raise UserError(f"eval.knn_every_n_steps and eval.online_probe need labels, and data.name={cfg.data.name} has "
                         "none; set eval.knn_every_n_steps=0 eval.online_probe=false")

@@ -74,7 +74,7 @@ def shard_urls(root: str | None) -> list[str]:
 
 
 def _local_path(url: str) -> Path | None:
-    path = Path(url[len("file:"):] if url.startswith("file:") else url)
+    path = Path(url.removeprefix("file:"))
     return path if path.is_file() else None
 
 
