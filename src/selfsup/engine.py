@@ -42,7 +42,8 @@ class PretrainData(pl.LightningDataModule):
         super().__init__()
         self.cfg, self.dataset, self.stream = cfg, dataset, None
         if isinstance(dataset, StreamDataset):
-            self.stream, self.dataset = dataset, dataset.head(cfg.instruments.rank_samples)
+            rank = cfg.instruments.enabled and cfg.instruments.rank_every_n_steps
+            self.stream, self.dataset = dataset, dataset.head(cfg.instruments.rank_samples if rank else 1)
 
     def _consumed(self) -> int:
         """Batches of the current epoch a mid-epoch checkpoint already trained on (Lightning restarts a
