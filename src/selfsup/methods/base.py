@@ -128,7 +128,8 @@ def micro_batch(trainer) -> int:
     """Which micro-batch of its optimiser step the batch being transferred or trained is: 0 … k − 1 for
     ``trainer.accumulate_grad_batches`` = k (Lightning steps after every k-th batch of an epoch and after its
     last). ``trainer.global_step`` counts optimiser steps: the unit of every per-iteration schedule."""
-    return trainer.fit_loop.epoch_loop.batch_progress.current.completed % trainer.accumulate_grad_batches
+    k = getattr(trainer, "accumulate_grad_batches", 1)
+    return trainer.fit_loop.epoch_loop.batch_progress.current.completed % k if k > 1 else 0
 
 
 def has_batch_statistics(module: nn.Module) -> bool:
@@ -328,7 +329,8 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         if self._generator is None or self._generator.device != images.device:
             self._generator = torch.Generator(device=images.device)
         rank, size = world()
-        step = (self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * self.trainer.accumulate_grad_batches
+        k = getattr(self.trainer, "accumulate_grad_batches", 1)  # micro-batches per optimiser step
+        step = (self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * k
         self._generator.manual_seed((step + micro_batch(self.trainer)) * size + rank)
         views = self.augment(images, self._generator)
         if self.memory_format != torch.contiguous_format:
