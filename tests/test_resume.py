@@ -169,7 +169,7 @@ def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tm
 def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
     """data.name=webdataset with a decoding worker: killed mid-epoch, the resumed run re-reads its stream up to the
     consumed batches and continues at the right sample (the same views, seeded by (seed, epoch, sample))."""
-    from test_shards import write_shards
+    from shard_files import write_shards
 
     write_shards(tmp_path / "shards", [9, 8, 7])  # 24 samples, batch 8: 3 steps per epoch
     shards = ["data.name=webdataset", f"data.root={tmp_path / 'shards'}", "data.image_size=8", "data.batch_size=8",
