@@ -255,3 +255,22 @@ def test_ctrl_c_exits_130_with_the_resume_hint(tmp_path, monkeypatch):
     assert code == 130 and "Traceback" not in err
     assert f"interrupted; continue with: selfsup pretrain --resume {tmp_path / 'r'}" in err
     assert err.strip().endswith("selfsup: interrupted") and "kNN" not in out
+
+
+def test_pretrain_on_an_unlabelled_nested_folder_and_eval_asks_for_labels(tmp_path):
+    root = tmp_path / "photos"
+    for i in range(10):
+        path = root / ("a/b" if i % 2 else "c") / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (12 + i, 10), (25 * i, 90, 30)).save(path)
+    (root / "c" / "broken.jpg").write_bytes(b"no image here")
+    images = ["data.name=images", f"data.root={root}", "data.image_size=8", "data.batch_size=4"]
+    code, out, err = run_cli("pretrain", PRESET, *TINY, *images, f"output_dir={tmp_path}", "name=r")
+    assert code == 0, err
+    assert "skipped 1 corrupt or unreadable image file(s) of 11" in err
+    assert "no kNN report: data.name=images has no labels" in out and (tmp_path / "r" / "backbone.safetensors").exists()
+    code, _, err = run_cli("eval", "knn", str(tmp_path / "r"))
+    assert_user_error(code, err, "data.name=images has no labels and evaluation needs them", "--data imagefolder")
+    code, _, err = run_cli("pretrain", PRESET, *TINY, *images, "eval.knn_every_n_steps=1", f"output_dir={tmp_path}",
+                           "name=r2")
+    assert_user_error(code, err, "need labels", "eval.knn_every_n_steps=0")

@@ -237,3 +237,42 @@ def test_len_and_drop_last():
     assert len(dropped) == 10 and all(len(b) == 10 for b in dropped) and len(set(torch.cat(dropped).tolist())) == 100
     kept = list(EpochBatchSampler(103, 10, shuffle=False, drop_last=False))
     assert [len(b) for b in kept] == [10] * 10 + [3] and torch.equal(torch.cat(kept), torch.arange(103))
+
+
+# --------------------------------------------------------------------------- images (unlabelled folders)
+
+
+def test_unlabelled_folder_at_any_depth_skips_a_corrupt_file_with_a_count(tmp_path, capsys):
+    files = ["top.png", "a/one.JPG", "a/b/c/deep.bmp", "z/two.webp", "a/b/three.jpeg"]
+    for i, name in enumerate(files):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (10 + i, 12), (20 * i, 5, 9)).save(tmp_path / name, lossless=True)  # lossless webp
+    (tmp_path / "a" / "b" / "bad.jpg").write_bytes(b"not a jpeg at all" * 10)  # corrupt: skipped and counted
+    (tmp_path / "a" / "README.txt").write_text("not an image")  # not an image suffix: ignored
+    (tmp_path / ".cache").mkdir()
+    Image.new("RGB", (10, 10)).save(tmp_path / ".cache" / "hidden.png")  # hidden folder: ignored
+    train = load_dataset(DataConfig(name="images", root=str(tmp_path), image_size=8), "train")
+    err = capsys.readouterr().err
+    assert "skipped 1 corrupt or unreadable image file(s) of 6" in err and str(tmp_path / "a/b/bad.jpg") in err
+    assert [str(f.relative_to(tmp_path)) for f in train.images.files] == sorted(files)  # sorted by path
+    assert len(train) == 5 and train.num_classes == 0 and train.labels.tolist() == [-1] * 5
+    assert train.images.shape == (5, 3, 8, 8) and train.channels == 3
+    images, _ = train[torch.tensor([0, 4])]  # a/b/c/deep.bmp (i=2) and z/two.webp (i=3): colours survive
+    assert images[0, :, 4, 4].tolist() == [40, 5, 9] and images[1, :, 4, 4].tolist() == [60, 5, 9]
+    # pretraining crops at decode time, like imagefolder
+    crops = train.images.train_crops([(0.2, 1.0), (0.5, 1.0)], seed=0).crops(torch.tensor([1, 2]), epoch=0)
+    assert crops.shape == (2, 2, 3, 8, 8) and crops.dtype == torch.uint8
+
+
+def test_unlabelled_folder_has_no_test_split_and_names_its_mistakes(tmp_path):
+    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    with pytest.raises(UserError, match="data.name=images has no labels and evaluation needs them"):
+        load_dataset(DataConfig(name="images", root=str(tmp_path)), "test")
+    with pytest.raises(UserError, match="data.name=images needs data.root"):
+        load_dataset(DataConfig(name="images"), "train")
+    with pytest.raises(UserError, match="is not a folder"):
+        load_dataset(DataConfig(name="images", root=str(tmp_path / "x.png")), "train")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    with pytest.raises(UserError, match="no readable image files under"):
+        load_dataset(DataConfig(name="images", root=str(tmp_path / "empty")), "train")

@@ -65,9 +65,10 @@ def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypat
     assert_same_run(straight, run_b)
 
 
-def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeypatch):
-    """imagefolder: crops made at decode time in a worker, seeded by (seed, epoch, index), so a mid-epoch
-    resume sees the same views."""
+@pytest.mark.parametrize("name", ["imagefolder", "images"])
+def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeypatch, name):
+    """imagefolder, and the same files as an unlabelled nested folder (images): crops made at decode time in a
+    worker, seeded by (seed, epoch, index), so a mid-epoch resume sees the same views."""
     import numpy as np
     from PIL import Image
 
@@ -79,7 +80,8 @@ def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeyp
                 w, h = rng.integers(10, 24, 2)
                 Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(
                     tmp_path / "images" / split / f"c{c}" / f"{i}.png")
-    folder = ["data.name=imagefolder", f"data.root={tmp_path / 'images'}", "data.image_size=8",
+    root = tmp_path / "images" if name == "imagefolder" else tmp_path / "images" / "train"
+    folder = [f"data.name={name}", f"data.root={root}", "data.image_size=8",
               "data.batch_size=8", "data.num_workers=1"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *folder, "trainer.checkpoint_every_n_steps=1"))
     cfg = cfg_for(tmp_path / "b", "B", *folder, "trainer.checkpoint_every_n_steps=1")
@@ -87,6 +89,42 @@ def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeyp
         with_callback(m, CtrlCAtStep(4))
         with pytest.raises(KeyboardInterrupt):
             engine.pretrain(cfg)
+    run_b = tmp_path / "b" / "B"
+    assert ckpt(run_b)["global_step"] == 4
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    assert_same_run(straight, run_b)
+
+
+def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tmp_path, monkeypatch):
+    """trainer.accumulate_grad_batches=2: 6 micro-batches = 3 optimiser steps per epoch; killed before step 4
+    (one step, two micro-batches into epoch 2), the resumed run skips exactly those two micro-batches and ends
+    bit-identical: the views are seeded by (step, micro-batch), the EMA moves once per step."""
+    acc = ["trainer.accumulate_grad_batches=2", "trainer.limit_train_batches=6", "trainer.checkpoint_every_n_steps=1"]
+    straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *acc))
+    with monkeypatch.context() as m:
+        with_callback(m, CtrlCAtStep(4))
+        with pytest.raises(KeyboardInterrupt):
+            engine.pretrain(cfg_for(tmp_path / "b", "B", *acc))
+    run_b = tmp_path / "b" / "B"
+    first = ckpt(run_b)
+    assert first["global_step"] == 4 and first["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 2
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    assert_same_run(straight, run_b)
+
+
+def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
+    """data.name=webdataset with a decoding worker: killed mid-epoch, the resumed run re-reads its stream up to the
+    consumed batches and continues at the right sample (the same views, seeded by (seed, epoch, sample))."""
+    from shard_files import write_shards
+
+    write_shards(tmp_path / "shards", [9, 8, 7])  # 24 samples, batch 8: 3 steps per epoch
+    shards = ["data.name=webdataset", f"data.root={tmp_path / 'shards'}", "data.image_size=8", "data.batch_size=8",
+              "data.num_workers=1", "data.shuffle_buffer=5", "trainer.checkpoint_every_n_steps=1"]
+    straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *shards))
+    with monkeypatch.context() as m:
+        with_callback(m, CtrlCAtStep(4))
+        with pytest.raises(KeyboardInterrupt):
+            engine.pretrain(cfg_for(tmp_path / "b", "B", *shards))
     run_b = tmp_path / "b" / "B"
     assert ckpt(run_b)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)

@@ -21,19 +21,22 @@ from selfsup.memory_format import MEMORY_FORMATS
 from selfsup.optim import OptimConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
+LOGGERS = ("csv", "tensorboard", "wandb")
 
 
 @dataclass
 class DataConfig:
     """Which images, where from, and how they are batched."""
 
-    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | latents (precomputed, float)
+    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | images (unlabelled, any depth) | webdataset (tar shards) | latents (precomputed, float)
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
     image_size: int | None = None  # None: the dataset's native size
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
-    num_workers: int = 0  # decoding workers (imagefolder); in-memory datasets need none
+    num_workers: int = 0  # decoding workers (imagefolder, images, webdataset: one shard stream each); in-memory datasets need none
     load_size: int | None = None  # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
     unlabeled: bool = False  # stl10: pretrain on train + unlabeled
+    num_samples: int | None = None  # webdataset: samples per epoch, all shards (None: counted from local tar headers)
+    shuffle_buffer: int = 1000  # webdataset: samples in each stream's shuffle buffer (0: shard order)
     download: bool = False  # torchvision download when the files are absent (never in tests)
 
     def validate(self) -> None:
@@ -43,6 +46,10 @@ class DataConfig:
             raise UserError(f"data.name={self.name!r} is not known; use one of {', '.join(DATASETS)}")
         if self.batch_size < 1:
             raise UserError(f"data.batch_size={self.batch_size} must be >= 1")
+        if self.num_samples is not None and self.num_samples < 1:
+            raise UserError(f"data.num_samples={self.num_samples} must be >= 1 (or null: count the local shards)")
+        if self.shuffle_buffer < 0:
+            raise UserError(f"data.shuffle_buffer={self.shuffle_buffer} must be >= 0 (0: shard order)")
         if self.image_size is not None and self.image_size < 4:
             raise UserError(f"data.image_size={self.image_size} is too small; use >= 4")
 
@@ -99,6 +106,7 @@ class TrainerConfig:
     precision: str = "32-true"  # 32-true | 16-mixed | bf16-mixed
     sync_batchnorm: bool = True  # SyncBN across processes (MoCo v3 official); GPUs only, no-op in one process
     gradient_clip_val: float | None = None
+    accumulate_grad_batches: int = 1  # optimiser step every k batches of data.batch_size (schedules count steps)
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 0  # 0: a checkpoint at each epoch end only
     limit_train_batches: float | int = 1.0
@@ -108,14 +116,24 @@ class TrainerConfig:
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
     host_allocator: str = "cached"  # cached: glibc keeps freed blocks for reuse on CPU training (selfsup.host) | system
     memory_format: str = "auto"  # auto (channels_last for a CNN backbone on a CUDA GPU, else contiguous) | channels_last | contiguous
+    loggers: list[str] | str = field(default_factory=lambda: ["csv", "tensorboard"])  # any of csv, tensorboard, wandb
+    wandb_project: str = "selfsup"  # trainer.loggers=wandb: the W&B project (offline without an API key or network)
 
     def validate(self) -> None:
         if self.max_epochs < 1:
             raise UserError(f"trainer.max_epochs={self.max_epochs} must be >= 1")
+        if self.accumulate_grad_batches < 1:
+            raise UserError(f"trainer.accumulate_grad_batches={self.accumulate_grad_batches} must be >= 1 (1: no accumulation)")
         if self.precision not in ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true"):
             raise UserError(f"trainer.precision={self.precision!r} is not known; use 32-true, 16-mixed or bf16-mixed")
         if self.host_allocator not in ("cached", "system"):
             raise UserError(f"trainer.host_allocator={self.host_allocator!r} is not known; use cached or system")
+        if isinstance(self.loggers, str):  # trainer.loggers=csv,wandb
+            self.loggers = [name.strip() for name in self.loggers.split(",") if name.strip()]
+        unknown = [name for name in self.loggers if name not in LOGGERS]
+        if unknown or not self.loggers or len(set(self.loggers)) < len(self.loggers):
+            raise UserError(f"trainer.loggers={self.loggers} must name each of its loggers once, from {', '.join(LOGGERS)}"
+                            + (f" ({unknown[0]!r} is not one)" if unknown else ""))
         if self.memory_format not in MEMORY_FORMATS:
             raise UserError(f"trainer.memory_format={self.memory_format!r} is not known; use {', '.join(MEMORY_FORMATS)}")
 

@@ -1,9 +1,9 @@
 """Pretraining on the Lightning engine: run folder, data module, Trainer, export, the method's final report.
 
-A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, ``metrics.csv``,
-``tensorboard/``, ``backbone_init.safetensors`` (the random init, the kNN floor),
+A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, the loggers' files (``trainer.loggers``:
+``metrics.csv``, ``tensorboard/``, ``wandb/``), ``backbone_init.safetensors`` (the random init, the kNN floor),
 ``backbone.safetensors`` (the exported backbone), ``run.json`` (steps, epochs, devices, fit wall time) and the
-method's report files (``knn.json``).
+method's report files (``knn.json`` for the joint-embedding methods).
 """
 
 from __future__ import annotations
@@ -24,20 +24,26 @@ import yaml
 from selfsup import host
 from selfsup.checkpoints import load_checkpoint
 from selfsup.config import RunConfig, load_run, resolve, to_dict  # noqa: F401  (load_run: engine.load_run for callers)
-from selfsup.data.datasets import FolderImages, ImageDataset, load_dataset
-from selfsup.data.loader import EpochBatchSampler, batch_loader
+from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, StreamDataset, load_dataset
+from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
+from selfsup.data.shards import ShardCrops
 from selfsup.errors import UserError
 from selfsup.export import export_backbone
-from selfsup.methods import SSLMethod
+from selfsup.methods import METHODS, SSLMethod, method_name
 from selfsup.methods.build import backbone_meta, build_method, data_info
 
 
 class PretrainData(pl.LightningDataModule):
-    """The training split as whole uint8 batches; each process takes its slice of the global batch."""
+    """The training split as whole uint8 batches; each process takes its slice of the global batch.
+    Tar shards (``StreamDataset``) are streamed instead; ``dataset`` is then their first images (the fixed batch of
+    the instruments that need one)."""
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset):
         super().__init__()
-        self.cfg, self.dataset = cfg, dataset
+        self.cfg, self.dataset, self.stream = cfg, dataset, None
+        if isinstance(dataset, StreamDataset):
+            rank = cfg.instruments.enabled and cfg.instruments.rank_every_n_steps
+            self.stream, self.dataset = dataset, dataset.head(cfg.instruments.rank_samples if rank else 1)
 
     def _consumed(self) -> int:
         """Batches of the current epoch a mid-epoch checkpoint already trained on (Lightning restarts a
@@ -51,6 +57,8 @@ class PretrainData(pl.LightningDataModule):
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is the global batch and must divide "
                             f"by the {world_size} processes")
         local = self.cfg.data.batch_size // world_size
+        if self.stream is not None:
+            return self._stream_loader(local, world_size)
         if len(self.dataset) < self.cfg.data.batch_size:
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
                             "training images; lower it")
@@ -66,6 +74,26 @@ class PretrainData(pl.LightningDataModule):
                                     consumed=self._consumed, tag_epoch=folder)
         return batch_loader(dataset, sampler, self.cfg.data.num_workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
+
+
+    def _stream_loader(self, local: int, world_size: int):
+        augment = getattr(self.trainer.lightning_module, "augment", None)
+        if not hasattr(augment, "branches"):
+            raise UserError(f"data.name={self.stream.name} streams crops for the joint-embedding methods; "
+                            "train a flow method on an in-memory dataset or latents")
+        batches = len(self.stream) // self.cfg.data.batch_size
+        if batches < 1:
+            raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.stream)} samples "
+                            "of the shards; lower it")
+        streams = max(1, self.cfg.data.num_workers)
+        if len(self.stream.images.urls) < world_size * streams:
+            raise UserError(f"{len(self.stream.images.urls)} shard(s) cannot feed {world_size} process(es) x {streams} "
+                            "decoding stream(s) (data.num_workers); write more shards or lower data.num_workers")
+        crops = ShardCrops(self.stream.images, [(b.crop_min, b.crop_max) for b in augment.branches],
+                           self.cfg.trainer.seed, self.trainer.global_rank, world_size, local, streams)
+        return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
+                             self.cfg.data.num_workers,
+                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 
 
 def new_run_dir(cfg: RunConfig, preset: str) -> Path:
@@ -136,6 +164,84 @@ def step_csv_logger(run_dir: Path, flush_every: int = 100):
     return StepCSVLogger(run_dir, name="", version="")
 
 
+WANDB_ID = "wandb-run-id"  # in the run folder: a resumed run continues the same W&B run
+
+
+def wandb_mode() -> str:
+    """``$WANDB_MODE`` when set; else online when an API key is configured (``$WANDB_API_KEY`` or ~/.netrc) and the
+    W&B host answers within 2 s, else offline (the files stay in ``RUN/wandb/`` for a later ``wandb sync``)."""
+    import netrc
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    key = os.environ.get("WANDB_API_KEY")
+    if not key:
+        try:
+            key = (netrc.netrc().authenticators(host) or (None, None, None))[2]
+        except (OSError, netrc.NetrcParseError):
+            key = None
+    if not key:
+        return "offline"
+    try:
+        socket.create_connection((host, 443), timeout=2).close()
+    except OSError:
+        return "offline"
+    return "online"
+
+
+def require_loggers(cfg: RunConfig) -> None:
+    """The packages of the chosen loggers are installed (checked before a run folder is made), or a one-line UserError."""
+    import importlib.util
+
+    if "wandb" in cfg.trainer.loggers and importlib.util.find_spec("wandb") is None:
+        raise UserError("trainer.loggers names wandb but the wandb package is not installed; "
+                        "pip install 'selfsup[wandb]' (or drop wandb from trainer.loggers)")
+
+
+def wandb_logger(cfg: RunConfig, run_dir: Path):
+    """Lightning's WandbLogger writing under ``RUN/wandb/`` (project ``trainer.wandb_project``, the run folder's name,
+    the resolved config); its run id is kept in ``RUN/wandb-run-id`` so a resume continues the same W&B run."""
+    import secrets
+
+    require_loggers(cfg)
+    from lightning.pytorch.loggers import WandbLogger
+
+    id_file = run_dir / WANDB_ID
+    run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
+    parent = os.environ.get("LOCAL_RANK", "0") == "0"  # rank 0's logger is the one that writes
+    if parent and not id_file.exists():
+        id_file.write_text(run_id + "\n")
+    mode = wandb_mode()
+    if mode == "offline" and parent:
+        print(f"selfsup: wandb runs offline (no API key or no network); upload later with "
+              f"`wandb sync {run_dir / 'wandb'}/offline-run-*`", file=sys.stderr)
+    return WandbLogger(save_dir=str(run_dir), project=cfg.trainer.wandb_project, name=run_dir.name, id=run_id,
+                       mode=mode, config=to_dict(cfg))
+
+
+def run_loggers(cfg: RunConfig, run_dir: Path) -> list:
+    """The loggers ``trainer.loggers`` names: csv (``metrics.csv``, one row per step), tensorboard
+    (``tensorboard/``), wandb (``wandb/``). Lightning's values and the instruments' reach each of them."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    make = {"csv": lambda: step_csv_logger(run_dir),
+            "tensorboard": lambda: TensorBoardLogger(run_dir, name="tensorboard", version=""),
+            "wandb": lambda: wandb_logger(cfg, run_dir)}
+    return [make[name]() for name in cfg.trainer.loggers]
+
+
+def finish_loggers(trainer: pl.Trainer, failed: bool) -> None:
+    """Close a W&B run this process started (Lightning leaves it open: the next run in the process would join it)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and getattr(logger, "_experiment", None) is not None:
+            logger._experiment.finish(exit_code=1 if failed else 0)
+
+
 class _DropTips(logging.Filter):
     """Drops Lightning's advertising tips; keeps every real message."""
 
@@ -164,7 +270,6 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import TensorBoardLogger
 
     from selfsup.instruments import monitor_callbacks
 
@@ -175,12 +280,13 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.
     on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
     sync_bn = t.sync_batchnorm and on_gpu
-    loggers = [step_csv_logger(run_dir), TensorBoardLogger(run_dir, name="tensorboard", version="")]
+    loggers = run_loggers(cfg, run_dir)
     try:
         return pl.Trainer(
             default_root_dir=run_dir, max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices,
             num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=sync_bn,
-            gradient_clip_val=t.gradient_clip_val, log_every_n_steps=t.log_every_n_steps,
+            gradient_clip_val=t.gradient_clip_val, accumulate_grad_batches=t.accumulate_grad_batches,
+            log_every_n_steps=t.log_every_n_steps,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
             enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg)], logger=loggers,
             use_distributed_sampler=False,
@@ -223,6 +329,13 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     else:
         run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
         os.environ["SELFSUP_RUN_DIR"] = str(run_dir)
+    require_loggers(cfg)
+    if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
+        raise UserError(f"eval.knn_every_n_steps and eval.online_probe need labels, and data.name={cfg.data.name} has "
+                        "none; set eval.knn_every_n_steps=0 eval.online_probe=false")
+    if cfg.trainer.accumulate_grad_batches > 1 and getattr(METHODS[method_name(cfg.method)], "family", "") == "flow":
+        raise UserError("trainer.accumulate_grad_batches applies to the joint-embedding methods; the flow methods "
+                        "do not accumulate yet (their EMA follows every batch): set it to 1")
     train = load_dataset(cfg.data, "train")
     info = data_info(cfg, train)
     model = build_method(cfg, info)
@@ -241,17 +354,21 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
         host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps
     if ckpt_path is not None:
         keep_metrics(trainer, run_dir, resumed_step)
+    failed = True
     try:
         # Lightning reads the (already checked) file again: weights-only as well, where its fit() takes the switch.
         safe = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
         started = time.perf_counter()
         trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path, **safe)
+        failed = False
     except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
         if not trainer.interrupted:
             raise
         if trainer.is_global_zero:
             print(f"interrupted; continue with: selfsup pretrain --resume {run_dir}", file=sys.stderr)
         raise KeyboardInterrupt from None
+    finally:
+        finish_loggers(trainer, failed)
     if not trainer.is_global_zero:
         return run_dir
     write_run_facts(trainer, run_dir, time.perf_counter() - started)

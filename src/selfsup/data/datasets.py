@@ -1,7 +1,8 @@
 """Datasets as uint8 image tensors with fixed train/test splits.
 
 Small datasets (digits, Fashion-MNIST, CIFAR, STL-10) live in memory as one (N, C, H, W) uint8
-tensor, so a batch is one indexing operation. ``imagefolder`` decodes files lazily in DataLoader
+tensor, so a batch is one indexing operation. ``imagefolder`` (classes from folder names) and ``images``
+(an unlabelled folder at any depth, pretraining only) decode files lazily in DataLoader
 workers (``selfsup.data.decode``): for evaluation, resize the shorter side to ``load_size`` and take the
 central ``image_size`` square; for pretraining, each view a random resized crop of the whole image at
 the output size. Augmentation then runs batched on the device.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,6 +245,93 @@ def load_imagefolder(split: str, root: str | None, size: int, resize: int | None
                         IMAGENET_MEAN, IMAGENET_STD)
 
 
+UNLABELLED = ("images", "webdataset")  # pretraining-only data: no labels, no test split
+
+
+def needs_labels(name: str) -> UserError:
+    """The one-line refusal of evaluating (or kNN-monitoring) on unlabelled pretraining data."""
+    return UserError(f"data.name={name} has no labels and evaluation needs them; evaluate on labelled data, e.g. "
+                     "--data imagefolder --root <folder with train/<class>/ and val/<class>/>")
+
+
+def image_files(base: Path) -> list[Path]:
+    """Every file with an image suffix under ``base``, at any depth (symlinked folders followed, hidden
+    files and folders skipped), sorted by path: the order, and so a seeded run, depends on nothing else."""
+    out = []
+    for folder, dirs, files in os.walk(base, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [Path(folder) / f for f in files if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_SUFFIXES]
+    return sorted(out)
+
+
+def _readable(path: Path) -> bool:
+    """Whether ``path`` opens as an image (header read; PIL's verify, which checks e.g. PNG chunk CRCs)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+        return True
+    except Exception:  # PIL raises many types for damaged files (OSError, SyntaxError, ValueError, struct.error...)
+        return False
+
+
+def load_images(split: str, root: str | None, size: int, resize: int | None = None) -> ImageDataset:
+    """An unlabelled folder of images, flat or nested at any depth, for pretraining: ``root/**/*.{jpg,png,...}``.
+    Files that do not open as images are skipped, and their count printed; labels −1, 0 classes."""
+    if split != "train":
+        raise needs_labels("images")
+    if not root:
+        raise UserError("data.name=images needs data.root=<folder of images, flat or nested at any depth>")
+    base = Path(root)
+    if not base.is_dir():
+        raise UserError(f"data.root={root} is not a folder; data.name=images reads every image file under a folder")
+    candidates = image_files(base)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:  # file opens wait on the disk
+        ok = list(pool.map(_readable, candidates, chunksize=64))
+    files = [f for f, good in zip(candidates, ok) if good]
+    if len(files) < len(candidates):
+        first = next(f for f, good in zip(candidates, ok) if not good)
+        print(f"selfsup: data.name=images skipped {len(candidates) - len(files)} corrupt or unreadable image file(s) "
+              f"of {len(candidates)} under {base} (first: {first})", file=sys.stderr)
+    if not files:
+        suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
+        raise UserError(f"no readable image files under {base} (looked for {suffixes} at any depth)")
+    return ImageDataset("images", FolderImages(files, size, resize), torch.full((len(files),), -1), 0,
+                        IMAGENET_MEAN, IMAGENET_STD)
+
+
+@dataclass
+class StreamDataset(ImageDataset):
+    """Tar shards streamed for pretraining (``images`` a ``ShardImages``; no per-sample labels in memory)."""
+
+    def __len__(self) -> int:
+        return self.images.num_samples
+
+    def head(self, n: int) -> ImageDataset:
+        """The first ``n`` images of the shards as an in-memory dataset (evaluation crops): the fixed batch of the
+        instruments that need one (a stream has no random access)."""
+        images, labels = self.images.head(n)
+        return ImageDataset(self.name, images, labels, self.num_classes, self.mean, self.std)
+
+
+def load_webdataset(split: str, cfg) -> StreamDataset:
+    """WebDataset tar shards for pretraining (``selfsup.data.shards``): ``data.root`` the shards, ``data.num_samples``
+    the epoch length (None: counted from the local shards' tar headers)."""
+    from selfsup.data.shards import ShardImages, count_samples, shard_urls
+
+    if split != "train":
+        raise needs_labels("webdataset")
+    urls = shard_urls(cfg.root)
+    n = cfg.num_samples if cfg.num_samples is not None else count_samples(urls)
+    if n < 1:
+        raise UserError(f"the shards {urls[0]} ... hold no image samples (members named <key>.jpg, <key>.png, ...)")
+    images = ShardImages(urls, n, cfg.image_size or 224, cfg.load_size, cfg.shuffle_buffer)
+    return StreamDataset("webdataset", images, torch.zeros(0, dtype=torch.long), 0, IMAGENET_MEAN, IMAGENET_STD)
+
+
 LATENT_SUFFIXES = (".pt", ".npz", ".npy")
 
 
@@ -295,7 +384,7 @@ def load_latents(split: str, root: str | None) -> ImageDataset:
     return ImageDataset("latents", latents, labels, int(labels.max()) + 1, (0.0,) * c, (1.0,) * c)
 
 
-DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "latents")
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "images", "webdataset", "latents")
 
 
 def load_dataset(cfg, split: str) -> ImageDataset:
@@ -310,6 +399,10 @@ def load_dataset(cfg, split: str) -> ImageDataset:
         return _torchvision_dataset(cfg.name, split, cfg.root, cfg.download, cfg.unlabeled)
     if cfg.name == "imagefolder":
         return load_imagefolder(split, cfg.root, cfg.image_size or 224, cfg.load_size)
+    if cfg.name == "images":
+        return load_images(split, cfg.root, cfg.image_size or 224, cfg.load_size)
+    if cfg.name == "webdataset":
+        return load_webdataset(split, cfg)
     if cfg.name == "latents":
         return load_latents(split, cfg.root)
     raise UserError(f"data.name={cfg.name!r} is not known; use one of {', '.join(DATASETS)}")

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from selfsup.data.datasets import ImageDataset, FolderImages
 from selfsup.data.decode import FolderCrops
+from selfsup.data.shards import ShardCrops
 
 
 class EpochBatchSampler(Sampler):
@@ -48,6 +49,25 @@ class EpochBatchSampler(Sampler):
             yield (epoch, mine) if self.tag_epoch else mine
 
 
+class StreamBatchSampler(Sampler):
+    """This process's batches of a shard stream for one epoch (``selfsup.data.shards``): ``(epoch, s, k)``, batch
+    i of the epoch being batch k = i // S of stream s = i mod S; ``batches`` per epoch in every process."""
+
+    def __init__(self, batches: int, streams: int, consumed: Callable[[], int] | None = None):
+        self.batches, self.streams, self.consumed, self.epoch = batches, streams, consumed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self):
+        epoch = self.epoch
+        for i in range(self.consumed() if self.consumed else 0, self.batches):
+            yield epoch, i % self.streams, i // self.streams
+
+
 class DeferredLoader(DataLoader):
     """A DataLoader whose iterator starts on the first ``next()``, not at ``iter()``.
 
@@ -71,6 +91,14 @@ def batch_loader(dataset: ImageDataset, sampler: EpochBatchSampler, num_workers:
     return (DeferredLoader if workers else DataLoader)(dataset, sampler=sampler, batch_size=None,
                                                          num_workers=workers, pin_memory=pin_memory,
                                                          persistent_workers=workers > 0)
+
+
+def stream_loader(crops: ShardCrops, sampler: StreamBatchSampler, num_workers: int = 0,
+                  pin_memory: bool = False) -> DataLoader:
+    """Whole batches ``(uint8 views, labels)`` of a shard stream, decoded in ``num_workers`` workers."""
+    return (DeferredLoader if num_workers else DataLoader)(crops, sampler=sampler, batch_size=None,
+                                                           num_workers=num_workers, pin_memory=pin_memory,
+                                                           persistent_workers=num_workers > 0)
 
 
 def sequential_loader(dataset: ImageDataset, batch_size: int, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from selfsup.config import DataConfig
-from selfsup.data.datasets import ImageDataset, load_dataset
+from selfsup.data.datasets import UNLABELLED, ImageDataset, load_dataset, needs_labels
 from selfsup.errors import UserError
 
 FEATURE_BATCH = 512  # images per feature-extraction forward
@@ -24,6 +24,8 @@ def data_config(source, name: str | None = None, root: str | None = None) -> Dat
     base = copy.deepcopy(run_cfg.data) if run_cfg is not None else DataConfig(name=source.meta.get("dataset", "digits"))
     if name and name != base.name:
         base = DataConfig(name=name)  # another dataset: none of the run's root / layout settings apply
+    if base.name in UNLABELLED:
+        raise needs_labels(base.name)
     if root:
         base.root = root
     base.unlabeled = False  # evaluation needs labels

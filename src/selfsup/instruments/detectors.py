@@ -79,16 +79,20 @@ class DipDetector:
 
 
 class EventLog:
-    """Appends one JSON object per event to ``path``: ``{"step", "kind", "value", "baseline", ...}``."""
+    """Appends one JSON object per event to ``path``: ``{"step", "kind", "value", "baseline", ...}``, and writes
+    the value as ``events/<kind>[/<group>]`` at the event's step to each of ``loggers`` (TensorBoard, W&B)."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, loggers=()):
+        self.path, self.loggers = Path(path), list(loggers)
 
     def write(self, step: int, kind: str, value: float, baseline: float, **extra) -> dict:
         event = {"step": int(step), "kind": kind, "value": float(value), "baseline": float(baseline), **extra}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(event) + "\n")
+        key = f"events/{kind}" + (f"/{extra['group']}" if "group" in extra else "")
+        for logger in self.loggers:
+            logger.log_metrics({key: float(value)}, step=int(step))
         return event
 
 
@@ -126,8 +130,19 @@ def measured_step(trainer) -> int:
     return trainer.global_step - 1
 
 
+def stepped(trainer) -> bool:
+    """Whether the batch that just ended took an optimiser step (with ``trainer.accumulate_grad_batches`` > 1
+    the batches before the step's last only add gradients): the step-output instruments measure once per step."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    return loop is None or not loop._should_accumulate()
+
+
 def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
-    return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl")
+    """``RUN/events.jsonl``, the events also sent to the run's loggers but the CSV one (whose events are that file)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    loggers = [lg for lg in getattr(trainer, "loggers", []) if not isinstance(lg, CSVLogger)]
+    return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl", loggers)
 
 
 def report_event(event: dict) -> None:

@@ -2,7 +2,7 @@
 
 They never change training: everything they read is detached, they draw no random numbers from the
 global generators, and a module they put in eval mode is put back. Every value is logged under
-``instruments/`` (CSV and TensorBoard); the detectors also append to ``RUN/events.jsonl``.
+``instruments/`` (every logger of ``trainer.loggers``); the detectors also append to ``RUN/events.jsonl``.
 Steps are 0-based optimiser-step indices (the step whose gradient or output is measured), as in the
 ``step`` column Lightning writes; the values go straight to the loggers (``log_metrics``).
 """
@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from selfsup.instruments.detectors import SpikeDetector, event_log, log_metrics, measured_step, report_event
+from selfsup.instruments.detectors import SpikeDetector, event_log, log_metrics, measured_step, report_event, stepped
 from selfsup.instruments.measures import QUANTILES, misalignment, norm_summary, per_dim_std, predictor_alignment
 
 NORM_KEYS = ("embedding", "projection", "prediction")
@@ -33,7 +33,7 @@ class EmbeddingNorms(pl.Callback):
         self.last: dict[str, Tensor] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or measured_step(trainer) % self.every:
+        if not isinstance(outputs, dict) or measured_step(trainer) % self.every or not stepped(trainer):
             return
         values = {}
         for key in self.keys:
@@ -173,7 +173,7 @@ class Alignment(pl.Callback):
         self.every, self.pairs = every_n_steps, tuple(tuple(p) for p in pairs)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or measured_step(trainer) % self.every:
+        if not isinstance(outputs, dict) or measured_step(trainer) % self.every or not stepped(trainer):
             return
         values = {f"align_{a}_{b}": misalignment(outputs[a], outputs[b]) for a, b in self.pairs
                   if isinstance(outputs.get(a), Tensor) and isinstance(outputs.get(b), Tensor)}
@@ -223,7 +223,7 @@ class RankCollapse(pl.Callback):
         return out
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if measured_step(trainer) % self.every or self._batch is None or not trainer.is_global_zero:
+        if measured_step(trainer) % self.every or self._batch is None or not trainer.is_global_zero or not stepped(trainer):
             return
         log_metrics(trainer, self.measure(pl_module), measured_step(trainer))
 
@@ -273,7 +273,7 @@ class PredictorAlignment(pl.Callback):
                 self.correlation = batch_corr
             else:
                 self.correlation.mul_(self.rho).add_(batch_corr, alpha=1.0 - self.rho)
-        if measured_step(trainer) % self.every:
+        if measured_step(trainer) % self.every or not stepped(trainer):
             return
         corr = own if isinstance(own, Tensor) else self.correlation
         weight = square_weight(predictor)

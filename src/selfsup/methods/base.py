@@ -124,6 +124,14 @@ def momentum_update(online: list[Tensor], target: list[Tensor], m: float) -> Non
     torch._foreach_lerp_(target, online, 1.0 - m)
 
 
+def micro_batch(trainer) -> int:
+    """Which micro-batch of its optimiser step the batch being transferred or trained is: 0 … k − 1 for
+    ``trainer.accumulate_grad_batches`` = k (Lightning steps after every k-th batch of an epoch and after its
+    last). ``trainer.global_step`` counts optimiser steps: the unit of every per-iteration schedule."""
+    k = getattr(trainer, "accumulate_grad_batches", 1)
+    return trainer.fit_loop.epoch_loop.batch_progress.current.completed % k if k > 1 else 0
+
+
 def has_batch_statistics(module: nn.Module) -> bool:
     """Whether ``module`` normalises with batch statistics (BatchNorm / SyncBatchNorm anywhere inside)."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
@@ -181,10 +189,12 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
     backbone, written to ``run_dir/knn.json``; the lines the engine prints."""
     import json
 
-    from selfsup.data.datasets import load_dataset
+    from selfsup.data.datasets import UNLABELLED, load_dataset
     from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_accuracy
 
+    if cfg.data.name in UNLABELLED:
+        return [f"no kNN report: data.name={cfg.data.name} has no labels (selfsup eval knn RUN --data ... on labelled data)"]
     test = load_dataset(cfg.data, "test")
     k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
     out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
@@ -269,8 +279,9 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         return target
 
     def update_momentum_encoder(self) -> None:
-        """EMA step of every momentum target with the current coefficient ``self.momentum``."""
-        if not self._ema_pairs:
+        """EMA step of every momentum target with the current coefficient ``self.momentum``; once per optimiser
+        step (at its first micro-batch when gradients are accumulated)."""
+        if not self._ema_pairs or (self._trainer is not None and micro_batch(self._trainer)):
             return
         if self._ema_params is None:  # gathered once, at the first step (after any strategy wrapping)
             self._ema_params = ([p for o, _ in self._ema_pairs for p in o.parameters()],
@@ -286,7 +297,8 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
     # ----------------------------------------------------------------- schedules
     @property
     def global_batch_size(self) -> int:
-        return self.cfg.data.batch_size
+        """Samples per optimiser step, all processes: data.batch_size × trainer.accumulate_grad_batches (lr scaling)."""
+        return self.cfg.data.batch_size * self.cfg.trainer.accumulate_grad_batches
 
     def use_memory_format(self, memory_format: torch.memory_format) -> None:
         """Convolution weights (online and momentum backbones) and from now on the views in ``memory_format``."""
@@ -329,14 +341,16 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
 
     # ----------------------------------------------------------------- the step
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Augment on the device: per-sample random views from a generator seeded by (seed, step, rank)."""
+        """Augment on the device: per-sample random views from a generator seeded by (seed, step, micro-batch, rank)."""
         if self.trainer is None or not self.trainer.training:
             return batch
         images, labels = batch
         if self._generator is None or self._generator.device != images.device:
             self._generator = torch.Generator(device=images.device)
         rank, size = world()
-        self._generator.manual_seed((self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * size + rank)
+        k = getattr(self.trainer, "accumulate_grad_batches", 1)  # micro-batches per optimiser step
+        step = (self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * k
+        self._generator.manual_seed((step + micro_batch(self.trainer)) * size + rank)
         views = self.augment(images, self._generator)
         if self.memory_format != torch.contiguous_format:
             views = [images_in(v, self.memory_format) for v in views]

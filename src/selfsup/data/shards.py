@@ -1,0 +1,270 @@
+"""WebDataset tar shards (``data.name=webdataset``): streamed, split across processes and workers, cropped at decode time.
+
+A shard is a tar file whose members sharing a key (``0001.jpg``, ``0001.cls``) form one sample (the webdataset
+convention); a sample's image is its first member with an image extension, its label an optional ``.cls``.
+``data.root`` names the shards: a folder of ``.tar`` files, a brace pattern (``/data/train-{000000..000099}.tar``),
+or anything the webdataset library opens (``pipe:curl -s https://...``, ``http(s)://``, ``::``-separated lists).
+
+Each epoch (selfsup's rule, the same in every process):
+
+1. the shard list is permuted by (seed, epoch); process r takes every R-th shard from r, and its stream s of
+   S = max(1, data.num_workers) every S-th of those;
+2. a stream reads its shards in turn (restarting from its first when it runs out) through a shuffle buffer of
+   ``data.shuffle_buffer`` samples seeded by (seed, epoch, rank, stream); its k-th batch is samples k·b … (k+1)·b − 1;
+3. every process yields ⌊N / data.batch_size⌋ batches (N = data.num_samples, or the count of the local shards'
+   tar headers), batch i from stream i mod S, so all processes take the same number of steps;
+4. each view of a sample is a RandomResizedCrop seeded by (seed, epoch, shard, position in the shard), decoded
+   like the image folders (``selfsup.data.decode``).
+
+What this guarantees, and what not:
+
+* each sample is seen at most once per epoch when every stream's shards hold at least the samples of the
+  batches it serves (stream s serves batches s, s + S, ... of the ⌊N / data.batch_size⌋): e.g. equal shards,
+  their number a multiple of processes × streams, and ⌊N / data.batch_size⌋ a multiple of S.
+  A stream whose shards hold fewer starts them again (those samples are seen twice that epoch); one whose
+  shards hold more leaves the rest for later epochs (the shard assignment changes every epoch);
+* a resumed run continues at the right sample and ends bit-identical, given the same shards, processes,
+  ``data.num_workers``, ``data.batch_size`` and shuffle buffer: each stream is read again from the epoch's
+  start up to the consumed batches (read, not decoded), so a resume costs a re-read of that part of the epoch;
+* a corrupt image is replaced in its batch by another sample of the same batch (printed, with a count),
+  so the batch keeps its size and the resume its position;
+* the order is a shard permutation plus a buffer shuffle, not a uniform permutation of the samples.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from selfsup.data.decode import crop_boxes, decode_crops, resize_center_crop
+from selfsup.errors import UserError
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
+LABEL_EXTS = ("cls", "cls.txt", "label")
+SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
+
+
+def _webdataset():
+    try:
+        import webdataset
+    except ImportError:
+        raise UserError("data.name=webdataset needs the webdataset package; pip install 'selfsup[webdataset]'") from None
+    return webdataset
+
+
+def shard_urls(root: str | None) -> list[str]:
+    """The shards ``data.root`` names: a folder's tar files (sorted), else the webdataset library's expansion of a
+    brace pattern or ``::``-separated list of paths and URLs."""
+    if not root:
+        raise UserError("data.name=webdataset needs data.root=<a folder of .tar shards, a brace pattern like "
+                        "/data/train-{000000..000099}.tar, or URLs the webdataset library opens>")
+    base = Path(root)
+    if base.is_dir():
+        urls = sorted(str(f) for f in base.iterdir() if f.name.endswith(SHARD_SUFFIXES))
+        if not urls:
+            raise UserError(f"no .tar shards in {base}; data.name=webdataset reads webdataset tar files")
+        return urls
+    return _webdataset().shardlists.expand_urls(root)
+
+
+def _local_path(url: str) -> Path | None:
+    path = Path(url.removeprefix("file:"))
+    return path if path.is_file() else None
+
+
+def _key_ext(name: str) -> tuple[str | None, str]:
+    """webdataset's split of a member name: the key up to the basename's first dot, the rest lower-cased."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    return ((f"{folder}/{stem}" if folder else stem) if dot else None), ext.lower()
+
+
+def count_samples(urls: list[str]) -> int:
+    """Samples with an image in local shards, from their tar headers (no image is read); a UserError for URLs."""
+    total = 0
+    for url in urls:
+        path = _local_path(url)
+        if path is None:
+            raise UserError(f"shard {url} is not a local file, so its samples cannot be counted; set data.num_samples "
+                            "(all shards together) for streamed shards")
+        try:
+            with tarfile.open(path) as tar:
+                keys = {_key_ext(m.name)[0] for m in tar if m.isreg() and _key_ext(m.name)[1] in IMAGE_EXTS}
+        except (tarfile.TarError, OSError) as e:
+            raise UserError(f"shard {path} is not a readable tar file ({type(e).__name__}); remove or rewrite it") from None
+        total += len(keys - {None})
+    return total
+
+
+class _Named(io.BytesIO):
+    """An image member's bytes, named ``shard:member`` in error messages."""
+
+    def __init__(self, data: bytes, name: str):
+        super().__init__(data)
+        self.label = name
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def _image(sample: dict) -> tuple[str, bytes] | None:
+    return next(((ext, sample[ext]) for ext in IMAGE_EXTS if ext in sample), None)
+
+
+def _label(sample: dict) -> int:
+    for ext in LABEL_EXTS:
+        if ext in sample:
+            try:
+                return int(sample[ext].decode().strip())
+            except ValueError:
+                return -1
+    return -1
+
+
+def _buffer_shuffle(items, size: int, rng: random.Random):
+    """A stream shuffled through a buffer of ``size`` items (webdataset's shuffle, with a seeded generator)."""
+    buffer = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        j = rng.randrange(size)
+        buffer[j], item = item, buffer[j]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+class ShardImages:
+    """The samples of tar shards as a stream: ``stream(seed, epoch, rank, world, streams, s)`` yields
+    ``(sample id, sample dict)`` for stream ``s``; ``head(n)`` the first ``n`` images as evaluation crops."""
+
+    def __init__(self, urls: list[str], num_samples: int, size: int, resize: int | None = None,
+                 shuffle_buffer: int = 1000):
+        self.urls, self.num_samples, self.size, self.resize = list(urls), num_samples, size, resize
+        self.shuffle_buffer = shuffle_buffer
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.num_samples, 3, self.size, self.size)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def read(self, shard: int):
+        """The samples of shard ``shard`` that hold an image, in tar order."""
+        wds = _webdataset()
+        url = self.urls[shard]
+        try:
+            for sample in wds.tariterators.tarfile_samples([{"url": url}]):
+                if _image(sample) is not None:
+                    yield sample
+        except UserError:
+            raise
+        except Exception as e:  # the library's errors for unreadable streams and damaged tar files
+            raise UserError(f"shard {url} could not be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+
+    def shards_of(self, seed: int, epoch: int, rank: int, world: int, streams: int, s: int) -> list[int]:
+        """Stream s of process ``rank``'s shards in ``epoch``: the (seed, epoch) permutation, every world-th from
+        rank, every streams-th of those from s."""
+        order = torch.randperm(len(self.urls), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        return order.tolist()[rank::world][s::streams]
+
+    def stream(self, seed: int, epoch: int, rank: int, world: int, streams: int, s: int):
+        mine = self.shards_of(seed, epoch, rank, world, streams, s)
+        if not mine:
+            raise UserError(f"{len(self.urls)} shard(s) cannot feed {world} process(es) x {streams} stream(s) "
+                            "(data.num_workers); use at least as many shards, or fewer workers")
+
+        def one_pass():
+            for shard in mine:
+                for position, sample in enumerate(self.read(shard)):
+                    yield (shard << 32) | position, sample
+
+        def passes():  # each pass through the stream's shards shuffled on its own: a pass holds each sample once
+            rng = random.Random(f"{seed}/{epoch}/{rank}/{s}")
+            while True:
+                seen = 0
+                for item in (_buffer_shuffle(one_pass(), self.shuffle_buffer, rng) if self.shuffle_buffer > 1
+                             else one_pass()):
+                    seen += 1
+                    yield item
+                if not seen:
+                    raise UserError(f"shards {[self.urls[i] for i in mine][:3]} hold no image samples")
+
+        return passes()
+
+    def head(self, n: int) -> tuple[Tensor, Tensor]:
+        """The first ``n`` decodable images in shard order as evaluation crops, uint8 (n, 3, S, S), and labels."""
+        images, labels = [], []
+        for shard in range(len(self.urls)):
+            for sample in self.read(shard):
+                ext, data = _image(sample)
+                try:
+                    images.append(resize_center_crop(_Named(data, f"{sample['__url__']}:{sample['__key__']}.{ext}"),
+                                                     self.size, self.resize))
+                except UserError:
+                    continue
+                labels.append(_label(sample))
+                if len(images) == n:
+                    return torch.stack(images), torch.tensor(labels)
+        if not images:
+            raise UserError(f"no decodable image in the shards {self.urls[0]} ...")
+        return torch.stack(images), torch.tensor(labels)
+
+
+class ShardCrops:
+    """Training batches of one process: ``self[(epoch, s, k)]`` = batch k of its stream s, uint8 (b, V, 3, S, S) with
+    one RandomResizedCrop per view (``scales``) seeded by (seed, epoch, sample id), and the labels (−1: none).
+    Each worker keeps its open streams and continues them; any other request reopens the stream and skips."""
+
+    def __init__(self, images: ShardImages, scales, seed: int, rank: int, world: int, batch: int, streams: int,
+                 ratio=(3 / 4, 4 / 3)):
+        self.images, self.scales, self.seed, self.ratio = images, [tuple(x) for x in scales], seed, tuple(ratio)
+        self.rank, self.world, self.batch, self.streams = rank, world, batch, streams
+        self._open: dict = {}
+        self.corrupt = 0
+
+    def __getstate__(self) -> dict:  # open streams stay in their process
+        return {**self.__dict__, "_open": {}}
+
+    def _samples(self, epoch: int, s: int, k: int) -> list:
+        it, at = self._open.pop((epoch, s), (None, None))
+        if it is None or at > k:
+            it, at = self.images.stream(self.seed, epoch, self.rank, self.world, self.streams, s), 0
+        for _ in range((k - at) * self.batch):  # read, not decoded
+            next(it)
+        out = [next(it) for _ in range(self.batch)]
+        self._open = {key: v for key, v in self._open.items() if key[0] == epoch}
+        self._open[(epoch, s)] = (it, k + 1)
+        return out
+
+    def _crops(self, sid: int, sample: dict, epoch: int) -> Tensor | None:
+        ext, data = _image(sample)
+        name = f"{sample['__url__']}:{sample['__key__']}.{ext}"
+        try:
+            return decode_crops(_Named(data, name),
+                                lambda h, w: crop_boxes(self.seed, epoch, sid, h, w, self.scales, self.ratio), self.images.size)
+        except UserError:
+            self.corrupt += 1
+            print(f"selfsup: webdataset: corrupt image {name}, replaced by another sample of its batch "
+                  f"({self.corrupt} so far in this process)", file=sys.stderr)
+            return None
+
+    def __getitem__(self, index) -> tuple[Tensor, Tensor]:
+        epoch, s, k = index
+        samples = self._samples(epoch, s, k)
+        views = [self._crops(sid, sample, epoch) for sid, sample in samples]
+        good = [i for i, v in enumerate(views) if v is not None]
+        if not good:
+            raise UserError(f"every image of batch {k} of stream {s} is corrupt (first: {samples[0][1]['__url__']}); "
+                            "check the shards")
+        pick = [i if views[i] is not None else good[n % len(good)] for n, i in enumerate(range(len(views)))]
+        labels = torch.tensor([_label(samples[i][1]) for i in pick])
+        return torch.stack([views[i] for i in pick]), labels

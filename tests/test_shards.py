@@ -1,0 +1,197 @@
+"""data.name=webdataset: tar shards the tests write, split across processes and workers, decode-time crops,
+resume at the right sample, corrupt images replaced and counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfsup.config import DataConfig
+from selfsup.data.datasets import load_dataset
+from selfsup.data.loader import StreamBatchSampler, stream_loader
+from selfsup.data.shards import ShardCrops
+from selfsup.errors import UserError
+from shard_files import write_shards
+
+SCALES = [(0.3, 1.0), (0.5, 1.0)]
+
+
+def shards(root, **kw):
+    return load_dataset(DataConfig(name="webdataset", root=str(root), image_size=8, **kw), "train")
+
+
+def epoch_batches(ds, epoch, rank, world, local, workers, consumed=0, buffer=None):
+    streams = max(1, workers)
+    if buffer is not None:
+        ds.images.shuffle_buffer = buffer
+    crops = ShardCrops(ds.images, SCALES, seed=3, rank=rank, world=world, batch=local, streams=streams)
+    sampler = StreamBatchSampler(len(ds) // (local * world), streams, consumed=lambda: consumed)
+    sampler.set_epoch(epoch)
+    return list(stream_loader(crops, sampler, num_workers=workers))
+
+
+def test_shards_are_counted_and_their_first_images_load(tmp_path):
+    ds = shards(write_shards(tmp_path / "s", [5, 3, 4]))
+    assert len(ds) == 12 and ds.images.shape == (12, 3, 8, 8) and ds.num_classes == 0 and ds.channels == 3
+    head = ds.head(7)
+    assert head.images.shape == (7, 3, 8, 8) and head.images.dtype == torch.uint8
+    assert head.labels.tolist() == list(range(7))  # shard order, tar order
+    assert len(shards(tmp_path / "s", num_samples=10)) == 10  # the epoch length given, nothing counted
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_processes_see_each_sample_once_per_epoch(tmp_path, workers):
+    """8 equal shards of 6, global batch 8 over 2 processes (4 each): 6 batches per process and epoch; the two
+    processes' batches together hold every sample exactly once, and the next epoch deals them otherwise."""
+    ds = shards(write_shards(tmp_path / "s", [6] * 8))
+    seen = {}
+    for epoch in (0, 1):
+        ranks = [epoch_batches(ds, epoch, rank, 2, 4, workers) for rank in (0, 1)]
+        assert [len(r) for r in ranks] == [6, 6]
+        for views, labels in ranks[0] + ranks[1]:
+            assert views.shape == (4, 2, 3, 8, 8) and views.dtype == torch.uint8
+        ids = [sorted(torch.cat([b[1] for b in r]).tolist()) for r in ranks]
+        assert sorted(ids[0] + ids[1]) == list(range(48))
+        seen[epoch] = ids
+    assert seen[0] != seen[1]  # another shard assignment each epoch
+    # the same epoch again: the same batches, bit for bit (crops seeded by seed, epoch and sample)
+    again = epoch_batches(ds, 1, 0, 2, 4, workers)
+    first = epoch_batches(ds, 1, 0, 2, 4, workers)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(again, first))
+
+
+def test_a_resumed_epoch_continues_at_the_right_sample(tmp_path):
+    ds = shards(write_shards(tmp_path / "s", [7, 5, 9, 3]), shuffle_buffer=4)
+    full = epoch_batches(ds, 2, 0, 1, 3, 2)
+    assert len(full) == 8
+    for consumed in (1, 3, 6):
+        rest = epoch_batches(ds, 2, 0, 1, 3, 2, consumed=consumed)
+        assert len(rest) == len(full) - consumed
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, full[consumed:]))
+
+
+def test_uneven_shards_keep_every_process_at_the_same_step_count(tmp_path):
+    """3 + 9 samples over 2 processes x 1 stream: each yields 12 // 4 = 3 batches of 2; rank with the 3-sample
+    shard wraps around it (documented: those samples are seen twice), the other leaves 3 for later epochs."""
+    ds = shards(write_shards(tmp_path / "s", [3, 9]), shuffle_buffer=0)
+    ranks = [epoch_batches(ds, 0, rank, 2, 2, 0) for rank in (0, 1)]
+    assert [len(r) for r in ranks] == [3, 3]
+    counts = sorted(len(set(torch.cat([b[1] for b in r]).tolist())) for r in ranks)
+    assert counts == [3, 6]  # the small shard's 3 samples (twice), 6 of the 9
+
+
+def test_corrupt_image_is_replaced_in_its_batch_and_counted(tmp_path, capsys):
+    ds = shards(write_shards(tmp_path / "s", [4, 4], corrupt={5}), shuffle_buffer=0)
+    batches = epoch_batches(ds, 0, 0, 1, 4, 0)
+    labels = sorted(torch.cat([b[1] for b in batches]).tolist())
+    assert len(labels) == 8 and 5 not in labels and len(set(labels)) == 7
+    err = capsys.readouterr().err
+    assert "corrupt image" in err and "00005.png" in err and "1 so far" in err
+
+
+def test_streamed_urls_need_a_sample_count_and_shards_name_their_mistakes(tmp_path):
+    folder = write_shards(tmp_path / "s", [4, 4])
+    url = f"pipe:cat {folder}/shard-{{000000..000001}}.tar"  # any URL the webdataset library opens
+    with pytest.raises(UserError, match="set data.num_samples"):
+        shards(url)
+    ds = shards(url, num_samples=8)
+    labels = sorted(torch.cat([b[1] for b in epoch_batches(ds, 0, 0, 1, 2, 0, buffer=0)]).tolist())
+    assert labels == list(range(8))
+    with pytest.raises(UserError, match="needs data.root"):
+        load_dataset(DataConfig(name="webdataset"), "train")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no .tar shards in"):
+        shards(tmp_path / "empty")
+    with pytest.raises(UserError, match="data.name=webdataset has no labels and evaluation needs them"):
+        load_dataset(DataConfig(name="webdataset", root=str(folder)), "test")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.tar").write_bytes(b"not a tar file" * 100)
+    with pytest.raises(UserError, match="is not a readable tar file"):
+        shards(tmp_path / "bad")
+
+
+def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
+    """PretrainData of two processes (the trainer each would have): every sample once per epoch across them."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    import selfsup.engine as engine
+    from selfsup.config import load_run_config
+    from selfsup.data.views import AugmentConfig
+
+    write_shards(tmp_path / "s", [6] * 4)  # 6 batches of 2 per process: 3 per stream, one shard of 6 each
+    cfg = load_run_config("byol-digits", ["data.name=webdataset", f"data.root={tmp_path / 's'}", "data.image_size=8",
+                                          "data.batch_size=4", "data.num_workers=2", "instruments.rank_samples=3"])
+    train = load_dataset(cfg.data, "train")
+    labels = []
+    for rank in (0, 1):
+        data = engine.PretrainData(cfg, train)
+        assert len(data.dataset) == 3 and data.dataset.images.shape == (3, 3, 8, 8)  # the instruments' fixed batch
+        progress = SimpleNamespace(current=SimpleNamespace(ready=0))
+        data.trainer = SimpleNamespace(
+            world_size=2, global_rank=rank, accelerator=CPUAccelerator(),
+            lightning_module=SimpleNamespace(augment=SimpleNamespace(branches=[AugmentConfig(), AugmentConfig()])),
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)), num_training_batches=6)
+        batches = list(data.train_dataloader())
+        assert len(batches) == 24 // 4 and all(b[0].shape == (2, 2, 3, 8, 8) for b in batches)
+        labels += torch.cat([b[1] for b in batches]).tolist()
+    assert sorted(labels) == list(range(24))
+    cfg.data.num_workers = 3  # 2 processes x 3 streams > 4 shards
+    data = engine.PretrainData(cfg, train)
+    data.trainer = SimpleNamespace(world_size=2, global_rank=0, lightning_module=SimpleNamespace(
+        augment=SimpleNamespace(branches=[AugmentConfig()])))
+    with pytest.raises(UserError, match="4 shard\\(s\\) cannot feed 2 process\\(es\\) x 3 decoding stream"):
+        data.train_dataloader()
+
+
+DDP_SCRIPT = '''
+import json, os, sys
+import lightning.pytorch as pl
+import selfsup.engine as engine
+from selfsup.config import load_run_config
+
+class Seen(pl.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        with open(os.path.join(sys.argv[2], f"seen-{trainer.global_rank}.jsonl"), "a") as f:
+            f.write(json.dumps([trainer.current_epoch, batch[1].tolist()]) + "\\n")
+
+make = engine.make_trainer
+def patched(cfg, run_dir):
+    trainer = make(cfg, run_dir)
+    trainer.callbacks.append(Seen())
+    return trainer
+engine.make_trainer = patched
+engine.pretrain(load_run_config("byol-digits", sys.argv[3:] + [f"data.root={sys.argv[1]}", f"output_dir={sys.argv[2]}", "name=ddp"]))
+'''
+
+
+def test_two_ddp_processes_train_on_each_sample_once_per_epoch(tmp_path):
+    """A real two-process CPU DDP run (gloo; Lightning re-runs the script for rank 1) on 4 shards of 6: per epoch,
+    the labels the two processes trained on are every sample exactly once, dealt differently each epoch."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ssl_helpers import TINY
+
+    write_shards(tmp_path / "s", [6] * 4)
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    overrides = [o for o in TINY if not o.startswith(("trainer.devices", "trainer.limit_train_batches", "data.batch",
+                                                      "trainer.max_epochs"))]
+    run = subprocess.run(
+        [sys.executable, str(tmp_path / "ddp.py"), str(tmp_path / "s"), str(tmp_path), *overrides, "trainer.devices=2",
+         "trainer.strategy=ddp", "trainer.max_epochs=2", "data.name=webdataset", "data.image_size=8",
+         "data.batch_size=8", "instruments.rank_samples=4"],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = {0: [], 1: []}
+    for rank in (0, 1):
+        for line in (tmp_path / f"seen-{rank}.jsonl").read_text().splitlines():
+            epoch, labels = json.loads(line)
+            seen[epoch].append(labels)
+    for epoch in (0, 1):
+        assert len(seen[epoch]) == 2 * 3 and all(len(b) == 4 for b in seen[epoch])  # 3 steps x 2 processes x 4
+        assert sorted(sum(seen[epoch], [])) == list(range(24))
+    assert sorted(map(sorted, seen[0])) != sorted(map(sorted, seen[1]))
