@@ -42,7 +42,9 @@ def trained_like(backbone: torch.nn.Module, seed: int) -> torch.nn.Module:
                 continue
             if name.endswith("running_var"):
                 t.copy_(torch.rand(t.shape, generator=g) + 0.5)
-            else:
+            elif t.ndim >= 2 and not name.endswith("cls_token"):  # weights: ±10% each, so activations keep their scale
+                t.mul_(1 + 0.1 * torch.randn(t.shape, generator=g))
+            else:  # biases, norm / BN scales (zero-init ones too), LayerScale γ, class token, running means
                 t.add_(0.1 * torch.randn(t.shape, generator=g))
     return backbone.eval()
 
