@@ -85,6 +85,10 @@ def test_exported_backbone_loads_into_timm_without_selfsup(e2e):
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()["selfsup"])
     assert meta["backbone"] == "vit_micro" and meta["image_size"] == 8 and meta["in_chans"] == 1
+    assert meta["timm"]["kwargs"] | {"drop_path_rate": 0.0} == dict(  # the pretrain run's file carries its recipe
+        img_size=8, patch_size=2, in_chans=1, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0, qkv_bias=True,
+        num_classes=0, global_pool="token", fc_norm=False, class_token=True, no_embed_class=False, pre_norm=False,
+        init_values=None, drop_path_rate=0.0)
     ref = tv.VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=128, depth=4, num_heads=4,
                                mlp_ratio=4.0, qkv_bias=True, num_classes=0, global_pool="token", fc_norm=False,
                                norm_layer=partial(nn.LayerNorm, eps=1e-6)).eval()

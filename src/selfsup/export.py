@@ -1,8 +1,14 @@
 """The exported backbone: one safetensors file whose keys are the plain model's (timm/torchvision).
 
-Its metadata holds ``selfsup`` = JSON of how to rebuild it (backbone name, build_backbone kwargs,
-image size, channels, normalisation). Without selfsup: build the same timm VisionTransformer or
-torchvision ResNet and ``load_state_dict(safetensors.torch.load_file(path))``.
+Its metadata holds ``selfsup`` = JSON of how to rebuild it: the backbone name and ``build_backbone``
+kwargs, image size, channels, normalisation, ``architecture`` (every constructor argument of the module
+and its fixed parts: class token, position embedding, norm layers, stem) and, where one exists, the
+plain library's recipe: ``timm`` (ViTs and ``timm:<name>``: ``{"model", "kwargs"}`` for
+``timm.create_model``) or ``torchvision`` (ResNets: model function, kwargs, stem). The README's
+``rebuild`` function builds the model from that recipe alone, without selfsup, and loads the file with
+``strict=True``. ``load_timm`` is selfsup's own loader through a timm name: it refuses a name whose
+architecture differs from the file's (e.g. timm's 6-head ``vit_small_*`` for selfsup's 12-head ``vit_small``,
+which would load without error and compute other features).
 """
 
 from __future__ import annotations
@@ -19,12 +25,175 @@ FORMAT = "selfsup-backbone/1"
 
 
 def export_backbone(backbone: nn.Module, path: Path, meta: dict) -> Path:
-    """Write ``backbone``'s state dict and ``meta`` (JSON in the safetensors metadata) to ``path``."""
+    """Write ``backbone``'s state dict and ``meta`` (JSON in the safetensors metadata) to ``path``, with the
+    module's ``architecture`` and its timm / torchvision recipe (``describe``) in place of any stale ones."""
     from safetensors.torch import save_file
 
     state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
-    save_file(state, str(path), metadata={"selfsup": json.dumps({"format": FORMAT, **meta})})
+    meta = {k: v for k, v in meta.items() if k not in ("format", "architecture", "timm", "torchvision")}
+    meta = {"format": FORMAT, **meta, **describe(backbone)}
+    save_file(state, str(path), metadata={"selfsup": json.dumps(meta)})
     return path
+
+
+# --------------------------------------------------------------------------- architecture and plain recipes
+
+# timm registers ViTs by (width, depth) size and patch; the recipe's kwargs state every argument, so the name
+# only picks timm's VisionTransformer class and a familiar label (selfsup's vit_small has 12 heads, timm's 6).
+TIMM_VIT_SIZES = {(192, 12): "tiny", (384, 12): "small", (768, 12): "base", (1024, 24): "large"}
+TIMM_VIT_PATCHES = {"tiny": (16,), "small": (8, 16, 32), "base": (8, 16, 32), "large": (16, 32)}
+
+
+def architecture(backbone: nn.Module) -> dict:
+    """Every constructor argument of ``backbone`` and the fixed parts a plain rebuild must match."""
+    from torchvision.models import ResNet
+
+    from selfsup.models.vit import VisionTransformer
+
+    cls = type(backbone)
+    if isinstance(backbone, VisionTransformer):
+        k = backbone.kwargs
+        return {"family": "vit", "class": f"{cls.__module__}.{cls.__qualname__}", "kwargs": dict(k),
+                "class_token": True, "pos_embed": "sincos_2d", "pos_embed_trainable": False,
+                "num_prefix_tokens": 1, "mlp_hidden": int(k["embed_dim"] * k["mlp_ratio"]), "act_layer": "GELU",
+                "norm_layer": "LayerNorm", "norm_eps": backbone.norm.eps, "pre_norm": False,
+                "final_norm": "norm", "num_features": backbone.num_features}
+    if isinstance(backbone, ResNet):
+        c = backbone.conv1
+        return {"family": "resnet", "class": "torchvision.models.ResNet", "kwargs": dict(backbone.kwargs),
+                "block": type(backbone.layer1[0]).__name__,
+                "layers": [len(getattr(backbone, f"layer{i}")) for i in range(1, 5)],
+                "groups": backbone.groups, "width_per_group": backbone.base_width,
+                "conv1": {"in_channels": c.in_channels, "out_channels": c.out_channels,
+                          "kernel_size": c.kernel_size[0], "stride": c.stride[0], "padding": c.padding[0],
+                          "bias": c.bias is not None},
+                "maxpool": not isinstance(backbone.maxpool, nn.Identity), "num_features": backbone.num_features}
+    if hasattr(backbone, "timm_recipe"):
+        return {"family": "timm", "class": f"{cls.__module__}.{cls.__qualname__}", **backbone.timm_recipe,
+                "num_features": backbone.num_features}
+    if hasattr(backbone, "kwargs"):  # e.g. a flow run's FlowEncoder
+        return {"family": "selfsup", "class": f"{cls.__module__}.{cls.__qualname__}", "kwargs": backbone.kwargs,
+                "num_features": backbone.num_features}
+    return {"family": "unknown", "class": f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def timm_recipe(arch: dict) -> dict | None:
+    """``{"model", "kwargs"}`` with which ``timm.create_model(model, pretrained=False, **kwargs)`` builds this
+    architecture exactly (None: no timm equivalent). A ViT's fixed sin-cos table loads into timm's learned
+    ``pos_embed`` (the same values; timm would train it if fine-tuned); ``pool=avg`` is timm's
+    ``global_pool='avg'`` over the final-norm tokens, hence ``fc_norm=False``."""
+    if arch["family"] == "timm":
+        return {"model": arch["model"], "kwargs": dict(arch["kwargs"])}
+    if arch["family"] != "vit":
+        return None
+    k = arch["kwargs"]
+    D, L, p = k["embed_dim"], k["depth"], k["patch_size"]
+    size = TIMM_VIT_SIZES.get((D, L)) or min(TIMM_VIT_SIZES.items(), key=lambda kv: abs(kv[0][0] - D))[1]
+    patch = p if p in TIMM_VIT_PATCHES[size] else 16
+    kwargs = dict(img_size=k["image_size"], patch_size=p, in_chans=k["in_chans"], embed_dim=D, depth=L,
+                  num_heads=k["num_heads"], mlp_ratio=k["mlp_ratio"], qkv_bias=k["qkv_bias"], num_classes=0,
+                  global_pool="token" if k["pool"] == "cls" else "avg", fc_norm=False, class_token=True,
+                  no_embed_class=False, pre_norm=False, init_values=k["layer_scale"] or None,
+                  drop_path_rate=k["drop_path_rate"])
+    return {"model": f"vit_{size}_patch{patch}_224", "kwargs": kwargs}
+
+
+def torchvision_recipe(arch: dict) -> dict | None:
+    """``{"model", "kwargs", "conv1", "maxpool"}``: ``torchvision.models.<model>(**kwargs)`` with ``conv1`` replaced
+    by ``nn.Conv2d(**conv1)``, the max-pool by ``nn.Identity()`` unless ``maxpool``, and ``fc`` by ``nn.Identity()``
+    (None: not a torchvision ResNet)."""
+    if arch["family"] != "resnet":
+        return None
+    k = arch["kwargs"]
+    return {"model": k["name"], "kwargs": {"weights": None, "zero_init_residual": k["zero_init_residual"]},
+            "conv1": dict(arch["conv1"]), "maxpool": arch["maxpool"], "fc": "Identity"}
+
+
+def describe(backbone: nn.Module) -> dict:
+    """The metadata entries ``architecture`` and, where one exists, ``timm`` or ``torchvision``."""
+    arch = architecture(backbone)
+    out = {"architecture": arch}
+    if (t := timm_recipe(arch)) is not None:
+        out["timm"] = t
+    if (tv := torchvision_recipe(arch)) is not None:
+        out["torchvision"] = tv
+    return out
+
+
+def timm_vit_architecture(model: nn.Module) -> dict:
+    """A timm VisionTransformer's architecture, in the terms of ``vit_mismatch``."""
+    block = model.blocks[0]
+    pe = model.patch_embed
+    norm = model.norm if not isinstance(model.norm, nn.Identity) else model.fc_norm
+    pool = {"token": "cls", "avg": "avg"}.get(model.global_pool, model.global_pool)
+    return {"image_size": tuple(pe.img_size), "patch_size": tuple(pe.patch_size), "in_chans": pe.proj.in_channels,
+            "embed_dim": model.embed_dim, "depth": len(model.blocks), "num_heads": block.attn.num_heads,
+            "mlp_hidden": block.mlp.fc1.out_features, "qkv_bias": block.attn.qkv.bias is not None,
+            "pool": pool, "fc_norm": not isinstance(model.fc_norm, nn.Identity),
+            "class_token": model.cls_token is not None, "num_prefix_tokens": model.num_prefix_tokens,
+            "layer_scale": not isinstance(block.ls1, nn.Identity),
+            "qk_norm": not isinstance(getattr(block.attn, "q_norm", nn.Identity()), nn.Identity),
+            "pre_norm": not isinstance(model.norm_pre, nn.Identity),
+            "norm_eps": getattr(norm, "eps", None), "num_classes": model.num_classes}
+
+
+def vit_mismatch(arch: dict, model: nn.Module) -> list[str]:
+    """Where timm's ``model`` differs from the file's ViT ``arch`` ("num_heads 6 (file: 12)", ...)."""
+    k = arch["kwargs"]
+    want = {"image_size": (k["image_size"],) * 2, "patch_size": (k["patch_size"],) * 2, "in_chans": k["in_chans"],
+            "embed_dim": k["embed_dim"], "depth": k["depth"], "num_heads": k["num_heads"],
+            "mlp_hidden": arch["mlp_hidden"], "qkv_bias": k["qkv_bias"], "pool": k["pool"], "fc_norm": False,
+            "class_token": arch["class_token"], "num_prefix_tokens": arch["num_prefix_tokens"],
+            "layer_scale": k["layer_scale"] > 0, "qk_norm": False, "pre_norm": arch["pre_norm"],
+            "norm_eps": arch["norm_eps"], "num_classes": 0}
+    got = timm_vit_architecture(model)
+    return [f"{key} {got[key]} (file: {value})" for key, value in want.items() if got[key] != value]
+
+
+def load_timm(path: Path, name: str | None = None, **kwargs) -> nn.Module:
+    """The file's backbone as a timm model, in eval mode: built by its own recipe, or by ``timm.create_model(name,
+    pretrained=False, num_classes=0, **kwargs)``, refused (one line) where that name's architecture is not the file's."""
+    import timm
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    meta = read_meta(path)
+    recipe = meta.get("timm")
+    if recipe is None:
+        arch = meta.get("architecture") or architecture(rebuild_backbone(meta))
+        recipe = timm_recipe(arch)
+    else:
+        arch = meta["architecture"]
+    if recipe is None:
+        other = " (its torchvision recipe is in the metadata)" if arch["family"] == "resnet" else ""
+        raise UserError(f"{path} holds a {meta['backbone']}, which has no timm equivalent{other}; "
+                        "load it with selfsup.export.load_exported")
+    if name is None:
+        name, kwargs = recipe["model"], recipe["kwargs"]
+    else:
+        kwargs = {"num_classes": 0, **kwargs}
+    if not timm.is_model(name):
+        raise UserError(f"{name!r} is not a timm model; the file's own is {recipe['model']!r} with its kwargs "
+                        "(selfsup.export.load_timm(path) without a name)")
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    fix = "call selfsup.export.load_timm(path) without a name, or timm.create_model(meta['timm']['model'], **meta['timm']['kwargs'])"
+    if arch["family"] == "vit":
+        if not hasattr(model, "blocks") or not hasattr(model, "patch_embed"):
+            raise UserError(f"{path}: timm's {name} is not a VisionTransformer, the file holds a {meta['backbone']}; {fix}")
+        differ = vit_mismatch(arch, model)
+        if differ:
+            raise UserError(f"{path}: timm's {name} is not the file's {meta['backbone']}: {', '.join(differ)}; {fix}")
+    try:
+        model.load_state_dict(load_file(str(path)), strict=True)
+    except RuntimeError as e:
+        raise UserError(f"{path}: weights do not fit timm's {name} ({_first_problem(e)}); {fix}") from None
+    return model.eval()
+
+
+def _first_problem(e: RuntimeError) -> str:
+    """The first concrete line of a ``load_state_dict`` error (missing / unexpected keys or a shape)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[1] if len(lines) > 1 else lines[0])[:200]
 
 
 def read_meta(path: Path) -> dict:

@@ -9,7 +9,7 @@
 
 Every linear kind tracks F of its detached inputs (both views), so instruments can compare W_p with F.
 Official code: facebookresearch/luckmatters ``ssl/real-dataset/byol_trainer.py`` (``Accumulator``,
-``compute_w_corr`` with ``balance_type=boost_scale``, ``predictor_reg=corr | directcopy``):
+``compute_w_corr`` with ``balance_type=boost_scale``, ``predictor_reg=corr``):
 
   F_batch = mean over the 2B inputs f of f fᵀ;   F ← ρ·F + (1 − ρ)·F_batch   (the first step sets F = F_batch)
   zero_mean:  F − μ μᵀ, μ the running mean of f (same ρ)
@@ -18,10 +18,13 @@ Official code: facebookresearch/luckmatters ``ssl/real-dataset/byol_trainer.py``
                  p = max(√λ + ε, 1e-4)          (ε outside the root, the default)
                  p = √max(λ + ε, 1e-4)          (``eps_inside``, as the code clamps before the root)
                  W_p = Q diag(p) Qᵀ
-    directcopy:  W_p = F̂ + ε·I. ``copy_norm: none`` (default) is the public code (``predictor_reg=directcopy``:
-                 ``w = M + dyn_eps·I`` on the raw running F; there F is only collected with ``corr_collect=true``);
-                 ``fro``: F/‖F‖_F and ``spectral``: F/λ_max(F) are scale-free options for the normalised F̂ the
-                 DirectCopy paper writes, whose norm we could not confirm from public code
+    directcopy:  W_p = F̂ + ε·I, the DirectCopy paper's formula, which selfsup implements. The public trainer
+                 has a ``predictor_reg=directcopy`` branch that would compute it (``w = M + dyn_eps·I`` on the raw
+                 running F; byol_trainer.py:421-432 at commit 625b5f7) but refuses that value before reaching it, at every commit
+                 that has it: the assert at byol_trainer.py:363 (one linear layer; :503 for two) lists no
+                 ``directcopy``. ``copy_norm: none`` (default) is F̂ = F as that branch; ``fro``: F/‖F‖_F and
+                 ``spectral``: F/λ_max(F) are scale-free options for the normalised F̂ the paper writes, whose
+                 norm no public code states
 
 F is averaged over all processes before each update, and the eigendecomposition runs in float64 on the
 training device, so every replica sets the same W_p. With ``freq = 1`` W_p receives no gradient; with
@@ -57,7 +60,7 @@ class DirectPredConfig:
     eps: float = 0.01  # ε (dyn_eps)
     eps_inside: bool = False  # p = √(λ + ε) instead of √λ + ε (dyn_eps_inside)
     zero_mean: bool = False  # use F − μμᵀ (dyn_zero_mean)
-    copy_norm: str = "none"  # DirectCopy's F̂: none (public code) | fro | spectral
+    copy_norm: str = "none"  # DirectCopy's F̂: none (F, as the public code's unreachable branch) | fro | spectral
 
     def validate(self) -> None:
         if self.freq < 1:

@@ -27,13 +27,16 @@ def _timm_backbone(model_name: str, in_chans: int, image_size: int, drop_path_ra
 
     if not timm.is_model(model_name):
         raise _unknown(model_name, timm.list_models(), "timm model")
-    kwargs = dict(pretrained=False, num_classes=0, in_chans=in_chans)
+    kwargs = dict(num_classes=0, in_chans=in_chans)
     if drop_path_rate > 0:
         kwargs["drop_path_rate"] = drop_path_rate
     try:  # ViT-like models take img_size; CNNs reject it
-        return timm.create_model(model_name, img_size=image_size, **kwargs)
+        model = timm.create_model(model_name, pretrained=False, img_size=image_size, **kwargs)
+        kwargs["img_size"] = image_size
     except TypeError:
-        return timm.create_model(model_name, **kwargs)
+        model = timm.create_model(model_name, pretrained=False, **kwargs)
+    model.timm_recipe = {"model": model_name, "kwargs": kwargs}  # how timm rebuilds it (the export's metadata)
+    return model
 
 
 def _vit(name: str, *, in_chans: int, image_size: int, patch_size: int = 16, drop_path_rate: float = 0.0,

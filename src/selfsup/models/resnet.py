@@ -26,5 +26,6 @@ def resnet(name: str, in_chans: int = 3, small_stem: bool = False, zero_init_res
     if small_stem or in_chans != 3:  # torchvision's init for the replaced conv
         nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     model.num_features = model.fc.in_features
+    model.kwargs = dict(name=name, in_chans=in_chans, small_stem=small_stem, zero_init_residual=zero_init_residual)
     model.fc = nn.Identity()
     return model
