@@ -229,6 +229,14 @@ class FlowMethod(TrainingBase):
         self.ema_decay = c.ema_decay * min(1.0, step / c.ema_warmup_steps) if c.ema_warmup_steps else c.ema_decay
         self.update_momentum_encoder(self.ema_decay)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["ema_decay"] = self.ema_decay  # the last update's decay (logged with the next step)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.ema_decay = checkpoint.get("ema_decay", self.ema_decay)
+
     # ------------------------------------------------------------------ optimiser
     def trainable(self) -> dict[str, nn.Module]:
         return {"student": self.student}
