@@ -1,7 +1,7 @@
 """A run SIGKILLed mid-epoch under step checkpoints and resumed ends bit-identical to one never interrupted.
 
-The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) twice, by the process itself at a
-chosen place of a chosen step, and resumed from its last step checkpoint each time. One method of each
+The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the process itself at a chosen
+place of a chosen step (the flow run twice), and resumed from its last step checkpoint each time. One method of each
 family, and BYOL with DirectPred's predictor (its running F and W_p change after the optimiser step):
 the exported backbone, the last checkpoint's weights and every logged ``train/*`` value must be equal
 bit for bit to those of the run that was never stopped.
@@ -31,14 +31,13 @@ STEPS = ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "trainer.check
          "optim.warmup_epochs=1"]
 FLOW = ["data.batch_size=32", "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
         "trainer.accelerator=cpu", "trainer.devices=1", "method.ema_warmup_steps=4"]
-CASES = {
-    "moco_v3": ("moco-v3-vit-digits", TINY + STEPS),
-    "byol_directpred": ("byol-digits", TINY + STEPS + ["method.predictor=directpred"]),
-    "self_flow": ("self-flow-digits", FLOW + STEPS),
-}
-# (global step, where): "start" before the step runs; "end" after its optimiser step and post-step
+# kills (global step, where): "start" before the step runs; "end" after its optimiser step and post-step
 # updates, before its checkpoint is written (a callback ahead of Lightning's checkpoint callback)
-KILLS = [(2, "start"), (4, "end")]
+CASES = {
+    "moco_v3": ("moco-v3-vit-digits", TINY + STEPS, [(4, "end")]),
+    "byol_directpred": ("byol-digits", TINY + STEPS + ["method.predictor=directpred"], [(4, "end")]),
+    "self_flow": ("self-flow-digits", FLOW + STEPS, [(2, "start"), (4, "end")]),
+}
 
 CHILD = """
 import json, os, signal, sys
@@ -102,10 +101,10 @@ def assert_bit_identical(a: Path, b: Path) -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_sigkilled_run_resumes_bit_identical(case, tmp_path):
-    preset, overrides = CASES[case]
+    preset, overrides, kills = CASES[case]
     straight = engine.pretrain(load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=A"]))
     run_b = tmp_path / "B"
-    (step, where), *later = KILLS
+    (step, where), *later = kills
     killed(preset, overrides + [f"output_dir={tmp_path}", "name=B"], None, step, where)
     for step, where in later:
         killed(preset, overrides, run_b, step, where)
