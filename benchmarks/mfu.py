@@ -155,6 +155,9 @@ class FlowStep:
 
         torch.manual_seed(cfg.trainer.seed)
         self.model = build_method(cfg, info).to(device).train()
+        if cfg.trainer.compile:
+            from selfsup.methods.base import compile_step_modules
+            compile_step_modules(self.model, cfg.trainer.compile_backend)
         self.opt = self.model.configure_optimizers()
         lr = scaled_lr(cfg.optim.base_lr, cfg.data.batch_size, cfg.optim.lr_scaling)
         for group in self.opt.param_groups:
@@ -480,7 +483,7 @@ def run_flow_case(method: str, dataset: str, device, args, peaks: list[float]) -
 
     cfg = load_run_config(preset_name(method, dataset, args), ["trainer.seed=0", f"data.batch_size={args.batch_size}"])
     if args.compile:
-        cfg.method.compile = True  # the flow methods' own switch: torch.compile of the student's forward
+        cfg.trainer.compile = True  # as for every family: torch.compile of the step's modules in place
     train = load_dataset(cfg.data, "train")
     step = FlowStep(cfg, data_info(cfg, train), device, autocast_for(device, args))
     raw = [[t.to(device) for t in train[i * args.batch_size:(i + 1) * args.batch_size]] for i in range(args.batches)]

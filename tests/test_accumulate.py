@@ -23,7 +23,9 @@ class LayerNormBYOL(SSLMethod):
 
     Config = BYOL.Config
     recipe = "byol"
+    uses_momentum = True
     forward_views = BYOL.forward_views
+    trainable = BYOL.trainable
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)

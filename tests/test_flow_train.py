@@ -56,7 +56,7 @@ def test_teacher_sees_min_t_s_and_the_same_noise():
     model, train = make()
     x0, y = batch(model, train)
     seen = {}
-    student, teacher_tokens = model._forward[0], model.ema.block_tokens
+    student, teacher_tokens = model.student.forward, model.ema.block_tokens
 
     def student_spy(x, t, y, **kw):
         seen["student"] = (x, t.gather(1, kw["token_index"]))  # (t, s) per sample -> each token's level
@@ -68,7 +68,7 @@ def test_teacher_sees_min_t_s_and_the_same_noise():
         seen["y"].append(y)
         return teacher_tokens(x, t, y, block)
 
-    model._forward[0] = student_spy
+    model.student.forward = student_spy
     model.ema.block_tokens = teacher_spy
     y = model.class_labels(torch.cat([y[:4], torch.full((4,), -1)]))  # unlabelled samples get the null class
     assert torch.equal(y[4:], torch.full((4,), 10))

@@ -69,6 +69,6 @@ def cut_init(model: nn.Module, c: float, scope: str = "all") -> None:
         raise ValueError(f"unknown cut_init scope {scope!r}; use all or projector_last")
     for p in params:
         p.div_(c)
-    for online, target in getattr(model, "_ema_pairs", []):
+    for online, target in getattr(model, "momentum_pairs", []):
         for po, pt in zip(online.parameters(), target.parameters()):
             pt.copy_(po)

@@ -50,7 +50,7 @@ class LARS(torch.optim.Optimizer):
 
 @dataclass
 class OptimConfig:
-    """Optimiser and schedule. ``lr = base_lr · global_batch / 256`` (or its square root), warmup then cosine, per iteration."""
+    """Optimiser and schedule. ``lr = base_lr · global_batch / 256`` (or its square root), warmup then cosine, per iteration or per epoch."""
 
     name: str = "adamw"  # adamw | lars | sgd
     base_lr: float = 1.5e-4
@@ -65,6 +65,7 @@ class OptimConfig:
     predictor_lr_mult: float = 1.0  # predictor lr = mult × scheduled lr (DirectPred studies 1–10×)
     predictor_weight_decay: float | None = None  # None: same as weight_decay
     fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
+    lr_schedule_unit: str = "iteration"  # iteration | epoch: the lr changes at each epoch's start only (SimSiam's code)
     fused: bool = True  # AdamW: torch's fused kernel (the same update in fewer kernels; benchmarks/README.md)
 
     def validate(self) -> None:
@@ -75,6 +76,8 @@ class OptimConfig:
                 raise UserError(f"optim.{key}={getattr(self, key)} must be >= 0")
         if self.lr_scaling not in ("linear", "sqrt"):
             raise UserError(f"optim.lr_scaling={self.lr_scaling!r} is not known; use linear or sqrt")
+        if self.lr_schedule_unit not in ("iteration", "epoch"):
+            raise UserError(f"optim.lr_schedule_unit={self.lr_schedule_unit!r} is not known; use iteration or epoch")
         if not 0 <= self.momentum < 1:
             raise UserError(f"optim.momentum={self.momentum} must be in [0, 1)")
 

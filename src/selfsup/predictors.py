@@ -86,6 +86,12 @@ def build_predictor(method_cfg, dim: int, mlp: Callable[[], nn.Module]) -> nn.Mo
     return TrackedLinearPredictor(dim, method_cfg.predictor, method_cfg.directpred)
 
 
+def after_step_hooks(predictor: nn.Module) -> list[Callable[[], None]]:
+    """What ``predictor`` does after each optimiser step, for a method's ``post_step_hooks``: a tracked
+    linear predictor's update (running F, W_p), nothing for an MLP."""
+    return [predictor.after_optimizer_step] if isinstance(predictor, TrackedLinearPredictor) else []
+
+
 @torch.no_grad()
 def directpred_weight(corr: Tensor, eps: float, eps_inside: bool = False) -> Tensor:
     """DirectPred's W_p = Q diag(p) Qᵀ from F = Q diag(s) Qᵀ (float64 eigh; a zero or rank-deficient F is fine)."""

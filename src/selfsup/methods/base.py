@@ -1,15 +1,25 @@
-"""The shared plumbing of every method: backbone, batched views, schedules, EMA, optimiser, logging.
+"""The one training base of every method family, and the joint-embedding family's base.
 
-A method subclasses ``SSLMethod``, builds its heads in ``__init__`` and writes ``forward_views``:
-views in, a dict of named tensors out (``loss`` plus detached embeddings/projections/predictions
-that instruments and online evaluators read).
+:class:`TrainingBase` holds, once, what every family's LightningModule needs: the per-step seeded
+generator, the lr schedule (warmup + cosine, ``fixed_lr`` groups, per iteration or per epoch), the step
+counts, EMA targets and their update, ``trainer.compile``, the optimiser (with the fused-AdamW rule),
+logging steps only, the non-finite loss watch, and the checkpoint hooks. A family states what the base
+needs as declarations: ``trainable()`` (the modules the optimiser trains), ``uses_momentum`` (a momentum
+target scheduled by ``method.momentum``), ``post_step_hooks`` (what acts after each optimiser step).
+
+A joint-embedding method subclasses :class:`SSLMethod`, builds its heads in ``__init__``, declares
+``trainable()`` and writes ``forward_views``: views in, a dict of named tensors out (``loss`` plus
+detached embeddings/projections/predictions that instruments and online evaluators read). The flow
+family's base is ``selfsup.methods.flow.FlowMatching``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -64,44 +74,6 @@ class FiniteLossWatch:
                 "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
 
 
-class LogStepsOnly:
-    """Per-step values (loss, lr, momentum, ...) leave the device only at Lightning's logging steps
-    (every ``trainer.log_every_n_steps``), in one copy, so the steps between run without a host-device
-    sync: on a GPU, ``self.log`` of a Python float copies it to the device, and a progress-bar tensor
-    is read back at every batch end; both wait for the queued step. The loss is watched for NaN / Inf
-    on the device (:class:`FiniteLossWatch`) and checked at those logging steps, before any checkpoint
-    is written and at the end of training, so a bad step never reaches a checkpoint or an export.
-    Mixed into every method family's LightningModule."""
-
-    @property
-    def finite_watch(self) -> FiniteLossWatch:
-        """This module's watch, made at first use (a mixin without an ``__init__`` of its own)."""
-        if "_finite_watch" not in self.__dict__:
-            self.__dict__["_finite_watch"] = FiniteLossWatch()
-        return self.__dict__["_finite_watch"]
-
-    def log_step(self, loss: Tensor, values: dict, prog_bar: tuple[str, ...] = ("train/loss",)) -> None:
-        """Observe ``loss``; at a logging step, check it and log ``values`` (tensors or floats)."""
-        t = self.trainer
-        self.finite_watch.observe(loss, t.global_step)
-        if t.log_every_n_steps == 0 or ((t.global_step + 1) % t.log_every_n_steps and not t.should_stop):
-            return
-        self.finite_watch.check()
-        tensors = [k for k, v in values.items() if isinstance(v, Tensor)]
-        host = (dict(zip(tensors, torch.stack([values[k].detach().float().reshape(()) for k in tensors]).cpu()))
-                if tensors else {})  # one device-to-host copy for all of them; floats stay on the host
-        for name, value in values.items():
-            self.log(name, host[name] if name in host else torch.tensor(float(value)), prog_bar=name in prog_bar,
-                     on_step=True, on_epoch=False)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.finite_watch.check()  # raising here leaves the previous checkpoint file as it was
-        super().on_save_checkpoint(checkpoint)
-
-    def on_train_end(self) -> None:
-        self.finite_watch.check()
-
-
 def check_momentum(cfg) -> None:
     """Validate an EMA method's ``momentum`` (in [0, 1]) and ``momentum_schedule`` (cosine | constant)."""
     if not 0 <= cfg.momentum <= 1:
@@ -148,12 +120,12 @@ def encode_views(encoder: nn.Module, views: list[Tensor]) -> list[Tensor]:
     return list(encoder(torch.cat(views)).split([v.shape[0] for v in views]))
 
 
-def compile_step_modules(method: nn.Module, backend: str = "inductor") -> None:
-    """``torch.compile`` each trainable child of a method in place (``trainer.compile=true``);
-    parameter names, and so checkpoints and exports, stay as they are."""
-    for name, child in method.named_children():
-        if name != "augment":
-            child.compile(backend=backend)
+def compile_step_modules(method: TrainingBase, backend: str = "inductor") -> None:
+    """``torch.compile`` in place each module of a method's step (``method.step_modules()``: the trainable
+    ones and the EMA targets; ``trainer.compile=true``); parameter names, and so checkpoints and exports,
+    stay as they are."""
+    for module in method.step_modules().values():
+        module.compile(backend=backend)
 
 
 def backbone_kwargs(cfg, info: DataInfo) -> dict:
@@ -209,11 +181,154 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
     return lines
 
 
-class ExactResume:
-    """Checkpoints carry the global RNG state (CPU and CUDA) so a resumed run continues bit for bit;
-    mixed into every method family's LightningModule."""
+class TrainingBase(pl.LightningModule):
+    """The training plumbing every method family shares; a family subclasses it and declares:
 
+    - ``trainable()``: the modules the optimiser trains, by name (``predictor`` gets its lr multiplier);
+    - ``uses_momentum``: its momentum targets follow ``method.momentum`` / ``method.momentum_schedule``
+      (set per step in ``self.momentum``, logged as ``train/momentum``);
+    - ``post_step_hooks``: callables run right after each optimiser step, in order (DirectPred's predictor,
+      the flow EMA), before Lightning's callbacks see the step, so a step checkpoint holds their state.
+
+    Per-step values leave the device only at Lightning's logging steps (every ``trainer.log_every_n_steps``),
+    in one copy, so the steps between run without a host-device sync: on a GPU, ``self.log`` of a Python
+    float copies it to the device, and a progress-bar tensor is read back at every batch end; both wait for
+    the queued step. The loss is watched for NaN / Inf on the device (:class:`FiniteLossWatch`) and checked
+    at those logging steps, before every checkpoint and at the end of training, so a bad step never reaches
+    a checkpoint or an export. Checkpoints carry the global RNG state (CPU and CUDA), so a resumed run
+    continues bit for bit. A family that adds to the checkpoint hooks extends them with ``super()``.
+    """
+
+    Config: ClassVar[type]
+    family: ClassVar[str]
+    uses_momentum: ClassVar[bool] = False
+
+    def __init__(self, cfg, info: DataInfo):
+        super().__init__()
+        self.cfg, self.info = cfg, info
+        self.lr = 0.0  # set per iteration by on_train_batch_start
+        self.momentum = cfg.method.momentum if self.uses_momentum else 0.0
+        self.total_steps, self.steps_per_epoch = 1, 1
+        self.finite_watch = FiniteLossWatch()
+        self.post_step_hooks: list[Callable[[], None]] = []
+        self.momentum_pairs: list[tuple[nn.Module, nn.Module]] = []  # (online, EMA target)
+        self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
+        self._generator: torch.Generator | None = None
+
+    # ----------------------------------------------------------------- declared by a family or method
+    def trainable(self) -> dict[str, nn.Module]:
+        """The modules the optimiser trains, by name."""
+        raise NotImplementedError(f"{type(self).__name__} must declare trainable(): the modules its optimiser trains")
+
+    def momentum_target(self, online: nn.Module) -> nn.Module:
+        """A frozen copy of ``online`` that ``update_momentum_encoder`` keeps as its EMA."""
+        target = frozen_copy(online)
+        self.momentum_pairs.append((online, target))
+        return target
+
+    def step_modules(self) -> dict[str, nn.Module]:
+        """The modules of the step: the trainable ones and the EMA targets (``trainer.compile``, memory format)."""
+        targets = [t for _, t in self.momentum_pairs]
+        return {**self.trainable(), **{n: c for n, c in self.named_children() if any(c is t for t in targets)}}
+
+    # ----------------------------------------------------------------- EMA
+    def update_momentum_encoder(self, m: float) -> None:
+        """``target ← m · target + (1 − m) · online`` for every momentum target; once per optimiser step (at its
+        first micro-batch when gradients are accumulated)."""
+        if not self.momentum_pairs or (self._trainer is not None and micro_batch(self._trainer)):
+            return
+        if self._ema_params is None:  # gathered once, at the first step (after any strategy wrapping)
+            self._ema_params = ([p for o, _ in self.momentum_pairs for p in o.parameters()],
+                                [p for _, t in self.momentum_pairs for p in t.parameters()])
+        momentum_update(*self._ema_params, m)
+
+    # ----------------------------------------------------------------- the step's random numbers
+    def rng(self, device) -> torch.Generator:
+        """The step's generator (seeded per step and process by ``seed_step``; a fixed seed outside fit)."""
+        if self._generator is None or self._generator.device != torch.device(device):
+            self._generator = torch.Generator(device=device).manual_seed(self.cfg.trainer.seed)
+        return self._generator
+
+    def seed_step(self, device) -> torch.Generator:
+        """Seed the step's generator with ``((seed · 1_000_003 + global_step) · k + micro_batch) · world_size + rank``
+        (k = ``trainer.accumulate_grad_batches``; with k = 1 the micro-batch term vanishes)."""
+        rank, size = world()
+        k = getattr(self.trainer, "accumulate_grad_batches", 1)
+        step = (self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * k + micro_batch(self.trainer)
+        return self.rng(device).manual_seed(step * size + rank)
+
+    # ----------------------------------------------------------------- schedules
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimiser step, all processes: data.batch_size × trainer.accumulate_grad_batches (lr scaling)."""
+        return self.cfg.data.batch_size * self.cfg.trainer.accumulate_grad_batches
+
+    def on_fit_start(self) -> None:
+        if self.cfg.trainer.compile:
+            compile_step_modules(self, self.cfg.trainer.compile_backend)
+        self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
+        self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
+        self._ema_params = None
+
+    def scheduled_lr(self, step: int) -> float:
+        """Warmup then cosine from the peak to ``optim.min_lr`` (both scaled by ``optim.lr_scaling``), at each
+        iteration (``optim.lr_schedule_unit=iteration``) or at each epoch's start (``epoch``: SimSiam's
+        main_simsiam.py ``adjust_learning_rate``, called once per epoch with ``epoch / epochs``)."""
+        o, spe = self.cfg.optim, self.steps_per_epoch
+        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
+        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
+        if o.lr_schedule_unit == "epoch":
+            return warmup_cosine(step // spe, max(self.total_steps // spe, 1), o.warmup_epochs, peak, final)
+        return warmup_cosine(step, self.total_steps, int(round(o.warmup_epochs * spe)), peak, final)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        """Per-step lr (``fixed_lr`` groups keep the peak) and, where ``uses_momentum``, the momentum
+        (cosine ramp or constant)."""
+        step, o = self.trainer.global_step, self.cfg.optim
+        lr = self.scheduled_lr(step)
+        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
+        for group in self.trainer.optimizers[0].param_groups:
+            group["lr"] = (peak if group["fixed_lr"] else lr) * group["lr_scale"]
+        if self.uses_momentum:
+            m = self.cfg.method
+            self.momentum = momentum_cosine(step, self.total_steps, m.momentum) if m.momentum_schedule == "cosine" else m.momentum
+        self.lr = lr
+
+    # ----------------------------------------------------------------- optimiser
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """The optimiser step, then every post-step hook (before the callbacks: part of the step checkpoint)."""
+        super().optimizer_step(*args, **kwargs)
+        for hook in self.post_step_hooks:
+            hook()
+
+    def configure_optimizers(self):
+        o, t = self.cfg.optim, self.cfg.trainer
+        if o.fused and t.precision.startswith("16") and t.gradient_clip_val:  # fp16 clipping needs unscaled grads
+            o = dataclasses.replace(o, fused=False)
+        return build_optimizer(param_groups(self.trainable(), o), o)
+
+    # ----------------------------------------------------------------- logging steps only
+    def log_step(self, loss: Tensor, values: dict, prog_bar: tuple[str, ...] = ("train/loss",)) -> None:
+        """Observe ``loss``; at a logging step, check it and log ``values`` (tensors or floats)."""
+        t = self.trainer
+        self.finite_watch.observe(loss, t.global_step)
+        if t.log_every_n_steps == 0 or ((t.global_step + 1) % t.log_every_n_steps and not t.should_stop):
+            return
+        self.finite_watch.check()
+        tensors = [k for k, v in values.items() if isinstance(v, Tensor)]
+        host = (dict(zip(tensors, torch.stack([values[k].detach().float().reshape(()) for k in tensors]).cpu()))
+                if tensors else {})  # one device-to-host copy for all of them; floats stay on the host
+        for name, value in values.items():
+            self.log(name, host[name] if name in host else torch.tensor(float(value)), prog_bar=name in prog_bar,
+                     on_step=True, on_epoch=False)
+
+    def on_train_end(self) -> None:
+        self.finite_watch.check()
+
+    # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """The loss check (raising here leaves the previous checkpoint file as it was), then the RNG state."""
+        self.finite_watch.check()
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
@@ -226,12 +341,12 @@ class ExactResume:
                 torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
-    """Base of every method. Subclasses set ``Config`` and ``recipe`` and write ``forward_views``."""
+class SSLMethod(TrainingBase):
+    """Base of the joint-embedding methods. Subclasses set ``Config`` and ``recipe``, declare ``trainable()``
+    and write ``forward_views``."""
 
-    Config: type
-    recipe: str = "moco_v3"
     family = "joint"
+    recipe: str = "moco_v3"
 
     # ----------------------------------------------------------------- the family's answers to the registry
     @classmethod
@@ -252,19 +367,12 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         return {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}
 
     def __init__(self, cfg, info: DataInfo):
-        super().__init__()
-        self.cfg, self.info = cfg, info
+        super().__init__(cfg, info)
         try:
             self.backbone = build_backbone(cfg.model.backbone, **backbone_kwargs(cfg, info))
         except ValueError as e:
             raise UserError(f"model: {e}") from None
         self.augment = MultiViewAugment(augment_branches(cfg, self.recipe), info.image_size, info.mean, info.std)
-        self.momentum = getattr(cfg.method, "momentum", 0.0)
-        self.lr = 0.0  # set per iteration by on_train_batch_start
-        self.total_steps = 1
-        self._ema_pairs: list[tuple[nn.Module, nn.Module]] = []
-        self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
-        self._generator: torch.Generator | None = None
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
 
     # ----------------------------------------------------------------- to write in a method
@@ -272,40 +380,18 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         """Views → {"loss": ..., other named tensors}."""
         raise NotImplementedError
 
-    def momentum_target(self, online: nn.Module) -> nn.Module:
-        """A frozen copy of ``online`` that ``update_momentum_encoder`` keeps as its EMA."""
-        target = frozen_copy(online)
-        self._ema_pairs.append((online, target))
-        return target
-
-    def update_momentum_encoder(self) -> None:
-        """EMA step of every momentum target with the current coefficient ``self.momentum``; once per optimiser
-        step (at its first micro-batch when gradients are accumulated)."""
-        if not self._ema_pairs or (self._trainer is not None and micro_batch(self._trainer)):
-            return
-        if self._ema_params is None:  # gathered once, at the first step (after any strategy wrapping)
-            self._ema_params = ([p for o, _ in self._ema_pairs for p in o.parameters()],
-                                [p for _, t in self._ema_pairs for p in t.parameters()])
-        momentum_update(*self._ema_params, self.momentum)
-
     def grad_scale(self, z: Tensor) -> Tensor:
         """GradScale (``interventions.grad_scale_p``; identity when 0): see selfsup.interventions for its place."""
         from selfsup.interventions import grad_scale
 
         return grad_scale(z, self.cfg.interventions.grad_scale_p)
 
-    # ----------------------------------------------------------------- schedules
-    @property
-    def global_batch_size(self) -> int:
-        """Samples per optimiser step, all processes: data.batch_size × trainer.accumulate_grad_batches (lr scaling)."""
-        return self.cfg.data.batch_size * self.cfg.trainer.accumulate_grad_batches
-
+    # ----------------------------------------------------------------- memory format
     def use_memory_format(self, memory_format: torch.memory_format) -> None:
-        """Convolution weights (online and momentum backbones) and from now on the views in ``memory_format``."""
+        """Convolution weights (online and momentum modules) and from now on the views in ``memory_format``."""
         self.memory_format = memory_format
-        for name, child in self.named_children():
-            if name != "augment":
-                set_memory_format(child, memory_format)
+        for module in self.step_modules().values():
+            set_memory_format(module, memory_format)
 
     def setup(self, stage: str) -> None:
         """``trainer.memory_format`` for this backbone and device, applied before the strategy moves and wraps
@@ -319,39 +405,13 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         for optimizer in self.trainer.optimizers:
             match_optimizer_state(optimizer)
 
-    def on_fit_start(self) -> None:
-        if self.cfg.trainer.compile:
-            compile_step_modules(self, self.cfg.trainer.compile_backend)
-        self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
-        self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
-
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        """Per-iteration lr (warmup + cosine, linear scaling) and momentum (cosine ramp or constant)."""
-        step, o = self.trainer.global_step, self.cfg.optim
-        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
-        lr = warmup_cosine(step, self.total_steps, int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
-        for group in self.trainer.optimizers[0].param_groups:
-            group["lr"] = (peak if group["fixed_lr"] else lr) * group["lr_scale"]
-        m = self.cfg.method
-        if hasattr(m, "momentum"):
-            cosine = getattr(m, "momentum_schedule", "cosine") == "cosine"
-            self.momentum = momentum_cosine(step, self.total_steps, m.momentum) if cosine else m.momentum
-        self.lr = lr
-
     # ----------------------------------------------------------------- the step
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Augment on the device: per-sample random views from a generator seeded by (seed, step, micro-batch, rank)."""
+        """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""
         if self.trainer is None or not self.trainer.training:
             return batch
         images, labels = batch
-        if self._generator is None or self._generator.device != images.device:
-            self._generator = torch.Generator(device=images.device)
-        rank, size = world()
-        k = getattr(self.trainer, "accumulate_grad_batches", 1)  # micro-batches per optimiser step
-        step = (self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * k
-        self._generator.manual_seed((step + micro_batch(self.trainer)) * size + rank)
-        views = self.augment(images, self._generator)
+        views = self.augment(images, self.seed_step(images.device))
         if self.memory_format != torch.contiguous_format:
             views = [images_in(v, self.memory_format) for v in views]
         return views, labels
@@ -361,25 +421,11 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         out = self.forward_views(views)
         loss = out["loss"]
         values = {"train/loss": loss, "train/lr": self.lr}
-        if hasattr(self.cfg.method, "momentum"):
+        if self.uses_momentum:
             values["train/momentum"] = self.momentum
         self.log_step(loss, values)
         out["labels"] = labels
         return out
-
-    def optimizer_step(self, *args, **kwargs) -> None:
-        """The optimiser step, then the predictor's post-step update (running F; DirectPred / DirectCopy)."""
-        super().optimizer_step(*args, **kwargs)
-        update = getattr(getattr(self, "predictor", None), "after_optimizer_step", None)
-        if update is not None:
-            update()
-
-    def configure_optimizers(self):
-        modules = {name: child for name, child in self.named_children() if name != "augment"}
-        o, t = self.cfg.optim, self.cfg.trainer
-        if o.fused and t.precision.startswith("16") and t.gradient_clip_val:  # fp16 clipping needs unscaled grads
-            o = dataclasses.replace(o, fused=False)
-        return build_optimizer(param_groups(modules, o), o)
 
     # ----------------------------------------------------------------- end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:

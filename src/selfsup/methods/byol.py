@@ -15,7 +15,7 @@ import torch
 from selfsup.losses import byol_regression
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views
 from selfsup.models.heads import mlp
-from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
+from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
 
 
 @dataclass
@@ -40,6 +40,7 @@ class BYOL(SSLMethod):
 
     Config = BYOLConfig
     recipe = "byol"
+    uses_momentum = True
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
@@ -49,9 +50,13 @@ class BYOL(SSLMethod):
                                                                last_bias=False))
         self.target_backbone = self.momentum_target(self.backbone)
         self.target_projector = self.momentum_target(self.projector)
+        self.post_step_hooks += after_step_hooks(self.predictor)
+
+    def trainable(self):
+        return {"backbone": self.backbone, "projector": self.projector, "predictor": self.predictor}
 
     def forward_views(self, views):
-        self.update_momentum_encoder()
+        self.update_momentum_encoder(self.momentum)
         h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
         z1, z2 = self.projector(h1), self.projector(h2)
         p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))

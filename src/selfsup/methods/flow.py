@@ -1,34 +1,30 @@
 """The flow-matching methods as LightningModules: plain flow matching, Self-Flow, REPA.
 
-Each keeps the student SiT, an EMA copy made by deepcopy (the sampling model; Self-Flow's teacher),
-and a method head. A batch is images (uint8 → [−1, 1], or float latents as they are) fitted to the
-model's size; the step draws noise, timesteps and masks from a generator seeded by (seed, step, rank).
-The run's ``backbone`` is the EMA model as a feature extractor (``models.sit.FlowEncoder``, exported as
+Each keeps the student SiT, an EMA copy (a momentum target of the shared training base: the sampling
+model; Self-Flow's teacher), and a method head. A batch is images (uint8 → [−1, 1], or float latents as
+they are) fitted to the model's size; the step draws noise, timesteps and masks from the base's generator
+seeded by (seed, step, rank). The EMA update is a post-step hook, so a step checkpoint holds it. The run's
+``backbone`` is the EMA model as a feature extractor (``models.sit.FlowEncoder``, exported as
 ``flow_encoder``). ``FlowMatching`` is the concrete plain method and the family's base: it answers the
 registry's questions (``data_info``, ``backbone_meta``, ``backbone_state``) for ``SelfFlow`` and ``Repa`` too.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.export import load_backbone
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
 from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
-from selfsup.methods.base import DataInfo, ExactResume, LogStepsOnly, knn_report, momentum_update
+from selfsup.methods.base import DataInfo, TrainingBase, knn_report
 from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
-from selfsup.optim import build_optimizer, param_groups
-from selfsup.schedules import scaled_lr, warmup_cosine
 
 
 def default_block(depth: int, fraction: float) -> int:
@@ -53,7 +49,7 @@ class FlowConfig:
     t_std: float = 1.0
     ema_decay: float = 0.9999
     ema_warmup_steps: int = 0  # > 0: the decay ramps linearly from 0 to ema_decay over these steps
-    compile: bool = False  # torch.compile the student's forward
+    compile: bool = False  # gone: refused when true (trainer.compile compiles the student, EMA and head in place)
     feature_block: int | None = None  # block (from 1) whose tokens evaluation reads; None: round(0.7 depth)
     feature_t: float = 0.1  # noise level of the evaluated features (0 = clean)
     loss_buckets: int = 4  # flow loss logged per noise-level bucket
@@ -69,6 +65,8 @@ class FlowConfig:
             raise UserError(f"method.{key}={value} is outside the model's blocks 1..{self.model_depth}")
 
     def validate(self) -> None:
+        if self.compile:
+            raise UserError("method.compile is replaced by trainer.compile; set trainer.compile=true (and drop method.compile)")
         self.model_depth  # noqa: B018  (checks method.size)
         self.check_block("feature_block", self.feature_block)
         if self.patch_size < 1:
@@ -148,7 +146,7 @@ def sit_kwargs(cfg, info: DataInfo) -> dict:
                 num_classes=(info.num_classes or 0) if c.class_conditional else 0)
 
 
-class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
+class FlowMatching(TrainingBase):
     """Plain flow matching (SiT): ``loss = E ||v_θ(x_t, t, y) − (ε − x_0)||²``, t per sample."""
 
     Config = FlowConfig
@@ -180,8 +178,7 @@ class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
         return {"model." + k[len("ema."):]: v for k, v in state_dict.items() if k.startswith("ema.")}
 
     def __init__(self, cfg, info: DataInfo):
-        super().__init__()
-        self.cfg, self.info = cfg, info
+        super().__init__(cfg, info)
         c = cfg.method
         if c.class_conditional and not info.num_classes:
             raise UserError(f"data {cfg.data.name!r} ({cfg.data.root or 'default location'}) has no labels; "
@@ -190,13 +187,9 @@ class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
             self.student = SiT(**sit_kwargs(cfg, info))
         except ValueError as e:
             raise UserError(f"model: {e}") from None
-        self.ema = copy.deepcopy(self.student).requires_grad_(False)
+        self.ema = self.momentum_target(self.student)
         self.ema_decay = c.ema_decay
-        self.total_steps, self.steps_per_epoch = 1, 1
-        self.lr = 0.0  # set per iteration by on_train_batch_start
-        self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
-        self._generator: torch.Generator | None = None
-        self._forward = [torch.compile(self.student) if c.compile else self.student]  # a list: not a submodule
+        self.post_step_hooks.append(self.ema_after_step)
 
     # ------------------------------------------------------------------ the run's feature extractor
     @property
@@ -210,8 +203,7 @@ class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
         """uint8 images → [−1, 1] (float latents unchanged), fitted to the model size; labels → y."""
         images, labels = batch
         if self._trainer is not None and self.trainer.training:  # noise, t, masks, label dropout: seeded by step and rank
-            rank, size = world()
-            self.rng(images.device).manual_seed((self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * size + rank)
+            self.seed_step(images.device)
         x = images.float().div_(127.5).sub_(1.0) if images.dtype == torch.uint8 else images.float()
         x = fit_images(x, self.student.input_size, self.cfg.method.fit)
         return x, labels
@@ -223,12 +215,6 @@ class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
             return torch.full_like(labels, null)
         drop = torch.rand(labels.shape, device=labels.device, generator=self.rng(labels.device)) < self.cfg.method.label_dropout
         return torch.where(drop | (labels < 0), null, labels)
-
-    def rng(self, device) -> torch.Generator:
-        """The step's generator (seeded per step and process in ``on_after_batch_transfer``; a fixed seed outside fit)."""
-        if self._generator is None or self._generator.device != torch.device(device):
-            self._generator = torch.Generator(device=device).manual_seed(self.cfg.trainer.seed)
-        return self._generator
 
     def draw_t(self, n: int, device) -> Tensor:
         c = self.cfg.method
@@ -242,7 +228,7 @@ class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
         """Plain flow matching; the eval block's tokens come from the same forward as the loss."""
         noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
-        v, (h,) = self._forward[0](interpolate(x0, noise, t), t, y, features=(self.cfg.method.eval_block(),))
+        v, (h,) = self.student(interpolate(x0, noise, t), t, y, features=(self.cfg.method.eval_block(),))
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
         return {"loss": per_token.mean(), "flow_loss": per_token, "levels": t, "embedding": h.detach().mean(1)}
 
@@ -265,39 +251,27 @@ class FlowMatching(LogStepsOnly, ExactResume, pl.LightningModule):
         return out
 
     # ------------------------------------------------------------------ EMA
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        self.update_ema(self.trainer.global_step)
+    def ema_after_step(self) -> None:
+        """The post-step hook: the optimiser steps done, this one included (Lightning counts it on return)."""
+        self.update_ema(self.trainer.global_step + 1)
 
     def update_ema(self, step: int) -> None:
-        """EMA after each optimiser step: ``ema ← d·ema + (1 − d)·student`` (d ramps up over the warmup)."""
+        """EMA after ``step`` optimiser steps: ``ema ← d·ema + (1 − d)·student`` (d ramps up over the warmup)."""
         c = self.cfg.method
         self.ema_decay = c.ema_decay * min(1.0, step / c.ema_warmup_steps) if c.ema_warmup_steps else c.ema_decay
-        if self._ema_params is None:
-            self._ema_params = (list(self.student.parameters()), list(self.ema.parameters()))
-        momentum_update(*self._ema_params, self.ema_decay)
+        self.update_momentum_encoder(self.ema_decay)
 
-    # ------------------------------------------------------------------ optimiser and lr
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["ema_decay"] = self.ema_decay  # the last update's decay (logged with the next step)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.ema_decay = checkpoint.get("ema_decay", self.ema_decay)
+
+    # ------------------------------------------------------------------ optimiser
     def trainable(self) -> dict[str, nn.Module]:
         return {"student": self.student}
-
-    def configure_optimizers(self):
-        return build_optimizer(param_groups(self.trainable(), self.cfg.optim), self.cfg.optim)
-
-    def on_fit_start(self) -> None:
-        self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
-        self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
-        self._ema_params = None
-
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        """lr = warmup then cosine from base_lr to min_lr (both scaled by optim.lr_scaling); min_lr = base_lr: constant."""
-        o = self.cfg.optim
-        batch = self.cfg.data.batch_size
-        peak, final = scaled_lr(o.base_lr, batch, o.lr_scaling), scaled_lr(o.min_lr, batch, o.lr_scaling)
-        lr = warmup_cosine(self.trainer.global_step, self.total_steps,
-                           int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
-        for group in self.trainer.optimizers[0].param_groups:
-            group["lr"] = lr * group["lr_scale"]
-        self.lr = lr
 
     # ------------------------------------------------------------------ end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
@@ -342,8 +316,8 @@ class SelfFlow(FlowMatching):
         mask = token_mask(B, self.student.num_tokens, c.mask_ratio, device=x0.device, generator=self.rng(x0.device))
         levels, teacher_level = self_flow_levels(t, s, mask)
         # the student's conditioning per level (t, s), gathered to the tokens: the per-token values, fewer FLOPs
-        v, (h,) = self._forward[0](interpolate(x0, noise, levels, p), torch.stack([t, s], dim=1), y,
-                                   features=(self.l,), token_index=mask.long())
+        v, (h,) = self.student(interpolate(x0, noise, levels, p), torch.stack([t, s], dim=1), y,
+                               features=(self.l,), token_index=mask.long())
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), p)
         with torch.no_grad():  # the teacher: whole image at min(t, s), the same noise, blocks 1..k only
             target = self.ema.block_tokens(interpolate(x0, noise, teacher_level), teacher_level, y, self.k)
@@ -433,7 +407,7 @@ class Repa(FlowMatching):
         c = self.cfg.method
         noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
-        v, (h,) = self._forward[0](interpolate(x0, noise, t), t, y, features=(self.l,))
+        v, (h,) = self.student(interpolate(x0, noise, t), t, y, features=(self.l,))
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
         target = self.encoder_tokens(x0)
         prediction = self.projector(h)

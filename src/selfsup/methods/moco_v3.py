@@ -20,7 +20,7 @@ from selfsup.errors import UserError
 from selfsup.losses import info_nce
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views
 from selfsup.models.heads import mlp
-from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
+from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
 
 
 @dataclass
@@ -50,6 +50,7 @@ class MoCoV3(SSLMethod):
 
     Config = MoCoV3Config
     recipe = "moco_v3"
+    uses_momentum = True
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
@@ -58,9 +59,13 @@ class MoCoV3(SSLMethod):
         self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bn=c.pred_last_bn))
         self.momentum_backbone = self.momentum_target(self.backbone)
         self.momentum_projector = self.momentum_target(self.projector)
+        self.post_step_hooks += after_step_hooks(self.predictor)
+
+    def trainable(self):
+        return {"backbone": self.backbone, "projector": self.projector, "predictor": self.predictor}
 
     def forward_views(self, views):
-        self.update_momentum_encoder()
+        self.update_momentum_encoder(self.momentum)
         h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
         z1, z2 = self.projector(h1), self.projector(h2)
         q1, q2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))  # queries only

@@ -63,9 +63,12 @@ class SimCLR(SSLMethod):
             self.momentum = c.projector_momentum
             self.target_projector = self.momentum_target(self.projector)
 
+    def trainable(self):
+        return {"backbone": self.backbone, "projector": self.projector}
+
     def forward_views(self, views):
         x1, x2 = views
-        self.update_momentum_encoder()
+        self.update_momentum_encoder(self.momentum)
         h = self.backbone(torch.cat([x1, x2]))
         z = self.grad_scale(self.projector(h))  # GradScale before NT-Xent's normalisation
         (h1, h2), (z1, z2) = h.chunk(2), z.chunk(2)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from selfsup.losses import negative_cosine
 from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
-from selfsup.predictors import DirectPredConfig, build_predictor, check_predictor
+from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
 
 
 @dataclass
@@ -40,6 +40,10 @@ class SimSiam(SSLMethod):
         c = cfg.method
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 3, last_bn=True)
         self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True))
+        self.post_step_hooks += after_step_hooks(self.predictor)
+
+    def trainable(self):
+        return {"backbone": self.backbone, "projector": self.projector, "predictor": self.predictor}
 
     def forward_views(self, views):
         h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm

@@ -1,0 +1,124 @@
+"""The one training base of both families: declared capabilities, the checkpoint hooks, the shared rules."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+import selfsup.engine as engine
+from selfsup.config import load_run_config
+from selfsup.data.datasets import load_dataset
+from selfsup.errors import UserError
+from selfsup.methods import METHODS
+from selfsup.methods.base import NonFiniteLoss, TrainingBase, compile_step_modules
+from selfsup.methods.build import build_method, data_info
+from conftest import TINY
+from ssl_helpers import tiny_method
+
+FLOW = ["data.batch_size=32", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false"]
+
+
+def flow_method(preset="self-flow-digits", *overrides):
+    cfg = load_run_config(preset, [*FLOW, *overrides])
+    return build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")))
+
+
+def every_method():
+    """One tiny instance of each registered method but REPA (it needs a trained encoder)."""
+    yield from (tiny_method(name) for name in ("moco_v3", "byol", "simsiam", "simclr"))
+    yield tiny_method("byol", {"predictor": "directpred"})
+    yield tiny_method("simclr", {"projector_momentum": 0.9})
+    yield flow_method("flow-matching-digits")
+    yield flow_method()
+
+
+def test_every_registered_method_is_on_the_one_base():
+    assert all(issubclass(cls, TrainingBase) for cls in METHODS.values())
+    assert {cls.family for cls in METHODS.values()} == {"joint", "flow"}
+    assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol"}
+
+
+def test_trainable_declares_exactly_the_trained_parameters():
+    """trainable() holds every parameter that takes gradients, and no EMA target (frozen by construction)."""
+    for model in every_method():
+        declared = {id(p) for m in model.trainable().values() for p in m.parameters() if p.requires_grad}
+        assert declared == {id(p) for p in model.parameters() if p.requires_grad}, type(model).__name__
+        targets = {id(p) for _, t in model.momentum_pairs for p in t.parameters()}
+        assert bool(targets) == (type(model).__name__ != "SimSiam" and getattr(model.cfg.method, "projector_momentum", 1) > 0)
+        assert not targets & {id(p) for m in model.trainable().values() for p in m.parameters()}
+
+
+def test_post_step_hooks_are_declared():
+    assert tiny_method("byol").post_step_hooks == []
+    dp = tiny_method("byol", {"predictor": "directpred"})
+    assert dp.post_step_hooks == [dp.predictor.after_optimizer_step]
+    flow = flow_method()
+    assert flow.post_step_hooks == [flow.ema_after_step] and flow.momentum_pairs == [(flow.student, flow.ema)]
+
+
+def test_the_loss_check_fires_before_every_checkpoint_of_every_method():
+    """One on_save_checkpoint per family chain: the flow family extends it (the EMA decay) and still checks."""
+    for model in every_method():
+        checkpoint = {}
+        model.on_save_checkpoint(checkpoint)
+        assert "rng_state" in checkpoint and ("ema_decay" in checkpoint) == (model.family == "flow")
+        model.finite_watch.observe(torch.tensor(float("nan")), 3)
+        with pytest.raises(NonFiniteLoss, match="the loss became nan at step 3;"):
+            model.on_save_checkpoint({})
+
+
+def test_flow_ema_decay_travels_in_the_checkpoint():
+    model = flow_method("self-flow-digits", "method.ema_warmup_steps=10", "method.ema_decay=0.9")
+    model.update_ema(5)
+    checkpoint = {}
+    model.on_save_checkpoint(checkpoint)
+    fresh = flow_method("self-flow-digits", "method.ema_warmup_steps=10", "method.ema_decay=0.9")
+    assert fresh.ema_decay == 0.9
+    fresh.on_load_checkpoint(checkpoint)
+    assert fresh.ema_decay == pytest.approx(0.45)
+
+
+@pytest.mark.parametrize("precision, clip, fused", [("16-mixed", 1.0, False), ("16-mixed", None, True),
+                                                    ("bf16-mixed", 1.0, True)])
+def test_no_fused_adamw_for_fp16_with_clipping_in_both_families(precision, clip, fused):
+    for model in (tiny_method("moco_v3", trainer={"precision": precision, "gradient_clip_val": clip}),
+                  flow_method("self-flow-digits", f"trainer.precision={precision}",
+                              f"trainer.gradient_clip_val={clip or 'null'}")):
+        assert bool(model.configure_optimizers().defaults["fused"]) is fused
+
+
+def test_trainer_compile_compiles_the_flow_step_in_place():
+    model = flow_method()
+    names = [n for n, _ in model.named_parameters()]
+    compile_step_modules(model, "aot_eager")
+    assert all(m._compiled_call_impl is not None for m in (model.student, model.head, model.ema))
+    assert [n for n, _ in model.named_parameters()] == names
+
+
+def test_method_compile_points_to_trainer_compile():
+    with pytest.raises(UserError, match="method.compile is replaced by trainer.compile; set trainer.compile=true"):
+        load_run_config("self-flow-digits", ["method.compile=true"])
+    assert load_run_config("self-flow-sit-xl2-latents").trainer.compile
+
+
+def test_lr_schedule_per_epoch_as_simsiam(tmp_path):
+    """optim.lr_schedule_unit=epoch: the lr of epoch e is lr0 · ½(1 + cos(π e / E)) for all its steps
+    (main_simsiam.py adjust_learning_rate); the fixed predictor lr stays lr0; iteration: per step."""
+    assert load_run_config("simsiam-r50-imagenet").optim.lr_schedule_unit == "epoch"
+    base = TINY + ["trainer.max_epochs=3", "optim.base_lr=0.05", "optim.fix_predictor_lr=true", "optim.warmup_epochs=0",
+                   f"output_dir={tmp_path}"]
+    lr0 = 0.05 * 64 / 256
+    for unit, at in (("epoch", lambda s: s // 2 / 3), ("iteration", lambda s: s / 6)):
+        run = engine.pretrain(load_run_config("simsiam-digits", base + [f"optim.lr_schedule_unit={unit}", f"name={unit}"]))
+        with (run / "metrics.csv").open(newline="") as f:
+            lrs = {int(r["step"]): float(r["train/lr"]) for r in csv.DictReader(f) if r.get("train/lr")}
+        assert lrs == pytest.approx({s: lr0 * 0.5 * (1 + math.cos(math.pi * at(s))) for s in range(6)}, rel=1e-6)
+        groups = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["param_groups"]
+        assert {g["name"]: g["lr"] for g in groups} == pytest.approx(
+            {"backbone": lrs[5], "projector": lrs[5], "predictor": lr0}, rel=1e-6)
+    assert lrs[2] != lrs[3]  # per iteration the lr moves inside an epoch
+    with pytest.raises(UserError, match="optim.lr_schedule_unit='step' is not known; use iteration or epoch"):
+        load_run_config("simsiam-digits", ["optim.lr_schedule_unit=step"])
