@@ -18,7 +18,8 @@ FORBIDDEN = [
     ("methods", ("config", "engine", "eval.cli", "eval.source", "eval.session", "flow.cli", "cli")),
     ("export", ("methods", "flow", "eval")),
     ("instruments", ("methods",)),
-    ("eval", ("engine",)),
+    ("eval", ("engine", "claims")),
+    ("engine", ("cli", "claims", "eval.cli", "flow.cli", "simulate.cli")),
 ]
 
 
