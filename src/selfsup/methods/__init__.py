@@ -1,12 +1,16 @@
 """Methods registered by name: ``method.name`` in a config picks one."""
 
+from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
+from selfsup.methods.vicreg import VICReg
 
 METHODS: dict[str, type] = {"moco_v3": MoCoV3, "byol": BYOL, "simsiam": SimSiam, "simclr": SimCLR}
+METHODS["barlow_twins"] = BarlowTwins
+METHODS["vicreg"] = VICReg
 
 import selfsup.flow.methods  # noqa: E402,F401  (registers the generative family: flow_matching, self_flow, repa)
 
@@ -16,4 +20,5 @@ def method_name(method_cfg) -> str:
     return next(name for name, cls in METHODS.items() if isinstance(method_cfg, cls.Config))
 
 
-__all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR"]
+__all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
+           "VICReg"]
