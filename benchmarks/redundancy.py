@@ -13,6 +13,7 @@ Without the Fashion-MNIST files the script falls back to digits (8×8, patch 2) 
     python benchmarks/redundancy.py                    # the default budget (<= 10 min on a busy 2-core machine)
     python benchmarks/redundancy.py --steps 300 --presets barlow-twins-fmnist,vicreg-fmnist
     python benchmarks/redundancy.py --quick            # smoke test: digits, a few steps
+    python benchmarks/redundancy.py --presets vicreg-fmnist,vicreg-fmnist+method.normalize_embeddings=true
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def evaluate(backbone_file: Path, train, test, args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", default=",".join(DEFAULT_PRESETS))
+    p.add_argument("--presets", default=",".join(DEFAULT_PRESETS), help="comma list; preset+key=value+... adds overrides")
     p.add_argument("--steps", type=int, default=60, help="training steps per preset")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--eval-train", type=int, default=10000, help="training images the kNN / probe fit on")
@@ -101,12 +102,13 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         random_init = None
-        for preset in args.presets.split(","):
-            cfg = load_run_config(preset, overrides(args, fallback, tmp, preset))
+        for i, entry in enumerate(args.presets.split(",")):
+            preset, *extra = entry.split("+")  # preset+key=value+...: a variant with overrides
+            cfg = load_run_config(preset, overrides(args, fallback, tmp, f"run{i}") + extra)
             t0 = time.perf_counter()
             run = engine.pretrain(cfg, preset)
             wall = time.perf_counter() - t0
-            row = {"preset": preset, "method": type(cfg.method).__name__.removesuffix("Config"),
+            row = {"preset": preset, "overrides": extra, "method": type(cfg.method).__name__.removesuffix("Config"),
                    "train_wall_s": round(wall, 1), **evaluate(run / "backbone.safetensors", train_eval, test, args)}
             if random_init is None:  # the same seeded micro ViT for every preset: evaluated once
                 random_init = evaluate(run / "backbone_init.safetensors", train_eval, test, args)

@@ -15,6 +15,7 @@ What must hold:
 - Barlow Twins, ``ddp_gradient=official``: every rank's loss equals one process's, the averaged gradient is
   exactly half of it (1 / world_size, the official all_reduce's), so after the LARS step the weights
   (ndim > 1, trust-ratio normalised) equal one process's while the biases and BN parameters moved half as far.
+- And the comparison can fail: VICReg with a gather that passes no gradient keeps the loss, not the gradient.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ssl_helpers import tiny_method
 WORLD = 2
 BATCH = 16
 VARIANTS = {"vicreg": ("vicreg", {}), "bt_global": ("barlow_twins", {"ddp_gradient": "global"}),
-            "bt_official": ("barlow_twins", {"ddp_gradient": "official"})}
+            "bt_official": ("barlow_twins", {"ddp_gradient": "official"}),
+            "vicreg_detached_gather": ("vicreg", {})}  # wrong on purpose: the gather passes no gradient
 LR = 0.05
 TIMEOUT_S = 240
 
@@ -80,10 +82,16 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         x1, x2 = (v[rank * BATCH // WORLD:(rank + 1) * BATCH // WORLD] for v in fixed_views())
+        import selfsup.methods.vicreg as vicreg_module
+        from selfsup.distributed import gather_no_grad
+
+        correct = vicreg_module.gather_with_grad
         for variant in VARIANTS:
+            vicreg_module.gather_with_grad = gather_no_grad if variant == "vicreg_detached_gather" else correct
             method = build(variant)
             ddp = nn.parallel.DistributedDataParallel(Step(method))
             torch.save(step(method, lambda: ddp(x1, x2)), os.path.join(out_dir, f"{variant}-{rank}.pt"))
+        vicreg_module.gather_with_grad = correct
     finally:
         dist.destroy_process_group()
 
@@ -106,7 +114,7 @@ def close(a, b, name, what, floor=1e-8):
                                msg=lambda m: f"{what} of {name}: {m}")
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ["vicreg", "bt_global", "bt_official"])
 def test_ddp_against_one_process(results, variant):
     ref = reference(variant)
     ranks = results[variant]
@@ -131,3 +139,13 @@ def test_ddp_against_one_process(results, variant):
     if variant == "bt_official":  # the comparison sees the factor: 1-D parameters did move, by half
         one_d = [n for n, p in ref["after"].items() if p.ndim <= 1 and (p - ref["before"][n]).abs().max() > 1e-6]
         assert one_d
+
+
+def test_a_gather_without_gradient_is_caught(results):
+    """The power of the comparison: VICReg with a detached gather keeps the loss but not the gradient."""
+    ref = reference("vicreg")
+    wrong = results["vicreg_detached_gather"]
+    torch.testing.assert_close(sum(r["loss"] for r in wrong) / WORLD, ref["loss"], rtol=1e-5, atol=1e-6)
+    err = max(((wrong[0]["grads"][n] - g).abs().max() / g.abs().max().clamp_min(1e-12)).item()
+              for n, g in ref["grads"].items())
+    assert err > 1e-2
