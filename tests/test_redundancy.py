@@ -289,3 +289,15 @@ def test_cli_pretrain_of_the_cpu_presets(preset, tmp_path):
     assert (run / "backbone.safetensors").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     knn = json.loads((run / "knn.json").read_text())
     assert 0 <= knn["pretrained"]["top1"] <= 100 and "kNN (k=20" in stdout
+
+
+@pytest.mark.parametrize("decay_1d", [True, False])
+def test_lr_1d_mult_with_adamw_keeps_the_decay_choice(decay_1d):
+    from selfsup.optim import OptimConfig, param_groups
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    groups = param_groups({"projector": model}, OptimConfig(weight_decay=0.1, decay_1d=decay_1d, lr_1d_mult=0.5))
+    assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in groups] == [
+        (1, 1.0, 0.1), (3, 0.5, 0.1 if decay_1d else 0.0)]
+    default = param_groups({"projector": model}, OptimConfig(weight_decay=0.1))
+    assert [(len(g["params"]), g["lr_scale"]) for g in default] == [(4, 1.0)]  # unchanged without the multiplier
