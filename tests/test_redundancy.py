@@ -301,3 +301,37 @@ def test_lr_1d_mult_with_adamw_keeps_the_decay_choice(decay_1d):
         (1, 1.0, 0.1), (3, 0.5, 0.1 if decay_1d else 0.0)]
     default = param_groups({"projector": model}, OptimConfig(weight_decay=0.1))
     assert [(len(g["params"]), g["lr_scale"]) for g in default] == [(4, 1.0)]  # unchanged without the multiplier
+
+
+@pytest.mark.parametrize("preset", ["barlow-twins-r50-imagenet", "vicreg-r50-imagenet"])
+def test_lr_schedule_is_the_official_adjust_learning_rate(preset):
+    """The per-step lr of every group against the official formula (BT main.py:155-168, VICReg :167-181),
+    written out here: warmup over 10 epochs from 0, then cosine from base to 0.001 · base; BT's biases/BN ×0.0048."""
+    import math
+    from types import SimpleNamespace
+
+    cfg = load_run_config(preset, ["data.root=/x", "method.proj_hidden_dim=16", "method.dim=16",
+                                   "model.backbone=resnet18", "model.zero_init_residual=false"])
+    from selfsup.methods.build import build_method
+    from selfsup.methods import DataInfo
+
+    m = build_method(cfg, DataInfo(3, 32, (0.5,) * 3, (0.25,) * 3))
+    opt = m.configure_optimizers()
+    steps_per_epoch = 625  # 1.28M images / 2048
+    m.steps_per_epoch, m.total_steps = steps_per_epoch, steps_per_epoch * cfg.trainer.max_epochs
+    weights, biases = (0.2, 0.0048) if preset.startswith("barlow") else (0.2, 0.2)
+
+    def official(step):
+        max_steps, warmup_steps, base_lr = m.total_steps, 10 * steps_per_epoch, 2048 / 256
+        if step < warmup_steps:
+            return base_lr * step / warmup_steps
+        step, max_steps = step - warmup_steps, max_steps - warmup_steps
+        q = 0.5 * (1 + math.cos(math.pi * step / max_steps))
+        return base_lr * q + base_lr * 0.001 * (1 - q)
+
+    for step in (0, 1, 3000, 6250, 100_000, m.total_steps - 1):
+        m._trainer = SimpleNamespace(global_step=step, optimizers=[opt])
+        m.on_train_batch_start(None, 0)
+        for group in opt.param_groups:
+            expected = official(step) * (biases if group["params"][0].ndim <= 1 else weights)
+            assert group["lr"] == pytest.approx(expected, rel=1e-9, abs=1e-15), (step, group["name"])
