@@ -90,7 +90,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             vicreg_module.gather_with_grad = gather_no_grad if variant == "vicreg_detached_gather" else correct
             method = build(variant)
             ddp = nn.parallel.DistributedDataParallel(Step(method))
-            torch.save(step(method, lambda: ddp(x1, x2)), os.path.join(out_dir, f"{variant}-{rank}.pt"))
+            torch.save(step(method, lambda ddp=ddp: ddp(x1, x2)), os.path.join(out_dir, f"{variant}-{rank}.pt"))
         vicreg_module.gather_with_grad = correct
     finally:
         dist.destroy_process_group()
