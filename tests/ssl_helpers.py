@@ -46,6 +46,8 @@ HEADS = {
     "byol": dict(proj_hidden_dim=64, dim=32, pred_hidden_dim=64),
     "simsiam": dict(proj_hidden_dim=64, dim=32, pred_hidden_dim=32),
     "simclr": dict(proj_hidden_dim=64, dim=32, temperature=0.2),
+    "barlow_twins": dict(proj_hidden_dim=64, dim=32),
+    "vicreg": dict(proj_hidden_dim=64, dim=32),
 }
 
 

@@ -37,3 +37,37 @@ def gather_with_grad(x: Tensor) -> Tensor:
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(x.contiguous()))
+
+
+class _SumValueLocalGradient(torch.autograd.Function):
+    """Forward: the sum over processes; backward: the gradient passes to this process's term unchanged."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        out = x.contiguous().clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad
+
+
+def all_reduce_local_grad(x: Tensor) -> Tensor:
+    """The sum of ``x`` over processes, differentiated as if it were this process's ``x`` alone: what an
+    in-place ``torch.distributed.all_reduce`` inside the graph gives (Barlow Twins main.py:216). Each
+    process then back-propagates only its own term, so after DDP's averaging a loss of the sum has
+    1 / world_size of its gradient."""
+    _, size = world()
+    return x if size == 1 else _SumValueLocalGradient.apply(x)
+
+
+def all_reduce_with_grad(x: Tensor) -> Tensor:
+    """The sum of ``x`` over processes, differentiable (torch.distributed.nn.all_reduce: the backward sums
+    the gradient over processes), so after DDP's averaging a loss of the sum has its whole gradient."""
+    _, size = world()
+    if size == 1:
+        return x
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(x.contiguous())

@@ -74,3 +74,78 @@ def negative_cosine(p: Tensor, z: Tensor) -> Tensor:
 def byol_regression(p: Tensor, z: Tensor) -> Tensor:
     """BYOL's ‖p̄ − z̄‖² = 2 − 2·cos(p, sg(z)), mean over the batch."""
     return 2 + 2 * negative_cosine(p, z)
+
+
+# --------------------------------------------------------------------------- redundancy reduction
+
+
+def off_diagonal(m: Tensor) -> Tensor:
+    """The n(n − 1) off-diagonal entries of a square matrix, flattened (row-major order)."""
+    n = m.shape[0]
+    return m.flatten()[:-1].view(n - 1, n + 1)[:, 1:].flatten()
+
+
+def batch_standardize(z: Tensor, all_z: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """``(z − μ) / sqrt(σ² + ε)`` per dimension, μ and the biased σ² over ``all_z`` (the global batch,
+    gathered with gradient; default ``z``): BatchNorm1d(affine=False) in training mode, synchronised
+    across processes (Barlow Twins main.py:205, with SyncBN over the model, :89)."""
+    all_z = z if all_z is None else all_z
+    mean = all_z.mean(0)
+    var = (all_z - mean).pow(2).mean(0)
+    return (z - mean) * torch.rsqrt(var + eps)
+
+
+def cross_correlation(z1: Tensor, z2: Tensor, *, all_z1: Tensor | None = None, all_z2: Tensor | None = None,
+                      batch_size: int | None = None, eps: float = 1e-5) -> Tensor:
+    """This process's share of Barlow Twins' cross-correlation ``C = bn(z1)ᵀ bn(z2) / N`` (main.py:212-216).
+
+    ``z1``, ``z2`` (n, D) are the local projector outputs, each standardised with its view's statistics over
+    ``all_z1`` / ``all_z2`` (the global batch); ``batch_size`` is the global N (default n). Summed over the
+    processes it is C of the whole batch.
+    """
+    n = z1.shape[0] if batch_size is None else batch_size
+    return batch_standardize(z1, all_z1, eps).T @ batch_standardize(z2, all_z2, eps) / n
+
+
+def barlow_twins_terms(c: Tensor) -> tuple[Tensor, Tensor]:
+    """Barlow Twins' invariance and redundancy-reduction terms of a cross-correlation ``c`` (D, D):
+    ``Σᵢ (1 − Cᵢᵢ)²`` and ``Σᵢ Σ_{j≠i} Cᵢⱼ²`` (paper eq. 1; main.py:218-219)."""
+    return (torch.diagonal(c) - 1).pow(2).sum(), off_diagonal(c).pow(2).sum()
+
+
+def barlow_twins_loss(c: Tensor, lambd: float) -> Tensor:
+    """``L_BT = Σᵢ (1 − Cᵢᵢ)² + λ Σᵢ Σ_{j≠i} Cᵢⱼ²`` (main.py:220; λ = 0.0051 official, :39)."""
+    on_diag, off_diag = barlow_twins_terms(c)
+    return on_diag + lambd * off_diag
+
+
+def vicreg_terms(z1: Tensor, z2: Tensor, *, all_z1: Tensor | None = None, all_z2: Tensor | None = None,
+                 eps: float = 1e-4) -> tuple[Tensor, Tensor, Tensor]:
+    """VICReg's invariance, variance and covariance terms (main_vicreg.py:194-213).
+
+    Invariance ``s = mean (z1 − z2)²`` over this process's batch (n × D). Variance and covariance are on the
+    global batch ``all_z1`` / ``all_z2`` (N, D; gathered with gradient, default the local batch), centred per
+    dimension: ``v = ½ mean_j relu(1 − sqrt(Var z_j + ε))`` per view, summed over the views (unbiased Var,
+    ε = 1e-4; the ½ is the official code's, not the paper's), and ``c = Σ_{i≠j} Cov(z)ᵢⱼ² / D`` per view,
+    summed, with ``Cov = zᵀz / (N − 1)``.
+    """
+    invariance = F.mse_loss(z1, z2)
+    all_z1 = z1 if all_z1 is None else all_z1
+    all_z2 = z2 if all_z2 is None else all_z2
+    variance = z1.new_zeros(())
+    covariance = z1.new_zeros(())
+    for z in (all_z1, all_z2):
+        n, d = z.shape
+        z = z - z.mean(0)
+        std = torch.sqrt(z.var(0) + eps)
+        variance = variance + F.relu(1 - std).mean() / 2
+        covariance = covariance + off_diagonal(z.T @ z / (n - 1)).pow(2).sum() / d
+    return invariance, variance, covariance
+
+
+def vicreg_loss(z1: Tensor, z2: Tensor, *, all_z1: Tensor | None = None, all_z2: Tensor | None = None,
+                sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
+                eps: float = 1e-4) -> Tensor:
+    """``λ s + μ v + ν c`` of :func:`vicreg_terms` (official λ, μ, ν = 25, 25, 1; main_vicreg.py:58-63, :215-219)."""
+    invariance, variance, covariance = vicreg_terms(z1, z2, all_z1=all_z1, all_z2=all_z2, eps=eps)
+    return sim_coeff * invariance + std_coeff * variance + cov_coeff * covariance

@@ -66,12 +66,13 @@ class OptimConfig:
     predictor_weight_decay: float | None = None  # None: same as weight_decay
     fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
     lr_schedule_unit: str = "iteration"  # iteration | epoch: the lr changes at each epoch's start only (SimSiam's code)
+    lr_1d_mult: float = 1.0  # lr of biases and norm weights (ndim <= 1) = mult x scheduled lr (Barlow Twins 0.0048/0.2)
     fused: bool = True  # AdamW: torch's fused kernel (the same update in fewer kernels; benchmarks/README.md)
 
     def validate(self) -> None:
         if self.name not in ("adamw", "lars", "sgd"):
             raise UserError(f"optim.name={self.name!r} is not known; use one of adamw, lars, sgd")
-        for key in ("base_lr", "weight_decay", "warmup_epochs", "min_lr", "predictor_lr_mult"):
+        for key in ("base_lr", "weight_decay", "warmup_epochs", "min_lr", "predictor_lr_mult", "lr_1d_mult"):
             if getattr(self, key) < 0:
                 raise UserError(f"optim.{key}={getattr(self, key)} must be >= 0")
         if self.lr_scaling not in ("linear", "sqrt"):
@@ -87,20 +88,24 @@ def param_groups(modules: dict[str, nn.Module], cfg: OptimConfig) -> list[dict]:
 
     ``modules`` maps a name to a sub-module; the one named ``predictor`` gets the predictor lr
     multiplier and weight decay. Frozen parameters (e.g. MoCo v3's random patch projection) are left out.
+    ``lr_1d_mult`` ≠ 1 puts the biases and norm weights (ndim ≤ 1) in a group of their own at that multiple
+    of the lr (Barlow Twins main.py:90-97, :167-168; LARS exempts them from decay and adaptation anyway).
     """
     groups = []
     for name, module in modules.items():
         is_pred = name == "predictor"
         wd = cfg.predictor_weight_decay if (is_pred and cfg.predictor_weight_decay is not None) else cfg.weight_decay
         params = [p for p in module.parameters() if p.requires_grad]
-        no_decay = [] if (cfg.decay_1d or cfg.name == "lars") else [p for p in params if p.ndim <= 1]
-        decay = [p for p in params if all(p is not q for q in no_decay)]
+        split = not (cfg.decay_1d or cfg.name == "lars") or cfg.lr_1d_mult != 1.0
+        one_d = [p for p in params if p.ndim <= 1] if split else []
+        decay = [p for p in params if all(p is not q for q in one_d)]
         common = dict(lr_scale=cfg.predictor_lr_mult if is_pred else 1.0, fixed_lr=is_pred and cfg.fix_predictor_lr,
                       name=name)
         if decay:
             groups.append(dict(params=decay, weight_decay=wd, **common))
-        if no_decay:
-            groups.append(dict(params=no_decay, weight_decay=0.0, **common))
+        if one_d:
+            groups.append(dict(params=one_d, weight_decay=wd if (cfg.decay_1d or cfg.name == "lars") else 0.0,
+                               **{**common, "lr_scale": common["lr_scale"] * cfg.lr_1d_mult}))
     return groups
 
 

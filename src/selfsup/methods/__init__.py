@@ -5,18 +5,22 @@ family: ``data_info(cfg, dataset)``, ``backbone_meta(cfg, info)``, ``backbone_st
 (``SSLMethod`` for the joint-embedding methods, ``FlowMatching`` for the flow methods).
 """
 
+from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
+from selfsup.methods.vicreg import VICReg
 
 METHODS: dict[str, type] = {
     "moco_v3": MoCoV3,
     "byol": BYOL,
     "simsiam": SimSiam,
     "simclr": SimCLR,
+    "barlow_twins": BarlowTwins,
+    "vicreg": VICReg,
     "flow_matching": FlowMatching,
     "self_flow": SelfFlow,
     "repa": Repa,
@@ -31,5 +35,5 @@ def method_name(method_cfg) -> str:
     raise KeyError(f"{type(method_cfg).__name__} is the Config of no registered method")
 
 
-__all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR",
-           "FlowMatching", "SelfFlow", "Repa"]
+__all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
+           "VICReg", "FlowMatching", "SelfFlow", "Repa"]
