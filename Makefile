@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/selfsup pretrain moco-v3-vit-digits
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+test: lint
 	$(BIN)/python -m pytest
 
 clean:
