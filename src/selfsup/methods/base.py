@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from selfsup.data.views import AugmentConfig, MultiViewAugment, recipe_branches
+from selfsup.data.views import AugmentConfig, MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
@@ -129,15 +129,23 @@ def has_batch_statistics(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
-def encode_views(encoder: nn.Module, views: list[Tensor]) -> list[Tensor]:
-    """``[encoder(v) for v in views]``, computed in one call on the concatenated views when ``encoder``
-    has no batch statistics (the ViT: LayerNorm only), where that gives the same per-sample outputs
-    with larger, faster matrix products (stochastic depth then draws its per-sample masks in one call:
-    the same distribution). With BatchNorm each view keeps its own statistics, as the official code
-    forwards each view separately."""
-    if len(views) == 1 or has_batch_statistics(encoder):
+def encode_views(encoder: nn.Module, views: list[Tensor], per_view_batch_norm: bool = True) -> list[Tensor]:
+    """``[encoder(v) for v in views]``, computed in one call per run of consecutive views of equal shape
+    (DINO's MultiCropWrapper, utils.py:594-629: the global crops in one call, the local crops in another)
+    when ``encoder`` has no batch statistics (the ViT: LayerNorm only), where that gives the same per-sample
+    outputs with larger, faster matrix products (stochastic depth then draws its per-sample masks in one
+    call: the same distribution). With BatchNorm each view keeps its own statistics, as the official
+    two-view codes forward each view separately, unless ``per_view_batch_norm`` is False (DINO's wrapper
+    concatenates the crops of a resolution whatever the backbone)."""
+    if len(views) == 1 or (per_view_batch_norm and has_batch_statistics(encoder)):
         return [encoder(v) for v in views]
-    return list(encoder(torch.cat(views)).split([v.shape[0] for v in views]))
+    out, first = [], 0
+    for i in range(1, len(views) + 1):
+        if i == len(views) or views[i].shape[1:] != views[first].shape[1:]:
+            run = views[first:i]
+            out += list(encoder(torch.cat(run)).split([v.shape[0] for v in run])) if len(run) > 1 else [encoder(run[0])]
+            first = i
+    return out
 
 
 def compile_step_modules(method: nn.Module, backend: str = "inductor") -> None:
@@ -154,26 +162,14 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
     return dict(in_chans=info.channels, image_size=info.image_size, patch_size=m.patch_size,
                 drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
                 small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}),
+                **({"pos_embed": m.pos_embed} if m.pos_embed != "sincos" else {}),
+                **({"init": m.init} if m.init != "moco_v3" else {}),
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
 def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
-    """The recipe's two branches with the config's overrides applied."""
-    a = cfg.augment
-    try:
-        branches = list(recipe_branches(a.recipe or default_recipe))
-    except ValueError as e:
-        raise UserError(f"augment.recipe: {e}") from None
-    shared = {k: getattr(a, k) for k in ("crop_min", "hflip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p")
-              if getattr(a, k) is not None}
-    fields = set(AugmentConfig.__dataclass_fields__)
-    out = []
-    for i, (branch, extra) in enumerate(zip(branches, (a.branch1, a.branch2)), start=1):
-        unknown = set(extra) - fields
-        if unknown:
-            raise UserError(f"unknown config key 'augment.branch{i}.{sorted(unknown)[0]}'; valid: {', '.join(sorted(fields))}")
-        out.append(AugmentConfig(**{**branch.__dict__, **shared, **extra}))
-    return out
+    """The recipe's two branches (the global crops) with the config's overrides applied."""
+    return [g.augment for g in build_view_plan(cfg.augment, default_recipe, 0)[:2]]
 
 
 def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
@@ -221,6 +217,12 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
 
     Config: type
     recipe: str = "moco_v3"
+    eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
+
+    @property
+    def eval_backbone(self) -> nn.Module:
+        """The backbone that is evaluated, exported and measured (the online one; DINO's teacher)."""
+        return getattr(self, self.eval_backbone_name)
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -229,7 +231,8 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
             self.backbone = build_backbone(cfg.model.backbone, **backbone_kwargs(cfg, info))
         except ValueError as e:
             raise UserError(f"model: {e}") from None
-        self.augment = MultiViewAugment(augment_branches(cfg, self.recipe), info.image_size, info.mean, info.std)
+        self.augment = MultiViewAugment.from_plan(build_view_plan(cfg.augment, self.recipe, info.image_size),
+                                                  info.image_size, info.mean, info.std)
         self.momentum = getattr(cfg.method, "momentum", 0.0)
         self.lr = 0.0  # set per iteration by on_train_batch_start
         self.total_steps = 1
@@ -314,8 +317,9 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
         if self.trainer is None or not self.trainer.training:
             return batch
         images, labels = batch
-        if self._generator is None or self._generator.device != images.device:
-            self._generator = torch.Generator(device=images.device)
+        device = (images[0] if isinstance(images, (list, tuple)) else images).device  # decoded runs of sizes
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device=device)
         rank, size = world()
         self._generator.manual_seed((self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * size + rank)
         views = self.augment(images, self._generator)
@@ -351,4 +355,4 @@ class SSLMethod(LogStepsOnly, ExactResume, pl.LightningModule):
     # ----------------------------------------------------------------- end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
         """What the engine prints after fit: :func:`knn_report` of the trained and the random-init backbone."""
-        return knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
+        return knn_report(self.eval_backbone, init_backbone, self.cfg, self.info, train, run_dir)

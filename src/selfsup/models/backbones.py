@@ -45,6 +45,8 @@ def build_backbone(
     small_stem: bool = False,
     zero_init_residual: bool = False,
     layer_scale: float = 0.0,
+    pos_embed: str = "sincos",
+    init: str = "moco_v3",
 ) -> nn.Module:
     """A feature extractor (B, C, S, S) -> (B, num_features); every result has ``.num_features``."""
     if name in VIT_SIZES:
@@ -56,8 +58,13 @@ def build_backbone(
             pool=pool,
             stop_grad_conv1=stop_grad_conv1,
             layer_scale=layer_scale,
+            pos_embed=pos_embed,
+            init=init,
             **VIT_SIZES[name],
         )
+    if pos_embed != "sincos" or init != "moco_v3":
+        raise ValueError(f"model.pos_embed / model.init apply to the selfsup ViTs ({', '.join(VIT_SIZES)}), not to "
+                         f"{name}; leave them at sincos / moco_v3")
     if layer_scale > 0:
         raise ValueError(f"LayerScale (model.layer_scale={layer_scale}) applies to the selfsup ViTs "
                          f"({', '.join(VIT_SIZES)}), not to {name}; set model.layer_scale=0")
