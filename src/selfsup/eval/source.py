@@ -97,7 +97,10 @@ def _from_checkpoint(path: Path) -> EvalSource:
         meta = backbone_meta(full, data_info(full, load_dataset(full.data, "train")))
     ckpt = load_checkpoint(path, WHAT)  # weights-only: a file holding code is refused before any of it runs
     # a flow run's backbone is its EMA model (``ema.*``) seen through a FlowEncoder (``model.*``)
-    prefix, rename = ("ema.", "model.") if meta["backbone"] == FLOW_ENCODER else ("backbone.", "")
+    from selfsup.methods import METHODS
+
+    evaluated = getattr(METHODS.get(meta.get("method")), "eval_backbone_name", "backbone")  # DINO: its teacher
+    prefix, rename = ("ema.", "model.") if meta["backbone"] == FLOW_ENCODER else (f"{evaluated}.", "")
     state = {rename + k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
     if not state:
         raise UserError(f"{path} holds no backbone weights; {WHAT}")
