@@ -148,6 +148,15 @@ def encode_views(encoder: nn.Module, views: list[Tensor], per_view_batch_norm: b
     return out
 
 
+def multicrop_mean(two_view: Tensor, local_terms: list[Tensor], two_view_terms: int = 2) -> Tensor:
+    """The loss with local-crop pair terms (SwAV-style multi-crop): ``two_view`` is the two-view loss, a sum of
+    ``two_view_terms`` pair terms; the result is the mean over all pair terms times ``two_view_terms``, so its
+    scale is the two-view loss's (and it is that loss when there is no local term)."""
+    if not local_terms:
+        return two_view
+    return (two_view + sum(local_terms)) * (two_view_terms / (two_view_terms + len(local_terms)))
+
+
 def compile_step_modules(method: nn.Module, backend: str = "inductor") -> None:
     """``torch.compile`` each trainable child of a method in place (``trainer.compile=true``);
     parameter names, and so checkpoints and exports, stay as they are."""
