@@ -294,3 +294,45 @@ def test_dino_config_errors():
     m = dino()
     with pytest.raises(UserError, match="DINO needs the 2 global crops"):
         m.forward_views(plan_views(m)[:1])
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+    """2 globals + 2 locals, 2 epochs x 3 steps (lr warm-up, τt warm-up, the last layer frozen in epoch 0):
+    killed (Ctrl-C) before step 4 and resumed, the run ends as the straight one: weights, teacher, centre,
+    optimiser state, losses."""
+    import selfsup.engine as engine
+    from selfsup.config import load_run_config
+    from test_resume import CtrlCAtStep, ckpt, losses, with_callback
+
+    def cfg(out, name, *extra):
+        return load_run_config("dino-digits", [
+            "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16", "method.teacher_temp=0.06",
+            "method.warmup_teacher_temp_epochs=2", "data.batch_size=32", "augment.local_crops_number=2",
+            "trainer.max_epochs=2", "trainer.limit_train_batches=3", "optim.warmup_epochs=1",
+            "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.accelerator=cpu",
+            "trainer.devices=1", "trainer.checkpoint_every_n_steps=1", "instruments.rank_every_n_steps=0",
+            "eval.knn_k=5", f"output_dir={out}", f"name={name}", *extra])
+
+    straight = engine.pretrain(cfg(tmp_path, "A"))
+    with monkeypatch.context() as m:
+        with_callback(m, CtrlCAtStep(4))
+        with pytest.raises(KeyboardInterrupt):
+            engine.pretrain(cfg(tmp_path, "B"))
+    run_b = tmp_path / "B"
+    assert ckpt(run_b)["global_step"] == 4
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    ca, cb = ckpt(straight), ckpt(run_b)
+    assert ca["global_step"] == cb["global_step"] == 6
+    assert "center" in ca["state_dict"] and any(k.startswith("teacher_backbone.") for k in ca["state_dict"])
+    for k in ca["state_dict"]:  # bit for bit (drop path draws from the global RNG, restored with the checkpoint)
+        assert torch.equal(ca["state_dict"][k], cb["state_dict"][k]), k
+    oa, ob = ca["optimizer_states"][0], cb["optimizer_states"][0]
+    assert oa["state"].keys() == ob["state"].keys() and len(oa["state"]) > 0
+    for i in oa["state"]:
+        for name, value in oa["state"][i].items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(ob["state"][i][name]))
+    assert [g["weight_decay"] for g in oa["param_groups"]] == [g["weight_decay"] for g in ob["param_groups"]]
+    la, lb = losses(straight), losses(run_b)
+    assert sorted(la) == sorted(lb) == list(range(6)) and lb == la
