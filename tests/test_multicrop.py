@@ -106,7 +106,7 @@ def test_decode_time_crops_of_a_multicrop_plan(tmp_path):
 
 
 def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
-    """The engine asks the decoder for every crop of the plan at its size (one DINO step per epoch)."""
+    """The engine asks the decoder for every crop of the plan at its size (two DINO steps: the first has lr 0)."""
     from PIL import Image
 
     from selfsup import engine
@@ -120,7 +120,7 @@ def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
                 Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(
                     tmp_path / "images" / split / f"c{c}" / f"{i}.png")
     cfg = load_run_config("dino-digits", [
-        "data.name=imagefolder", f"data.root={tmp_path / 'images'}", "data.image_size=8", "data.batch_size=8",
+        "data.name=imagefolder", f"data.root={tmp_path / 'images'}", "data.image_size=8", "data.batch_size=4",
         "method.out_dim=32", "method.hidden_dim=16", "method.bottleneck_dim=8", "trainer.max_epochs=1",
         "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
         "augment.local_crops_number=2", "augment.local_crops_size=4", "eval.knn_k=3", f"output_dir={tmp_path}",
@@ -139,7 +139,19 @@ def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
     finally:
         engine.PretrainData.train_dataloader = real
     assert shapes == [[(2, 2, 3, 8, 8), (2, 2, 3, 4, 4)]]
-    assert (run / "backbone.safetensors").exists()
+    # DINO's exported and evaluated backbone is the teacher, from the export and from the checkpoint alike
+    from safetensors.torch import load_file
+
+    from selfsup.eval.source import _from_checkpoint
+
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    teacher = {k[len("teacher_backbone."):]: v for k, v in state.items() if k.startswith("teacher_backbone.")}
+    student = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    exported = load_file(str(run / "backbone.safetensors"))
+    assert exported.keys() == teacher.keys() and all(torch.equal(exported[k], teacher[k]) for k in teacher)
+    assert any(not torch.equal(teacher[k], student[k]) for k in teacher)
+    source = _from_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(v, teacher[k]) for k, v in source.backbone.state_dict().items())
 
 
 # ----------------------------------------------------------------------------- ViT position tables
