@@ -48,6 +48,7 @@ HEADS = {
     "simclr": dict(proj_hidden_dim=64, dim=32, temperature=0.2),
     "barlow_twins": dict(proj_hidden_dim=64, dim=32),
     "vicreg": dict(proj_hidden_dim=64, dim=32),
+    "dino": dict(out_dim=64, hidden_dim=32, bottleneck_dim=16),
 }
 
 

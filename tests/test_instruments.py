@@ -301,18 +301,18 @@ def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
 def test_instrument_callbacks_follow_config():
     """The one test of ``monitor_callbacks``' choice and order (online evaluators first, then the instruments)."""
     from selfsup.instruments import (Alignment, EmbeddingNorms, GradientNorms, KNNMonitor, OnlineLinearProbe,
-                                     PredictorAlignment, RankCollapse, monitor_callbacks)
+                                     PredictorAlignment, RankCollapse, StepInstruments, monitor_callbacks)
 
     assert monitor_callbacks(load_run_config("moco-v3-vit-digits", ["instruments.enabled=false"])) == []
     cfg = load_run_config("moco-v3-vit-digits", ["eval.knn_every_n_steps=50", "eval.online_probe=true",
                                                  "instruments.enabled=false"])
     assert [type(c) for c in monitor_callbacks(cfg)] == [KNNMonitor, OnlineLinearProbe]
     kinds = [type(c) for c in monitor_callbacks(load_run_config("simsiam-digits", []))]
-    assert kinds == [EmbeddingNorms, GradientNorms, Alignment, RankCollapse, PredictorAlignment]
+    assert kinds == [StepInstruments, EmbeddingNorms, GradientNorms, Alignment, RankCollapse, PredictorAlignment]
     cfg = load_run_config("simsiam-digits", ["instruments.gradients=false", "instruments.rank_every_n_steps=0",
                                              "eval.knn_every_n_steps=5", "instruments.knn_dip=2"])
     callbacks = monitor_callbacks(cfg)
-    assert [type(c) for c in callbacks] == [KNNMonitor, EmbeddingNorms, Alignment, PredictorAlignment]
+    assert [type(c) for c in callbacks] == [KNNMonitor, StepInstruments, EmbeddingNorms, Alignment, PredictorAlignment]
     assert callbacks[0].dips.threshold == 2
     with pytest.raises(UserError, match="instruments.spike_min_history"):
         load_run_config("simsiam-digits", ["instruments.spike_min_history=500"])
@@ -352,3 +352,17 @@ def test_a_run_of_spikes_is_one_console_line_and_every_step_an_event(tmp_path, c
     lines = [line for line in capsys.readouterr().err.splitlines() if "grad_spike" in line]
     assert len(lines) == len([s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s - 1])
     assert "at step 4" in lines[0] and "at step 12" in lines[-1]
+
+
+def test_step_instruments_log_a_methods_own_scalars_at_their_steps():
+    from selfsup.instruments import StepInstruments
+
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[logger], global_step=0)
+    cb = StepInstruments(every_n_steps=2)
+    for step in range(4):
+        trainer.global_step = step + 1  # on_train_batch_end runs after the optimiser step
+        out = {"loss": torch.tensor(1.0), "instruments": {"dino_center_norm": torch.tensor(float(step))}}
+        cb.on_train_batch_end(trainer, None, out, None, step)
+    assert logged == [(0, {"instruments/dino_center_norm": 0.0}), (2, {"instruments/dino_center_norm": 2.0})]

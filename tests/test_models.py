@@ -101,10 +101,12 @@ def test_vit_state_dict_loads_into_timm_with_same_features(pool):
 
 def test_vit_bad_input_and_layer_id():
     m = micro()
-    with pytest.raises(ValueError, match=r"ViT expects \(1, 8, 8\) images"):
+    with pytest.raises(ValueError, match=r"ViT expects square \(1, S, S\) images"):
         m(torch.randn(2, 3, 8, 8))
-    with pytest.raises(ValueError):
-        m(torch.randn(2, 1, 16, 16))
+    with pytest.raises(ValueError, match="divisible by the patch size 2"):
+        m(torch.randn(2, 1, 9, 9))  # other crop sizes are taken (multi-crop) when the patch size divides them
+    with pytest.raises(ValueError, match="square"):
+        m(torch.randn(2, 1, 8, 6))
     assert m.layer_id("patch_embed.proj.weight") == 0
     assert m.layer_id("cls_token") == 0 and m.layer_id("pos_embed") == 0
     assert m.layer_id("blocks.2.attn.qkv.weight") == 3

@@ -185,7 +185,7 @@ def test_recipes():
     assert c1 == c2 and (c1.crop_min, c1.blur_p, c1.solarize_p, c1.grayscale_p) == (0.08, 0.5, 0.0, 0.2)
     assert (c1.brightness, c1.contrast, c1.saturation, c1.hue) == (0.8, 0.8, 0.8, 0.2)
     with pytest.raises(ValueError, match="moco_v3.*simclr"):
-        recipe_branches("dino")
+        recipe_branches("swav")
     assert math.isclose(b1.blur_sigma_min, 0.1) and math.isclose(b1.blur_sigma_max, 2.0)
 
 

@@ -56,7 +56,8 @@ class DataConfig:
 
 @dataclass
 class AugmentSection:
-    """Multi-view augmentation: a recipe's two branches plus overrides (see selfsup.data.views)."""
+    """The view plan: a recipe's two branches (the global crops) plus overrides, and optional local crops
+    (multi-crop; see selfsup.data.views.build_view_plan)."""
 
     recipe: str | None = None  # None: the method's own recipe
     crop_min: float | None = None  # overrides of both branches
@@ -67,6 +68,17 @@ class AugmentSection:
     solarize_p: float | None = None
     branch1: dict = field(default_factory=dict)  # per-branch overrides of AugmentConfig fields
     branch2: dict = field(default_factory=dict)
+    global_crops_scale: tuple[float, float] | None = None  # both branches' crop scale (DINO --global_crops_scale)
+    local_crops_number: int = 0  # local crops after the two global ones (DINO 8; 0: the two-branch plan)
+    local_crops_size: int | None = None  # their output size; None: 96/224 of the model size (DINO's 96 px at 224)
+    local_crops_scale: tuple[float, float] = (0.05, 0.4)  # DINO --local_crops_scale
+    local: dict = field(default_factory=dict)  # overrides of the local crops' AugmentConfig fields
+
+    def validate(self) -> None:
+        if self.local_crops_number < 0:
+            raise UserError(f"augment.local_crops_number={self.local_crops_number} must be >= 0 (0: no local crops)")
+        if self.local_crops_size is not None and self.local_crops_size < 1:
+            raise UserError(f"augment.local_crops_size={self.local_crops_size} must be >= 1")
 
 
 @dataclass
@@ -81,8 +93,14 @@ class ModelConfig:
     small_stem: bool = False  # ResNet: 3×3 stride-1 conv1 and no max-pool, for small images
     zero_init_residual: bool = False  # ResNet: last BN γ of every residual block starts at 0 (the official SSL codes)
     layer_scale: float = 0.0  # ViT LayerScale init value (CaiT: 0.1 to depth 18, 1e-5 deeper); 0 = off
+    pos_embed: str = "sincos"  # ViT: sincos (fixed, MoCo v3) | learned (DINO / timm; bicubic for other crop sizes)
+    init: str = "moco_v3"  # ViT init: moco_v3 | trunc_normal (DINO / timm: Linear weights, cls, pos std .02)
 
     def validate(self) -> None:
+        if self.pos_embed not in ("sincos", "learned"):
+            raise UserError(f"model.pos_embed={self.pos_embed!r} is not known; use sincos or learned")
+        if self.init not in ("moco_v3", "trunc_normal"):
+            raise UserError(f"model.init={self.init!r} is not known; use moco_v3 or trunc_normal")
         if self.pool not in ("cls", "avg"):
             raise UserError(f"model.pool={self.pool!r} is not known; use cls or avg")
         if self.layer_scale < 0:

@@ -71,3 +71,14 @@ def all_reduce_with_grad(x: Tensor) -> Tensor:
     from torch.distributed.nn.functional import all_reduce
 
     return all_reduce(x.contiguous())
+
+
+@torch.no_grad()
+def all_reduce_sum(x: Tensor) -> Tensor:
+    """``x`` summed over every process (a new tensor; no gradient; DINO's centre); ``x`` itself in one process."""
+    _, size = world()
+    if size == 1:
+        return x
+    out = x.detach().clone()
+    dist.all_reduce(out)
+    return out

@@ -65,9 +65,10 @@ class PretrainData(pl.LightningDataModule):
         augment = getattr(self.trainer.lightning_module, "augment", None)
         dataset = self.dataset
         folder = isinstance(dataset.images, FolderImages) and hasattr(augment, "branches")
-        if folder:  # crops at decode time, from the whole image, one per branch with the branch's scale
+        if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
             branches = augment.branches
-            crops = dataset.images.train_crops([(b.crop_min, b.crop_max) for b in branches], self.cfg.trainer.seed)
+            crops = dataset.images.train_crops([(b.crop_min, b.crop_max) for b in branches], self.cfg.trainer.seed,
+                                               sizes=getattr(augment, "sizes", None))
             dataset = dataclasses.replace(dataset, images=crops)
         sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,
@@ -372,7 +373,7 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     if not trainer.is_global_zero:
         return run_dir
     write_run_facts(trainer, run_dir, time.perf_counter() - started)
-    backbone = model.backbone.cpu()
+    backbone = getattr(model, "eval_backbone", model.backbone).cpu()  # DINO exports its teacher, as its kNN
     export_backbone(backbone, run_dir / "backbone.safetensors", meta)
     init_backbone = copy.deepcopy(backbone)
     init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))

@@ -149,3 +149,32 @@ def vicreg_loss(z1: Tensor, z2: Tensor, *, all_z1: Tensor | None = None, all_z2:
     """``λ s + μ v + ν c`` of :func:`vicreg_terms` (official λ, μ, ν = 25, 25, 1; main_vicreg.py:58-63, :215-219)."""
     invariance, variance, covariance = vicreg_terms(z1, z2, all_z1=all_z1, all_z2=all_z2, eps=eps)
     return sim_coeff * invariance + std_coeff * variance + cov_coeff * covariance
+
+
+def dino_teacher_probs(teacher_logits: Tensor, center: Tensor, teacher_temp: float) -> Tensor:
+    """DINO's teacher targets ``softmax((t − c) / τt)``, detached (centring and sharpening; main_dino.py:388-390)."""
+    return F.softmax((teacher_logits.detach() - center) / teacher_temp, dim=-1)
+
+
+def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, student_temp: float,
+              teacher_temp: float, n_global: int = 2) -> Tensor:
+    """DINO's multi-crop cross-entropy (facebookresearch/dino main_dino.py:380-402).
+
+    ``student_logits`` (V·B, K) are all V crops crop-major (globals first), ``teacher_logits`` (n_global·B, K)
+    the teacher's on the global crops. For every (teacher crop i, student crop v) pair with v ≠ i, the batch
+    mean of ``−Σ_k q_i log softmax(s_v / τs)`` with ``q_i = softmax((t_i − c) / τt)``; the mean over the
+    ``n_global · V − n_global`` pairs (the official loop's sum of per-pair means over its count).
+    """
+    n_crops = student_logits.shape[0] // (teacher_logits.shape[0] // n_global)
+    q = dino_teacher_probs(teacher_logits, center, teacher_temp).chunk(n_global)
+    log_p = F.log_softmax(student_logits / student_temp, dim=-1).chunk(n_crops)
+    q, log_p = torch.stack(q), torch.stack(log_p)  # (n_global, B, K), (V, B, K)
+    ce = -torch.einsum("ibk,vbk->iv", q, log_p) / q.shape[1]  # per-pair batch means
+    pairs = ~torch.eye(n_global, n_crops, dtype=torch.bool, device=ce.device)  # v ≠ i
+    return ce[pairs].sum() / (n_global * n_crops - n_global)
+
+
+def dino_center(center: Tensor, teacher_sum: Tensor, count: int, momentum: float) -> Tensor:
+    """The next DINO centre ``m · c + (1 − m) · Σ t / count`` (main_dino.py:406-416): ``teacher_sum`` (1, K) the
+    teacher outputs of the global crops summed over the global batch (all-reduced), ``count`` = 2 · B · world."""
+    return center * momentum + teacher_sum / count * (1 - momentum)

@@ -364,6 +364,8 @@ PLOTS = [
     Plot("dim_std", "Per-dimension std of L2-normalised embeddings", r"^instruments/dim_std_.*$", "std"),
     Plot("alignment", "Misalignment 1 − cos", r"^instruments/align_.*$", "1 − cos"),
     Plot("predictor_alignment", "Predictor alignment (DirectPred)", r"^instruments/pred_.*$", "value"),
+    Plot("dino_collapse", "DINO collapse signs: teacher entropy, KL(teacher ‖ student), centre norm",
+         r"^instruments/dino_.*$", "value"),
     Plot("flow_levels", "Flow loss by noise level t", r"^train/flow_loss_t.*$", "loss"),
 ]
 

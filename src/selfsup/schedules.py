@@ -35,3 +35,28 @@ def scaled_lr(base_lr: float, batch_size: int, rule: str = "linear") -> float:
     if rule == "sqrt":
         return base_lr * math.sqrt(batch_size / 256)
     raise ValueError(f"unknown lr scaling rule {rule!r}; use linear or sqrt")
+
+
+def dino_cosine(step: int, total_steps: int, warmup_steps: int, base: float, final: float,
+                start_warmup: float = 0.0) -> float:
+    """DINO's ``utils.cosine_scheduler`` at iteration ``step`` (utils.py:187-198): ``linspace(start_warmup, base,
+    warmup)`` (both ends included) for the first ``warmup`` iterations, then ``final + ½ (base − final)
+    (1 + cos(π i / n))`` for i = 0 … n−1, n = total − warmup (it never quite reaches ``final``). Used for
+    DINO's lr, weight decay and teacher momentum; ``step`` past the end keeps the last value."""
+    step = min(max(int(step), 0), max(total_steps - 1, 0))
+    if step < warmup_steps:
+        if warmup_steps == 1:
+            return start_warmup
+        return start_warmup + (base - start_warmup) * step / (warmup_steps - 1)
+    span = max(total_steps - warmup_steps, 1)
+    return final + 0.5 * (base - final) * (1.0 + math.cos(math.pi * (step - warmup_steps) / span))
+
+
+def teacher_temperature(epoch: int, warmup_temp: float, temp: float, warmup_epochs: int) -> float:
+    """DINO's teacher temperature of ``epoch`` (main_dino.py:374-378): ``linspace(warmup_temp, temp,
+    warmup_epochs)`` (both ends included) over the first ``warmup_epochs`` epochs, then ``temp``."""
+    if epoch >= warmup_epochs:
+        return temp
+    if warmup_epochs == 1:
+        return warmup_temp
+    return warmup_temp + (temp - warmup_temp) * epoch / (warmup_epochs - 1)

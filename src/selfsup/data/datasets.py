@@ -208,9 +208,10 @@ class FolderImages:
     def load(self, i: int) -> Tensor:
         return resize_center_crop(self.files[i], self.size, self.resize)
 
-    def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3)) -> FolderCrops:
-        """The same files as training views: one random resized crop per scale in ``scales``, per image."""
-        return FolderCrops(self.files, self.size, scales, seed, ratio)
+    def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None) -> FolderCrops:
+        """The same files as training views: one random resized crop per scale in ``scales``, per image
+        (at ``sizes``, one per view, for a multi-crop plan; default: all at the model size)."""
+        return FolderCrops(self.files, self.size, scales, seed, ratio, sizes=sizes)
 
     def __getitem__(self, index) -> Tensor:
         if isinstance(index, Tensor):

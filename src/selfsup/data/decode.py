@@ -2,8 +2,9 @@
 
 Training (``FolderCrops``): each view of each image is its own RandomResizedCrop (the recipe's scale
 per view, ratio (3/4, 4/3), torchvision's sampling rule) taken from the whole decoded image and
-resized (PIL, antialiased bilinear) straight to the output size, so a batch is a fixed-size
-``uint8 (B, V, C, S, S)`` tensor that the batched on-device augmentation takes without cropping again.
+resized (PIL, antialiased bilinear) straight to its view's output size, so a batch is a fixed-size
+``uint8 (B, V, C, S, S)`` tensor (a multi-crop plan with several sizes: one such tensor per run of views of
+equal size) that the batched on-device augmentation takes without cropping again.
 The crop boxes come from a generator seeded by (seed, epoch, image index): the same on every worker
 count and after a resume. A JPEG is decoded at the smallest DCT scale that still leaves every crop
 at least the output size (``PIL.Image.draft``), which is most of the saving over a full decode.
@@ -84,36 +85,46 @@ def crop_boxes(seed: int, epoch: int, index: int, height: int, width: int, scale
     return boxes
 
 
-def decode_crops(path: Path, boxes_of, size: int, draft: bool = True) -> Tensor:
+def decode_crops(path: Path, boxes_of, size, draft: bool = True) -> Tensor | list[Tensor]:
     """The views of one file as uint8 (V, 3, size, size); ``boxes_of(height, width)`` gives the crop boxes
-    in full-resolution pixels (the header's size, read before decoding)."""
+    in full-resolution pixels (the header's size, read before decoding). ``size`` may be one output size per
+    view: the views then come as a list of uint8 (3, s, s)."""
     from PIL import Image
+
+    sizes = None if isinstance(size, int) else [int(s) for s in size]
 
     with _open(path) as f:
         width, height = f.size
         boxes = boxes_of(height, width)
+        out_sizes = sizes or [size] * len(boxes)
         sx = sy = 1.0
         if draft and f.format == "JPEG":
-            # the largest DCT reduction that keeps every crop at least `size` pixels on each side
-            r = max(max(size / h, size / w) for _, _, h, w in boxes)
+            # the largest DCT reduction that keeps every crop at least its output size on each side
+            r = max(max(s / h, s / w) for (_, _, h, w), s in zip(boxes, out_sizes))
             if r < 1:
                 f.draft("RGB", (math.ceil(width * r), math.ceil(height * r)))
                 sx, sy = f.size[0] / width, f.size[1] / height
         im = _decoded(f, path)
     views = []
-    for top, left, h, w in boxes:
+    for (top, left, h, w), s in zip(boxes, out_sizes):
         box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
-        views.append(_to_tensor(im.resize((size, size), Image.BILINEAR, box=box)))
-    return torch.stack(views)
+        views.append(_to_tensor(im.resize((s, s), Image.BILINEAR, box=box)))
+    return views if sizes else torch.stack(views)
 
 
 class FolderCrops:
     """Training views of image files, decoded and cropped per (epoch, index): ``crops(indices, epoch)`` →
-    uint8 (B, V, 3, size, size), view v a RandomResizedCrop with ``scales[v]``."""
+    uint8 (B, V, 3, size, size), view v a RandomResizedCrop with ``scales[v]``; with ``sizes`` (one output
+    size per view, a multi-crop plan) a tuple of uint8 (B, V_r, 3, s_r, s_r), one per run of equal sizes."""
 
-    def __init__(self, files: list[Path], size: int, scales, seed: int, ratio=(3 / 4, 4 / 3), draft: bool = True):
+    def __init__(self, files: list[Path], size: int, scales, seed: int, ratio=(3 / 4, 4 / 3), draft: bool = True,
+                 sizes=None):
         self.files, self.size, self.scales = files, size, [tuple(s) for s in scales]
         self.seed, self.ratio, self.draft = seed, tuple(ratio), draft
+        sizes = [int(s) for s in sizes] if sizes is not None else None
+        if sizes is not None and len(sizes) != len(self.scales):
+            raise ValueError(f"{len(sizes)} crop sizes for {len(self.scales)} crop scales")
+        self.sizes = None if sizes is None or all(s == size for s in sizes) else sizes
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -122,9 +133,17 @@ class FolderCrops:
     def __len__(self) -> int:
         return len(self.files)
 
-    def crop(self, i: int, epoch: int) -> Tensor:
+    def crop(self, i: int, epoch: int):
         return decode_crops(self.files[i], lambda h, w: crop_boxes(self.seed, epoch, i, h, w, self.scales, self.ratio),
-                            self.size, self.draft)
+                            self.sizes or self.size, self.draft)
 
-    def crops(self, index: Tensor, epoch: int) -> Tensor:
-        return torch.stack([self.crop(i, epoch) for i in index.tolist()])
+    def crops(self, index: Tensor, epoch: int):
+        if self.sizes is None:
+            return torch.stack([self.crop(i, epoch) for i in index.tolist()])
+        per_image = [self.crop(i, epoch) for i in index.tolist()]
+        runs, first = [], 0  # consecutive views of equal size, stacked as (B, V_r, 3, s, s)
+        for v in range(1, len(self.sizes) + 1):
+            if v == len(self.sizes) or self.sizes[v] != self.sizes[first]:
+                runs.append(torch.stack([torch.stack(views[first:v]) for views in per_image]))
+                first = v
+        return tuple(runs)

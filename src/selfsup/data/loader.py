@@ -88,9 +88,12 @@ def batch_loader(dataset: ImageDataset, sampler: EpochBatchSampler, num_workers:
     """A DataLoader whose items are whole batches ``(uint8 images, labels)`` picked by ``sampler``."""
     lazy = isinstance(dataset.images, (FolderImages, FolderCrops))
     workers = num_workers if lazy else 0
+    # Its own generator: a DataLoader draws a base seed at every iter(), from the global RNG by default, which
+    # would shift the global stream (drop path's masks) between a run and its resume at a new epoch's iterator.
     return (DeferredLoader if workers else DataLoader)(dataset, sampler=sampler, batch_size=None,
                                                          num_workers=workers, pin_memory=pin_memory,
-                                                         persistent_workers=workers > 0)
+                                                         persistent_workers=workers > 0,
+                                                         generator=torch.Generator().manual_seed(0))
 
 
 def stream_loader(crops: ShardCrops, sampler: StreamBatchSampler, num_workers: int = 0,

@@ -7,7 +7,9 @@ state, input) always produces the same views (used for exact resume).
 
 Reproduced recipe (MoCo v3 / BYOL / SimSiam / SimCLR), in order: RandomResizedCrop
 + horizontal flip, ColorJitter (random op order), RandomGrayscale, GaussianBlur,
-Solarize, Normalize. Known, deliberate differences from the PIL/torchvision pipeline:
+Solarize, Normalize. A view plan (``CropGroup``s) gives any number of crops in groups, each with its own
+recipe, crop scale and output size (DINO's multi-crop: two global crops + N smaller local crops).
+Known, deliberate differences from the PIL/torchvision pipeline:
 crop and resize are one bilinear ``grid_sample`` without antialiasing; ColorJitter
 uses one random op order per batch rather than per image; pixels stay float (no
 8-bit rounding between ops).
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "AugmentConfig", "recipe_branches", "MultiViewAugment", "EvalTransform",
+    "AugmentConfig", "CropGroup", "recipe_branches", "local_recipe", "build_view_plan", "MultiViewAugment", "EvalTransform",
     "sample_crop_boxes", "resized_crop_flip", "adjust_brightness", "adjust_contrast",
     "adjust_saturation", "adjust_hue", "rgb_to_grayscale", "random_grayscale",
     "blur_kernel_size", "gaussian_blur", "solarize",
@@ -51,11 +53,14 @@ class AugmentConfig:
     solarize_p: float = 0.0     # PIL ImageOps.solarize(threshold=128): pixels >= 128/255 become 1 - x
 
 
-_RECIPES = ("moco_v3", "byol", "simsiam", "simclr")
+_RECIPES = ("moco_v3", "byol", "simsiam", "simclr", "dino")
 
 
 def recipe_branches(recipe: str) -> tuple[AugmentConfig, AugmentConfig]:
-    """The two augmentation branches of an official recipe (a preset may override fields)."""
+    """The two augmentation branches (global crops) of an official recipe (a preset may override fields)."""
+    if recipe == "dino":  # DINO main_dino.py DataAugmentationDINO: global 1 blur 1.0; global 2 blur 0.1 + solarize 0.2
+        base = AugmentConfig(crop_min=0.4, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
+        return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)
     if recipe in ("moco_v3", "byol"):
         base = AugmentConfig(crop_min=0.08, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
         return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)
@@ -66,6 +71,71 @@ def recipe_branches(recipe: str) -> tuple[AugmentConfig, AugmentConfig]:
         base = AugmentConfig(crop_min=0.08, brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2, blur_p=0.5)
         return base, replace(base)
     raise ValueError(f"unknown augmentation recipe {recipe!r}; known recipes: {', '.join(_RECIPES)}")
+
+
+def local_recipe(recipe: str) -> AugmentConfig:
+    """The local crops' augmentation of a recipe: DINO's (scale (0.05, 0.4), blur p=0.5, no solarisation;
+    main_dino.py:455-463); for the two-branch recipes (SwAV-style multi-crop, an option) their first branch
+    with blur p=0.5 and no solarisation at the same small scale."""
+    first = recipe_branches(recipe)[0]
+    return replace(first, crop_min=0.05, crop_max=0.4, blur_p=0.5, solarize_p=0.0)
+
+
+@dataclass(frozen=True)
+class CropGroup:
+    """``count`` crops of one augmentation recipe at one output size; a view plan is a sequence of them,
+    crops in plan order (DINO: global crop 1, global crop 2, then the local crops)."""
+
+    augment: AugmentConfig
+    size: int
+    count: int = 1
+
+
+def build_view_plan(section, default_recipe: str, image_size: int) -> list[CropGroup]:
+    """The view plan of a config's ``augment`` section (selfsup.config.AugmentSection): the recipe's two
+    branches as global crops at the model size (``global_crops_scale``, the shared and the per-branch
+    overrides applied), then ``local_crops_number`` local crops of ``local_crops_size`` (None: 96/224 of the
+    model size, DINO's ratio) with ``local_crops_scale`` and the ``local`` overrides. Raises UserError."""
+    from selfsup.errors import UserError
+
+    a = section
+    recipe = a.recipe or default_recipe
+    try:
+        branches = list(recipe_branches(recipe))
+    except ValueError as e:
+        raise UserError(f"augment.recipe: {e}") from None
+    shared = {k: getattr(a, k) for k in ("crop_min", "hflip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p")
+              if getattr(a, k) is not None}
+    scale = getattr(a, "global_crops_scale", None)
+    if scale is not None:
+        shared.update(crop_min=float(scale[0]), crop_max=float(scale[1]))
+    fields = set(AugmentConfig.__dataclass_fields__)
+
+    def make(base: AugmentConfig, extra: dict, key: str, common: dict) -> AugmentConfig:
+        unknown = set(extra) - fields
+        if unknown:
+            raise UserError(f"unknown config key 'augment.{key}.{sorted(unknown)[0]}'; valid: {', '.join(sorted(fields))}")
+        cfg = AugmentConfig(**{**base.__dict__, **common, **extra})
+        if not 0 < cfg.crop_min <= cfg.crop_max <= 1:
+            raise UserError(f"augment.{key}: crop scale ({cfg.crop_min}, {cfg.crop_max}) must satisfy "
+                            "0 < min <= max <= 1")
+        return cfg
+
+    plan = [CropGroup(make(b, extra, f"branch{i}", shared), int(image_size))
+            for i, (b, extra) in enumerate(zip(branches, (a.branch1, a.branch2)), start=1)]
+    n_local = getattr(a, "local_crops_number", 0)
+    if n_local < 0:
+        raise UserError(f"augment.local_crops_number={n_local} must be >= 0 (0: no local crops)")
+    if n_local:
+        size = a.local_crops_size or max(1, int(round(image_size * 96 / 224)))
+        if not 1 <= size <= image_size:
+            raise UserError(f"augment.local_crops_size={size} must be in [1, the model size {image_size}]")
+        lo, hi = a.local_crops_scale
+        local_shared = {k: v for k, v in shared.items() if k not in ("crop_min", "crop_max", "blur_p", "solarize_p")}
+        local = make(local_recipe(recipe), {"crop_min": float(lo), "crop_max": float(hi), **a.local},
+                     "local", local_shared)
+        plan.append(CropGroup(local, int(size), int(n_local)))
+    return plan
 
 
 # ----------------------------------------------------------------------------- ops
@@ -224,65 +294,107 @@ class _Normalizing(torch.nn.Module):
 
 
 class MultiViewAugment(_Normalizing):
-    """One random view per branch of a (B, C, H, W) batch; per-sample parameters, randomness from `generator`.
+    """Random views of a (B, C, H, W) batch: one per branch, or every crop of a view plan (``from_plan``);
+    per-sample parameters, all randomness from ``generator``.
+
+    ``branches`` are the views' recipes in order and ``sizes`` their output sizes (default: all ``image_size``,
+    the model size). Consecutive views of one ``CropGroup`` are drawn together, as one batch of count × B
+    samples (one draw of each parameter), so a plan of two one-crop branches draws exactly what the two-branch
+    augmentation always drew. Blur sigma and kernel follow the model size for every crop, as the official
+    recipes blur a 96-px local crop with the same radius range as a 224-px global one.
 
     ColorJitter applies brightness, contrast, saturation and hue in a random order, as torchvision, but the
-    order is drawn ONCE PER BATCH (one permutation from the generator) instead of per image, which keeps the
+    order is drawn ONCE PER GROUP (one permutation from the generator) instead of per image, which keeps the
     op vectorised; each sample still draws its own factors and whether it is jittered at all.
     """
 
     def __init__(self, branches: Sequence[AugmentConfig], image_size: int,
-                 mean: Sequence[float], std: Sequence[float]):
+                 mean: Sequence[float], std: Sequence[float], sizes: Sequence[int] | None = None,
+                 counts: Sequence[int] | None = None):
         super().__init__(image_size, mean, std)
         if not branches:
             raise ValueError("MultiViewAugment needs at least one branch")
-        self.branches = tuple(branches)
+        counts = list(counts) if counts is not None else [1] * len(branches)
+        sizes = [int(s) for s in sizes] if sizes is not None else [self.image_size] * len(branches)
+        if len(sizes) != len(branches) or len(counts) != len(branches):
+            raise ValueError(f"{len(branches)} recipes for {len(sizes)} sizes and {len(counts)} counts")
+        self.groups: tuple[tuple[AugmentConfig, int, int, int], ...] = ()  # (recipe, size, count, first view)
+        first = 0
+        for cfg, size, count in zip(branches, sizes, counts):
+            self.groups += ((cfg, size, int(count), first),)
+            first += int(count)
+        self.branches = tuple(cfg for cfg, _, count, _ in self.groups for _ in range(count))  # per view
+        self.sizes = tuple(size for _, size, count, _ in self.groups for _ in range(count))
         self.kernel_size = blur_kernel_size(self.image_size)
 
+    @classmethod
+    def from_plan(cls, plan: Sequence[CropGroup], image_size: int, mean: Sequence[float],
+                  std: Sequence[float]) -> "MultiViewAugment":
+        return cls([g.augment for g in plan], image_size, mean, std, sizes=[g.size for g in plan],
+                   counts=[g.count for g in plan])
+
     @torch.no_grad()
-    def forward(self, images: Tensor, generator: torch.Generator) -> list[Tensor]:
-        """``images`` (B, C, H, W): each branch crops its own view; (B, V, C, S, S): view v was already
-        cropped at decode time (``data.decode.FolderCrops``) for branch v, which then only flips it."""
-        if images.dim() == 5:
-            if images.shape[1] != len(self.branches):
-                raise ValueError(f"{images.shape[1]} decoded views for {len(self.branches)} branches")
-            self._check(images[:, 0])
-            return [self._view(_to_float(images[:, i]), cfg, generator, i, cropped=True)
-                    for i, cfg in enumerate(self.branches)]
+    def forward(self, images, generator: torch.Generator) -> list[Tensor]:
+        """``images`` (B, C, H, W): each view crops its own region; (B, V, C, S, S), or a sequence of such
+        tensors, one per run of equal sizes: view v was already cropped at decode time
+        (``data.decode.FolderCrops``) for view v of the plan, which then only flips it."""
+        if isinstance(images, (list, tuple)) or images.dim() == 5:
+            parts = list(images) if isinstance(images, (list, tuple)) else [images]
+            decoded = [t[:, j] for t in parts for j in range(t.shape[1])]
+            if len(decoded) != len(self.branches):
+                raise ValueError(f"{len(decoded)} decoded views for {len(self.branches)} views of the plan")
+            for v, size in zip(decoded, self.sizes):
+                if tuple(v.shape[-2:]) != (size, size):
+                    raise ValueError(f"a decoded view of shape {tuple(v.shape)} for a {size}-pixel crop")
+            self._check(decoded[0])
+            out = []
+            for cfg, size, count, first in self.groups:
+                x = torch.cat([_to_float(v) for v in decoded[first:first + count]])
+                out += self._view(x, cfg, generator, first, size, count, cropped=True)
+            return out
         self._check(images)
         x = _to_float(images)
-        return [self._view(x, cfg, generator, i) for i, cfg in enumerate(self.branches)]
+        out = []
+        for cfg, size, count, first in self.groups:
+            out += self._view(x, cfg, generator, first, size, count)
+        return out
 
-    def _view(self, x: Tensor, cfg: AugmentConfig, g: torch.Generator, branch: int, cropped: bool = False) -> Tensor:
-        b, _, height, width = x.shape
+    def _view(self, x: Tensor, cfg: AugmentConfig, g: torch.Generator, branch: int, size: int, count: int = 1,
+              cropped: bool = False) -> list[Tensor]:
+        """``count`` views of the batch ``x`` (B samples; when ``cropped``, the count × B decoded crops)."""
+        b = x.shape[0] // count if cropped else x.shape[0]
+        n, height, width = b * count, x.shape[-2], x.shape[-1]
         dev = x.device
         # Every parameter is drawn whatever the probabilities, in a fixed order, so the generator's stream
         # is consumed the same way by every config; ops whose probability is 0 are then skipped.
 
         def coin(p: float) -> Tensor:
-            return torch.rand(b, generator=g, device=dev) < p
+            return torch.rand(n, generator=g, device=dev) < p
 
         def factor(strength: float) -> Tensor:  # ColorJitter: U(max(0, 1 - s), 1 + s)
-            return _uniform(max(0.0, 1 - strength), 1 + strength, (b,), g, dev)
+            return _uniform(max(0.0, 1 - strength), 1 + strength, (n,), g, dev)
 
-        top, left, h, w = sample_crop_boxes(b, height, width, (cfg.crop_min, cfg.crop_max), g, dev)
+        top, left, h, w = sample_crop_boxes(n, height, width, (cfg.crop_min, cfg.crop_max), g, dev)
         flip = coin(cfg.hflip_p)
         if cropped:  # the decode-time crop is the view: flip only, no second crop
             x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
-        else:
-            x = resized_crop_flip(x, top, left, h, w, flip, self.image_size)
+        elif count == 1:
+            x = resized_crop_flip(x, top, left, h, w, flip, size)
+        else:  # the group's crops of the same images, one grid_sample each
+            x = torch.cat([resized_crop_flip(x, *(t[j * b:(j + 1) * b] for t in (top, left, h, w, flip)), size)
+                           for j in range(count)])
 
         jitter = coin(cfg.jitter_p)
         jitter_ops = (  # (op, strength, per-sample factor, neutral factor for samples without jitter)
             (adjust_brightness, cfg.brightness, factor(cfg.brightness), 1.0),
             (adjust_contrast, cfg.contrast, factor(cfg.contrast), 1.0),
             (adjust_saturation, cfg.saturation, factor(cfg.saturation), 1.0),
-            (adjust_hue, cfg.hue, _uniform(-cfg.hue, cfg.hue, (b,), g, dev), 0.0),
+            (adjust_hue, cfg.hue, _uniform(-cfg.hue, cfg.hue, (n,), g, dev), 0.0),
         )
-        # One op order for the whole batch, drawn on the host from the generator's seed and the branch
+        # One op order for the group, drawn on the host from the generator's seed and the group's first view
         # index, so that no device→host copy (a GPU sync) is needed.
-        host = torch.Generator().manual_seed((g.initial_seed() * 8 + branch) % 2**63)
-        order = torch.randperm(4, generator=host).tolist()
+        seed = (g.initial_seed() * 8 + branch) % 2**63 if branch < 8 else hash((g.initial_seed(), branch)) % 2**63
+        order = torch.randperm(4, generator=torch.Generator().manual_seed(seed)).tolist()
         if cfg.jitter_p > 0:
             for op, strength, value, neutral in (jitter_ops[i] for i in order):
                 if strength > 0:  # torchvision skips an op whose strength is 0
@@ -293,14 +405,14 @@ class MultiViewAugment(_Normalizing):
             x = random_grayscale(x, gray)
 
         blur = coin(cfg.blur_p)
-        sigma = _uniform(cfg.blur_sigma_min, cfg.blur_sigma_max, (b,), g, dev) * (self.image_size / 224)
-        if cfg.blur_p > 0:
-            x = gaussian_blur(x, torch.where(blur, sigma, 0.0), self.kernel_size)
+        sigma = _uniform(cfg.blur_sigma_min, cfg.blur_sigma_max, (n,), g, dev) * (self.image_size / 224)
+        if cfg.blur_p > 0:  # reflect padding needs the kernel's half-width below the crop size
+            x = gaussian_blur(x, torch.where(blur, sigma, 0.0), min(self.kernel_size, 2 * size - 1))
 
         sol = coin(cfg.solarize_p)
         if cfg.solarize_p > 0:
             x = solarize(x, sol)
-        return self._normalize(x)
+        return list(self._normalize(x).split(b)) if count > 1 else [self._normalize(x)]
 
 
 class EvalTransform(_Normalizing):

@@ -1,7 +1,7 @@
 """Online evaluators and training-dynamics instruments for pretraining, as Lightning callbacks."""
 
 from selfsup.instruments.dynamics import (Alignment, EmbeddingNorms, GradientNorms, PredictorAlignment,
-                                          RankCollapse)
+                                          RankCollapse, StepInstruments)
 from selfsup.instruments.knn_monitor import KNNMonitor
 from selfsup.instruments.online_probe import OnlineLinearProbe
 
@@ -20,6 +20,7 @@ def monitor_callbacks(cfg) -> list:
     if not ins.enabled:
         return out
     n = ins.every_n_steps
+    out.append(StepInstruments(n))  # a method's own signs (outputs["instruments"]; DINO's collapse signs)
     if ins.embedding_norms:
         out.append(EmbeddingNorms(n))
     if ins.gradients:
@@ -35,4 +36,4 @@ def monitor_callbacks(cfg) -> list:
 
 
 __all__ = ["Alignment", "EmbeddingNorms", "GradientNorms", "KNNMonitor", "OnlineLinearProbe", "PredictorAlignment",
-           "RankCollapse", "monitor_callbacks"]
+           "RankCollapse", "StepInstruments", "monitor_callbacks"]

@@ -180,11 +180,28 @@ class Alignment(pl.Callback):
         log_metrics(trainer, values, measured_step(trainer))
 
 
+class StepInstruments(pl.Callback):
+    """Every N steps: the scalars a method reports under ``outputs["instruments"]`` (name → 0-d tensor on the
+    device, e.g. DINO's teacher-output entropy, KL(teacher ‖ student) and centre norm), read in one copy."""
+
+    def __init__(self, every_n_steps: int = 10, key: str = "instruments"):
+        super().__init__()
+        self.every, self.key = every_n_steps, key
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+            return
+        values = outputs.get(self.key)
+        if isinstance(values, dict) and values:
+            log_metrics(trainer, {k: v for k, v in values.items() if isinstance(v, (Tensor, float, int))},
+                        _step(trainer))
+
+
 class RankCollapse(pl.Callback):
     """Every N steps, on a fixed batch of training images in eval mode: RankMe, effective rank (PCs for
-    99% of the variance) and the per-dimension std of the L2-normalised backbone features and, when the
-    method has a ``projector``, of its outputs. Joint-embedding methods only (``family`` ``joint``, the
-    default when a module names none)."""
+    99% of the variance) and the per-dimension std of the L2-normalised features of the evaluated backbone
+    (``eval_backbone``: the online one, DINO's teacher) and, when the method has a ``projector``, of its outputs.
+    Joint-embedding methods only (``family`` ``joint``, the default when a module names none)."""
 
     def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
         super().__init__()
@@ -204,7 +221,7 @@ class RankCollapse(pl.Callback):
         from selfsup.eval.spectrum import effective_rank, rankme
 
         info = pl_module.info
-        h, _ = extract_features(pl_module.backbone, self._batch, info.image_size, info.mean, info.std,
+        h, _ = extract_features(pl_module.eval_backbone, self._batch, info.image_size, info.mean, info.std,
                                 len(self._batch), pl_module.device)
         feats = {"embedding": h}
         projector = getattr(pl_module, "projector", None)

@@ -44,11 +44,13 @@ class KNNMonitor(pl.Callback):
         self._data = (train, test, min(self.k, len(train)))
 
     def measure(self, pl_module) -> float:
-        """kNN top-1 (%) of the current backbone on the fixed subsets; the backbone's mode is restored."""
+        """kNN top-1 (%) of the current backbone (a method's ``eval_backbone``: DINO's teacher) on the fixed
+        subsets; the backbone's mode is restored."""
         train, test, k = self._data
         info = pl_module.info
+        backbone = getattr(pl_module, "eval_backbone", pl_module.backbone)
         ftr, ytr, fte, yte = (t for split in (train, test) for t in extract_features(
-            pl_module.backbone, split, info.image_size, info.mean, info.std, self.batch_size, pl_module.device))
+            backbone, split, info.image_size, info.mean, info.std, self.batch_size, pl_module.device))
         return knn_accuracy(ftr, ytr, fte, yte, k, self.temperature)["top1"]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:

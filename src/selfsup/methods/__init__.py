@@ -8,6 +8,7 @@ family: ``data_info(cfg, dataset)``, ``backbone_meta(cfg, info)``, ``backbone_st
 from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
+from selfsup.methods.dino import DINO
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.simclr import SimCLR
@@ -21,6 +22,7 @@ METHODS: dict[str, type] = {
     "simclr": SimCLR,
     "barlow_twins": BarlowTwins,
     "vicreg": VICReg,
+    "dino": DINO,
     "flow_matching": FlowMatching,
     "self_flow": SelfFlow,
     "repa": Repa,
@@ -36,4 +38,4 @@ def method_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "FlowMatching", "SelfFlow", "Repa"]
+           "VICReg", "DINO", "FlowMatching", "SelfFlow", "Repa"]

@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from selfsup.data.views import AugmentConfig, MultiViewAugment, recipe_branches
+from selfsup.data.views import AugmentConfig, MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
@@ -109,15 +109,32 @@ def has_batch_statistics(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
-def encode_views(encoder: nn.Module, views: list[Tensor]) -> list[Tensor]:
-    """``[encoder(v) for v in views]``, computed in one call on the concatenated views when ``encoder``
-    has no batch statistics (the ViT: LayerNorm only), where that gives the same per-sample outputs
-    with larger, faster matrix products (stochastic depth then draws its per-sample masks in one call:
-    the same distribution). With BatchNorm each view keeps its own statistics, as the official code
-    forwards each view separately."""
-    if len(views) == 1 or has_batch_statistics(encoder):
+def encode_views(encoder: nn.Module, views: list[Tensor], per_view_batch_norm: bool = True) -> list[Tensor]:
+    """``[encoder(v) for v in views]``, computed in one call per run of consecutive views of equal shape
+    (DINO's MultiCropWrapper, utils.py:594-629: the global crops in one call, the local crops in another)
+    when ``encoder`` has no batch statistics (the ViT: LayerNorm only), where that gives the same per-sample
+    outputs with larger, faster matrix products (stochastic depth then draws its per-sample masks in one
+    call: the same distribution). With BatchNorm each view keeps its own statistics, as the official
+    two-view codes forward each view separately, unless ``per_view_batch_norm`` is False (DINO's wrapper
+    concatenates the crops of a resolution whatever the backbone)."""
+    if len(views) == 1 or (per_view_batch_norm and has_batch_statistics(encoder)):
         return [encoder(v) for v in views]
-    return list(encoder(torch.cat(views)).split([v.shape[0] for v in views]))
+    out, first = [], 0
+    for i in range(1, len(views) + 1):
+        if i == len(views) or views[i].shape[1:] != views[first].shape[1:]:
+            run = views[first:i]
+            out += list(encoder(torch.cat(run)).split([v.shape[0] for v in run])) if len(run) > 1 else [encoder(run[0])]
+            first = i
+    return out
+
+
+def multicrop_mean(two_view: Tensor, local_terms: list[Tensor], two_view_terms: int = 2) -> Tensor:
+    """The loss with local-crop pair terms (SwAV-style multi-crop): ``two_view`` is the two-view loss, a sum of
+    ``two_view_terms`` pair terms; the result is the mean over all pair terms times ``two_view_terms``, so its
+    scale is the two-view loss's (and it is that loss when there is no local term)."""
+    if not local_terms:
+        return two_view
+    return (two_view + sum(local_terms)) * (two_view_terms / (two_view_terms + len(local_terms)))
 
 
 def compile_step_modules(method: TrainingBase, backend: str = "inductor") -> None:
@@ -134,26 +151,14 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
     return dict(in_chans=info.channels, image_size=info.image_size, patch_size=m.patch_size,
                 drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
                 small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}),
+                **({"pos_embed": m.pos_embed} if m.pos_embed != "sincos" else {}),
+                **({"init": m.init} if m.init != "moco_v3" else {}),
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
 def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
-    """The recipe's two branches with the config's overrides applied."""
-    a = cfg.augment
-    try:
-        branches = list(recipe_branches(a.recipe or default_recipe))
-    except ValueError as e:
-        raise UserError(f"augment.recipe: {e}") from None
-    shared = {k: getattr(a, k) for k in ("crop_min", "hflip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p")
-              if getattr(a, k) is not None}
-    fields = set(AugmentConfig.__dataclass_fields__)
-    out = []
-    for i, (branch, extra) in enumerate(zip(branches, (a.branch1, a.branch2)), start=1):
-        unknown = set(extra) - fields
-        if unknown:
-            raise UserError(f"unknown config key 'augment.branch{i}.{sorted(unknown)[0]}'; valid: {', '.join(sorted(fields))}")
-        out.append(AugmentConfig(**{**branch.__dict__, **shared, **extra}))
-    return out
+    """The recipe's two branches (the global crops) with the config's overrides applied."""
+    return [g.augment for g in build_view_plan(cfg.augment, default_recipe, 0)[:2]]
 
 
 def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
@@ -233,9 +238,16 @@ class TrainingBase(pl.LightningModule):
 
     # ----------------------------------------------------------------- EMA
     def update_momentum_encoder(self, m: float) -> None:
-        """``target ← m · target + (1 − m) · online`` for every momentum target; once per optimiser step (at its
-        first micro-batch when gradients are accumulated)."""
-        if not self.momentum_pairs or (self._trainer is not None and micro_batch(self._trainer)):
+        """:meth:`ema_step` from inside the training step: once per optimiser step (at its first micro-batch when
+        gradients are accumulated)."""
+        if self._trainer is not None and micro_batch(self._trainer):
+            return
+        self.ema_step(m)
+
+    def ema_step(self, m: float) -> None:
+        """``target ← m · target + (1 − m) · online`` for every momentum target (a post-step hook calls this:
+        it runs once per optimiser step by construction)."""
+        if not self.momentum_pairs:
             return
         if self._ema_params is None:  # gathered once, at the first step (after any strategy wrapping)
             self._ema_params = ([p for o, _ in self.momentum_pairs for p in o.parameters()],
@@ -347,6 +359,12 @@ class SSLMethod(TrainingBase):
 
     family = "joint"
     recipe: str = "moco_v3"
+    eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
+
+    @property
+    def eval_backbone(self) -> nn.Module:
+        """The backbone that is evaluated, exported and measured (the online one; DINO's teacher)."""
+        return getattr(self, self.eval_backbone_name)
 
     # ----------------------------------------------------------------- the family's answers to the registry
     @classmethod
@@ -361,10 +379,12 @@ class SSLMethod(TrainingBase):
         return {"backbone": cfg.model.backbone, "kwargs": backbone_kwargs(cfg, info), "image_size": info.image_size,
                 "in_chans": info.channels, "mean": list(info.mean), "std": list(info.std), "dataset": cfg.data.name}
 
-    @staticmethod
-    def backbone_state(state_dict: dict) -> dict:
-        """A checkpoint's backbone weights (``backbone.*``) under the exported backbone's keys."""
-        return {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}
+    @classmethod
+    def backbone_state(cls, state_dict: dict) -> dict:
+        """A checkpoint's evaluated backbone (``backbone.*``; DINO: ``teacher_backbone.*``) under the exported
+        backbone's keys."""
+        prefix = f"{cls.eval_backbone_name}."
+        return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)
@@ -372,7 +392,8 @@ class SSLMethod(TrainingBase):
             self.backbone = build_backbone(cfg.model.backbone, **backbone_kwargs(cfg, info))
         except ValueError as e:
             raise UserError(f"model: {e}") from None
-        self.augment = MultiViewAugment(augment_branches(cfg, self.recipe), info.image_size, info.mean, info.std)
+        self.augment = MultiViewAugment.from_plan(build_view_plan(cfg.augment, self.recipe, info.image_size),
+                                                  info.image_size, info.mean, info.std)
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
 
     # ----------------------------------------------------------------- to write in a method
@@ -411,7 +432,8 @@ class SSLMethod(TrainingBase):
         if self.trainer is None or not self.trainer.training:
             return batch
         images, labels = batch
-        views = self.augment(images, self.seed_step(images.device))
+        device = (images[0] if isinstance(images, (list, tuple)) else images).device  # decoded runs of sizes
+        views = self.augment(images, self.seed_step(device))
         if self.memory_format != torch.contiguous_format:
             views = [images_in(v, self.memory_format) for v in views]
         return views, labels
@@ -430,4 +452,4 @@ class SSLMethod(TrainingBase):
     # ----------------------------------------------------------------- end of run
     def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
         """What the engine prints after fit: :func:`knn_report` of the trained and the random-init backbone."""
-        return knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
+        return knn_report(self.eval_backbone, init_backbone, self.cfg, self.info, train, run_dir)

@@ -3,7 +3,9 @@
 Loss ``2 − 2·cos(p, sg(z'))`` per direction, summed over the two directions and averaged over the
 batch (official byol_experiment.py); target decay τ = 1 − (1 − τ_base)·½(1 + cos(πt/T)).
 Heads: Linear (with bias) → BN → ReLU → Linear (no bias), 4096 → 256, no final BN (the official
-haiku MLP: ``with_bias=False`` on its output Linear).
+haiku MLP: ``with_bias=False`` on its output Linear). Optional multi-crop (``augment.local_crops_number``,
+off by default; not in the official code): local crops go through the online network only and each predicts
+both global targets (SwAV-style); the pair terms are averaged and scaled to the two-view loss's sum of two.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from selfsup.losses import byol_regression
-from selfsup.methods.base import SSLMethod, check_momentum, encode_views
+from selfsup.methods.base import SSLMethod, check_momentum, encode_views, multicrop_mean
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
 
@@ -57,11 +59,13 @@ class BYOL(SSLMethod):
 
     def forward_views(self, views):
         self.update_momentum_encoder(self.momentum)
-        h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
-        z1, z2 = self.projector(h1), self.projector(h2)
-        p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
-        with torch.no_grad():
-            t1, t2 = (self.target_projector(h) for h in encode_views(self.target_backbone, views))
-        loss = byol_regression(p1, t2) + byol_regression(p2, t1)
-        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
-                "prediction": p1.detach(), "target": t2}
+        h = encode_views(self.backbone, views)  # one call per resolution when the backbone has no BatchNorm
+        z = [self.projector(x) for x in h]
+        p = [self.grad_scale(self.predictor(x)) for x in z]
+        with torch.no_grad():  # targets from the two global views only
+            t1, t2 = (self.target_projector(x) for x in encode_views(self.target_backbone, views[:2]))
+        loss = byol_regression(p[0], t2) + byol_regression(p[1], t1)
+        if len(views) > 2:  # multi-crop (augment.local_crops_number): each local crop predicts both targets
+            loss = multicrop_mean(loss, [byol_regression(q, t) for q in p[2:] for t in (t1, t2)])
+        return {"loss": loss, "embedding": h[0].detach(), "embedding2": h[1].detach(), "projection": z[0].detach(),
+                "prediction": p[0].detach(), "target": t2}

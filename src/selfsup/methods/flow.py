@@ -259,7 +259,7 @@ class FlowMatching(TrainingBase):
         """EMA after ``step`` optimiser steps: ``ema ← d·ema + (1 − d)·student`` (d ramps up over the warmup)."""
         c = self.cfg.method
         self.ema_decay = c.ema_decay * min(1.0, step / c.ema_warmup_steps) if c.ema_warmup_steps else c.ema_decay
-        self.update_momentum_encoder(self.ema_decay)
+        self.ema_step(self.ema_decay)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

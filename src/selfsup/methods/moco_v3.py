@@ -7,6 +7,8 @@ the official code forwards each view separately: here the two views go through a
 (the ViT) in one batched call, which gives the same per-sample outputs, and through a ResNet and the BN heads
 one call per view, so each view keeps its own batch statistics (``encode_views``); keys are gathered from all
 processes without gradient.
+Optional multi-crop (``augment.local_crops_number``, off by default; not in the official code): local crops
+are queries only, each against both global views' keys (SwAV-style), pair terms averaged to the two-view scale.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from selfsup.distributed import gather_no_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import info_nce
-from selfsup.methods.base import SSLMethod, check_momentum, encode_views
+from selfsup.methods.base import SSLMethod, check_momentum, encode_views, multicrop_mean
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
 
@@ -66,13 +68,16 @@ class MoCoV3(SSLMethod):
 
     def forward_views(self, views):
         self.update_momentum_encoder(self.momentum)
-        h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
-        z1, z2 = self.projector(h1), self.projector(h2)
-        q1, q2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))  # queries only
-        with torch.no_grad():
-            k1, k2 = (self.momentum_projector(h) for h in encode_views(self.momentum_backbone, views))
+        h = encode_views(self.backbone, views)  # one call per resolution when the backbone has no BatchNorm
+        z = [self.projector(x) for x in h]
+        q = [self.grad_scale(self.predictor(x)) for x in z]  # queries only
+        with torch.no_grad():  # keys from the two global views only
+            k1, k2 = (self.momentum_projector(x) for x in encode_views(self.momentum_backbone, views[:2]))
         rank, _ = world()
         t = self.cfg.method.temperature
-        loss = info_nce(q1, gather_no_grad(k2), t, rank=rank) + info_nce(q2, gather_no_grad(k1), t, rank=rank)
-        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
-                "prediction": q1.detach(), "target": k2}
+        keys1, keys2 = gather_no_grad(k1), gather_no_grad(k2)
+        loss = info_nce(q[0], keys2, t, rank=rank) + info_nce(q[1], keys1, t, rank=rank)
+        if len(views) > 2:  # multi-crop (augment.local_crops_number): each local query against both keys
+            loss = multicrop_mean(loss, [info_nce(ql, k, t, rank=rank) for ql in q[2:] for k in (keys1, keys2)])
+        return {"loss": loss, "embedding": h[0].detach(), "embedding2": h[1].detach(), "projection": z[0].detach(),
+                "prediction": q[0].detach(), "target": k2}

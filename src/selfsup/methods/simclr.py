@@ -5,7 +5,9 @@ batch, and the projection head is bias-free Linear → BN → ReLU … → Linea
 scale but no shift (``center=False``). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
 uses 3. ``decoupled=True`` drops the positive from the denominator (DCL). ``projector_momentum`` > 0
 takes each anchor's positive from an EMA copy of the projector (Pham et al. 2022, cookbook §3.4); the
-negatives stay online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs.
+negatives stay online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs. Optional multi-crop
+(``augment.local_crops_number``, off by default; not in the official code): NT-Xent of every (global, local)
+pair beside the global pair's, their mean (an EMA positive applies to the global pair only).
 
 ``loss_scale`` multiplies NT-Xent (the paper's mean over the 2N anchors). The official code
 (objective.py ``add_contrastive_loss``) adds the two directions' batch means, i.e. twice that mean;
@@ -22,7 +24,7 @@ import torch
 from selfsup.distributed import gather_with_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import nt_xent
-from selfsup.methods.base import SSLMethod
+from selfsup.methods.base import SSLMethod, encode_views, multicrop_mean
 from selfsup.models.heads import mlp
 
 
@@ -67,7 +69,7 @@ class SimCLR(SSLMethod):
         return {"backbone": self.backbone, "projector": self.projector}
 
     def forward_views(self, views):
-        x1, x2 = views
+        x1, x2 = views[:2]
         self.update_momentum_encoder(self.momentum)
         h = self.backbone(torch.cat([x1, x2]))
         z = self.grad_scale(self.projector(h))  # GradScale before NT-Xent's normalisation
@@ -78,6 +80,14 @@ class SimCLR(SSLMethod):
         if c.projector_momentum > 0:  # the positive of view 1 is view 2 through the EMA projector, and back
             with torch.no_grad():
                 positives = self.target_projector(torch.cat([h2, h1]).detach())
-        loss = nt_xent(z1, z2, c.temperature, all_z1=gather_with_grad(z1), all_z2=gather_with_grad(z2),
-                       rank=rank, decoupled=c.decoupled, positives=positives) * c.loss_scale
+        all_z1, all_z2 = gather_with_grad(z1), gather_with_grad(z2)
+        loss = nt_xent(z1, z2, c.temperature, all_z1=all_z1, all_z2=all_z2,
+                       rank=rank, decoupled=c.decoupled, positives=positives)
+        if len(views) > 2:  # multi-crop (augment.local_crops_number): NT-Xent of each (global, local) pair
+            local = views[2:]
+            zl = self.grad_scale(self.projector(torch.cat(encode_views(self.backbone, local)))).chunk(len(local))
+            terms = [nt_xent(zg, z_l, c.temperature, all_z1=all_g, all_z2=gather_with_grad(z_l), rank=rank,
+                             decoupled=c.decoupled) for z_l in zl for zg, all_g in ((z1, all_z1), (z2, all_z2))]
+            loss = multicrop_mean(loss, terms, two_view_terms=1)
+        loss = loss * c.loss_scale
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}

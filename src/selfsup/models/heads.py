@@ -1,7 +1,9 @@
-"""Projector / predictor MLPs for MoCo v3, BYOL and SimSiam (the linear predictors live in ``selfsup.predictors``)."""
+"""Projector / predictor MLPs for MoCo v3, BYOL and SimSiam, and DINO's head (the linear predictors live in
+``selfsup.predictors``)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -44,3 +46,47 @@ def mlp(
         layers.append(nn.BatchNorm1d(out_dim, affine=last_bn_affine))
     return nn.Sequential(*layers)
 
+
+class WeightNormLinear(nn.Module):
+    """A bias-free Linear ``W = g · v / ‖v‖`` per output row (``torch.nn.utils.weight_norm``, dim 0), with the
+    official parameter names ``weight_g`` (out, 1) and ``weight_v`` (out, in); ``g`` starts at 1."""
+
+    def __init__(self, in_dim: int, out_dim: int, norm_last_layer: bool = True):
+        super().__init__()
+        self.weight_v = nn.Parameter(nn.Linear(in_dim, out_dim, bias=False).weight.detach().clone())
+        self.weight_g = nn.Parameter(torch.ones(out_dim, 1), requires_grad=not norm_last_layer)
+
+    @property
+    def weight(self):
+        return self.weight_v * (self.weight_g / self.weight_v.norm(dim=1, keepdim=True))
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight)
+
+
+class DINOHead(nn.Module):
+    """DINO's projection head (vision_transformer.py:257-291): MLP in → hidden (GELU, optional BN) … → bottleneck,
+    L2-normalised, then a weight-normalised bias-free Linear to ``out_dim`` prototypes (``last_layer``). The MLP's
+    Linears get truncated-normal std .02 weights and zero biases; ``last_layer.weight_v`` keeps PyTorch's
+    default Linear init (made after the MLP init, as the official code); ``norm_last_layer`` freezes ``g`` = 1."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int = 2048, bottleneck_dim: int = 256,
+                 num_layers: int = 3, use_bn: bool = False, norm_last_layer: bool = True):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"the DINO head needs at least 1 layer, got {num_layers}")
+        layers: list[nn.Module] = []
+        d = in_dim
+        for _ in range(num_layers - 1):
+            layers += [nn.Linear(d, hidden_dim)] + ([nn.BatchNorm1d(hidden_dim)] if use_bn else []) + [nn.GELU()]
+            d = hidden_dim
+        layers.append(nn.Linear(d, bottleneck_dim))
+        self.mlp = nn.Sequential(*layers)
+        for m in self.mlp.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        self.last_layer = WeightNormLinear(bottleneck_dim, out_dim, norm_last_layer)
+
+    def forward(self, x):
+        return self.last_layer(nn.functional.normalize(self.mlp(x), dim=-1, p=2))

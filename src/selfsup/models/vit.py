@@ -1,4 +1,6 @@
-"""MoCo v3 Vision Transformer: fixed 2-D sin-cos positions, MoCo v3 init, optional frozen patch projection.
+"""MoCo v3 / DINO Vision Transformer: fixed 2-D sin-cos or learned positions, MoCo v3 or trunc-normal (DINO)
+init, optional frozen patch projection. Square inputs of any size divisible by the patch size: the fixed
+sin-cos table is recomputed for the grid, a learned one interpolated bicubically (DINO's local crops).
 
 Parameter names follow timm's ``VisionTransformer`` so a ``state_dict`` loads there with ``strict=True``.
 """
@@ -14,25 +16,43 @@ from torch import nn
 VIT_SIZES = {
     "vit_micro": dict(embed_dim=128, depth=4, num_heads=4),
     "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
-    "vit_small": dict(embed_dim=384, depth=12, num_heads=12),
+    "vit_small": dict(embed_dim=384, depth=12, num_heads=12),  # MoCo v3's ViT-S (12 heads)
+    "deit_small": dict(embed_dim=384, depth=12, num_heads=6),  # DeiT-S = DINO's vit_small (6 heads)
     "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
     "vit_large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
 
 
-def build_2d_sincos_position_embedding(grid_size: int, embed_dim: int, temperature: float = 10000.0) -> torch.Tensor:
+def build_2d_sincos_position_embedding(grid_size: int, embed_dim: int, temperature: float = 10000.0,
+                                       device=None) -> torch.Tensor:
     """(1, 1 + g*g, D) sin-cos table as in MoCo v3's ``build_2d_sincos_position_embedding``; class position zeros."""
     if embed_dim % 4 != 0:
         raise ValueError(f"embed_dim must be divisible by 4 for the 2-D sin-cos position embedding, got {embed_dim}")
-    grid_w, grid_h = torch.meshgrid(
-        torch.arange(grid_size, dtype=torch.float32), torch.arange(grid_size, dtype=torch.float32), indexing="ij"
-    )
+    grid = torch.arange(grid_size, dtype=torch.float32, device=device)
+    grid_w, grid_h = torch.meshgrid(grid, grid, indexing="ij")
     pos_dim = embed_dim // 4
-    omega = 1.0 / temperature ** (torch.arange(pos_dim, dtype=torch.float32) / pos_dim)
+    omega = 1.0 / temperature ** (torch.arange(pos_dim, dtype=torch.float32, device=device) / pos_dim)
     out_w = torch.einsum("m,d->md", grid_w.flatten(), omega)
     out_h = torch.einsum("m,d->md", grid_h.flatten(), omega)
     pe = torch.cat([out_w.sin(), out_w.cos(), out_h.sin(), out_h.cos()], dim=1)
-    return torch.cat([torch.zeros(1, embed_dim), pe], dim=0)[None]
+    return torch.cat([torch.zeros(1, embed_dim, device=device), pe], dim=0)[None]
+
+
+def interpolate_pos_embed(pos_embed: torch.Tensor, grid_size: int) -> torch.Tensor:
+    """A learned (1, 1 + G*G, D) table resampled to a g × g grid, as DINO's ``interpolate_pos_encoding``
+    (vision_transformer.py:174-194): the patch positions bicubically, with scale factor (g + 0.1) / G (the
+    +0.1 guards the output size against float error, DINO issue #8), the class position as it is."""
+    n = pos_embed.shape[1] - 1
+    old = int(round(math.sqrt(n)))
+    if grid_size == old:
+        return pos_embed
+    dim = pos_embed.shape[-1]
+    patch = pos_embed[:, 1:].reshape(1, old, old, dim).permute(0, 3, 1, 2)
+    scale = (grid_size + 0.1) / old
+    patch = F.interpolate(patch, scale_factor=(scale, scale), mode="bicubic")
+    if tuple(patch.shape[-2:]) != (grid_size, grid_size):
+        raise ValueError(f"position embedding resampled to {tuple(patch.shape[-2:])}, not {grid_size}x{grid_size}")
+    return torch.cat([pos_embed[:, :1], patch.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
 
 
 class DropPath(nn.Module):
@@ -175,10 +195,15 @@ class VisionTransformer(nn.Module):
         pool: str = "cls",
         stop_grad_conv1: bool = False,
         layer_scale: float = 0.0,
+        pos_embed: str = "sincos",
+        init: str = "moco_v3",
     ):
         super().__init__()
         if pool not in ("cls", "avg"):
             raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
+        if pos_embed not in ("sincos", "learned") or init not in ("moco_v3", "trunc_normal"):
+            raise ValueError(f"pos_embed must be sincos or learned and init moco_v3 or trunc_normal, "
+                             f"got {pos_embed!r}, {init!r}")
         if image_size % patch_size != 0:
             raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}; "
                              "choose a patch size that divides the image size")
@@ -189,15 +214,41 @@ class VisionTransformer(nn.Module):
         self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth, self.pool = depth, pool
+        self.learned_pos = pos_embed == "learned"
         grid = image_size // patch_size
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(build_2d_sincos_position_embedding(grid, embed_dim), requires_grad=False)
+        self.pos_embed = nn.Parameter(build_2d_sincos_position_embedding(grid, embed_dim),
+                                      requires_grad=self.learned_pos)
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r, layer_scale) for r in rates])
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
-        self._init_weights(stop_grad_conv1)
+        self._other_grids: dict = {}  # fixed sin-cos tables of other grid sizes, per (grid, device)
+        if init == "trunc_normal":
+            self._init_trunc_normal(stop_grad_conv1)
+        else:
+            self._init_weights(stop_grad_conv1)
+
+    @torch.no_grad()
+    def _init_trunc_normal(self, stop_grad_conv1: bool) -> None:
+        """DINO / timm init (DINO vision_transformer.py:161-172): truncated normal std .02 for every Linear
+        weight, the class token and a learned position table; zero Linear biases; LayerNorm 1 / 0; the patch
+        convolution keeps PyTorch's default init."""
+        if self.learned_pos:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if stop_grad_conv1:
+            self.patch_embed.proj.weight.requires_grad_(False)
+            self.patch_embed.proj.bias.requires_grad_(False)
 
     @torch.no_grad()
     def _init_weights(self, stop_grad_conv1: bool) -> None:
@@ -224,15 +275,31 @@ class VisionTransformer(nn.Module):
             proj.bias.requires_grad_(False)
 
     def _check_input(self, x: torch.Tensor) -> None:
-        C, S = self.in_chans, self.image_size
-        if x.ndim != 4 or tuple(x.shape[1:]) != (C, S, S):
-            raise ValueError(f"ViT expects ({C}, {S}, {S}) images, got a tensor of shape {tuple(x.shape)}")
+        C, S, p = self.in_chans, self.image_size, self.patch_size
+        if x.ndim != 4 or x.shape[1] != C or x.shape[2] != x.shape[3] or x.shape[2] % p:
+            raise ValueError(f"ViT expects square ({C}, S, S) images with S divisible by the patch size {p} "
+                             f"(the model size is {S}), got a tensor of shape {tuple(x.shape)}")
+
+    def position_embedding(self, size: int) -> torch.Tensor:
+        """The (1, 1 + g*g, D) position table of a ``size``-pixel input (g = size / patch): the model's own at
+        the model size; otherwise the fixed sin-cos table of the g × g grid (made once per grid and device)
+        or the learned one resampled (``interpolate_pos_embed``, differentiable)."""
+        grid = size // self.patch_size
+        if size == self.image_size:
+            return self.pos_embed
+        if self.learned_pos:
+            return interpolate_pos_embed(self.pos_embed, grid)
+        key = (grid, self.pos_embed.device)
+        if key not in self._other_grids:
+            self._other_grids[key] = build_2d_sincos_position_embedding(grid, self.embed_dim, device=key[1])
+        return self._other_grids[key].to(self.pos_embed.dtype)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """All tokens (B, 1+N, D) after the final LayerNorm; token 0 is the class token."""
         self._check_input(x)
+        pos = self.position_embedding(x.shape[-1])
         x = self.patch_embed(x)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos
         return self.norm(self.blocks(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,185 @@
+"""DINO (Caron et al. 2021): self-distillation with no labels, as facebookresearch/dino main_dino.py.
+
+Per step (Algorithm 1 of the paper, with the official code's details):
+
+    t = teacher_head(teacher_backbone(x_global))        # the 2 global crops only, no gradient
+    s = head(backbone(x_all))                           # every crop; one backbone call per resolution
+    loss = mean over pairs (i, v), v ≠ i, of H(softmax((t_i − C) / τt), softmax(s_v / τs))
+    C ← m_c · C + (1 − m_c) · mean(t)                   # over the global batch (all-reduce), after the loss
+    optimiser step; then teacher ← λ · teacher + (1 − λ) · student   (parameters only)
+
+Official behaviour reproduced (file:line of the official code in docs/NEW-METHODS, DINO part):
+the DINO head (``models.heads.DINOHead``: MLP → bottleneck, L2-normalised, weight-normalised last layer,
+``norm_last_layer``); teacher = a copy of the student without drop path; lr, weight decay and teacher
+momentum follow ``utils.cosine_scheduler`` per iteration (``schedules.dino_cosine``: lr warm-up from 0,
+wd 0.04 → 0.4 on the decayed parameter groups only, λ 0.996 → 1); τt warms up per epoch
+(``schedules.teacher_temperature``); gradients are clipped per parameter tensor (``clip_grad``, not one
+global norm) and then the last layer's gradients are dropped (``grad = None``: AdamW neither moves nor
+decays it) during the first ``freeze_last_layer`` epochs; biases and 1-D tensors get no weight decay
+(``optim.decay_1d: false`` in the presets). Crops of one resolution go through a backbone in one call, with
+BatchNorm too (the MultiCropWrapper). The teacher backbone is the one evaluated, exported and measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from selfsup.distributed import all_reduce_sum, world
+from selfsup.errors import UserError
+from selfsup.losses import dino_center, dino_loss
+from selfsup.methods.base import SSLMethod, check_momentum, encode_views
+from selfsup.models.heads import DINOHead
+from selfsup.schedules import dino_cosine, scaled_lr, teacher_temperature
+
+
+@dataclass
+class DINOConfig:
+    """DINO hyper-parameters; defaults are main_dino.py's argument defaults."""
+
+    out_dim: int = 65536  # K prototypes
+    hidden_dim: int = 2048
+    bottleneck_dim: int = 256
+    head_layers: int = 3
+    use_bn_in_head: bool = False
+    norm_last_layer: bool = True  # False for ViT-S in the boosted recipe ("only safe with vit_small")
+    momentum: float = 0.996  # momentum_teacher λ0 (0.9995 advised at batch 256)
+    momentum_schedule: str = "cosine"  # cosine (official: λ → 1 per iteration) | constant
+    student_temp: float = 0.1
+    teacher_temp: float = 0.04  # final τt
+    warmup_teacher_temp: float = 0.04
+    warmup_teacher_temp_epochs: int = 0  # code default 0 (its help text says 30; the README recipe uses 30)
+    center_momentum: float = 0.9
+    weight_decay_end: float = 0.4  # wd cosine from optim.weight_decay (0.04) to this, per iteration
+    clip_grad: float = 3.0  # per-parameter-tensor gradient norm bound; 0 = off
+    freeze_last_layer: int = 1  # epochs during which the last layer's gradients are dropped
+
+    def validate(self) -> None:
+        for key in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers"):
+            if getattr(self, key) < 1:
+                raise UserError(f"method.{key}={getattr(self, key)} must be >= 1")
+        for key in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
+            if not getattr(self, key) > 0:
+                raise UserError(f"method.{key}={getattr(self, key)} must be > 0")
+        if not 0 <= self.center_momentum < 1:
+            raise UserError(f"method.center_momentum={self.center_momentum} must be in [0, 1)")
+        for key in ("warmup_teacher_temp_epochs", "freeze_last_layer", "clip_grad", "weight_decay_end"):
+            if getattr(self, key) < 0:
+                raise UserError(f"method.{key}={getattr(self, key)} must be >= 0")
+        check_momentum(self)
+
+
+def _without_drop_path(module: nn.Module) -> nn.Module:
+    """The teacher is built without stochastic depth (main_dino.py:162-166): every drop-path rate set to 0."""
+    for m in module.modules():
+        if hasattr(m, "drop_prob"):  # timm DropPath
+            m.drop_prob = 0.0
+        elif type(m).__name__ == "DropPath" and hasattr(m, "p"):  # selfsup ViT
+            m.p = 0.0
+    return module
+
+
+class DINO(SSLMethod):
+    """Student ``head(backbone(x))`` on every crop, EMA teacher on the two global crops, centred targets."""
+
+    Config = DINOConfig
+    recipe = "dino"
+    eval_backbone_name = "teacher_backbone"  # the official kNN and the released weights are the teacher's
+    uses_momentum = True
+    n_global = 2
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c = cfg.method
+        self.head = DINOHead(self.backbone.num_features, c.out_dim, c.hidden_dim, c.bottleneck_dim,
+                             c.head_layers, c.use_bn_in_head, c.norm_last_layer)
+        self.teacher_backbone = _without_drop_path(self.momentum_target(self.backbone))
+        self.teacher_head = self.momentum_target(self.head)
+        self.register_buffer("center", torch.zeros(1, c.out_dim))
+        self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
+        self.weight_decay = cfg.optim.weight_decay
+        self.post_step_hooks.append(self.teacher_ema)
+
+    def trainable(self):
+        return {"backbone": self.backbone, "head": self.head}
+
+    # ----------------------------------------------------------------- the step
+    def forward_views(self, views):
+        c = self.cfg.method
+        if len(views) < self.n_global:
+            raise UserError(f"DINO needs the 2 global crops of its view plan, got {len(views)} view(s)")
+        with torch.no_grad():  # the teacher sees the global crops only, in one call per resolution
+            t_feats = encode_views(self.teacher_backbone, views[:self.n_global], per_view_batch_norm=False)
+            t_logits = self.teacher_head(torch.cat(t_feats))
+        s_logits = self.head(torch.cat(encode_views(self.backbone, views, per_view_batch_norm=False)))
+        loss = dino_loss(s_logits, t_logits, self.center, c.student_temp, self.teacher_temp, self.n_global)
+        with torch.no_grad():  # the collapse signs DINO users watch (the paper's Fig. 7), from this step's tensors
+            log_q = F.log_softmax((t_logits - self.center) / self.teacher_temp, dim=-1)
+            entropy = -(log_q.exp() * log_q).sum(-1).mean()
+            signs = {"dino_teacher_entropy": entropy,
+                     "dino_kl_teacher_student": loss.detach() - entropy,  # mean over pairs of KL(q_i || p_v)
+                     "dino_center_norm": self.center.norm()}
+        self.update_center(t_logits)
+        return {"loss": loss, "embedding": t_feats[0], "embedding2": t_feats[1], "instruments": signs}
+
+    @torch.no_grad()
+    def update_center(self, teacher_logits: torch.Tensor) -> None:
+        """C ← m C + (1 − m) · (teacher outputs of the global crops, summed and all-reduced) / (2 B · world)."""
+        _, size = world()
+        total = all_reduce_sum(teacher_logits.float().sum(dim=0, keepdim=True))
+        self.center.copy_(dino_center(self.center, total, teacher_logits.shape[0] * size,
+                                      self.cfg.method.center_momentum))
+
+    # ----------------------------------------------------------------- schedules
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        """Per iteration: lr (warm-up from 0, cosine to min_lr), wd of the decayed groups (cosine to
+        ``weight_decay_end``), teacher momentum (cosine to 1), all ``utils.cosine_scheduler``; τt per epoch."""
+        step, o, c = self.trainer.global_step, self.cfg.optim, self.cfg.method
+        total = self.total_steps
+        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
+        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
+        self.lr = dino_cosine(step, total, int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
+        self.weight_decay = dino_cosine(step, total, 0, o.weight_decay, c.weight_decay_end)
+        for group in self.trainer.optimizers[0].param_groups:
+            group["lr"] = self.lr * group["lr_scale"]
+            if group.get("decayed", False):
+                group["weight_decay"] = self.weight_decay
+        self.momentum = dino_cosine(step, total, 0, c.momentum, 1.0) if c.momentum_schedule == "cosine" else c.momentum
+        self.teacher_temp = teacher_temperature(self.current_epoch, c.warmup_teacher_temp, c.teacher_temp,
+                                                c.warmup_teacher_temp_epochs)
+
+    def training_step(self, batch, batch_idx: int):
+        views, labels = batch
+        out = self.forward_views(views)
+        self.log_step(out["loss"], {"train/loss": out["loss"], "train/lr": self.lr, "train/momentum": self.momentum,
+                                    "train/wd": self.weight_decay, "train/teacher_temp": self.teacher_temp})
+        out["labels"] = labels
+        return out
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Per-tensor gradient clipping (utils.clip_gradients: each gradient scaled to norm ≤ ``clip_grad``),
+        then the last layer's gradients dropped during the first ``freeze_last_layer`` epochs
+        (utils.cancel_gradients_last_layer: ``grad = None``, after clipping). No host read: the scale is
+        ``min(1, clip / (‖g‖ + 1e-6))`` on the device (exactly 1 where the official code skips the tensor)."""
+        clip = self.cfg.method.clip_grad
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if clip > 0 and grads:
+            norms = torch.stack(torch._foreach_norm(grads))
+            torch._foreach_mul_(grads, (clip / (norms + 1e-6)).clamp(max=1.0).unbind())
+        if self.current_epoch < self.cfg.method.freeze_last_layer:
+            for name, p in self.named_parameters():
+                if "last_layer" in name:
+                    p.grad = None
+
+    def teacher_ema(self) -> None:
+        """The post-step hook: the teacher's EMA with this iteration's momentum (main_dino.py:344-350)."""
+        self.ema_step(self.momentum)
+
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+        for group in optimizer.param_groups:  # the decayed groups follow the wd schedule (official param_groups[0])
+            group["decayed"] = self.cfg.optim.decay_1d or any(p.ndim > 1 for p in group["params"])
+        return optimizer
