@@ -56,7 +56,8 @@ def step(model, views, optimizer) -> None:
     model.on_before_optimizer_step(optimizer)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    model.update_momentum_encoder()
+    for hook in model.post_step_hooks:  # the teacher EMA (DINO), as the training base runs it
+        hook()
 
 
 def timed(model, views, optimizer, steps: int, device) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from conftest import TINY
+from ssl_helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 # 3 batches per epoch, 2 epochs, warmup over the first: lr, momentum and EMA decay change every step
