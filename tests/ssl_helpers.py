@@ -119,6 +119,17 @@ def raises_user_error(*words):
 RESUME = TINY + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "optim.warmup_epochs=1"]
 
 
+class CtrlCAtStep(pl.Callback):
+    """A Ctrl-C before training step ``step`` (0-based): the last checkpoint is the one after ``step`` steps."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
 class StopAfterEpoch(pl.Callback):
     """Ends fit cleanly at the end of the first epoch (the epoch-end checkpoint is still written)."""
 
@@ -187,3 +198,15 @@ def mfu_benchmark():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+MULTICROP = {"local_crops_number": 2, "local_crops_size": 4}  # a 2 global + 2 local view plan on 8x8 digits
+
+
+def tiny_dino(method_extra=None, **sections):
+    """A tiny DINO on the 2 + 2 crop plan (``tiny_config``'s micro ViT)."""
+    from selfsup.methods import DataInfo
+    from selfsup.methods.build import build_method
+
+    sections.setdefault("augment", MULTICROP)
+    return build_method(tiny_config("dino", method_extra, **sections), DataInfo(1, 8, (0.5,), (0.25,)))

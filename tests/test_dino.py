@@ -14,17 +14,8 @@ from selfsup.errors import UserError
 from selfsup.losses import dino_center, dino_loss
 from selfsup.models.heads import DINOHead
 from selfsup.schedules import dino_cosine, teacher_temperature
-from ssl_helpers import tiny_config
-
-MULTICROP = {"local_crops_number": 2, "local_crops_size": 4}
-
-
-def dino(method_extra=None, **sections):
-    from selfsup.methods import DataInfo
-    from selfsup.methods.build import build_method
-
-    sections.setdefault("augment", MULTICROP)
-    return build_method(tiny_config("dino", method_extra, **sections), DataInfo(1, 8, (0.5,), (0.25,)))
+from ssl_helpers import MULTICROP, tiny_config
+from ssl_helpers import tiny_dino as dino
 
 
 def plan_views(model, batch=8, seed=0):
@@ -304,7 +295,7 @@ def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path,
     optimiser state, losses."""
     import selfsup.engine as engine
     from selfsup.config import load_run_config
-    from test_resume import CtrlCAtStep, ckpt, losses, with_callback
+    from ssl_helpers import CtrlCAtStep, ckpt, losses, with_callback
 
     def cfg(out, name, *extra):
         return load_run_config("dino-digits", [

@@ -28,7 +28,7 @@ def fixed_views() -> list[torch.Tensor]:
 
 
 def method():
-    from test_dino import dino
+    from ssl_helpers import tiny_dino as dino
 
     torch.manual_seed(0)
     m = dino().train()

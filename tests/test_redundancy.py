@@ -242,7 +242,7 @@ RESUME = SMALL + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "opti
 def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from test_resume import CtrlCAtStep, ckpt, with_callback
+    from ssl_helpers import CtrlCAtStep, ckpt, with_callback
 
     straight = engine.pretrain(load_run_config(preset, RESUME + [f"output_dir={tmp_path}", "name=A"]))
     cfg = load_run_config(preset, RESUME + [f"output_dir={tmp_path}", "name=B"])
@@ -276,7 +276,7 @@ def test_cli_pretrain_of_the_cpu_presets(preset, tmp_path):
     import json
 
     from idx_files import fake_fashion
-    from test_cli import run_cli
+    from ssl_helpers import run_cli
 
     extra = []
     if preset.endswith("fmnist"):

@@ -9,22 +9,11 @@ import pytest
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt, with_callback
+from ssl_helpers import RESUME, CtrlCAtStep, StopAfterEpoch, assert_same_run, ckpt, with_callback
 
 
 def cfg_for(out, name, *extra):
     return load_run_config("moco-v3-vit-digits", RESUME + list(extra) + [f"output_dir={out}", f"name={name}"])
-
-
-class CtrlCAtStep(pl.Callback):
-    """A Ctrl-C before training step ``step`` (0-based): the last checkpoint is the one after ``step`` steps."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise KeyboardInterrupt
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from selfsup.errors import UserError
 from selfsup.methods import METHODS
 from selfsup.methods.base import NonFiniteLoss, TrainingBase, compile_step_modules
 from selfsup.methods.build import build_method, data_info
-from conftest import TINY
+from ssl_helpers import TINY
 from ssl_helpers import tiny_method
 
 FLOW = ["data.batch_size=32", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false"]
@@ -38,7 +38,7 @@ def every_method():
 def test_every_registered_method_is_on_the_one_base():
     assert all(issubclass(cls, TrainingBase) for cls in METHODS.values())
     assert {cls.family for cls in METHODS.values()} == {"joint", "flow"}
-    assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol"}
+    assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol", "dino"}
 
 
 def test_trainable_declares_exactly_the_trained_parameters():

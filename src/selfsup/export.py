@@ -54,7 +54,8 @@ def architecture(backbone: nn.Module) -> dict:
     if isinstance(backbone, VisionTransformer):
         k = backbone.kwargs
         return {"family": "vit", "class": f"{cls.__module__}.{cls.__qualname__}", "kwargs": dict(k),
-                "class_token": True, "pos_embed": "sincos_2d", "pos_embed_trainable": False,
+                "class_token": True, "pos_embed": "learned" if k["pos_embed"] == "learned" else "sincos_2d",
+                "pos_embed_trainable": k["pos_embed"] == "learned",
                 "num_prefix_tokens": 1, "mlp_hidden": int(k["embed_dim"] * k["mlp_ratio"]), "act_layer": "GELU",
                 "norm_layer": "LayerNorm", "norm_eps": backbone.norm.eps, "pre_norm": False,
                 "final_norm": "norm", "num_features": backbone.num_features}

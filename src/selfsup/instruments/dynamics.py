@@ -189,12 +189,12 @@ class StepInstruments(pl.Callback):
         self.every, self.key = every_n_steps, key
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or _step(trainer) % self.every:
+        if not isinstance(outputs, dict) or measured_step(trainer) % self.every or not stepped(trainer):
             return
         values = outputs.get(self.key)
         if isinstance(values, dict) and values:
             log_metrics(trainer, {k: v for k, v in values.items() if isinstance(v, (Tensor, float, int))},
-                        _step(trainer))
+                        measured_step(trainer))
 
 
 class RankCollapse(pl.Callback):

@@ -210,7 +210,8 @@ class VisionTransformer(nn.Module):
         self.kwargs = dict(image_size=image_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
                            depth=depth, num_heads=num_heads, mlp_ratio=float(mlp_ratio), qkv_bias=qkv_bias,
                            drop_path_rate=float(drop_path_rate), pool=pool, stop_grad_conv1=stop_grad_conv1,
-                           layer_scale=float(layer_scale))  # every constructor argument (the export's metadata)
+                           layer_scale=float(layer_scale), pos_embed=pos_embed,
+                           init=init)  # every constructor argument (the export's metadata)
         self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth, self.pool = depth, pool
