@@ -38,7 +38,8 @@ def make_jpegs(folder: Path, n: int, width: int = 500, height: int = 375) -> lis
     files = []
     for i in range(n):
         a, b, c = rng.uniform(0.005, 0.03, 3)
-        img = np.stack([128 + 100 * np.sin(a * xx + i), 128 + 100 * np.cos(b * yy), 128 + 80 * np.sin(c * (xx + yy))], -1)
+        img = np.stack([128 + 100 * np.sin(a * xx + i), 128 + 100 * np.cos(b * yy),
+                        128 + 80 * np.sin(c * (xx + yy))], -1)
         img += rng.normal(0, 12, img.shape)
         img[int(rng.integers(0, height)):, : int(rng.integers(0, width))] *= 0.6  # an edge
         f = folder / f"{i:04d}.jpg"
@@ -93,10 +94,14 @@ def main() -> None:
         idx = torch.arange(n)
         out = {"images": n, "size": args.size, "jpeg": "500x375 q90", "views_per_image": 2, "threads": 1,
                "cpu_count_here": os.cpu_count(), "load_average_here": os.getloadavg()[0]}
-        out["selfsup_draft_images_per_s"], out["selfsup_draft_images_per_cpu_s"] = rate(lambda: draft.crops(idx, 0), n, repeat)
-        out["selfsup_full_decode_images_per_s"], out["selfsup_full_decode_images_per_cpu_s"] = rate(lambda: full.crops(idx, 0), n, repeat)
-        out["torchvision_pil_images_per_s"], out["torchvision_pil_images_per_cpu_s"] = rate(torchvision_two_views, n, repeat)
-        out["previous_centre_square_images_per_s"], out["previous_centre_square_images_per_cpu_s"] = rate(lambda: old[idx], n, repeat)
+        out["selfsup_draft_images_per_s"], out["selfsup_draft_images_per_cpu_s"] = rate(
+            lambda: draft.crops(idx, 0), n, repeat)
+        out["selfsup_full_decode_images_per_s"], out["selfsup_full_decode_images_per_cpu_s"] = rate(
+            lambda: full.crops(idx, 0), n, repeat)
+        out["torchvision_pil_images_per_s"], out["torchvision_pil_images_per_cpu_s"] = rate(
+            torchvision_two_views, n, repeat)
+        out["previous_centre_square_images_per_s"], out["previous_centre_square_images_per_cpu_s"] = rate(
+            lambda: old[idx], n, repeat)
     best = out["selfsup_draft_images_per_cpu_s"]  # per CPU-second: one worker on an idle core
     out["speedup_vs_torchvision_cpu"] = best / out["torchvision_pil_images_per_cpu_s"]
     out["workers_for_target"] = math.ceil(args.target / best)

@@ -195,8 +195,8 @@ def main(argv=None) -> int:
     out_path.write_text(json.dumps(result, indent=2))
 
     steps = sorted({s for r in result["runs"].values() for s, _ in r["knn_curve"]})
-    print(f"\nkNN top-1 % (k=20, T=0.07; monitor subsets: at most {args.knn_train} train / {args.knn_test} test images) "
-          "by steps trained")
+    print(f"\nkNN top-1 % (k=20, T=0.07; monitor subsets: at most {args.knn_train} train / "
+          f"{args.knn_test} test images) by steps trained")
     print(f"{'variant':<12}" + "".join(f"{s:>8}" for s in steps) + f"{'wall s':>9}")
     for variant, r in result["runs"].items():
         curve = dict(r["knn_curve"])
@@ -206,7 +206,8 @@ def main(argv=None) -> int:
         a = r["alignment"]
         if a:
             last = {k: v[-1][1] for k, v in a.items()}
-            print(f"{variant:<12} predictor alignment at step {a['pred_commutator'][-1][0] if 'pred_commutator' in a else '?'}: "
+            print(f"{variant:<12} predictor alignment at step "
+                  f"{a['pred_commutator'][-1][0] if 'pred_commutator' in a else '?'}: "
                   + ", ".join(f"{k.removeprefix('pred_')} {v:.3f}" for k, v in sorted(last.items())))
     c = result["cost"]
     print(f"\nper step (d={c['dim']}, batch {c['batch_size']}): train step {c['train_step_s'] * 1e3:.1f} ms; "

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = {"default": [], "cut_init_c3": ["interventions.cut_init=3"], "grad_scale_p1": ["interventions.grad_scale_p=1"],
+VARIANTS = {"default": [], "cut_init_c3": ["interventions.cut_init=3"],
+            "grad_scale_p1": ["interventions.grad_scale_p=1"],
             "cut_init_last_c3": ["interventions.cut_init=3", "interventions.cut_init_scope=projector_last"]}
 DEFAULT_VARIANTS = ["default", "cut_init_c3", "grad_scale_p1"]
 PRESETS = {"fashion-mnist": "{}-fmnist", "digits": "{}-digits"}

@@ -43,12 +43,14 @@ def run_once(case: list[str], extra: list[str], out: Path) -> dict:
     (result,) = report["results"].values()
     s = result["selfsup"]
     return {"step_ms": s["step_ms_best"], "cpu_step_ms": s["cpu_step_ms_best"], "mfu": s["mfu_best"],
-            "peak_flops": report["peak_flops"], "flop_kernels_share": (s.get("flop_kernels") or {}).get("flop_kernels_share")}
+            "peak_flops": report["peak_flops"],
+            "flop_kernels_share": (s.get("flop_kernels") or {}).get("flop_kernels_share")}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--levers", nargs="+", default=list(LEVERS), help="NAME=FLAGS (mfu.py flags), each against the baseline")
+    p.add_argument("--levers", nargs="+", default=list(LEVERS),
+                   help="NAME=FLAGS (mfu.py flags), each against the baseline")
     p.add_argument("--method", default="moco_v3")
     p.add_argument("--heads", default="wide", choices=("preset", "wide"))
     p.add_argument("--rounds", type=int, default=4)
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {"flags": levers[name], "runs": rs,
                          "step_ms_median": statistics.median(x["step_ms"] for x in rs),
                          "cpu_step_ms_median": statistics.median(x["cpu_step_ms"] for x in rs),
-                         "speedup_median": statistics.median(ratios), "speedup_each_round": [round(x, 3) for x in ratios]}
+                         "speedup_median": statistics.median(ratios),
+                         "speedup_each_round": [round(x, 3) for x in ratios]}
     report = {"benchmark": "levers", "settings": {"case": case, "rounds": args.rounds, "quick": args.quick},
               "machine": machine_info(_device()), "wall_s": time.perf_counter() - started, "results": results}
     write_report(report, args.out)
@@ -90,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'lever':<28} {'ms/step (median)':>16} {'CPU ms':>8} {'speed-up vs baseline (median, each round)':>44}")
     for name, r in results.items():
         each = " ".join(f"{x:.2f}" for x in r["speedup_each_round"])
-        print(f"{name:<28} {r['step_ms_median']:>16.1f} {r['cpu_step_ms_median']:>8.1f} {r['speedup_median']:>9.2f}x   ({each})")
+        print(f"{name:<28} {r['step_ms_median']:>16.1f} {r['cpu_step_ms_median']:>8.1f} "
+              f"{r['speedup_median']:>9.2f}x   ({each})")
     print(f"wrote {args.out}")
     return 0
 

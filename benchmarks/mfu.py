@@ -171,7 +171,8 @@ class FlowStep:
 
     def loss(self, batch):
         x0, labels = batch
-        self.model.rng(x0.device).manual_seed(self.seed * 1_000_003 + self.steps)  # noise, t, masks: per step, as in fit
+        # noise, t, masks: per step, as in fit
+        self.model.rng(x0.device).manual_seed(self.seed * 1_000_003 + self.steps)
         with self.autocast():
             return self.model.forward_flow(x0, self.model.class_labels(labels))["loss"]
 
@@ -204,7 +205,8 @@ class LightlyStep:
         self.method, self.utils, self.autocast = method, utils, autocast
         self.backbone = timm_twin(backbone)
         if method == "moco_v3":
-            self.projector = lh.MoCoProjectionHead(d, c.proj_hidden_dim, c.dim, num_layers=c.proj_layers, batch_norm=True)
+            self.projector = lh.MoCoProjectionHead(d, c.proj_hidden_dim, c.dim, num_layers=c.proj_layers,
+                                                   batch_norm=True)
             self.predictor = lh.BYOLPredictionHead(c.dim, c.pred_hidden_dim, c.dim)
             self.criterion = NTXentLoss(temperature=c.temperature)
         elif method == "byol":
@@ -388,7 +390,8 @@ def make_views(cfg, info, device, n_batches: int, args):
     if args.synthetic:
         g = torch.Generator(device=device).manual_seed(0)
         shape = (args.batch_size, info.channels, info.image_size, info.image_size)
-        return [[torch.randn(shape, generator=g, device=device) for _ in range(2)] for _ in range(n_batches)], None, model
+        return ([[torch.randn(shape, generator=g, device=device) for _ in range(2)] for _ in range(n_batches)],
+                None, model)
     from selfsup.data.datasets import load_dataset
 
     data = load_dataset(cfg.data, "train")
@@ -407,7 +410,8 @@ def summarize(times: list[list[tuple[float, float]]], flops: int, batch: int, pe
     means = [sum(w for w, _ in t) / len(t) for t in times]
     cpu = [sum(c for _, c in t) / len(t) for t in times]
     best, med = min(means), statistics.median(means)
-    return {"step_ms_best": 1000 * best, "step_ms_median": 1000 * med, "rep_step_ms": [round(1000 * m, 2) for m in means],
+    return {"step_ms_best": 1000 * best, "step_ms_median": 1000 * med,
+            "rep_step_ms": [round(1000 * m, 2) for m in means],
             "cpu_step_ms_best": 1000 * min(cpu), "rep_cpu_step_ms": [round(1000 * m, 2) for m in cpu],
             "images_per_s_best": batch / best, "images_per_s_median": batch / med,
             "tflops_best": flops / best / 1e12, "mfu_best": flops / best / peak, "mfu_median": flops / med / peak}
@@ -456,7 +460,8 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
     times = time_reps(steps, batches, device, args, peaks, f"{method} {heads}")
     peak = max(peaks)
     out = {"preset": preset_name(method, dataset, args),
-           "heads": {k: getattr(cfg.method, k) for k in ("proj_hidden_dim", "dim", "pred_hidden_dim") if hasattr(cfg.method, k)}}
+           "heads": {k: getattr(cfg.method, k) for k in ("proj_hidden_dim", "dim", "pred_hidden_dim")
+                     if hasattr(cfg.method, k)}}
     for k, step in steps.items():
         out[k] = {"flops_per_step": flops[k][0], "flops_per_image": flops[k][0] / args.batch_size,
                   "flops_by_op": flops[k][1], **summarize(times[k], flops[k][0], args.batch_size, peak)}
@@ -532,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="trainer.memory_format of the selfsup step (auto: channels_last for a CNN on a GPU)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a config override of the selfsup step, e.g. --set model.backbone=resnet18 (repeatable)")
-    p.add_argument("--attention", default=None, choices=("sdpa", "matmul"), help="the ViT attention path (default sdpa)")
+    p.add_argument("--attention", default=None, choices=("sdpa", "matmul"),
+                   help="the ViT attention path (default sdpa)")
     p.add_argument("--profile", action="store_true", help="print and record the profiler table of one step")
     p.add_argument("--host-allocator", default="cached", choices=("cached", "system"),
                    help="cached (what selfsup pretrain sets on CPU: selfsup.host) or glibc's own; process-wide, "

@@ -64,7 +64,8 @@ def evaluate(backbone_file: Path, train, test, args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", default=",".join(DEFAULT_PRESETS), help="comma list; preset+key=value+... adds overrides")
+    p.add_argument("--presets", default=",".join(DEFAULT_PRESETS),
+                   help="comma list; preset+key=value+... adds overrides")
     p.add_argument("--steps", type=int, default=60, help="training steps per preset")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--eval-train", type=int, default=10000, help="training images the kNN / probe fit on")

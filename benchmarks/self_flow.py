@@ -247,7 +247,8 @@ def bare_steps(cfg, dataset, warmup: int, steps: int) -> list[tuple[float, float
     ema = (list(model.student.parameters()), list(model.ema.parameters()))
     b, total, ends, step, epoch = cfg.data.batch_size, warmup + steps, [], 0, 0
     while step < total:
-        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(cfg.trainer.seed * 100_003 + epoch))
+        order = torch.randperm(len(dataset),
+                               generator=torch.Generator().manual_seed(cfg.trainer.seed * 100_003 + epoch))
         for i in range(len(dataset) // b):
             if step >= total:
                 break
@@ -298,8 +299,8 @@ def throughput(method: str, encoder, args, dataset) -> dict:
     from selfsup.config import load_run_config
 
     with tempfile.TemporaryDirectory(prefix="selfsup-flow-bench-") as tmp:
-        o = [x for x in flow_overrides(args, method, encoder) if not x.startswith(("trainer.max_epochs",
-                                                                                      "trainer.limit_train", "output_dir"))]
+        o = [x for x in flow_overrides(args, method, encoder)
+             if not x.startswith(("trainer.max_epochs", "trainer.limit_train", "output_dir"))]
         cfg = load_run_config(PRESETS[method], o + ["trainer.max_epochs=100", f"output_dir={tmp}"])
         reps = {"engine": [], "bare": []}
         for _ in range(args.reps):
@@ -316,7 +317,8 @@ def throughput(method: str, encoder, args, dataset) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", choices=sorted(DATASETS), help="default: fashion-mnist when its files exist, else digits")
+    p.add_argument("--dataset", choices=sorted(DATASETS),
+                   help="default: fashion-mnist when its files exist, else digits")
     p.add_argument("--steps", type=int, default=1200, help="training steps per method (default 1200)")
     p.add_argument("--checkpoints", default="300,600", help="steps at which samples are scored (the last is added)")
     p.add_argument("--batch-size", type=int, default=128)

@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             "bare": bare, "engine": engine,
             "overhead_pct_median": 100 * (engine["step_ms_median"] / bare["step_ms_median"] - 1),
             "overhead_pct_min": 100 * (engine["step_ms_min"] / bare["step_ms_min"] - 1),
-            "overhead_pct_median_all_steps": 100 * (engine["step_ms_median_all_steps"] / bare["step_ms_median_all_steps"] - 1),
+            "overhead_pct_median_all_steps":
+                100 * (engine["step_ms_median_all_steps"] / bare["step_ms_median_all_steps"] - 1),
             "overhead_pct_cpu_min": 100 * (engine["cpu_step_ms_min"] / bare["cpu_step_ms_min"] - 1),
         }
     report = {
@@ -250,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_report(report, args.out)
 
-    print(f"\n{args.dataset} {dataset.image_size}x{dataset.image_size}, vit_micro patch {DATASET_SETTINGS[args.dataset][0]}, "
+    print(f"\n{args.dataset} {dataset.image_size}x{dataset.image_size}, "
+          f"vit_micro patch {DATASET_SETTINGS[args.dataset][0]}, "
           f"batch {args.batch_size}, {device}, {args.threads} threads; {args.steps} steps x {args.reps} reps "
           f"after {args.warmup} warm-up")
     print(f"{'method':<9} {'bare img/s (best/med)':>22} {'engine img/s (best/med)':>24} {'overhead min/med':>18}"
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         b, e = r["bare"], r["engine"]
         print(f"{method:<9} {b['images_per_s_best']:>10.1f} / {b['images_per_s_median']:<9.1f} "
               f"{e['images_per_s_best']:>11.1f} / {e['images_per_s_median']:<10.1f} "
-              f"{r['overhead_pct_min']:>+7.1f}% / {r['overhead_pct_median']:+6.1f}% {r['overhead_pct_cpu_min']:>+9.1f}%")
+              f"{r['overhead_pct_min']:>+7.1f}% / {r['overhead_pct_median']:+6.1f}% "
+              f"{r['overhead_pct_cpu_min']:>+9.1f}%")
     print(f"wrote {args.out}")
     return 0
 

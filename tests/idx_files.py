@@ -10,7 +10,8 @@ import numpy as np
 
 def write_idx(path, array, compress):
     array = np.asarray(array, dtype=np.uint8)
-    data = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape) + array.tobytes()
+    data = (struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+            + array.tobytes())
     with (gzip.open if compress else open)(path, "wb") as f:
         f.write(data)
 

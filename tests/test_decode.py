@@ -55,7 +55,8 @@ def test_eval_transform_equals_torchvision_resize_centercrop(tmp_path, size):
 
     rng = np.random.default_rng(0)
     files = []
-    for i, (w, h, fmt) in enumerate([(50, 37, "png"), (37, 50, "jpg"), (64, 64, "png"), (81, 45, "jpg"), (29, 40, "png")]):
+    for i, (w, h, fmt) in enumerate([(50, 37, "png"), (37, 50, "jpg"), (64, 64, "png"), (81, 45, "jpg"),
+                                     (29, 40, "png")]):
         files.append(tmp_path / f"{i}.{fmt}")
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(files[-1])
     ours = FolderImages(files, size)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
-from selfsup.errors import UserError
 from selfsup.flow.sampler import generate, sample_labels, save_grid, to_dataset_size, to_uint8
 from ssl_helpers import raises_user_error
 

@@ -36,7 +36,8 @@ def test_sincos_pos_embed_by_hand():
     assert torch.allclose(pe, expect, atol=1e-6)
     ts = timestep_sinusoid(torch.tensor([0.0, 0.5]), dim=4)  # freqs 1, 1e-2 -> [cos, cos, sin, sin]
     assert torch.allclose(ts[0], torch.tensor([1.0, 1.0, 0.0, 0.0]))
-    assert torch.allclose(ts[1], torch.tensor([math.cos(0.5), math.cos(0.005), math.sin(0.5), math.sin(0.005)]), atol=1e-6)
+    assert torch.allclose(ts[1], torch.tensor([math.cos(0.5), math.cos(0.005), math.sin(0.5), math.sin(0.005)]),
+                          atol=1e-6)
 
 
 def test_sizes_and_patchify_roundtrip():
@@ -184,7 +185,8 @@ def test_losses_by_hand():
     b = torch.tensor([[0.0, 2.0], [2.0, 2.0]])
     assert torch.allclose(alignment_loss(a, b), torch.tensor(0.5))  # cos 0 and 1 -> mean(1 - cos) = 0.5
     assert torch.allclose(repa_loss(a, b), torch.tensor(-0.5))
-    means, counts = noise_level_buckets(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[0.1, 0.9], [0.2, 0.95]]), 2)
+    means, counts = noise_level_buckets(torch.tensor([[1.0, 3.0], [5.0, 7.0]]),
+                                        torch.tensor([[0.1, 0.9], [0.2, 0.95]]), 2)
     assert torch.equal(means, torch.tensor([3.0, 5.0])) and torch.equal(counts, torch.tensor([2.0, 2.0]))
 
 

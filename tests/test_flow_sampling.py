@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from selfsup.errors import UserError
 from selfsup.flow.metrics import class_fidelity, feature_frechet_distance, frechet_distance, gaussian_stats
 from selfsup.flow.sampler import euler_maruyama, guided, sample
 from ssl_helpers import raises_user_error

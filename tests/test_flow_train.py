@@ -31,7 +31,8 @@ def batch(model, train, n=8):
 
 
 def vit_encoder(tmp_path, in_chans=1, name="vit_micro"):
-    kwargs = dict(in_chans=in_chans, image_size=8, patch_size=4) if name.startswith("vit") else dict(in_chans=in_chans, image_size=8)
+    kwargs = (dict(in_chans=in_chans, image_size=8, patch_size=4) if name.startswith("vit")
+              else dict(in_chans=in_chans, image_size=8))
     torch.manual_seed(0)
     backbone = build_backbone(name, **kwargs)
     meta = {"backbone": name, "kwargs": kwargs, "image_size": 8, "in_chans": in_chans, "mean": [0.3] * in_chans,
@@ -208,7 +209,8 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     from selfsup.eval.source import load_flow_run
 
     model, cfg, info = load_flow_run(run)
-    assert info["num_classes"] == 10 and info["image_size"] == 8 and not any(p.requires_grad for p in model.parameters())
+    assert info["num_classes"] == 10 and info["image_size"] == 8
+    assert not any(p.requires_grad for p in model.parameters())
     code, out, err = run_cli("eval", "knn", str(run), "--k", "5")
     assert code == 0, err
     result = json.loads((run / "eval" / "knn.json").read_text())
@@ -237,7 +239,8 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
 def test_paper_scale_preset():
     cfg = load_run_config("self-flow-sit-xl2-latents")
     m = cfg.method
-    assert (m.size, m.patch_size, m.student_block, m.teacher_block, m.mask_ratio, m.rep_weight) == ("XL", 2, 8, 20, 0.25, 0.8)
+    assert (m.size, m.patch_size, m.student_block, m.teacher_block, m.mask_ratio, m.rep_weight) == (
+        "XL", 2, 8, 20, 0.25, 0.8)
     assert m.ema_decay == 0.9999 and m.ema_warmup_steps == 0 and cfg.data.name == "latents"
     assert cfg.optim.name == "adamw" and cfg.trainer.gradient_clip_val == 1.0 and cfg.trainer.precision == "bf16-mixed"
     # defaults l, k for depth 28 are the same blocks
@@ -263,7 +266,8 @@ def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
 
 
 def test_cli_repa_trains_with_an_exported_encoder(tmp_path):
-    code, out, err = run_cli("pretrain", "repa-digits", *MICRO, f"method.encoder={vit_encoder(tmp_path)}", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+    code, out, err = run_cli("pretrain", "repa-digits", *MICRO, f"method.encoder={vit_encoder(tmp_path)}",
+                             "trainer.max_epochs=1", "trainer.limit_train_batches=2",
                              "trainer.log_every_n_steps=1", f"output_dir={tmp_path}", "name=run")
     assert code == 0, err
     header = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0]

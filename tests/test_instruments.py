@@ -55,10 +55,12 @@ def test_cut_init_projector_last_divides_only_that_layer():
     base = tiny_method("moco_v3")
     cut = tiny_method("moco_v3", interventions={"cut_init": 3.0, "cut_init_scope": "projector_last"})
     last = [n for n, m in cut.projector.named_modules() if isinstance(m, nn.Linear)][-1]
-    changed = {n for (n, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters()) if not torch.equal(p0, p1)}
+    changed = {n for (n, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters())
+               if not torch.equal(p0, p1)}
     assert changed == {f"projector.{last}.weight", f"momentum_projector.{last}.weight"}
     torch.testing.assert_close(cut.projector.get_submodule(last).weight, base.projector.get_submodule(last).weight / 3)
-    torch.testing.assert_close(cut.momentum_projector.get_submodule(last).weight, cut.projector.get_submodule(last).weight)
+    torch.testing.assert_close(cut.momentum_projector.get_submodule(last).weight,
+                               cut.projector.get_submodule(last).weight)
 
 
 def test_cut_init_config_errors():
@@ -183,7 +185,8 @@ def test_predictor_alignment_known_commutator_and_eigenvectors():
     torch.manual_seed(0)
     q, _ = torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64))
     f = q @ torch.diag(torch.tensor([6.0, 5, 4, 3, 2, 1], dtype=torch.float64)) @ q.T
-    w = q @ torch.diag(torch.tensor([0.5, 2.0, 1.0, 3.0, 0.1, 0.2], dtype=torch.float64)) @ q.T  # same eigenvectors, symmetric
+    # same eigenvectors, symmetric
+    w = q @ torch.diag(torch.tensor([0.5, 2.0, 1.0, 3.0, 0.1, 0.2], dtype=torch.float64)) @ q.T
     out = predictor_alignment(w, f, top_k=3)
     assert out["asymmetry"] == pytest.approx(0.0, abs=1e-9)
     assert out["commutator"] == pytest.approx(0.0, abs=1e-9)
@@ -287,7 +290,8 @@ def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
     assert len(without) == 4 and with_instruments == without
     header = (tmp_path / "with" / "metrics.csv").read_text().splitlines()[0]
     for key in ("instruments/grad_l2", "instruments/grad_l2_first_block", "instruments/norm_prediction_q90",
-                "instruments/align_prediction_target", "instruments/rankme_embedding", "instruments/eff_rank_projection"):
+                "instruments/align_prediction_target", "instruments/rankme_embedding",
+                "instruments/eff_rank_projection"):
         assert key in header, key
     assert "instruments/" not in (tmp_path / "without" / "metrics.csv").read_text()
     assert (tmp_path / "with" / "embedding_norms.pt").exists()

@@ -63,7 +63,8 @@ def test_wandb_offline_files_hold_the_metrics_and_events_and_tensorboard_too(tmp
         monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     cfg = load_run_config("byol-digits", [
-        *TINY, "trainer.limit_train_batches=5", "trainer.loggers=[csv,tensorboard,wandb]", "instruments.every_n_steps=1",
+        *TINY, "trainer.limit_train_batches=5", "trainer.loggers=[csv,tensorboard,wandb]",
+        "instruments.every_n_steps=1",
         "instruments.spike_k=0.001", "instruments.spike_window=2", "instruments.spike_min_history=2",
         f"output_dir={tmp_path}", "name=r"])
     run = engine.pretrain(cfg)

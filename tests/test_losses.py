@@ -113,7 +113,8 @@ def test_nt_xent_tiny_by_hand():
     z1 = torch.tensor([[1.0, 0.0]])
     z2 = torch.tensor([[0.0, 1.0]])
     assert nt_xent(z1, z2, 0.5).item() == pytest.approx(0.0, abs=1e-6)
-    # N = 2, orthogonal-ish vectors, τ = 1: anchor z1[0]=e1 sees z1[1]=e2 (cos 0), z2[0]=e1 (pos, cos 1), z2[1]=-e1 (cos -1)
+    # N = 2, orthogonal-ish vectors, τ = 1: anchor z1[0]=e1 sees z1[1]=e2 (cos 0), z2[0]=e1 (pos, cos 1),
+    # z2[1]=-e1 (cos -1)
     z1 = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     z2 = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
     e = math.e

@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from selfsup.errors import UserError
 from selfsup.export import load_exported
 from selfsup.memory_format import match_optimizer_state, resolve_memory_format
 from selfsup.methods import DataInfo

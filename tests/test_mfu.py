@@ -219,7 +219,8 @@ def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
 
 def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
     out = tmp_path / "mfu.json"
-    assert mfu_benchmark().main(["--quick", "--methods", "self_flow,flow_matching", "--threads", "1", "--out", str(out)]) == 0
+    assert mfu_benchmark().main(["--quick", "--methods", "self_flow,flow_matching", "--threads", "1",
+                                 "--out", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"self_flow/preset", "flow_matching/preset"}
     for r in results.values():
@@ -228,7 +229,8 @@ def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
         assert s["flops_per_step"] > 0 and s["flops_per_image"] * 16 == s["flops_per_step"]
         assert 0 < s["mfu_best"] <= 1 and 0 < s["mfu_cpu_time_best"] <= 1 and s["augment_ms"] > 0
     # the teacher's forward and the head: Self-Flow's step costs more than plain flow matching's
-    assert results["self_flow/preset"]["selfsup"]["flops_per_step"] > results["flow_matching/preset"]["selfsup"]["flops_per_step"]
+    assert (results["self_flow/preset"]["selfsup"]["flops_per_step"]
+            > results["flow_matching/preset"]["selfsup"]["flops_per_step"])
 
 
 def test_levers_benchmark_quick_puts_a_lever_beside_the_baseline(tmp_path):

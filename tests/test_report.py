@@ -62,7 +62,8 @@ def fake_run(path, keys=KEYS, scale=1.0, events=True, evals=False):
         }
         for name, data in files.items():
             (ev / f"{name}.json").write_text(json.dumps(data))
-        Image.fromarray((np.arange(64 * 64).reshape(64, 64) % 251).astype(np.uint8)).save(ev / "norms-ood-classes-8-9.png")
+        Image.fromarray((np.arange(64 * 64).reshape(64, 64) % 251).astype(np.uint8)).save(
+            ev / "norms-ood-classes-8-9.png")
     return path
 
 
@@ -206,7 +207,8 @@ def test_axes_lr_on_its_own_axis_log_where_values_span_decades(tmp_path, monkeyp
 
 
 def test_overlay_of_two_runs_shares_axes_and_tells_every_line_apart(tmp_path, monkeypatch):
-    many = tuple(f"instruments/grad_l2_{g}" for g in ("a", "b", "c", "d", "e", "f", "g", "h")) + ("instruments/grad_l2",)
+    many = (tuple(f"instruments/grad_l2_{g}" for g in ("a", "b", "c", "d", "e", "f", "g", "h"))
+            + ("instruments/grad_l2",))
     a = fake_run(tmp_path / "default", keys=many + ("train/loss",))
     b = fake_run(tmp_path / "cut-init", scale=2.0)
     runs = [load_run(a), load_run(b)]
@@ -227,7 +229,8 @@ def test_overlay_of_two_runs_shares_axes_and_tells_every_line_apart(tmp_path, mo
     assert code == 0, err
     md = (tmp_path / "cmp" / "report.md").read_text()
     assert "## The runs" in md and "|  | default | cut-init |" in md and "| measure | default | cut-init |" in md
-    assert "| run | step | kind |" in md and "| cut-init | 20 | grad_spike |" in md and "| default | 40 | knn_dip |" in md
+    assert "| run | step | kind |" in md and "| cut-init | 20 | grad_spike |" in md
+    assert "| default | 40 | knn_dip |" in md
     assert md.count("| metric | first | last |") == 2
     assert non_blank(tmp_path / "cmp" / "loss.png") and non_blank(tmp_path / "cmp" / "grad_norms.png")
     assert markdown_items(md) == html_items((tmp_path / "cmp" / "report.html").read_text())

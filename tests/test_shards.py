@@ -162,7 +162,8 @@ def patched(cfg, run_dir):
     trainer.callbacks.append(Seen())
     return trainer
 engine.make_trainer = patched
-engine.pretrain(load_run_config("byol-digits", sys.argv[3:] + [f"data.root={sys.argv[1]}", f"output_dir={sys.argv[2]}", "name=ddp"]))
+engine.pretrain(load_run_config("byol-digits", sys.argv[3:] + [f"data.root={sys.argv[1]}", f"output_dir={sys.argv[2]}",
+                                                              "name=ddp"]))
 '''
 
 

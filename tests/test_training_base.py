@@ -47,7 +47,8 @@ def test_trainable_declares_exactly_the_trained_parameters():
         declared = {id(p) for m in model.trainable().values() for p in m.parameters() if p.requires_grad}
         assert declared == {id(p) for p in model.parameters() if p.requires_grad}, type(model).__name__
         targets = {id(p) for _, t in model.momentum_pairs for p in t.parameters()}
-        assert bool(targets) == (type(model).__name__ != "SimSiam" and getattr(model.cfg.method, "projector_momentum", 1) > 0)
+        assert bool(targets) == (type(model).__name__ != "SimSiam"
+                                 and getattr(model.cfg.method, "projector_momentum", 1) > 0)
         assert not targets & {id(p) for m in model.trainable().values() for p in m.parameters()}
 
 
@@ -112,7 +113,8 @@ def test_lr_schedule_per_epoch_as_simsiam(tmp_path):
                    f"output_dir={tmp_path}"]
     lr0 = 0.05 * 64 / 256
     for unit, at in (("epoch", lambda s: s // 2 / 3), ("iteration", lambda s: s / 6)):
-        run = engine.pretrain(load_run_config("simsiam-digits", base + [f"optim.lr_schedule_unit={unit}", f"name={unit}"]))
+        run = engine.pretrain(load_run_config("simsiam-digits",
+                                              base + [f"optim.lr_schedule_unit={unit}", f"name={unit}"]))
         with (run / "metrics.csv").open(newline="") as f:
             lrs = {int(r["step"]): float(r["train/lr"]) for r in csv.DictReader(f) if r.get("train/lr")}
         assert lrs == pytest.approx({s: lr0 * 0.5 * (1 + math.cos(math.pi * at(s))) for s in range(6)}, rel=1e-6)

@@ -37,7 +37,8 @@ def cmd_pretrain(args) -> int:
         pretrain(cfg, resume=Path(args.resume))
         return 0
     if not args.preset:
-        raise UserError("selfsup pretrain needs a preset name or YAML file (see `selfsup presets`), or --resume RUN_DIR")
+        raise UserError("selfsup pretrain needs a preset name or YAML file (see `selfsup presets`), "
+                        "or --resume RUN_DIR")
     cfg = load_run_config(args.preset, args.overrides)
     pretrain(cfg, preset=args.preset)
     return 0
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.max_epochs=5 data.root=/data")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.set_defaults(func=cmd_pretrain)
-    p = sub.add_parser("report", help="plots + HTML of a run's training dynamics: selfsup report RUN [RUN ...] [--out DIR]")
+    p = sub.add_parser("report",
+                       help="plots + HTML of a run's training dynamics: selfsup report RUN [RUN ...] [--out DIR]")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run)")
     p.set_defaults(func=cmd_report)

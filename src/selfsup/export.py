@@ -152,8 +152,9 @@ def vit_mismatch(arch: dict, model: nn.Module) -> list[str]:
 
 
 def load_timm(path: Path, name: str | None = None, **kwargs) -> nn.Module:
-    """The file's backbone as a timm model, in eval mode: built by its own recipe, or by ``timm.create_model(name,
-    pretrained=False, num_classes=0, **kwargs)``, refused (one line) where that name's architecture is not the file's."""
+    """The file's backbone as a timm model, in eval mode: built by its own recipe, or by
+    ``timm.create_model(name, pretrained=False, num_classes=0, **kwargs)``, refused (one line) where that name's
+    architecture is not the file's."""
     import timm
     from safetensors.torch import load_file
 
@@ -177,10 +178,12 @@ def load_timm(path: Path, name: str | None = None, **kwargs) -> nn.Module:
         raise UserError(f"{name!r} is not a timm model; the file's own is {recipe['model']!r} with its kwargs "
                         "(selfsup.export.load_timm(path) without a name)")
     model = timm.create_model(name, pretrained=False, **kwargs)
-    fix = "call selfsup.export.load_timm(path) without a name, or timm.create_model(meta['timm']['model'], **meta['timm']['kwargs'])"
+    fix = ("call selfsup.export.load_timm(path) without a name, "
+           "or timm.create_model(meta['timm']['model'], **meta['timm']['kwargs'])")
     if arch["family"] == "vit":
         if not hasattr(model, "blocks") or not hasattr(model, "patch_embed"):
-            raise UserError(f"{path}: timm's {name} is not a VisionTransformer, the file holds a {meta['backbone']}; {fix}")
+            raise UserError(f"{path}: timm's {name} is not a VisionTransformer, "
+                            f"the file holds a {meta['backbone']}; {fix}")
         differ = vit_mismatch(arch, model)
         if differ:
             raise UserError(f"{path}: timm's {name} is not the file's {meta['backbone']}: {', '.join(differ)}; {fix}")
@@ -207,7 +210,8 @@ def read_meta(path: Path) -> dict:
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise UserError(f"{path} is not a readable safetensors file ({' '.join(str(e).split())[:120]})") from None
     if not raw:
-        raise UserError(f"{path} is not a selfsup exported backbone (no 'selfsup' metadata); export one with selfsup pretrain")
+        raise UserError(f"{path} is not a selfsup exported backbone (no 'selfsup' metadata); "
+                        "export one with selfsup pretrain")
     meta = json.loads(raw)
     if meta.get("format") != FORMAT:
         raise UserError(f"{path} has backbone format {meta.get('format')!r}; this selfsup reads {FORMAT}")

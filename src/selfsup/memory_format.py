@@ -30,7 +30,8 @@ def resolve_memory_format(choice: str, backbone: nn.Module, device: torch.device
     if choice not in MEMORY_FORMATS:
         raise ValueError(f"memory format {choice!r} is not known; use {', '.join(MEMORY_FORMATS)}")
     if choice == "auto":
-        choice = "channels_last" if torch.device(device).type == "cuda" and has_spatial_convs(backbone) else "contiguous"
+        choice = ("channels_last" if torch.device(device).type == "cuda" and has_spatial_convs(backbone)
+                  else "contiguous")
     return torch.channels_last if choice == "channels_last" else torch.contiguous_format
 
 

@@ -36,7 +36,8 @@ class LARS(torch.optim.Optimizer):
                     param_norm, update_norm = torch.norm(p), torch.norm(dp)
                     one = torch.ones_like(param_norm)
                     q = torch.where(param_norm > 0.0,
-                                    torch.where(update_norm > 0, group["trust_coefficient"] * param_norm / update_norm, one),
+                                    torch.where(update_norm > 0,
+                                                group["trust_coefficient"] * param_norm / update_norm, one),
                                     one)
                     dp = dp.mul(q)
                 state = self.state[p]
@@ -50,7 +51,8 @@ class LARS(torch.optim.Optimizer):
 
 @dataclass
 class OptimConfig:
-    """Optimiser and schedule. ``lr = base_lr · global_batch / 256`` (or its square root), warmup then cosine, per iteration or per epoch."""
+    """Optimiser and schedule. ``lr = base_lr · global_batch / 256`` (or its square root), warmup then cosine,
+    per iteration or per epoch."""
 
     name: str = "adamw"  # adamw | lars | sgd
     base_lr: float = 1.5e-4

@@ -20,10 +20,10 @@ Official code: facebookresearch/luckmatters ``ssl/real-dataset/byol_trainer.py``
                  W_p = Q diag(p) Qᵀ
     directcopy:  W_p = F̂ + ε·I, the DirectCopy paper's formula, which selfsup implements. The public trainer
                  has a ``predictor_reg=directcopy`` branch that would compute it (``w = M + dyn_eps·I`` on the raw
-                 running F; byol_trainer.py:421-432 at commit 625b5f7) but refuses that value before reaching it, at every commit
-                 that has it: the assert at byol_trainer.py:363 (one linear layer; :503 for two) lists no
-                 ``directcopy``. ``copy_norm: none`` (default) is F̂ = F as that branch; ``fro``: F/‖F‖_F and
-                 ``spectral``: F/λ_max(F) are scale-free options for the normalised F̂ the paper writes, whose
+                 running F; byol_trainer.py:421-432 at commit 625b5f7) but refuses that value before reaching it,
+                 at every commit that has it: the assert at byol_trainer.py:363 (one linear layer; :503 for two)
+                 lists no ``directcopy``. ``copy_norm: none`` (default) is F̂ = F as that branch; ``fro``: F/‖F‖_F
+                 and ``spectral``: F/λ_max(F) are scale-free options for the normalised F̂ the paper writes, whose
                  norm no public code states
 
 F is averaged over all processes before each update, and the eigendecomposition runs in float64 on the

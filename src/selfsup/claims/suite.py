@@ -233,7 +233,8 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
           "keeps falling without a plateau.",
           "starts ≈ 1, < 0.1 within a few iterations, keeps falling",
           (Rule("first", ">", 0.8), Rule("min_early", "<", 0.1), Rule("late_over_early", "<", 1.0)),
-          measure_self_flow_alignment, "micro SiT on 8×8 digits for 40 epochs (~440 steps), not SiT-XL/2 on ImageNet latents"),
+          measure_self_flow_alignment,
+          "micro SiT on 8×8 digits for 40 epochs (~440 steps), not SiT-XL/2 on ImageNet latents"),
     Claim("norm-convergence-quadratic", "001_83bb0da94ad51f7b.txt", "convergence simulation",
           "Steps to converge grow quadratically with the initial embedding norm.",
           "≈ 96·r² steps (r = 1: 96, r = 4: 1547)",
@@ -284,7 +285,8 @@ def plot_result(result: dict, path: Path) -> None:
     style = result.get("plot", {})
     if result["series"]:
         for label, points in result["series"].items():
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=label, marker="." if len(points) < 30 else None)
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=label,
+                    marker="." if len(points) < 30 else None)
         ax.set_xlabel(style.get("xlabel", ""))
         ax.set_ylabel(style.get("ylabel", ""))
         if style.get("logy"):

@@ -155,7 +155,8 @@ def _choose(points, val_scores: Tensor | None, val_y: Tensor | None, test_scores
     """The grid with each point's val and test top-1; the point with the best val top-1 (ties: the first)."""
     grid = []
     for i, (base, lr, wd) in enumerate(points):
-        row = {"base_lr": base, "lr": lr, "weight_decay": wd, "test_top1": topk_accuracy(test_scores[i], test_y)["top1"]}
+        row = {"base_lr": base, "lr": lr, "weight_decay": wd,
+               "test_top1": topk_accuracy(test_scores[i], test_y)["top1"]}
         if val_scores is not None:
             row["val_top1"] = topk_accuracy(val_scores[i], val_y)["top1"]
         grid.append(row)

@@ -23,7 +23,8 @@ def per_token_flow_loss(velocity: Tensor, target: Tensor, patch_size: int) -> Te
     return err.reshape(B, C, H // p, p, W // p, p).mean(dim=(1, 3, 5)).flatten(1)
 
 
-def token_mask(batch: int, tokens: int, ratio: float, *, device=None, generator: torch.Generator | None = None) -> Tensor:
+def token_mask(batch: int, tokens: int, ratio: float, *, device=None,
+               generator: torch.Generator | None = None) -> Tensor:
     """(B, N) bool: exactly ``round(ratio · N)`` tokens per sample are True (masked), chosen uniformly."""
     n_masked = int(round(ratio * tokens))
     ranks = torch.rand(batch, tokens, device=device, generator=generator).argsort(dim=1).argsort(dim=1)

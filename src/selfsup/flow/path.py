@@ -28,7 +28,8 @@ def expand_levels(t: Tensor, x: Tensor, patch_size: int) -> Tensor:
     if t.ndim == 1:
         return t.view(-1, 1, 1, 1)
     B, g = t.shape[0], x.shape[-1] // patch_size
-    return t.view(B, 1, g, 1, g, 1).expand(B, 1, g, patch_size, g, patch_size).reshape(B, 1, g * patch_size, g * patch_size)
+    return (t.view(B, 1, g, 1, g, 1).expand(B, 1, g, patch_size, g, patch_size)
+            .reshape(B, 1, g * patch_size, g * patch_size))
 
 
 def interpolate(x0: Tensor, noise: Tensor, t: Tensor, patch_size: int = 1) -> Tensor:

@@ -66,7 +66,8 @@ class FlowConfig:
 
     def validate(self) -> None:
         if self.compile:
-            raise UserError("method.compile is replaced by trainer.compile; set trainer.compile=true (and drop method.compile)")
+            raise UserError("method.compile is replaced by trainer.compile; "
+                            "set trainer.compile=true (and drop method.compile)")
         self.model_depth  # noqa: B018  (checks method.size)
         self.check_block("feature_block", self.feature_block)
         if self.patch_size < 1:
@@ -164,7 +165,8 @@ class FlowMatching(TrainingBase):
 
     @classmethod
     def backbone_meta(cls, cfg, info: DataInfo) -> dict:
-        """The exported ``backbone.safetensors``: the EMA model as a ``FlowEncoder`` (method name added by the builder)."""
+        """The exported ``backbone.safetensors``: the EMA model as a ``FlowEncoder``
+        (method name added by the builder)."""
         c = cfg.method
         sit = _sit_only(sit_kwargs(cfg, info))
         return {"backbone": FLOW_ENCODER,
@@ -202,7 +204,8 @@ class FlowMatching(TrainingBase):
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """uint8 images → [−1, 1] (float latents unchanged), fitted to the model size; labels → y."""
         images, labels = batch
-        if self._trainer is not None and self.trainer.training:  # noise, t, masks, label dropout: seeded by step and rank
+        # noise, t, masks, label dropout: seeded by step and rank
+        if self._trainer is not None and self.trainer.training:
             self.seed_step(images.device)
         x = images.float().div_(127.5).sub_(1.0) if images.dtype == torch.uint8 else images.float()
         x = fit_images(x, self.student.input_size, self.cfg.method.fit)
@@ -213,7 +216,8 @@ class FlowMatching(TrainingBase):
         null = self.student.num_classes
         if not self.cfg.method.class_conditional:
             return torch.full_like(labels, null)
-        drop = torch.rand(labels.shape, device=labels.device, generator=self.rng(labels.device)) < self.cfg.method.label_dropout
+        drop = (torch.rand(labels.shape, device=labels.device, generator=self.rng(labels.device))
+                < self.cfg.method.label_dropout)
         return torch.where(drop | (labels < 0), null, labels)
 
     def draw_t(self, n: int, device) -> Tensor:
@@ -280,7 +284,8 @@ class FlowMatching(TrainingBase):
         c, lines = self.cfg.method, []
         if train.images.dtype == torch.uint8:
             lines += knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
-            lines[0] = lines[0].replace("kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
+            lines[0] = lines[0].replace(
+                "kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
             n = 2 * self.ema.num_classes if self.ema.num_classes else 16
             labels = sample_labels(n, self.ema.num_classes)
             x = generate(self.ema, labels, steps=25, seed=self.cfg.trainer.seed, device=self.device)
@@ -338,7 +343,8 @@ def load_repa_encoder(location: str, channels: int) -> tuple[nn.Module, int, lis
     except UserError as e:
         raise UserError(f"method.encoder: {e}") from None
     if meta.get("backbone") == FLOW_ENCODER:
-        raise UserError(f"method.encoder={location} is a flow run; REPA needs a joint-embedding ViT (moco_v3, byol, ...)")
+        raise UserError(f"method.encoder={location} is a flow run; "
+                        "REPA needs a joint-embedding ViT (moco_v3, byol, ...)")
     if meta["in_chans"] != channels:
         raise UserError(f"method.encoder={location} takes {meta['in_chans']}-channel images but the data has "
                         f"{channels}; pretrain the encoder on this dataset")

@@ -221,7 +221,8 @@ def checks(result: dict, cfg: ByolDynamicsConfig) -> list[dict]:
         err = abs(fp["from_above_p_minus"] - pp) / pp
         rows.append({"claim": "fixed points 0 and p+ stable, p- the basin edge (closed form)",
                      "measured": f"p- = {pm:.4f} (bisection {fp['basin_edge_numeric']:.4f}), p+ = {pp:.4f}; from "
-                                 f"1.05 p- -> {fp['from_above_p_minus']:.4f}, 0.95 p- -> {fp['from_below_p_minus']:.1e}",
+                                 f"1.05 p- -> {fp['from_above_p_minus']:.4f}, "
+                                 f"0.95 p- -> {fp['from_below_p_minus']:.1e}",
                      "confirmed": err < 1e-4 and abs(fp["from_below_p_minus"]) < 1e-3 * pp
                      and abs(fp["basin_edge_numeric"] - pm) < 1e-3 * pm})
     b1 = [r for r in result["basin"] if r["tau"] == 1.0 and r["p_minus"] is not None]
@@ -283,7 +284,8 @@ def plot(result: dict, cfg: ByolDynamicsConfig, path) -> None:
     sg = np.linspace(0.0, 0.6, 41)
     P, S = np.meshgrid(pg, sg)
     for ax, eta, title in zip(axes[0], (0.0, cfg.eta, 1.5 * thr),
-                              ("no weight decay", f"eta = {cfg.eta:g} < threshold", f"eta = {1.5 * thr:.3g} > threshold")):
+                              ("no weight decay", f"eta = {cfg.eta:g} < threshold",
+                               f"eta = {1.5 * thr:.3g} > threshold")):
         f = rhs(a, sig, eta, None)
         dp, ds, _ = f(0, (P, S, np.ones_like(P)))
         ax.streamplot(P, S, dp, ds, density=0.9, color="tab:blue", linewidth=0.6, arrowsize=0.7)
