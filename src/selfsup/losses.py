@@ -74,3 +74,18 @@ def negative_cosine(p: Tensor, z: Tensor) -> Tensor:
 def byol_regression(p: Tensor, z: Tensor) -> Tensor:
     """BYOL's ‖p̄ − z̄‖² = 2 − 2·cos(p, sg(z)), mean over the batch."""
     return 2 + 2 * negative_cosine(p, z)
+
+
+def normalized_pixel_target(patches: Tensor, eps: float = 1e-6) -> Tensor:
+    """MAE's ``norm_pix_loss`` target: each patch (B, L, p²·C) as ``(x − mean) / sqrt(var + 1e-6)``, mean and the
+    unbiased variance (torch.var) over its p²·C values (models_mae.py forward_loss)."""
+    mean = patches.mean(dim=-1, keepdim=True)
+    var = patches.var(dim=-1, keepdim=True)
+    return (patches - mean) / (var + eps) ** 0.5
+
+
+def masked_patch_mse(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """MAE's loss: the per-patch mean squared error over the p²·C values, averaged over the removed patches only,
+    ``Σ mask · mean_k (pred − target)² / Σ mask`` (``mask`` (B, L): 1 = removed; models_mae.py forward_loss)."""
+    per_patch = (pred - target).pow(2).mean(dim=-1)
+    return (per_patch * mask).sum() / mask.sum()
