@@ -500,3 +500,7 @@ def add_eval_parser(subparsers) -> None:
     from selfsup.flow.generation import add_generation_eval_parser
 
     add_generation_eval_parser(sub)
+
+    from selfsup.eval.reconstruct import add_reconstruct_parser
+
+    add_reconstruct_parser(sub)
