@@ -13,6 +13,7 @@ HEADS = {
     "byol": dict(proj_hidden_dim=64, dim=32, pred_hidden_dim=64),
     "simsiam": dict(proj_hidden_dim=64, dim=32, pred_hidden_dim=32),
     "simclr": dict(proj_hidden_dim=64, dim=32, temperature=0.2),
+    "mae": dict(decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2),
 }
 
 
