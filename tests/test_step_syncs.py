@@ -69,7 +69,7 @@ def _fit_counting(cfg, tmp_path):
     return reads, logged
 
 
-@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam", "simclr", "self_flow", "flow_matching"])
+@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam", "simclr", "mae", "self_flow", "flow_matching"])
 def test_no_host_reads_between_logging_steps(tmp_path, method):
     """12 steps, logging every 4, the default instruments every 5: a logging step reads once (the NaN
     check; the logged values come back in one copy), an instrument step reads what it measures, and
