@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from throughput import write_report
 
 SELFSUP = [sys.executable, "-m", "selfsup"]
 

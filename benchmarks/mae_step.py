@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from throughput import write_report
 
 
 def build(backbone: str, image_size: int, patch_size: int, decoder: tuple[int, int, int], mask_ratio: float):

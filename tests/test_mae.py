@@ -129,7 +129,7 @@ def test_method_loss_is_the_masked_mse_of_the_normalised_pixels():
     m = mae()
     x = torch.randn(4, 1, 8, 8)
     noise = torch.rand(4, 16, generator=torch.Generator().manual_seed(2))
-    loss, latent, pred, mask = m.forward_mae(x, noise)
+    loss, _, pred, mask = m.forward_mae(x, noise)
     patches = patchify(x, 2)
     target = (patches - patches.mean(-1, keepdim=True)) / (patches.var(-1, keepdim=True) + 1e-6).sqrt()
     expected = (((pred - target) ** 2).mean(-1) * mask).sum() / mask.sum()
@@ -259,7 +259,7 @@ def test_eval_reconstruct_writes_the_grid(run, tmp_path):
     # 4 rows x 3 images of 16 px (8 px x 2), 2-px padding around each
     assert png.size == (3 * 18 + 2, 4 * 18 + 2) and png.mode == "L"
     grid = np.asarray(png)
-    tile = lambda r, c: grid[2 + 18 * r: 18 + 18 * r, 2 + 18 * c: 18 + 18 * c]  # noqa: E731
+    tile = lambda r, c: grid[2 + 18 * r: 18 + 18 * r, 2 + 18 * c: 18 + 18 * c]
     for c in range(3):
         original, masked, pasted = tile(0, c), tile(1, c), tile(3, c)
         grey = masked == 128
@@ -269,8 +269,9 @@ def test_eval_reconstruct_writes_the_grid(run, tmp_path):
 
 
 def test_eval_reconstruct_refuses_a_run_without_a_decoder(tmp_path):
-    from selfsup.config import load_run_config, to_dict
     import yaml
+
+    from selfsup.config import load_run_config, to_dict
 
     (tmp_path / "r").mkdir()
     cfg = load_run_config("moco-v3-vit-digits", ["trainer.accelerator=cpu"])

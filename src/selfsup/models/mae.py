@@ -54,7 +54,7 @@ def patchify(images: Tensor, patch_size: int) -> Tensor:
 def unpatchify(patches: Tensor, patch_size: int, channels: int) -> Tensor:
     """The inverse of :func:`patchify` for square images: (B, L, p²·C) → (B, C, H, W)."""
     b, n, _ = patches.shape
-    p, g = patch_size, int(round(n ** 0.5))
+    p, g = patch_size, round(n ** 0.5)
     return patches.reshape(b, g, g, p, p, channels).permute(0, 5, 1, 3, 2, 4).reshape(b, channels, g * p, g * p)
 
 
