@@ -67,6 +67,10 @@ class MAE(SSLMethod):
                                   c.decoder_depth, c.decoder_num_heads, c.decoder_mlp_ratio)
         mae_init_(vit, self.decoder)
 
+    def trainable(self):
+        """The modules the optimiser trains (the training base on main asks every method to declare them)."""
+        return {"backbone": self.backbone, "decoder": self.decoder}
+
     def mask_noise(self, batch: int, device) -> Tensor:
         """U(0, 1) noise (B, L) that decides the mask: from the step's generator (seeded by seed, step and rank,
         after the augmentation drew from it), so a resumed run masks as the uninterrupted one."""
