@@ -20,6 +20,10 @@ code, and leaves exactly what selfsup does across processes: the gathers in the 
 without gradient, rank-offset labels; SimCLR negatives with gradient), per-rank loss means, and the
 gradient averaging. Everything else runs as in training (dropout/drop-path are zero in these models).
 
+MAE has one view and draws each sample's mask from noise; the test gives both runs the same noise per sample
+(rank r its slice), so the per-rank masked-patch means average to the whole batch's (every sample removes
+the same number of patches) and the averaged gradients must match.
+
 One spawn runs all variants (each process imports torch and Lightning once) to stay well under a minute.
 """
 
@@ -38,13 +42,18 @@ from ssl_helpers import METHOD_NAMES, tiny_method
 WORLD = 2
 BATCH = 16  # global
 WRONG_SIMCLR = ("simclr_local_grad", "simclr_no_grad")
-VARIANTS = METHOD_NAMES + WRONG_SIMCLR
+VARIANTS = METHOD_NAMES + WRONG_SIMCLR + ("mae",)
 TIMEOUT_S = 240
 
 
 def fixed_views() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
     return [torch.randn(BATCH, 1, 8, 8, generator=g), torch.randn(BATCH, 1, 8, 8, generator=g)]
+
+
+def fixed_noise() -> torch.Tensor:
+    """MAE's mask noise for the 16 samples (16 patches each)."""
+    return torch.rand(BATCH, 16, generator=torch.Generator().manual_seed(99))
 
 
 def prepare(method: nn.Module) -> nn.Module:
@@ -63,7 +72,9 @@ class Step(nn.Module):
         super().__init__()
         self.method = method
 
-    def forward(self, x1, x2):
+    def forward(self, x1, x2, noise=None):
+        if noise is not None:  # MAE: one view, masked by ``noise``
+            return self.method.forward_views([x1], noise)["loss"]
         return self.method.forward_views([x1, x2])["loss"]
 
 
@@ -95,13 +106,13 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         import selfsup.methods.simclr as simclr_module
 
         correct_gather = simclr_module.gather_with_grad
-        x1, x2 = (v[rank * BATCH // WORLD:(rank + 1) * BATCH // WORLD] for v in fixed_views())
+        x1, x2, noise = (v[rank * BATCH // WORLD:(rank + 1) * BATCH // WORLD] for v in (*fixed_views(), fixed_noise()))
         for variant in VARIANTS:
             simclr_module.gather_with_grad = {"simclr_local_grad": _gather_local_grad,
                                               "simclr_no_grad": _gather_detached}.get(variant, correct_gather)
             method = method_for(variant)
             ddp = nn.parallel.DistributedDataParallel(Step(method))
-            loss = ddp(x1, x2)
+            loss = ddp(x1, x2, noise) if variant == "mae" else ddp(x1, x2)
             loss.backward()
             grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
             torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out_dir, f"{variant}-{rank}.pt"))
@@ -121,7 +132,8 @@ def reference(variant: str) -> tuple[torch.Tensor, dict[str, torch.Tensor], list
     """One process, the whole batch (not distributed: the gathers are identities); also the trainable names."""
     assert not dist.is_initialized()
     method = method_for(variant)
-    loss = method.forward_views(fixed_views())["loss"]
+    views = fixed_views()
+    loss = (method.forward_views(views[:1], fixed_noise()) if variant == "mae" else method.forward_views(views))["loss"]
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
     return loss.detach(), grads, [n for n, p in method.named_parameters() if p.requires_grad]
@@ -131,7 +143,7 @@ def _max_rel_err(grads: dict, ref: dict) -> float:
     return max(((grads[n] - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-12)).item() for n in ref)
 
 
-@pytest.mark.parametrize("name", METHOD_NAMES)
+@pytest.mark.parametrize("name", METHOD_NAMES + ("mae",))
 def test_ddp_matches_single_process(ddp_results, name):
     results = ddp_results[name]
     ref_loss, ref_grads, trainable = reference(name)

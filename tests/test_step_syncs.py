@@ -69,7 +69,7 @@ def _fit_counting(cfg, tmp_path):
     return reads, logged
 
 
-@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam", "simclr", "barlow_twins", "vicreg", "dino",
+@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam", "simclr", "barlow_twins", "vicreg", "dino", "mae",
                                     "self_flow", "flow_matching"])
 def test_no_host_reads_between_logging_steps(tmp_path, method):
     """12 steps, logging every 4, the default instruments every 5: a logging step reads once (the NaN

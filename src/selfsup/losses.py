@@ -178,3 +178,18 @@ def dino_center(center: Tensor, teacher_sum: Tensor, count: int, momentum: float
     """The next DINO centre ``m · c + (1 − m) · Σ t / count`` (main_dino.py:406-416): ``teacher_sum`` (1, K) the
     teacher outputs of the global crops summed over the global batch (all-reduced), ``count`` = 2 · B · world."""
     return center * momentum + teacher_sum / count * (1 - momentum)
+
+
+def normalized_pixel_target(patches: Tensor, eps: float = 1e-6) -> Tensor:
+    """MAE's ``norm_pix_loss`` target: each patch (B, L, p²·C) as ``(x − mean) / sqrt(var + 1e-6)``, mean and the
+    unbiased variance (torch.var) over its p²·C values (models_mae.py forward_loss)."""
+    mean = patches.mean(dim=-1, keepdim=True)
+    var = patches.var(dim=-1, keepdim=True)
+    return (patches - mean) / (var + eps) ** 0.5
+
+
+def masked_patch_mse(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """MAE's loss: the per-patch mean squared error over the p²·C values, averaged over the removed patches only,
+    ``Σ mask · mean_k (pred − target)² / Σ mask`` (``mask`` (B, L): 1 = removed; models_mae.py forward_loss)."""
+    per_patch = (pred - target).pow(2).mean(dim=-1)
+    return (per_patch * mask).sum() / mask.sum()

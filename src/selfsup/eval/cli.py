@@ -443,3 +443,7 @@ def add_eval_parser(subparsers) -> None:
     p.set_defaults(func=cmd_all)
 
     add_generation_eval_parser(sub)
+
+    from selfsup.eval.reconstruct import add_reconstruct_parser
+
+    add_reconstruct_parser(sub)

@@ -303,6 +303,17 @@ class VisionTransformer(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos
         return self.norm(self.blocks(x))
 
+    def forward_visible(self, x: torch.Tensor, ids_keep: torch.Tensor) -> torch.Tensor:
+        """The encoder on a subset of patches (MAE models_mae.py ``forward_encoder``): positions are added to
+        every patch, the patches ``ids_keep`` (B, K) are kept, then the class token (+ its position) is
+        prepended; returns (B, 1+K, D) after the final LayerNorm. With every index in order it equals
+        ``forward_features``."""
+        self._check_input(x)
+        x = self.patch_embed(x) + self.pos_embed[:, 1:]
+        x = torch.gather(x, 1, ids_keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
+        return self.norm(self.blocks(torch.cat([cls, x], dim=1)))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The (B, D) feature: class token (pool='cls') or mean of patch tokens (pool='avg')."""
         x = self.forward_features(x)

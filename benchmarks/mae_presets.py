@@ -1,0 +1,66 @@
+"""MAE's CPU presets judged as MAE is: fine-tuning top-1 of the pretrained encoder against the same fine-tuning
+from its random initialisation (the floor), beside kNN@20 and the linear probe (BatchNorm(affine=False) head).
+
+    python benchmarks/mae_presets.py --preset mae-digits --ft-epochs 20
+    python benchmarks/mae_presets.py --preset mae-fmnist --ft-epochs 3 --train-limit 10000
+    python benchmarks/mae_presets.py --preset mae-digits --collect RUN   # only read an existing run's results
+
+Runs the command line as a user would: ``selfsup pretrain PRESET``, then ``selfsup eval finetune`` of the run and
+of its ``backbone_init.safetensors`` with the same flags, and ``selfsup eval all`` of both;
+writes ``benchmarks/results/<preset>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from throughput import write_report
+
+SELFSUP = [sys.executable, "-m", "selfsup"]
+
+
+def sh(*args: str) -> None:
+    print("+", " ".join(args), flush=True)
+    subprocess.run([*SELFSUP, *args], check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="mae-digits")
+    parser.add_argument("--ft-epochs", type=int, default=20)
+    parser.add_argument("--train-limit", type=int, help="fine-tune on a fixed subset of train (both sides alike)")
+    parser.add_argument("--runs", default="runs/mae-presets", help="folder of the run")
+    parser.add_argument("--collect", help="an existing run folder whose results these commands already wrote")
+    parser.add_argument("--out", help="default benchmarks/results/<preset>.json")
+    args = parser.parse_args()
+    run = Path(args.collect) if args.collect else Path(args.runs) / args.preset
+    ft = ["--epochs", str(args.ft_epochs), *(["--train-limit", str(args.train_limit)] if args.train_limit else [])]
+    sides = {"pretrained": (run, run / "eval" / "ft_pretrained"),
+             "random_init": (run / "backbone_init.safetensors", run / "eval" / "ft_random_init")}
+    if not args.collect:
+        sh("pretrain", args.preset, "trainer.progress_bar=false", f"output_dir={run.parent}", f"name={run.name}")
+        for source, out in sides.values():
+            out.mkdir(parents=True, exist_ok=True)
+            sh("eval", "finetune", str(source), *ft, "--out", str(out))
+            sh("eval", "all", str(source), "--out", str(out.parent / f"all_{out.name[3:]}"))
+    report = {"preset": args.preset, "run": str(run), "finetune_flags": ft, "results": {}}
+    for side, (_, out) in sides.items():
+        finetune = json.loads((out / "finetune.json").read_text())
+        every = json.loads((out.parent / f"all_{out.name[3:]}" / "all.json").read_text())
+        report["results"][side] = {
+            "finetune_top1": finetune["test"]["top1"], "finetune_epochs": finetune["epochs"],
+            "knn20_top1": every["knn"]["k=20"]["top1"], "linear_top1": every["linear"]["top1"],
+            "rankme": every["rankme"]}
+    r = report["results"]
+    report["finetune_gain_over_random_init"] = r["pretrained"]["finetune_top1"] - r["random_init"]["finetune_top1"]
+    write_report(report, args.out or Path(__file__).parent / "results" / f"{args.preset}.json")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
