@@ -2,7 +2,8 @@
 
 The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the process itself at a chosen
 place of a chosen step (the flow run twice), and resumed from its last step checkpoint each time. One method of each
-family, and BYOL with DirectPred's predictor (its running F and W_p change after the optimiser step):
+family, BYOL with DirectPred's predictor (its running F and W_p change after the optimiser step) and DINO
+on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from the global RNG):
 the exported backbone, the last checkpoint's weights and every logged ``train/*`` value must be equal
 bit for bit to those of the run that was never stopped.
 """
@@ -31,12 +32,17 @@ STEPS = ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "trainer.check
          "optim.warmup_epochs=1"]
 FLOW = ["data.batch_size=32", "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
         "trainer.accelerator=cpu", "trainer.devices=1", "method.ema_warmup_steps=4"]
+# DINO on a 2 global + 2 local crop plan, drop path on the student, the last layer frozen in epoch 0
+DINO = ["method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16", "augment.local_crops_number=2",
+        "data.batch_size=32", "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.accelerator=cpu",
+        "trainer.devices=1"]
 # kills (global step, where): "start" before the step runs; "end" after its optimiser step and post-step
 # updates, before its checkpoint is written (a callback ahead of Lightning's checkpoint callback)
 CASES = {
     "moco_v3": ("moco-v3-vit-digits", TINY + STEPS, [(4, "end")]),
     "byol_directpred": ("byol-digits", TINY + STEPS + ["method.predictor=directpred"], [(4, "end")]),
     "self_flow": ("self-flow-digits", FLOW + STEPS, [(2, "start"), (4, "end")]),
+    "dino_multicrop": ("dino-digits", DINO + STEPS, [(4, "end")]),
 }
 
 CHILD = """
