@@ -33,7 +33,8 @@ def tiny_run(batches: int = 2, batch_size: int = 64, heads: bool = True) -> list
     step; ``heads``: narrow a joint-embedding preset's heads (flow presets have none). Later overrides win, so a
     test appends what it changes (``output_dir=...``, ``name=...``, more epochs)."""
     return [*(_override("method", TINY_HEADS) if heads else []), f"data.batch_size={batch_size}",
-            *_override("trainer", TINY_TRAINER), f"trainer.limit_train_batches={batches}", "trainer.log_every_n_steps=1"]
+            *_override("trainer", TINY_TRAINER), f"trainer.limit_train_batches={batches}",
+            "trainer.log_every_n_steps=1"]
 
 
 TINY = tiny_run()  # a joint-embedding preset, 2 steps
@@ -168,7 +169,8 @@ def assert_same_run(a, b, momentum: bool = True):
     sa, sb = ca["state_dict"], cb["state_dict"]
     assert sa.keys() == sb.keys()
     if momentum:
-        assert any(k.startswith("momentum_backbone.") for k in sa) and any(k.startswith("momentum_projector.") for k in sa)
+        assert (any(k.startswith("momentum_backbone.") for k in sa)
+                and any(k.startswith("momentum_projector.") for k in sa))
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=0, msg=lambda m: f"{k}: {m}")
     oa, ob = ca["optimizer_states"][0], cb["optimizer_states"][0]

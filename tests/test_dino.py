@@ -142,7 +142,8 @@ def test_parameter_groups_decay_no_bias_nor_1d_tensor():
     trainable = {n for n, p in m.named_parameters() if p.requires_grad}
     assert decayed | free == trainable and not decayed & free
     assert free == {n for n, p in m.named_parameters() if p.requires_grad and (n.endswith(".bias") or p.ndim <= 1)}
-    assert {"backbone.pos_embed", "backbone.cls_token", "head.last_layer.weight_g", "head.last_layer.weight_v"} <= decayed
+    assert {"backbone.pos_embed", "backbone.cls_token",
+            "head.last_layer.weight_g", "head.last_layer.weight_v"} <= decayed
     assert all(g["decayed"] == (g["weight_decay"] > 0) for g in opt.param_groups)
 
 

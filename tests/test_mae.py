@@ -259,7 +259,10 @@ def test_eval_reconstruct_writes_the_grid(run, tmp_path):
     # 4 rows x 3 images of 16 px (8 px x 2), 2-px padding around each
     assert png.size == (3 * 18 + 2, 4 * 18 + 2) and png.mode == "L"
     grid = np.asarray(png)
-    tile = lambda r, c: grid[2 + 18 * r: 18 + 18 * r, 2 + 18 * c: 18 + 18 * c]
+
+    def tile(r, c):
+        return grid[2 + 18 * r: 18 + 18 * r, 2 + 18 * c: 18 + 18 * c]
+
     for c in range(3):
         original, masked, pasted = tile(0, c), tile(1, c), tile(3, c)
         grey = masked == 128

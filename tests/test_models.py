@@ -151,7 +151,8 @@ def test_zero_init_residual_zeroes_each_blocks_last_bn_scale_and_still_trains(na
     from selfsup.config import resolve
     from selfsup.methods.base import backbone_kwargs, DataInfo
 
-    cfg = resolve({"method": {"name": "byol"}, "model": {"backbone": name, "small_stem": True, "zero_init_residual": True}})
+    cfg = resolve({"method": {"name": "byol"},
+                   "model": {"backbone": name, "small_stem": True, "zero_init_residual": True}})
     m = build_backbone(name, **backbone_kwargs(cfg, DataInfo(1, 8, (0.5,), (0.25,))))
     blocks = [b for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for b in layer]
     assert all(torch.count_nonzero(getattr(b, last_bn).weight) == 0 for b in blocks)

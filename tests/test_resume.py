@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import lightning.pytorch as pl
 import pytest
 
 import selfsup.engine as engine
@@ -96,7 +95,8 @@ def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tm
             engine.pretrain(cfg_for(tmp_path / "b", "B", *acc))
     run_b = tmp_path / "b" / "B"
     first = ckpt(run_b)
-    assert first["global_step"] == 4 and first["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 2
+    assert (first["global_step"] == 4
+            and first["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 2)
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_same_run(straight, run_b)
 

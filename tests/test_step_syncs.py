@@ -80,7 +80,8 @@ def test_no_host_reads_between_logging_steps(tmp_path, method):
         from selfsup.config import load_run_config
 
         cfg = load_run_config(f"{method.replace('_', '-')}-digits",
-                              [*tiny_run(batch_size=16, heads=False), "method.size=micro", "instruments.every_n_steps=5",
+                              [*tiny_run(batch_size=16, heads=False), "method.size=micro",
+                               "instruments.every_n_steps=5",
                                *[f"trainer.{k}={v}" for k, v in trainer.items()], f"output_dir={tmp_path}", "name=run"])
     else:
         multicrop = {"augment": {"local_crops_number": 2, "local_crops_size": 4}} if method == "dino" else {}

@@ -73,10 +73,10 @@ def test_crop_boxes_follow_torchvision_get_params():
 
 def test_crop_matches_torchvision_resized_crop():
     x = image(size=32)
-    for (t, l, h, w) in [(3, 5, 20, 24), (0, 0, 32, 32), (10, 2, 17, 30)]:
-        box = [torch.tensor([float(v)]) for v in (t, l, h, w)]
+    for (t, left, h, w) in [(3, 5, 20, 24), (0, 0, 32, 32), (10, 2, 17, 30)]:
+        box = [torch.tensor([float(v)]) for v in (t, left, h, w)]
         ours = resized_crop_flip(x, *box, torch.tensor([False]), 16)
-        ref = TF.resized_crop(x, t, l, h, w, [16, 16], antialias=False)
+        ref = TF.resized_crop(x, t, left, h, w, [16, 16], antialias=False)
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
         flipped = resized_crop_flip(x, *box, torch.tensor([True]), 16)
         torch.testing.assert_close(flipped, ref.flip(-1), atol=1e-5, rtol=0)

@@ -28,12 +28,16 @@ LOGGERS = ("csv", "tensorboard", "wandb")
 class DataConfig:
     """Which images, where from, and how they are batched."""
 
-    name: str = "digits"  # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | images (unlabelled, any depth) | webdataset (tar shards) | latents (precomputed, float)
+    # digits | fashion-mnist | cifar10 | cifar100 | stl10 | imagefolder | images (unlabelled, any depth)
+    # | webdataset (tar shards) | latents (precomputed, float)
+    name: str = "digits"
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
     image_size: int | None = None  # None: the dataset's native size
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
-    num_workers: int = 0  # decoding workers (imagefolder, images, webdataset: one shard stream each); in-memory datasets need none
-    load_size: int | None = None  # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
+    # decoding workers (imagefolder, images, webdataset: one shard stream each); in-memory datasets need none
+    num_workers: int = 0
+    # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
+    load_size: int | None = None
     unlabeled: bool = False  # stl10: pretrain on train + unlabeled
     num_samples: int | None = None  # webdataset: samples per epoch, all shards (None: counted from local tar headers)
     shuffle_buffer: int = 1000  # webdataset: samples in each stream's shuffle buffer (0: shard order)
@@ -133,7 +137,8 @@ class TrainerConfig:
     compile: bool = False  # torch.compile the step's modules (backbone, heads, momentum copies)
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
     host_allocator: str = "cached"  # cached: glibc keeps freed blocks for reuse on CPU training (selfsup.host) | system
-    memory_format: str = "auto"  # auto (channels_last for a CNN backbone on a CUDA GPU, else contiguous) | channels_last | contiguous
+    # auto (channels_last for a CNN backbone on a CUDA GPU, else contiguous) | channels_last | contiguous
+    memory_format: str = "auto"
     loggers: list[str] | str = field(default_factory=lambda: ["csv", "tensorboard"])  # any of csv, tensorboard, wandb
     wandb_project: str = "selfsup"  # trainer.loggers=wandb: the W&B project (offline without an API key or network)
 
@@ -141,7 +146,8 @@ class TrainerConfig:
         if self.max_epochs < 1:
             raise UserError(f"trainer.max_epochs={self.max_epochs} must be >= 1")
         if self.accumulate_grad_batches < 1:
-            raise UserError(f"trainer.accumulate_grad_batches={self.accumulate_grad_batches} must be >= 1 (1: no accumulation)")
+            raise UserError(f"trainer.accumulate_grad_batches={self.accumulate_grad_batches} must be >= 1"
+                            " (1: no accumulation)")
         if self.precision not in ("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "64-true"):
             raise UserError(f"trainer.precision={self.precision!r} is not known; use 32-true, 16-mixed or bf16-mixed")
         if self.host_allocator not in ("cached", "system"):
@@ -150,10 +156,12 @@ class TrainerConfig:
             self.loggers = [name.strip() for name in self.loggers.split(",") if name.strip()]
         unknown = [name for name in self.loggers if name not in LOGGERS]
         if unknown or not self.loggers or len(set(self.loggers)) < len(self.loggers):
-            raise UserError(f"trainer.loggers={self.loggers} must name each of its loggers once, from {', '.join(LOGGERS)}"
+            raise UserError(f"trainer.loggers={self.loggers} must name each of its loggers once, "
+                            f"from {', '.join(LOGGERS)}"
                             + (f" ({unknown[0]!r} is not one)" if unknown else ""))
         if self.memory_format not in MEMORY_FORMATS:
-            raise UserError(f"trainer.memory_format={self.memory_format!r} is not known; use {', '.join(MEMORY_FORMATS)}")
+            raise UserError(f"trainer.memory_format={self.memory_format!r} is not known; "
+                            f"use {', '.join(MEMORY_FORMATS)}")
 
 
 @dataclass
@@ -388,7 +396,8 @@ def build(cls, data: dict | None, prefix: str):
     for key, value in data.items():
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
-            hint = f"did you mean {', '.join(f'{prefix}.{c}' for c in close)}?" if close else f"valid keys: {', '.join(names)}"
+            hint = (f"did you mean {', '.join(f'{prefix}.{c}' for c in close)}?" if close
+                    else f"valid keys: {', '.join(names)}")
             raise UserError(f"unknown config key '{prefix}.{key}'; {hint}")
         kwargs[key] = _coerce(value, hints[key], f"{prefix}.{key}")
     obj = cls(**kwargs)

@@ -98,7 +98,8 @@ class PretrainData(pl.LightningDataModule):
 
 
 def new_run_dir(cfg: RunConfig, preset: str) -> Path:
-    """The path of a fresh run folder ``output_dir/name`` (default name: preset and time); made once the model builds."""
+    """The path of a fresh run folder ``output_dir/name`` (default name: preset and time); made once the model
+    builds."""
     name = cfg.name or f"{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.output_dir) / name
     if (run_dir / "checkpoints").exists():
@@ -194,7 +195,8 @@ def wandb_mode() -> str:
 
 
 def require_loggers(cfg: RunConfig) -> None:
-    """The packages of the chosen loggers are installed (checked before a run folder is made), or a one-line UserError."""
+    """The packages of the chosen loggers are installed (checked before a run folder is made), or a one-line
+    UserError."""
     import importlib.util
 
     if "wandb" in cfg.trainer.loggers and importlib.util.find_spec("wandb") is None:

@@ -230,7 +230,8 @@ def headline_rows(run: Run) -> list[tuple[str, str, str]]:
         rows.append(("kNN top-1, trained", _pct(trained.get("top1")), how))
     if floor:
         rows.append(("kNN top-1, random init (floor)", _pct(floor.get("top1")), "the same backbone before training"))
-    if trained and floor and isinstance(trained.get("top1"), (int, float)) and isinstance(floor.get("top1"), (int, float)):
+    if (trained and floor and isinstance(trained.get("top1"), (int, float))
+            and isinstance(floor.get("top1"), (int, float))):
         rows.append(("gain over the floor", f"{trained['top1'] - floor['top1']:+.2f} points", ""))
     order = ("knn", "linear", "finetune", "rankme", "norms", "generation")
     named = sorted(run.evals.items(), key=lambda kv: (order.index(kv[0].split("-")[0]) if kv[0].split("-")[0] in order
@@ -299,7 +300,8 @@ def events_section(runs: list[Run]) -> Section:
     rows = []
     for run, e in events[:MAX_EVENTS]:
         value, base = e.get("value"), e.get("baseline")
-        ratio = f"{value / base:.3g}" if isinstance(value, (int, float)) and isinstance(base, (int, float)) and base else "–"
+        ratio = (f"{value / base:.3g}" if isinstance(value, (int, float)) and isinstance(base, (int, float)) and base
+                 else "–")
         rows.append(([run.name] if len(runs) > 1 else []) + [str(e.get("step", "?")), str(e.get("kind", "?")),
                                                              str(e.get("group", "")), _fmt(value), _fmt(base), ratio])
     note = f"first {MAX_EVENTS} of {len(events)}; all are in events.jsonl" if len(events) > MAX_EVENTS else ""
@@ -453,7 +455,8 @@ def _figure(plot: Plot, runs: list[Run], out: Path) -> Figure | None:
                         ax.axvline(e["step"], color="red", alpha=0.25, lw=3)
                 lines.append(ax.scatter([e["step"] for e in marks], [e["value"] for e in marks], marker="v", s=36,
                                         zorder=5, color=colours[i % len(colours)] if len(runs) > 1 else "red",
-                                        label=f"{run.name + ': ' if len(runs) > 1 else ''}{plot.events} ({len(marks)})"))
+                                        label=f"{run.name + ': ' if len(runs) > 1 else ''}{plot.events} "
+                                              f"({len(marks)})"))
     end = max(1, max(last_step(r) for r in runs))
     ax.set_xlim(-0.02 * end, 1.02 * end)  # every plot on the same step axis
     ax.set_title(plot.title, fontsize=10)
@@ -543,10 +546,12 @@ def to_markdown(runs: list[Run], sections: list[Section], out_dir: Path) -> str:
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#222;max-width:1180px;margin:auto;padding:1.2em}
-h1{font-size:1.5em;margin:.2em 0 .6em}h2{font-size:1.15em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+h1{font-size:1.5em;margin:.2em 0 .6em}\
+h2{font-size:1.15em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.4em 0 .8em}
 td,th{border:1px solid #ddd;padding:3px 9px;text-align:left;vertical-align:top}
-th{background:#f4f4f6}tr:nth-child(even) td{background:#fafafb}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f4f4f6}tr:nth-child(even) td{background:#fafafb}\
+td.num{text-align:right;font-variant-numeric:tabular-nums}
 section#run td:first-child,section#headline td:first-child{font-weight:600}
 section#metrics table{font-size:12px}p.note{color:#666;font-size:12px;margin-top:-.4em}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:14px}

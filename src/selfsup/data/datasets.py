@@ -130,7 +130,8 @@ def _find_fashion_mnist(root: str | None, download: bool) -> Path:
     candidates = [Path(root)] if root else [fashion_mnist_default()]
     for base in candidates:
         for folder in (base, base / "FashionMNIST" / "raw", base / "fashion-mnist"):
-            if all((folder / f).exists() or (folder / f[:-3]).exists() for pair in FASHION_MNIST_FILES.values() for f in pair):
+            if all((folder / f).exists() or (folder / f[:-3]).exists()
+                   for pair in FASHION_MNIST_FILES.values() for f in pair):
                 return folder
     if download:
         import torchvision
@@ -154,7 +155,8 @@ def load_fashion_mnist(split: str, root: str | None = None, download: bool = Fal
     images = torch.from_numpy(_read_idx(pick(image_file)).copy()).unsqueeze(1)
     labels = torch.from_numpy(_read_idx(pick(label_file)).astype(np.int64))
     if images.shape[0] != labels.shape[0]:
-        raise UserError(f"{folder}: {images.shape[0]} images but {labels.shape[0]} labels; the files do not belong together")
+        raise UserError(f"{folder}: {images.shape[0]} images but {labels.shape[0]} labels; "
+                        "the files do not belong together")
     return ImageDataset("fashion-mnist", images, labels, 10, (0.2860,), (0.3530,))
 
 
@@ -232,7 +234,8 @@ def load_imagefolder(split: str, root: str | None, size: int, resize: int | None
     names = ("train",) if split == "train" else ("val", "test")
     folder = next((base / n for n in names if (base / n).is_dir()), None)
     if folder is None:
-        raise UserError(f"no {' or '.join(names)}/ folder in {base}; an imagefolder root holds train/<class>/*.jpg and val/<class>/*.jpg")
+        raise UserError(f"no {' or '.join(names)}/ folder in {base}; "
+                        "an imagefolder root holds train/<class>/*.jpg and val/<class>/*.jpg")
     classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
     files, labels = [], []
     for label, cls in enumerate(classes):
@@ -352,7 +355,8 @@ def _read_latents(path: Path) -> tuple[Tensor, Tensor | None]:
             side = path.with_name(f"{path.stem}_labels.npy")
             labels = np.load(side) if side.exists() else None
     except Exception as e:
-        raise UserError(f"{path} is not a readable latent file ({type(e).__name__}); write latents as .pt, .npz or .npy") from None
+        raise UserError(f"{path} is not a readable latent file ({type(e).__name__}); "
+                        "write latents as .pt, .npz or .npy") from None
     if latents is None:
         raise UserError(f"{path} holds no 'latents' entry; store {{'latents': (N, C, H, W), 'labels': (N,)}}")
     latents = torch.as_tensor(latents).float()
@@ -369,7 +373,8 @@ def load_latents(split: str, root: str | None) -> ImageDataset:
     """Precomputed latents (e.g. scaled SD-VAE latents) with optional labels; ``root`` a file (used for both
     splits) or a folder with ``train.*`` and ``test.*`` (.pt / .npz / .npy). Unlabelled: labels −1, 0 classes."""
     if not root:
-        raise UserError("data.name=latents needs data.root=<latent file .pt/.npz/.npy, or a folder with train.pt and test.pt>")
+        raise UserError("data.name=latents needs data.root=<latent file .pt/.npz/.npy, "
+                        "or a folder with train.pt and test.pt>")
     base = Path(root)
     path = base
     if base.is_dir():

@@ -104,7 +104,8 @@ def stream_loader(crops: ShardCrops, sampler: StreamBatchSampler, num_workers: i
                                                            persistent_workers=num_workers > 0)
 
 
-def sequential_loader(dataset: ImageDataset, batch_size: int, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
+def sequential_loader(dataset: ImageDataset, batch_size: int, num_workers: int = 0,
+                      pin_memory: bool = False) -> DataLoader:
     """All samples in order, in batches (feature extraction)."""
     sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=False, drop_last=False)
     return batch_loader(dataset, sampler, num_workers, pin_memory)

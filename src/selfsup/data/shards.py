@@ -1,4 +1,5 @@
-"""WebDataset tar shards (``data.name=webdataset``): streamed, split across processes and workers, cropped at decode time.
+"""WebDataset tar shards (``data.name=webdataset``): streamed, split across processes and workers, cropped at
+decode time.
 
 A shard is a tar file whose members sharing a key (``0001.jpg``, ``0001.cls``) form one sample (the webdataset
 convention); a sample's image is its first member with an image extension, its label an optional ``.cls``.
@@ -54,7 +55,8 @@ def _webdataset():
     try:
         import webdataset
     except ImportError:
-        raise UserError("data.name=webdataset needs the webdataset package; pip install 'selfsup[webdataset]'") from None
+        raise UserError("data.name=webdataset needs the webdataset package; "
+                        "pip install 'selfsup[webdataset]'") from None
     return webdataset
 
 
@@ -97,7 +99,8 @@ def count_samples(urls: list[str]) -> int:
             with tarfile.open(path) as tar:
                 keys = {_key_ext(m.name)[0] for m in tar if m.isreg() and _key_ext(m.name)[1] in IMAGE_EXTS}
         except (tarfile.TarError, OSError) as e:
-            raise UserError(f"shard {path} is not a readable tar file ({type(e).__name__}); remove or rewrite it") from None
+            raise UserError(f"shard {path} is not a readable tar file ({type(e).__name__}); "
+                            "remove or rewrite it") from None
         total += len(keys - {None})
     return total
 
@@ -168,7 +171,8 @@ class ShardImages:
         except UserError:
             raise
         except Exception as e:  # the library's errors for unreadable streams and damaged tar files
-            raise UserError(f"shard {url} could not be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+            raise UserError(f"shard {url} could not be read "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
 
     def shards_of(self, seed: int, epoch: int, rank: int, world: int, streams: int, s: int) -> list[int]:
         """Stream s of process ``rank``'s shards in ``epoch``: the (seed, epoch) permutation, every world-th from
@@ -250,7 +254,8 @@ class ShardCrops:
         name = f"{sample['__url__']}:{sample['__key__']}.{ext}"
         try:
             return decode_crops(_Named(data, name),
-                                lambda h, w: crop_boxes(self.seed, epoch, sid, h, w, self.scales, self.ratio), self.images.size)
+                                lambda h, w: crop_boxes(self.seed, epoch, sid, h, w, self.scales, self.ratio),
+                                self.images.size)
         except UserError:
             self.corrupt += 1
             print(f"selfsup: webdataset: corrupt image {name}, replaced by another sample of its batch "

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "AugmentConfig", "CropGroup", "recipe_branches", "local_recipe", "build_view_plan", "MultiViewAugment", "EvalTransform",
-    "sample_crop_boxes", "resized_crop_flip", "adjust_brightness", "adjust_contrast",
+    "AugmentConfig", "CropGroup", "recipe_branches", "local_recipe", "build_view_plan", "MultiViewAugment",
+    "EvalTransform", "sample_crop_boxes", "resized_crop_flip", "adjust_brightness", "adjust_contrast",
     "adjust_saturation", "adjust_hue", "rgb_to_grayscale", "random_grayscale",
     "blur_kernel_size", "gaussian_blur", "solarize",
 ]
@@ -116,7 +116,8 @@ def build_view_plan(section, default_recipe: str, image_size: int) -> list[CropG
     def make(base: AugmentConfig, extra: dict, key: str, common: dict) -> AugmentConfig:
         unknown = set(extra) - fields
         if unknown:
-            raise UserError(f"unknown config key 'augment.{key}.{sorted(unknown)[0]}'; valid: {', '.join(sorted(fields))}")
+            raise UserError(f"unknown config key 'augment.{key}.{sorted(unknown)[0]}'; "
+                            f"valid: {', '.join(sorted(fields))}")
         cfg = AugmentConfig(**{**base.__dict__, **common, **extra})
         if not 0 < cfg.crop_min <= cfg.crop_max <= 1:
             raise UserError(f"augment.{key}: crop scale ({cfg.crop_min}, {cfg.crop_max}) must satisfy "

@@ -1,4 +1,5 @@
-"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``): RUN/eval/*.json + a table.
+"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``):
+RUN/eval/*.json + a table.
 
 Each runner takes an evaluation session (``eval.session.EvalSession``) and its typed config
 (``KnnConfig``, ``ProbeConfig``, ``FinetuneConfig``, ``SpectrumConfig``, ``OodConfig``); the ``*_config(args)``
@@ -117,7 +118,8 @@ def _mae_recipe(a, dataset: str):
         value = getattr(a, flag)
         if value is not None:
             if value < 0 or (flag in ("reprob", "smoothing") and value >= 1):
-                raise UserError(f"--{flag} {value} is out of range ({'[0, 1)' if flag in ('reprob', 'smoothing') else '>= 0'})")
+                raise UserError(f"--{flag} {value} is out of range "
+                                f"({'[0, 1)' if flag in ('reprob', 'smoothing') else '>= 0'})")
             setattr(r, field, value)
     if r.rand_augment:
         from timm.data import rand_augment_transform
@@ -340,7 +342,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder for the results (default: RUN/eval)")
     p.add_argument("--no-cache", action="store_true", help="extract features again instead of reusing the cache")
     p.add_argument("--train-limit", type=int, help="use a fixed random subset of this many training images")
-    p.add_argument("--flow-t", type=float, help="flow runs: noise level of the features (default: the run's method.feature_t)")
+    p.add_argument("--flow-t", type=float,
+                   help="flow runs: noise level of the features (default: the run's method.feature_t)")
     p.add_argument("--flow-block", type=int, help="flow runs: block whose tokens are pooled (default: the teacher's k)")
     p.set_defaults(embedding="backbone")  # --embedding where a protocol offers it
 
@@ -359,7 +362,8 @@ def _aug_args(p, crop_min: float) -> None:
 
 def _embedding_arg(p) -> None:
     p.add_argument("--embedding", choices=("backbone", "projector"), default="backbone",
-                   help="which embedding: the backbone feature (default) or the projector output (a run folder's heads)")
+                   help="which embedding: the backbone feature (default) or the projector output "
+                        "(a run folder's heads)")
 
 
 def _ood_args(p, required: bool) -> None:
@@ -373,8 +377,9 @@ def add_eval_parser(subparsers) -> None:
     """The ``selfsup eval`` command and its subcommands (defaults: the protocols' config dataclasses)."""
     from selfsup.flow.cli import add_generation_eval_parser
 
-    ev = subparsers.add_parser("eval", help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
-                                        "a flow run's samples: generation")
+    ev = subparsers.add_parser("eval",
+                               help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
+                                    "a flow run's samples: generation")
     sub = ev.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
@@ -386,16 +391,21 @@ def add_eval_parser(subparsers) -> None:
     p = sub.add_parser("linear", help="linear probe, MoCo v3 protocol")
     _common(p)
     p.add_argument("--mode", choices=("features", "augmented"),
-                   help="features: cached features, no augmentation (default on CPU); augmented: crop + flip (GPU default)")
+                   help="features: cached features, no augmentation (default on CPU); "
+                        "augmented: crop + flip (GPU default)")
     p.add_argument("--epochs", type=int, default=lin.epochs, help=f"default {lin.epochs} (MoCo v3)")
-    p.add_argument("--probe-batch", type=int, default=lin.batch_size, help=f"classifier batch (default {lin.batch_size})")
+    p.add_argument("--probe-batch", type=int, default=lin.batch_size,
+                   help=f"classifier batch (default {lin.batch_size})")
     p.add_argument("--lr", type=float, help="one base lr (× batch/256) instead of the grid")
-    p.add_argument("--lr-grid", help=f"base lrs trained together, chosen on validation (default {_grid(DEFAULT_LR_GRID)})")
+    p.add_argument("--lr-grid",
+                   help=f"base lrs trained together, chosen on validation (default {_grid(DEFAULT_LR_GRID)})")
     p.add_argument("--wd-grid", help=f"weight decays crossed with the lr grid (default {lin.weight_decay:g})")
     p.add_argument("--no-feature-bn", action="store_true",
-                   help="no BatchNorm (affine=False) on the features before the heads (MoCo v3's plain head; MAE's has it)")
+                   help="no BatchNorm (affine=False) on the features before the heads "
+                        "(MoCo v3's plain head; MAE's has it)")
     p.add_argument("--val-fraction", type=float, default=lin.val_fraction,
-                   help=f"share of train held out to choose the grid point (default {lin.val_fraction:g}; 0: choose on test)")
+                   help="share of train held out to choose the grid point "
+                        f"(default {lin.val_fraction:g}; 0: choose on test)")
     _aug_args(p, lin.crop_min)
     p.set_defaults(func=command(run_linear, probe_config, mode=lambda args: args.mode))
 
@@ -405,20 +415,25 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--epochs", type=int, default=ft.epochs, help=f"default {ft.epochs} (small, for CPUs)")
     p.add_argument("--warmup-epochs", type=float, default=ft.warmup_epochs)
     p.add_argument("--ft-batch", type=int, default=ft.batch_size, help=f"training batch (default {ft.batch_size})")
-    p.add_argument("--lr", type=float, default=ft.base_lr, help=f"base lr, scaled by batch/256 (default {ft.base_lr:g})")
+    p.add_argument("--lr", type=float, default=ft.base_lr,
+                   help=f"base lr, scaled by batch/256 (default {ft.base_lr:g})")
     p.add_argument("--weight-decay", type=float, default=ft.weight_decay)
     p.add_argument("--layer-decay", type=float, default=ft.layer_decay,
                    help=f"ViT layer-wise lr decay (default {ft.layer_decay:g})")
-    p.add_argument("--drop-path", type=float, default=ft.drop_path, help=f"stochastic depth rate (default {ft.drop_path:g})")
-    p.add_argument("--min-lr", type=float, default=ft.min_lr, help=f"final lr, absolute as MAE's (default {ft.min_lr:g})")
+    p.add_argument("--drop-path", type=float, default=ft.drop_path,
+                   help=f"stochastic depth rate (default {ft.drop_path:g})")
+    p.add_argument("--min-lr", type=float, default=ft.min_lr,
+                   help=f"final lr, absolute as MAE's (default {ft.min_lr:g})")
     p.add_argument("--recipe", choices=("mae", "plain"),
-                   help="mae: RandAugment, random erasing, mixup / cutmix (default for imagefolder); plain: crop + flip")
+                   help="mae: RandAugment, random erasing, mixup / cutmix (default for imagefolder); "
+                        "plain: crop + flip")
     p.add_argument("--rand-augment", help="timm RandAugment string (MAE: rand-m9-mstd0.5-inc1), or none")
     p.add_argument("--reprob", type=float, help="random erasing probability (MAE: 0.25)")
     p.add_argument("--mixup", type=float, help="Mixup alpha (MAE: 0.8; 0 off)")
     p.add_argument("--cutmix", type=float, help="CutMix alpha (MAE: 1.0; 0 off)")
     p.add_argument("--smoothing", type=float, help=f"label smoothing (default and MAE: {ft.label_smoothing:g})")
-    p.add_argument("--workers", type=int, help="decoding workers of the MAE recipe (default: the run's data.num_workers)")
+    p.add_argument("--workers", type=int,
+                   help="decoding workers of the MAE recipe (default: the run's data.num_workers)")
     _aug_args(p, ft.crop_min)
     p.set_defaults(func=command(run_finetune, finetune_config))
 

@@ -121,7 +121,8 @@ def run_reconstruct(args) -> int:
 
 def add_reconstruct_parser(sub) -> None:
     """``selfsup eval reconstruct RUN`` (registered by selfsup.eval.cli)."""
-    p = sub.add_parser("reconstruct", help="an MAE run's reconstructions: originals, masked inputs, reconstructions (PNG)")
+    p = sub.add_parser("reconstruct",
+                       help="an MAE run's reconstructions: originals, masked inputs, reconstructions (PNG)")
     p.add_argument("run", metavar="RUN", help="an MAE run folder (config.yaml + checkpoints/last.ckpt)")
     p.add_argument("--n", type=int, default=8, help="images (default 8)")
     p.add_argument("--split", choices=("test", "train"), default="test")

@@ -109,7 +109,8 @@ def load_source(location: str | Path) -> EvalSource:
             return _from_exported(path / "backbone.safetensors", path)
         if (path / "checkpoints" / "last.ckpt").exists():
             return _from_checkpoint(path / "checkpoints" / "last.ckpt")
-        raise UserError(f"{path} is not a selfsup run folder (no backbone.safetensors or checkpoints/last.ckpt); {WHAT}")
+        raise UserError(f"{path} is not a selfsup run folder "
+                        f"(no backbone.safetensors or checkpoints/last.ckpt); {WHAT}")
     if path.suffix == ".safetensors":
         run_dir = path.parent if (path.parent / "config.yaml").exists() else None
         return _from_exported(path, run_dir)
@@ -147,7 +148,8 @@ def with_projector(source: EvalSource) -> EvalSource:
 def with_flow_features(source: EvalSource, t: float | None, block: int | None) -> EvalSource:
     """A flow run's features at another noise level ``t`` and/or block (``--flow-t``, ``--flow-block``)."""
     if source.meta.get("backbone") != FLOW_ENCODER:
-        raise UserError(f"--flow-t/--flow-block apply to flow runs; {source.weights} holds a {source.meta.get('backbone')}")
+        raise UserError("--flow-t/--flow-block apply to flow runs; "
+                        f"{source.weights} holds a {source.meta.get('backbone')}")
     encoder = source.backbone
     t = encoder.t if t is None else t
     block = encoder.block if block is None else block

@@ -240,7 +240,8 @@ class RankCollapse(pl.Callback):
         return out
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if measured_step(trainer) % self.every or self._batch is None or not trainer.is_global_zero or not stepped(trainer):
+        if (measured_step(trainer) % self.every or self._batch is None or not trainer.is_global_zero
+                or not stepped(trainer)):
             return
         log_metrics(trainer, self.measure(pl_module), measured_step(trainer))
 

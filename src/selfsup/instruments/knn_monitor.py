@@ -64,7 +64,8 @@ class KNNMonitor(pl.Callback):
         log_metrics(trainer, {"knn_top1": top1}, step - 1, prefix="monitor")  # after step index step − 1
         best = self.dips.update(top1) if self.dips is not None else None
         if best is not None:
-            event = event_log(trainer, self.run_dir).write(step - 1, "knn_dip", top1, best)  # the CSV step of that value
+            # the CSV step of that value
+            event = event_log(trainer, self.run_dir).write(step - 1, "knn_dip", top1, best)
             self.events.append(event)
             report_event(event)
 

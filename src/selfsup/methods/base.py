@@ -171,7 +171,8 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
     from selfsup.eval.knn import knn_accuracy
 
     if cfg.data.name in UNLABELLED:
-        return [f"no kNN report: data.name={cfg.data.name} has no labels (selfsup eval knn RUN --data ... on labelled data)"]
+        return [f"no kNN report: data.name={cfg.data.name} has no labels "
+                "(selfsup eval knn RUN --data ... on labelled data)"]
     test = load_dataset(cfg.data, "test")
     k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
     out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
@@ -303,7 +304,8 @@ class TrainingBase(pl.LightningModule):
             group["lr"] = (peak if group["fixed_lr"] else lr) * group["lr_scale"]
         if self.uses_momentum:
             m = self.cfg.method
-            self.momentum = momentum_cosine(step, self.total_steps, m.momentum) if m.momentum_schedule == "cosine" else m.momentum
+            self.momentum = (momentum_cosine(step, self.total_steps, m.momentum) if m.momentum_schedule == "cosine"
+                             else m.momentum)
         self.lr = lr
 
     # ----------------------------------------------------------------- optimiser
@@ -422,7 +424,8 @@ class SSLMethod(TrainingBase):
                                                          self.trainer.strategy.root_device))
 
     def on_train_start(self) -> None:
-        """Optimiser state resumed from a checkpoint written in the other memory format takes its parameters' strides."""
+        """Optimiser state resumed from a checkpoint written in the other memory format takes its parameters'
+        strides."""
         for optimizer in self.trainer.optimizers:
             match_optimizer_state(optimizer)
 

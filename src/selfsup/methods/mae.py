@@ -23,10 +23,12 @@ from selfsup.models.vit import VisionTransformer
 
 @dataclass
 class MAEConfig:
-    """MAE hyper-parameters; defaults are the official pre-training command (PRETRAIN.md) and decoder (512-d, 8 blocks)."""
+    """MAE hyper-parameters; defaults are the official pre-training command (PRETRAIN.md) and decoder
+    (512-d, 8 blocks)."""
 
     mask_ratio: float = 0.75  # share of patches removed per sample
-    norm_pix_loss: bool = True  # per-patch normalised pixel target; code default off, the command and released models on
+    # per-patch normalised pixel target; code default off, the command and released models on
+    norm_pix_loss: bool = True
     decoder_embed_dim: int = 512
     decoder_depth: int = 8
     decoder_num_heads: int = 16

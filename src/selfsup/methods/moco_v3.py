@@ -58,7 +58,8 @@ class MoCoV3(SSLMethod):
         super().__init__(cfg, info)
         c = cfg.method
         self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True)
-        self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bn=c.pred_last_bn))
+        self.predictor = build_predictor(c, c.dim,
+                                         lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bn=c.pred_last_bn))
         self.momentum_backbone = self.momentum_target(self.backbone)
         self.momentum_projector = self.momentum_target(self.projector)
         self.post_step_hooks += after_step_hooks(self.predictor)

@@ -59,7 +59,8 @@ def sincos_pos_embed(grid: int, dim: int) -> Tensor:
 
 
 def timestep_sinusoid(t: Tensor, dim: int = 256, max_period: float = 10000.0) -> Tensor:
-    """DiT's frequency embedding: ``[cos(t·f), sin(t·f)]`` with ``f_i = max_period^(−i/half)``; any shape → (..., dim)."""
+    """DiT's frequency embedding: ``[cos(t·f), sin(t·f)]`` with ``f_i = max_period^(−i/half)``; any shape →
+    (..., dim)."""
     half = dim // 2
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
     args = t.float()[..., None] * freqs
@@ -205,7 +206,8 @@ class SiT(nn.Module):
         return tokens.reshape(B, g, g, p, p, C).permute(0, 5, 1, 3, 2, 4).reshape(B, C, g * p, g * p)
 
     def check_input(self, x: Tensor) -> None:
-        if x.ndim != 4 or x.shape[1] != self.in_channels or x.shape[-1] != self.input_size or x.shape[-2] != self.input_size:
+        if (x.ndim != 4 or x.shape[1] != self.in_channels
+                or x.shape[-1] != self.input_size or x.shape[-2] != self.input_size):
             raise ValueError(f"SiT expects (B, {self.in_channels}, {self.input_size}, {self.input_size}) inputs, "
                              f"got {tuple(x.shape)}")
 
