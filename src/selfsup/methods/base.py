@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from selfsup.data.views import AugmentConfig, MultiViewAugment, build_view_plan
+from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
@@ -154,11 +154,6 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
                 **({"pos_embed": m.pos_embed} if m.pos_embed != "sincos" else {}),
                 **({"init": m.init} if m.init != "moco_v3" else {}),
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
-
-
-def augment_branches(cfg, default_recipe: str) -> list[AugmentConfig]:
-    """The recipe's two branches (the global crops) with the config's overrides applied."""
-    return [g.augment for g in build_view_plan(cfg.augment, default_recipe, 0)[:2]]
 
 
 def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
