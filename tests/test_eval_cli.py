@@ -127,9 +127,11 @@ def test_linear_augmented_and_finetune(run, capsys):
 
 
 def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
+    """Also: an --out folder that does not exist yet is made (the fine-tuned backbone is its first file)."""
     out = ok(capsys, "finetune", run, "--epochs", "1", "--ft-batch", "64", "--train-limit", "128", "--recipe", "mae",
-             "--out", tmp_path)
-    ft = json.loads((tmp_path / "finetune.json").read_text())
+             "--out", tmp_path / "new" / "folder")
+    assert (tmp_path / "new" / "folder" / "finetuned_backbone.safetensors").exists()
+    ft = json.loads((tmp_path / "new" / "folder" / "finetune.json").read_text())
     assert ft["recipe"]["rand_augment"] == "rand-m9-mstd0.5-inc1" and ft["recipe"]["mixup"] == 0.8
     assert ft["recipe"]["cutmix"] == 1.0 and ft["recipe"]["reprob"] == 0.25 and ft["recipe"]["smoothing"] == 0.1
     assert ft["steps"] == 2 and ft["min_lr"] == ft["final_lr"] == 1e-6 and "MAE recipe" in out

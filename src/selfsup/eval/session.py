@@ -107,6 +107,8 @@ class EvalSession:
 
     @property
     def out_dir(self) -> Path:
+        """The results folder (``--out``, default RUN/eval), made when first asked for: every writer finds it."""
+        self.source.out_dir.mkdir(parents=True, exist_ok=True)
         return self.source.out_dir
 
     def data_key(self, cfg, limit: int | None = None) -> str:
