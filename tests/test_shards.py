@@ -125,13 +125,14 @@ def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
                                           "data.batch_size=4", "data.num_workers=2", "instruments.rank_samples=3"])
     train = load_dataset(cfg.data, "train")
     labels = []
+    views = [AugmentConfig(), AugmentConfig()]
     for rank in (0, 1):
         data = engine.PretrainData(cfg, train)
         assert len(data.dataset) == 3 and data.dataset.images.shape == (3, 3, 8, 8)  # the instruments' fixed batch
         progress = SimpleNamespace(current=SimpleNamespace(ready=0))
         data.trainer = SimpleNamespace(
             world_size=2, global_rank=rank, accelerator=CPUAccelerator(),
-            lightning_module=SimpleNamespace(augment=SimpleNamespace(branches=[AugmentConfig(), AugmentConfig()])),
+            lightning_module=SimpleNamespace(decode_crops=lambda: ([(a.crop_min, a.crop_max) for a in views], (8, 8))),
             fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)), num_training_batches=6)
         batches = list(data.train_dataloader())
         assert len(batches) == 24 // 4 and all(b[0].shape == (2, 2, 3, 8, 8) for b in batches)
@@ -140,7 +141,7 @@ def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
     cfg.data.num_workers = 3  # 2 processes x 3 streams > 4 shards
     data = engine.PretrainData(cfg, train)
     data.trainer = SimpleNamespace(world_size=2, global_rank=0, lightning_module=SimpleNamespace(
-        augment=SimpleNamespace(branches=[AugmentConfig()])))
+        decode_crops=lambda: ([(0.08, 1.0)], (8,))))
     with pytest.raises(UserError, match="4 shard\\(s\\) cannot feed 2 process\\(es\\) x 3 decoding stream"):
         data.train_dataloader()
 

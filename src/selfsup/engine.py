@@ -62,13 +62,12 @@ class PretrainData(pl.LightningDataModule):
         if len(self.dataset) < self.cfg.data.batch_size:
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
                             "training images; lower it")
-        augment = getattr(self.trainer.lightning_module, "augment", None)
+        plan = self.trainer.lightning_module.decode_crops()
         dataset = self.dataset
-        folder = isinstance(dataset.images, FolderImages) and hasattr(augment, "branches")
+        folder = isinstance(dataset.images, FolderImages) and plan is not None
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
-            branches = augment.branches
-            crops = dataset.images.train_crops([(b.crop_min, b.crop_max) for b in branches], self.cfg.trainer.seed,
-                                               sizes=getattr(augment, "sizes", None))
+            scales, sizes = plan
+            crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes)
             dataset = dataclasses.replace(dataset, images=crops)
         sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,
@@ -78,8 +77,8 @@ class PretrainData(pl.LightningDataModule):
 
 
     def _stream_loader(self, local: int, world_size: int):
-        augment = getattr(self.trainer.lightning_module, "augment", None)
-        if not hasattr(augment, "branches"):
+        plan = self.trainer.lightning_module.decode_crops()
+        if plan is None:
             raise UserError(f"data.name={self.stream.name} streams crops for the joint-embedding methods; "
                             "train a flow method on an in-memory dataset or latents")
         batches = len(self.stream) // self.cfg.data.batch_size
@@ -90,8 +89,8 @@ class PretrainData(pl.LightningDataModule):
         if len(self.stream.images.urls) < world_size * streams:
             raise UserError(f"{len(self.stream.images.urls)} shard(s) cannot feed {world_size} process(es) x {streams} "
                             "decoding stream(s) (data.num_workers); write more shards or lower data.num_workers")
-        crops = ShardCrops(self.stream.images, [(b.crop_min, b.crop_max) for b in augment.branches],
-                           self.cfg.trainer.seed, self.trainer.global_rank, world_size, local, streams)
+        crops = ShardCrops(self.stream.images, plan[0], self.cfg.trainer.seed, self.trainer.global_rank, world_size,
+                           local, streams)
         return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
                              self.cfg.data.num_workers,
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")

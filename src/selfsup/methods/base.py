@@ -221,6 +221,11 @@ class TrainingBase(pl.LightningModule):
         """The modules the optimiser trains, by name."""
         raise NotImplementedError(f"{type(self).__name__} must declare trainable(): the modules its optimiser trains")
 
+    def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]] | None:
+        """The crops the data pipeline makes at decode time from a whole image (folders, shards): each view's
+        scale range and output size; None (the flow family): the method takes whole images."""
+        return None
+
     def momentum_target(self, online: nn.Module) -> nn.Module:
         """A frozen copy of ``online`` that ``update_momentum_encoder`` keeps as its EMA."""
         target = frozen_copy(online)
@@ -357,6 +362,10 @@ class SSLMethod(TrainingBase):
     family = "joint"
     recipe: str = "moco_v3"
     eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
+
+    def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]]:
+        """Every view of the plan: its crop scale range and output size."""
+        return [(b.crop_min, b.crop_max) for b in self.augment.branches], self.augment.sizes
 
     @property
     def eval_backbone(self) -> nn.Module:
