@@ -214,3 +214,26 @@ def tiny_dino(method_extra=None, **sections):
 
     sections.setdefault("augment", MULTICROP)
     return build_method(tiny_config("dino", method_extra, **sections), DataInfo(1, 8, (0.5,), (0.25,)))
+
+
+# --------------------------------------------------------------------------- DDP equivalence tests
+def batchnorm_eval(method: torch.nn.Module) -> torch.nn.Module:
+    """Training mode with every BatchNorm in eval mode (its statistics would differ between one process and two:
+    CPU processes keep their own, torch's SyncBatchNorm runs on GPUs only)."""
+    method.train()
+    for mod in method.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.eval()
+    return method
+
+
+class ViewsLoss(torch.nn.Module):
+    """A method's loss as ``forward``, where DDP arms its gradient hooks: ``forward_views(views)``, plus MAE's
+    mask ``noise`` after its one view when given."""
+
+    def __init__(self, method: torch.nn.Module):
+        super().__init__()
+        self.method = method
+
+    def forward(self, *views, noise=None):
+        return self.method.forward_views(list(views), *(() if noise is None else (noise,)))["loss"]

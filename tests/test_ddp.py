@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from spawn import spawn_and_join
-from ssl_helpers import METHOD_NAMES, tiny_method
+from ssl_helpers import METHOD_NAMES, ViewsLoss, batchnorm_eval, tiny_method
 
 WORLD = 2
 BATCH = 16  # global
@@ -54,28 +54,6 @@ def fixed_views() -> list[torch.Tensor]:
 def fixed_noise() -> torch.Tensor:
     """MAE's mask noise for the 16 samples (16 patches each)."""
     return torch.rand(BATCH, 16, generator=torch.Generator().manual_seed(99))
-
-
-def prepare(method: nn.Module) -> nn.Module:
-    """BN layers in eval mode (see the module docstring); everything else in training mode."""
-    method.train()
-    for mod in method.modules():
-        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
-            mod.eval()
-    return method
-
-
-class Step(nn.Module):
-    """DDP wraps ``forward``: route it to ``forward_views`` so the gradient hooks are armed."""
-
-    def __init__(self, method: nn.Module):
-        super().__init__()
-        self.method = method
-
-    def forward(self, x1, x2, noise=None):
-        if noise is not None:  # MAE: one view, masked by ``noise``
-            return self.method.forward_views([x1], noise)["loss"]
-        return self.method.forward_views([x1, x2])["loss"]
 
 
 def _gather_local_grad(x):
@@ -96,7 +74,7 @@ def _gather_detached(x):
 
 
 def method_for(variant: str) -> nn.Module:
-    return prepare(tiny_method("simclr" if variant in WRONG_SIMCLR else variant))
+    return batchnorm_eval(tiny_method("simclr" if variant in WRONG_SIMCLR else variant))
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -111,8 +89,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             simclr_module.gather_with_grad = {"simclr_local_grad": _gather_local_grad,
                                               "simclr_no_grad": _gather_detached}.get(variant, correct_gather)
             method = method_for(variant)
-            ddp = nn.parallel.DistributedDataParallel(Step(method))
-            loss = ddp(x1, x2, noise) if variant == "mae" else ddp(x1, x2)
+            ddp = nn.parallel.DistributedDataParallel(ViewsLoss(method))
+            loss = ddp(x1, noise=noise) if variant == "mae" else ddp(x1, x2)
             loss.backward()
             grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
             torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out_dir, f"{variant}-{rank}.pt"))

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from spawn import spawn_and_join
+from ssl_helpers import ViewsLoss
 
 WORLD, BATCH, TIMEOUT_S = 2, 16, 240
 
@@ -39,15 +40,6 @@ def method():
     return m
 
 
-class Step(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.method = m
-
-    def forward(self, *views):
-        return self.method.forward_views(list(views))["loss"]
-
-
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
@@ -60,7 +52,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             if variant == "no_all_reduce":
                 dino_module.all_reduce_sum = lambda x: x
             m = method()
-            ddp = nn.parallel.DistributedDataParallel(Step(m), broadcast_buffers=False)
+            ddp = nn.parallel.DistributedDataParallel(ViewsLoss(m), broadcast_buffers=False)
             loss = ddp(*views)
             loss.backward()
             dino_module.all_reduce_sum = correct

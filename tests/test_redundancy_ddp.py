@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from spawn import spawn_and_join
-from ssl_helpers import tiny_method
+from ssl_helpers import ViewsLoss, batchnorm_eval, tiny_method
 
 WORLD = 2
 BATCH = 16
@@ -46,21 +46,7 @@ def fixed_views() -> list[torch.Tensor]:
 
 def build(variant: str) -> nn.Module:
     name, extra = VARIANTS[variant]
-    method = tiny_method(name, extra, optim={"name": "lars", "weight_decay": 0.0, "lr_1d_mult": 0.5})
-    method.train()
-    for mod in method.modules():
-        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
-            mod.eval()
-    return method
-
-
-class Step(nn.Module):
-    def __init__(self, method: nn.Module):
-        super().__init__()
-        self.method = method
-
-    def forward(self, x1, x2):
-        return self.method.forward_views([x1, x2])["loss"]
+    return batchnorm_eval(tiny_method(name, extra, optim={"name": "lars", "weight_decay": 0.0, "lr_1d_mult": 0.5}))
 
 
 def step(method: nn.Module, loss_fn) -> dict:
@@ -89,7 +75,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         for variant in VARIANTS:
             vicreg_module.gather_with_grad = gather_no_grad if variant == "vicreg_detached_gather" else correct
             method = build(variant)
-            ddp = nn.parallel.DistributedDataParallel(Step(method))
+            ddp = nn.parallel.DistributedDataParallel(ViewsLoss(method))
             torch.save(step(method, lambda ddp=ddp: ddp(x1, x2)), os.path.join(out_dir, f"{variant}-{rank}.pt"))
         vicreg_module.gather_with_grad = correct
     finally:
