@@ -132,6 +132,17 @@ class CtrlCAtStep(pl.Callback):
             raise KeyboardInterrupt
 
 
+def interrupt_at(monkeypatch, cfg, step: int = 4) -> None:
+    """``engine.pretrain(cfg)`` stopped by a Ctrl-C before training step ``step``: its last checkpoint then holds
+    ``step`` steps (with ``trainer.checkpoint_every_n_steps=1``)."""
+    import selfsup.engine as engine
+
+    with monkeypatch.context() as m:
+        with_callback(m, CtrlCAtStep(step))
+        with pytest.raises(KeyboardInterrupt):
+            engine.pretrain(cfg)
+
+
 class StopAfterEpoch(pl.Callback):
     """Ends fit cleanly at the end of the first epoch (the epoch-end checkpoint is still written)."""
 

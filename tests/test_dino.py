@@ -296,7 +296,7 @@ def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path,
     optimiser state, losses."""
     import selfsup.engine as engine
     from selfsup.config import load_run_config
-    from ssl_helpers import CtrlCAtStep, ckpt, losses, with_callback
+    from ssl_helpers import ckpt, interrupt_at, losses
 
     def cfg(out, name, *extra):
         return load_run_config("dino-digits", [
@@ -308,10 +308,7 @@ def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path,
             "eval.knn_k=5", f"output_dir={out}", f"name={name}", *extra])
 
     straight = engine.pretrain(cfg(tmp_path, "A"))
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(4))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg(tmp_path, "B"))
+    interrupt_at(monkeypatch, cfg(tmp_path, "B"))
     run_b = tmp_path / "B"
     assert ckpt(run_b)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)

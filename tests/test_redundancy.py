@@ -242,14 +242,11 @@ RESUME = SMALL + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "opti
 def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from ssl_helpers import CtrlCAtStep, ckpt, with_callback
+    from ssl_helpers import ckpt, interrupt_at
 
     straight = engine.pretrain(load_run_config(preset, RESUME + [f"output_dir={tmp_path}", "name=A"]))
     cfg = load_run_config(preset, RESUME + [f"output_dir={tmp_path}", "name=B"])
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(4))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg)
+    interrupt_at(monkeypatch, cfg)
     run_b = tmp_path / "B"
     assert ckpt(run_b)["global_step"] == 4  # one batch into the second epoch
     engine.pretrain(engine.load_run(run_b), resume=run_b)

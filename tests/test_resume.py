@@ -8,7 +8,7 @@ import pytest
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from ssl_helpers import RESUME, CtrlCAtStep, StopAfterEpoch, assert_same_run, ckpt, with_callback
+from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt, interrupt_at, with_callback
 
 
 def cfg_for(out, name, *extra):
@@ -38,10 +38,7 @@ def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path, monk
 
 def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypatch, capsys):
     cfg = cfg_for(tmp_path, "B", "trainer.checkpoint_every_n_steps=1")
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(4))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg)
+    interrupt_at(monkeypatch, cfg)
     run_b = tmp_path / "B"
     assert f"interrupted; continue with: selfsup pretrain --resume {run_b}" in capsys.readouterr().err
     assert not (run_b / "backbone.safetensors").exists()
@@ -73,10 +70,7 @@ def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeyp
               "data.batch_size=8", "data.num_workers=1"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *folder, "trainer.checkpoint_every_n_steps=1"))
     cfg = cfg_for(tmp_path / "b", "B", *folder, "trainer.checkpoint_every_n_steps=1")
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(4))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg)
+    interrupt_at(monkeypatch, cfg)
     run_b = tmp_path / "b" / "B"
     assert ckpt(run_b)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)
@@ -89,10 +83,7 @@ def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tm
     bit-identical: the views are seeded by (step, micro-batch), the EMA moves once per step."""
     acc = ["trainer.accumulate_grad_batches=2", "trainer.limit_train_batches=6", "trainer.checkpoint_every_n_steps=1"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *acc))
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(4))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg_for(tmp_path / "b", "B", *acc))
+    interrupt_at(monkeypatch, cfg_for(tmp_path / "b", "B", *acc))
     run_b = tmp_path / "b" / "B"
     first = ckpt(run_b)
     assert (first["global_step"] == 4
@@ -110,10 +101,7 @@ def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
     shards = ["data.name=webdataset", f"data.root={tmp_path / 'shards'}", "data.image_size=8", "data.batch_size=8",
               "data.num_workers=1", "data.shuffle_buffer=5", "trainer.checkpoint_every_n_steps=1"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *shards))
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(4))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg_for(tmp_path / "b", "B", *shards))
+    interrupt_at(monkeypatch, cfg_for(tmp_path / "b", "B", *shards))
     run_b = tmp_path / "b" / "B"
     assert ckpt(run_b)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)
@@ -130,10 +118,7 @@ def test_mae_resume_mid_epoch_equals_uninterrupted_run(tmp_path, monkeypatch):
         return load_run_config("mae-digits", mae + [f"output_dir={out}", f"name={name}"])
 
     straight = engine.pretrain(cfg(tmp_path / "a", "A"))
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(4))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg(tmp_path / "b", "B"))
+    interrupt_at(monkeypatch, cfg(tmp_path / "b", "B"))
     run_b = tmp_path / "b" / "B"
     assert ckpt(run_b)["global_step"] == 4 and any(k.startswith("decoder.") for k in ckpt(run_b)["state_dict"])
     engine.pretrain(engine.load_run(run_b), resume=run_b)
