@@ -7,8 +7,9 @@ import json
 import pytest
 
 from selfsup.claims.cli import table
-from selfsup.claims.suite import (CLAIMS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Context, Rule, plot_result,
-                                  run_claim, verdict)
+from selfsup.claims.registry import CLAIMS
+from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Context, Rule, plot_result, run_claim,
+                                  verdict)
 from selfsup.cli import main
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_size=32", "trainer.log_every_n_steps=1",
