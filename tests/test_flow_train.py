@@ -302,3 +302,81 @@ def test_a_latents_run_is_evaluated_like_any_backbone(tmp_path):
     assert json.loads((tmp_path / "lat" / "eval" / "knn.json").read_text())["backbone"] == "flow_encoder"
     code, out, err = run_cli("eval", "rankme", str(tmp_path / "lat"))
     assert code == 0, err
+
+
+# --------------------------------------------------------------------------- the representation weight's ramp
+
+
+def at_step(model, step):
+    """The module as the engine sees it at optimiser step ``step`` (the ramp reads trainer.global_step only)."""
+    from types import SimpleNamespace
+
+    model._trainer = SimpleNamespace(global_step=step)
+    return model
+
+
+def test_linear_ramp_by_hand():
+    from selfsup.schedules import linear_ramp
+
+    assert [linear_ramp(s, 0.8, 300) for s in (0, 75, 150, 300, 301, 10_000)] == [0.0, 0.2, 0.4, 0.8, 0.8, 0.8]
+    assert linear_ramp(0, 0.8, 0) == 0.8  # no ramp: the official full weight from step 0
+
+
+def test_rep_warmup_ramps_the_weight_of_self_flow_and_repa(tmp_path):
+    for preset, extra, full in (("self-flow-digits", [], 0.8),
+                                ("repa-digits", [f"method.encoder={vit_encoder(tmp_path)}"], 0.5)):
+        model, train = make(preset, *extra, "method.rep_warmup_steps=300")
+        x0, y = batch(model, train)
+        assert [at_step(model, s).rep_weight() for s in (0, 150, 300, 900)] == [0.0, full / 2, full, full]
+        model.rng("cpu").manual_seed(3)
+        out = at_step(model, 150).forward_flow(x0, y)
+        # loss = flow + (w / 2) · rep at half the ramp, exactly
+        assert out["rep_weight"] == full / 2
+        assert torch.equal(out["loss"], out["flow_loss"].mean() + full / 2 * out["rep_loss"])
+        official, _ = make(preset, *extra)
+        assert at_step(official, 0).rep_weight() == full  # rep_warmup_steps 0: the full weight at step 0
+
+
+def test_zero_weight_skips_the_teacher_and_keeps_the_loss(tmp_path):
+    """rep_weight 0 (or step 0 of a ramp): no teacher / encoder forward, no head; the loss is bit for bit the flow
+    loss the full objective computes from the same draws."""
+    for preset, extra, teacher in (("self-flow-digits", [], "block_tokens"),
+                                   ("repa-digits", [f"method.encoder={vit_encoder(tmp_path)}"], "forward_features")):
+        full, train = make(preset, *extra)
+        x0, y = batch(full, train)
+        full.rng("cpu").manual_seed(5)
+        reference = full.forward_flow(x0, y)
+        for override in ("method.rep_weight=0", "method.rep_warmup_steps=10"):
+            model, _ = make(preset, *extra, override)
+            assert all(torch.equal(a, b) for a, b in zip(model.student.state_dict().values(),
+                                                           full.student.state_dict().values()))
+            module = model.ema if preset.startswith("self") else model._encoder[0]
+
+            def refuse(*a, **k):
+                raise AssertionError("the teacher ran at weight 0")
+
+            setattr(module, teacher, refuse)
+            model.rng("cpu").manual_seed(5)
+            out = at_step(model, 0).forward_flow(x0, y)
+            assert "rep_loss" not in out and "target" not in out
+            assert torch.equal(out["loss"], reference["flow_loss"].mean())
+            out["loss"].backward()
+            head = model.head if preset.startswith("self") else model.projector
+            assert all(p.grad is None for p in head.parameters())
+
+
+def test_rep_warmup_must_be_non_negative():
+    with pytest.raises(UserError, match=r"method.rep_warmup_steps=-1 must be >= 0"):
+        make("self-flow-digits", "method.rep_warmup_steps=-1")
+
+
+def test_repa_projector_is_xavier_with_zero_bias(tmp_path):
+    """REPA's ``_basic_init`` (models/sit.py:206-219): xavier-uniform weights, zero biases on the projector too."""
+    repa, _ = make("repa-digits", f"method.encoder={vit_encoder(tmp_path)}")
+    linears = [m for m in repa.projector.net if isinstance(m, torch.nn.Linear)]
+    assert [tuple(m.weight.shape) for m in linears] == [(256, 64), (256, 256), (128, 256)]
+    for m in linears:
+        bound = (6 / sum(m.weight.shape)) ** 0.5
+        assert torch.count_nonzero(m.bias) == 0
+        assert 0.97 * bound < m.weight.abs().max() <= bound  # PyTorch's default is ±1/√fan_in (0.0625 for 256)
+        assert abs(m.weight.std().item() - bound / 3 ** 0.5) < 0.1 * bound

@@ -60,3 +60,9 @@ def teacher_temperature(epoch: int, warmup_temp: float, temp: float, warmup_epoc
     if warmup_epochs == 1:
         return warmup_temp
     return warmup_temp + (temp - warmup_temp) * epoch / (warmup_epochs - 1)
+
+
+def linear_ramp(step: int, value: float, ramp_steps: int) -> float:
+    """``value · min(1, step / ramp_steps)``: 0 at step 0, ``value`` from ``ramp_steps`` on (``ramp_steps`` 0: ``value``
+    from step 0)."""
+    return value * min(1.0, step / ramp_steps) if ramp_steps > 0 else value

@@ -71,12 +71,18 @@ class SimpleHead(nn.Module):
 
 
 class RepaProjector(nn.Module):
-    """REPA's projector: Linear(D, h), SiLU, Linear(h, h), SiLU, Linear(h, z) (official build_mlp)."""
+    """REPA's projector: Linear(D, h), SiLU, Linear(h, h), SiLU, Linear(h, z) (official build_mlp,
+    ``models/sit.py:16-23``), xavier-uniform weights and zero biases (the SiT's ``self.apply(_basic_init)`` reaches
+    the projectors too, ``models/sit.py:206-219``)."""
 
     def __init__(self, dim: int, hidden: int, out_dim: int):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
                                  nn.Linear(hidden, out_dim))
+        for m in self.net:
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -25,6 +25,7 @@ from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_targe
 from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
 from selfsup.methods.base import DataInfo, TrainingBase, knn_report
 from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
+from selfsup.schedules import linear_ramp
 
 
 def default_block(depth: int, fraction: float) -> int:
@@ -91,6 +92,11 @@ class FlowConfig:
         return self.feature_block or default_block(self.model_depth, 0.7)
 
 
+def check_rep_warmup(steps: int) -> None:
+    if steps < 0:
+        raise UserError(f"method.rep_warmup_steps={steps} must be >= 0 (0: the full weight from step 0)")
+
+
 @dataclass
 class SelfFlowConfig(FlowConfig):
     """Self-Flow: R_M, the student block l, the teacher block k and the weight of 1 − cos."""
@@ -99,9 +105,11 @@ class SelfFlowConfig(FlowConfig):
     student_block: int | None = None  # l; None: round(0.3 depth) (8 for depth 28)
     teacher_block: int | None = None  # k; None: round(0.7 depth) (20 for depth 28)
     rep_weight: float = 0.8
+    rep_warmup_steps: int = 0  # > 0: rep_weight ramps linearly from 0 over these steps; 0 (official): full from step 0
 
     def validate(self) -> None:
         super().validate()
+        check_rep_warmup(self.rep_warmup_steps)
         if not 0 <= self.mask_ratio <= 1:
             raise UserError(f"method.mask_ratio={self.mask_ratio} (R_M) must be in [0, 1]")
         self.check_block("student_block", self.student_block)
@@ -121,9 +129,11 @@ class RepaConfig(FlowConfig):
     align_block: int | None = None  # l; None: round(0.3 depth) (8 for depth 28, REPA's SiT-XL setting)
     proj_hidden_dim: int = 2048
     rep_weight: float = 0.5
+    rep_warmup_steps: int = 0  # > 0: rep_weight ramps linearly from 0 over these steps; 0 (official): full from step 0
 
     def validate(self) -> None:
         super().validate()
+        check_rep_warmup(self.rep_warmup_steps)
         if not self.encoder:
             raise UserError("method.encoder is required for repa: a selfsup ViT run folder or backbone .safetensors")
         self.check_block("align_block", self.align_block)
@@ -227,6 +237,15 @@ class FlowMatching(TrainingBase):
     def draw_noise(self, x0: Tensor) -> Tensor:
         return torch.randn(x0.shape, device=x0.device, dtype=x0.dtype, generator=self.rng(x0.device))
 
+    def rep_weight(self) -> float:
+        """Self-Flow's and REPA's representation-loss weight at this step: ``method.rep_weight``, ramped linearly
+        from 0 over ``method.rep_warmup_steps`` optimiser steps (0, the official schedule: the full weight from
+        step 0; outside a fit: the full weight). A host number: no sync."""
+        c = self.cfg.method
+        if self._trainer is None:
+            return c.rep_weight
+        return linear_ramp(self.trainer.global_step, c.rep_weight, c.rep_warmup_steps)
+
     # ------------------------------------------------------------------ the step
     def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
         """Plain flow matching; the eval block's tokens come from the same forward as the loss."""
@@ -245,6 +264,9 @@ class FlowMatching(TrainingBase):
         values = {"train/loss": loss, "train/flow_loss": out["flow_loss"]}
         if "rep_loss" in out:
             out["rep_loss"] = values["train/rep_loss"] = out["rep_loss"].detach()
+        weight = out.pop("rep_weight", 0.0)
+        if getattr(self.cfg.method, "rep_warmup_steps", 0):  # the ramp's weight (a host number)
+            values["train/rep_weight"] = weight
         means, counts = noise_level_buckets(per_token, levels, self.cfg.method.loss_buckets)
         b = self.cfg.method.loss_buckets
         for i in range(b):  # an empty bucket logs NaN
@@ -324,12 +346,15 @@ class SelfFlow(FlowMatching):
         v, (h,) = self.student(interpolate(x0, noise, levels, p), torch.stack([t, s], dim=1), y,
                                features=(self.l,), token_index=mask.long())
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), p)
+        out = {"loss": per_token.mean(), "flow_loss": per_token, "levels": levels, "embedding": h.detach().mean(1)}
+        weight = self.rep_weight()
+        if weight == 0:  # no teacher forward, no head: the same loss (flow + 0 · rep) without the wasted compute
+            return out
         with torch.no_grad():  # the teacher: whole image at min(t, s), the same noise, blocks 1..k only
             target = self.ema.block_tokens(interpolate(x0, noise, teacher_level), teacher_level, y, self.k)
         prediction = self.head(h)
         rep = alignment_loss(prediction, target)
-        return {"loss": per_token.mean() + c.rep_weight * rep, "flow_loss": per_token, "levels": levels,
-                "rep_loss": rep, "embedding": h.detach().mean(1),
+        return {**out, "loss": out["loss"] + weight * rep, "rep_loss": rep, "rep_weight": weight,
                 "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
 
 
@@ -410,15 +435,17 @@ class Repa(FlowMatching):
         return patch_tokens(encoder, x, self.student.grid)
 
     def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
-        c = self.cfg.method
         noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
         v, (h,) = self.student(interpolate(x0, noise, t), t, y, features=(self.l,))
         per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
+        out = {"loss": per_token.mean(), "flow_loss": per_token, "levels": t, "embedding": h.detach().mean(1)}
+        weight = self.rep_weight()
+        if weight == 0:  # no encoder forward, no projector: the same loss without the wasted compute
+            return out
         target = self.encoder_tokens(x0)
         prediction = self.projector(h)
         rep = repa_loss(prediction, target)
-        return {"loss": per_token.mean() + c.rep_weight * rep, "flow_loss": per_token, "levels": t,
-                "rep_loss": rep, "embedding": h.detach().mean(1),
+        return {**out, "loss": out["loss"] + weight * rep, "rep_loss": rep, "rep_weight": weight,
                 "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
 
