@@ -53,6 +53,7 @@ def test_eval_generation_writes_json(runs, tmp_path):
 @pytest.mark.parametrize("argv, words", [
     (["--n", "0"], ["--n 0"]), (["--steps", "0"], ["--steps 0"]), (["--cfg", "-1"], ["--cfg -1"]),
     (["--class", "10"], ["--class 10", "0..9"]), (["--sampler", "heun"], ["--sampler", "ode, sde"]),
+    (["--sampler", "sde", "--steps", "1"], ["--sampler sde needs --steps >= 2", "--sampler ode"]),
 ])
 def test_generate_bad_options_exit_2_and_write_nothing(runs, tmp_path, argv, words):
     flow, _ = runs
@@ -96,13 +97,15 @@ def test_eval_generation_bad_options_exit_2(runs, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_eval_generation_defaults_to_a_repa_runs_encoder_else_the_run_itself():
+def test_eval_generation_never_defaults_to_repas_own_encoder():
+    """Every flow run defaults to its own EMA features, REPA's too: its alignment encoder would favour it."""
     from types import SimpleNamespace
 
-    from selfsup.flow.cli import OWN_FEATURES, _encoder_location
+    from selfsup.flow.cli import OWN_FEATURES, REPA_NOT_DEFAULT, _encoder_location
 
     repa = SimpleNamespace(method=SimpleNamespace(encoder="runs/moco"))
-    assert _encoder_location(SimpleNamespace(encoder=None), repa, "runs/repa") == ("runs/moco", None)
+    assert _encoder_location(SimpleNamespace(encoder=None), repa, "runs/repa") == (
+        "runs/repa", OWN_FEATURES + REPA_NOT_DEFAULT)
     assert _encoder_location(SimpleNamespace(encoder="other"), repa, "runs/repa") == ("other", None)
     plain = SimpleNamespace(method=SimpleNamespace())
     assert _encoder_location(SimpleNamespace(encoder=None), plain, "runs/sf") == ("runs/sf", OWN_FEATURES)

@@ -91,23 +91,17 @@ def add_generate_parser(subparsers) -> None:
 
 
 OWN_FEATURES = ("the run's own EMA features (its exported flow_encoder): the model judges its own samples; "
-                "pass --encoder RUN_OR_FILE for an independent feature space")
+                "to compare runs, pass every run the same --encoder RUN_OR_FILE")
+REPA_NOT_DEFAULT = (" (a REPA run's own alignment encoder is never the default: REPA was trained to match that "
+                    "space, which would favour it)")
 
 
 def _encoder_location(args, cfg, run_dir) -> tuple[str, str | None]:
     """(the encoder whose features define the metrics, a note when it is the run's own): ``--encoder``, else the
-    run's REPA encoder, else the flow run itself (its EMA model's block-k tokens, as ``selfsup eval`` sees it)."""
+    flow run itself (its EMA model's block-k tokens, as ``selfsup eval`` sees it), for REPA runs too."""
     if args.encoder:
         return args.encoder, None
-    repa = default_encoder(cfg)
-    if repa:
-        return repa, None
-    return str(run_dir), OWN_FEATURES
-
-
-def default_encoder(cfg) -> str | None:
-    """The run's REPA encoder, when it has one."""
-    return getattr(cfg.method, "encoder", None) or None
+    return str(run_dir), OWN_FEATURES + (REPA_NOT_DEFAULT if getattr(cfg.method, "encoder", None) else "")
 
 
 def eval_generation(args) -> int:
@@ -204,7 +198,8 @@ def add_generation_eval_parser(sub) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a flow run folder")
     p.add_argument("--encoder", metavar="RUN_OR_FILE",
                    help="selfsup backbone whose features define the metrics (run folder, .safetensors or .ckpt); "
-                        "default: the run's REPA encoder, else the run's own EMA features (labelled as such)")
+                        "default: the run's own EMA features (labelled as such; REPA runs too). Comparing runs: give "
+                        "every run the same --encoder")
     p.add_argument("--n", type=int, default=1000, help="generated samples, classes in turn (default 1000)")
     p.add_argument("--steps", type=int, default=50, help="sampler steps (default 50)")
     p.add_argument("--sampler", default="ode", help="ode or sde (default ode)")

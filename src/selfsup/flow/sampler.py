@@ -42,6 +42,8 @@ from selfsup.errors import UserError
 
 Velocity = Callable[[Tensor, Tensor, Tensor], Tensor]
 SAMPLERS = ("ode", "sde")
+SDE_STEPS = ("--sampler sde needs --steps >= 2 (got {steps}): steps − 1 Euler–Maruyama steps, then the noise-free "
+             "last step (SiT's scheme has no 1-step form); use --sampler ode for one step")
 
 
 def guided(velocity: Velocity, scale: float, null_class: int) -> Velocity:
@@ -80,8 +82,13 @@ def sde_drift(x: Tensor, v: Tensor, t: Tensor, norm: float) -> Tensor:
 @torch.no_grad()
 def euler_maruyama(velocity: Velocity, noise: Tensor, y: Tensor, steps: int, last_step_size: float = 0.04,
                    diffusion_norm: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-    """``steps − 1`` Euler–Maruyama steps from t = 1 to ``last_step_size``, then a noise-free step to 0."""
-    last = last_step_size if steps > 1 else 1.0
+    """``steps − 1`` Euler–Maruyama steps from t = 1 to ``last_step_size``, then a noise-free step to 0
+    (``steps`` >= 2: one step would be the noise-free step alone, from t = 1, which returns x̂₀ − ε̂)."""
+    if steps < 2:
+        raise UserError(SDE_STEPS.format(steps=steps))
+    if diffusion_norm < 0:
+        raise UserError(f"diffusion_norm {diffusion_norm} must be >= 0 (0: the drift alone)")
+    last = last_step_size
     times = torch.linspace(1.0, last, steps).tolist()
     x = noise
     for t, t_next in zip(times[:-1], times[1:]):
@@ -103,6 +110,8 @@ def check_options(steps: int, cfg_scale: float, method: str, n: int | None = Non
         raise UserError(f"--cfg {cfg_scale} must be a finite number >= 0 (1 = no guidance)")
     if method not in SAMPLERS:
         raise UserError(f"--sampler {method!r} is not one of {', '.join(SAMPLERS)}")
+    if method == "sde" and steps < 2:
+        raise UserError(SDE_STEPS.format(steps=steps))
 
 
 @torch.no_grad()
@@ -140,6 +149,8 @@ def sample_labels(n: int, num_classes: int, cls: int | None = None) -> Tensor:
 def generate(model, labels: Tensor, steps: int = 50, method: str = "ode", cfg_scale: float = 1.0, seed: int = 0,
              device: torch.device | str = "cpu", batch_size: int = 256, progress: bool = False) -> Tensor:
     """Samples (N, C, S, S), float32 on CPU, of ``model(x_t, t, y) -> velocity`` for ``labels``."""
+    if batch_size < 1:
+        raise UserError(f"batch size {batch_size} must be >= 1")
     device = torch.device(device)
     model = model.eval().to(device)
     shape = (model.in_channels, model.input_size, model.input_size)
