@@ -205,3 +205,32 @@ def test_class_fidelity_counts_samples_classified_as_requested():
     res = class_fidelity(train, labels, samples, torch.tensor([0, 1, 1, 2]), k=5)
     assert res["class_fidelity"] == pytest.approx(75.0)
     assert res["per_class"] == {0: 100.0, 1: 50.0, 2: 100.0}
+
+
+def test_heldout_velocity_error_is_zero_for_the_exact_field_and_the_target_energy_for_zero():
+    from selfsup.flow.metrics import heldout_velocity_error
+
+    mu = torch.tensor([0.5, -1.0, 0.25], dtype=torch.float64)
+    x0 = mu.expand(6, 3).clone()
+    y = torch.zeros(6, dtype=torch.long)
+    exact = heldout_velocity_error(point_field(mu), x0, y, seed=3, batch_size=4)
+    assert exact["val"] < 1e-20 and len(exact["per_level"]) == 7
+    zero = heldout_velocity_error(lambda x, t, y: torch.zeros_like(x), x0, y, levels=(0.2, 0.9), seed=3)
+    eps = torch.randn(6, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    expected = (eps - x0).square().mean().item()  # the target ε − x₀ at every level, the same noise
+    assert zero["per_level"] == pytest.approx({0.2: expected, 0.9: expected}, rel=1e-12)
+    assert zero["val"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_metric_classifier_learns_a_separable_toy_and_is_seeded():
+    from selfsup.flow.metrics import classifier_features, fit_metric_classifier
+
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(200) % 2
+    images = torch.randint(0, 60, (200, 1, 8, 8), generator=gen, dtype=torch.uint8)
+    images[labels == 1, :, :4] += 150  # class 1: a bright top half
+    a = fit_metric_classifier(images, labels, 2, epochs=15, batch_size=50, seed=1)
+    b = fit_metric_classifier(images, labels, 2, epochs=15, batch_size=50, seed=1)
+    assert (a(images).argmax(1) == labels).float().mean() == 1.0
+    fa, fb = classifier_features(a, images, 64), classifier_features(b, images, 64)
+    assert fa.shape == (200, 128) and torch.equal(fa, fb)

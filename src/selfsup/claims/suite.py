@@ -140,6 +140,7 @@ def run_claim(claim: Claim, ctx: Context) -> dict:
             "paper": claim.paper, "rules": [str(r) for r in claim.rules], "quick": ctx.quick, "seeds": ctx.seeds,
             "metrics": metrics, "ours": measured["ours"], "verdict": verdict(claim.rules, metrics),
             "why_different": claim.why_different, "series": measured.get("series", {}),
+            "details": measured.get("details", {}),
             "plot": {k: measured[k] for k in ("xlabel", "ylabel", "logy", "logx") if k in measured}}
 
 

@@ -8,6 +8,12 @@
   applied to class-conditional samples: the share classified as the class they were drawn for.
 - **Inception FID** through torchmetrics, only when torch-fidelity and its Inception weights are
   already on disk (nothing is downloaded); otherwise one line says why it is unavailable.
+- **A supervised metric classifier** (``fit_metric_classifier``): a small CNN trained on the dataset's labelled
+  training images, whose pooled features stand in for Inception's on small datasets (a fixed, trained feature
+  space shared by every method compared; a barely trained SSL encoder is close to a random one there).
+- **Held-out velocity error** (``heldout_velocity_error``): the model's velocity MSE on held-out images at fixed
+  noise, each image at one level t of a fixed grid: the task the sampler integrates, a low-noise companion of
+  the Fréchet distance.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from selfsup.errors import UserError
 
@@ -101,3 +107,76 @@ def image_features(source, images: Tensor, batch_size: int = 512, device=None) -
     m = source.meta
     fake = ImageDataset("generated", images, torch.zeros(len(images), dtype=torch.long), 1, m["mean"], m["std"])
     return extract_features(source.backbone, fake, m["image_size"], m["mean"], m["std"], batch_size, device)[0]
+
+
+# --------------------------------------------------------------------------- a trained feature space, a companion
+
+
+class MetricClassifier(nn.Module):
+    """Three 3×3 convolutions (32, 64, 128 channels; stride 1, 2, 2), ReLU, global average pool → ``features``
+    (128-d), then a linear classifier. Inputs: uint8 images scaled to [−1, 1]."""
+
+    def __init__(self, channels: int, num_classes: int, width: int = 32):
+        super().__init__()
+        w = width
+        self.body = nn.Sequential(nn.Conv2d(channels, w, 3, 1, 1), nn.ReLU(), nn.Conv2d(w, 2 * w, 3, 2, 1), nn.ReLU(),
+                                  nn.Conv2d(2 * w, 4 * w, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(4 * w, num_classes)
+
+    @staticmethod
+    def scale(images: Tensor) -> Tensor:
+        return images.float() / 127.5 - 1 if images.dtype == torch.uint8 else images.float()
+
+    def features(self, images: Tensor) -> Tensor:
+        return self.body(self.scale(images))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.fc(self.features(images))
+
+
+def fit_metric_classifier(images: Tensor, labels: Tensor, num_classes: int, epochs: int = 30, batch_size: int = 128,
+                          lr: float = 2e-3, seed: int = 0) -> MetricClassifier:
+    """A ``MetricClassifier`` trained with cross-entropy and Adam on uint8 ``images``; seeded, eval mode."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = MetricClassifier(images.shape[1], num_classes)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(images), generator=gen)
+        for i in range(0, len(images), batch_size):
+            idx = order[i:i + batch_size]
+            loss = nn.functional.cross_entropy(model(images[idx]), labels[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def classifier_features(model: MetricClassifier, images: Tensor, batch_size: int = 1000) -> Tensor:
+    """(N, D) pooled features of uint8 images."""
+    return torch.cat([model.features(images[i:i + batch_size]) for i in range(0, len(images), batch_size)])
+
+
+VAL_LEVELS = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 0.95)
+
+
+@torch.no_grad()
+def heldout_velocity_error(velocity, x0: Tensor, labels: Tensor, levels=VAL_LEVELS, seed: int = 0,
+                           batch_size: int = 500) -> dict:
+    """Mean ‖v(x_t, t, y) − (ε − x₀)‖² per value of held-out images ``x0`` (model space) with their ``labels``, every
+    image at each level t of ``levels`` in turn; ε drawn once from a CPU generator seeded by ``seed`` (shared by
+    every level and every model): ``{"val": mean over levels, "per_level": {t: error}}``."""
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed), dtype=x0.dtype)
+    target = noise - x0
+    per_level = {}
+    for t in levels:
+        err = 0.0
+        for i in range(0, len(x0), batch_size):
+            x, e, v = x0[i:i + batch_size], noise[i:i + batch_size], target[i:i + batch_size]
+            tt = torch.full((len(x),), float(t), dtype=x.dtype)
+            err += float((velocity((1 - t) * x + t * e, tt, labels[i:i + batch_size]) - v).double().square().sum())
+        per_level[t] = err / x0.numel()
+    return {"val": sum(per_level.values()) / len(per_level), "per_level": per_level}
