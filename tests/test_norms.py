@@ -65,7 +65,8 @@ def test_simclr_norm_head_and_projector_last_scales_its_output():
     assert kinds == [nn.Linear, nn.ReLU, nn.Linear] and all(m.bias is not None for m in base.projector[::2])
     cut = tiny_method("simclr", SIMCLR_NORM_HEAD, model=CNN["model"],
                       interventions={"cut_init": 4.0, "cut_init_scope": "projector_last"})
-    changed = {n for (n, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters()) if not torch.equal(p0, p1)}
+    changed = {n for (n, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters())
+               if not torch.equal(p0, p1)}
     assert changed == {"projector.2.weight", "projector.2.bias"}
     h = torch.randn(5, base.backbone.num_features)
     with torch.no_grad():
@@ -84,7 +85,8 @@ def test_simsiam_affine_last_bn_and_projector_last_scales_its_gamma_and_beta():
     with torch.no_grad():
         cut.projector[-1].bias.fill_(0.25)  # the same β as base's, halved (base's was set after its build)
     n = len(base.projector) - 1
-    changed = {k for (k, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters()) if not torch.equal(p0, p1)}
+    changed = {k for (k, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters())
+               if not torch.equal(p0, p1)}
     assert changed == {f"projector.{n}.weight", f"projector.{n}.bias"}
     z = torch.randn(8, base.projector[0].in_features)
     with torch.no_grad():

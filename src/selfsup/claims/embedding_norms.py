@@ -45,7 +45,7 @@ NORM_PRESETS = {"simclr": "simclr-cnn-digits", "simsiam": "simsiam-cnn-digits"}
 LOSS_SIDE = {"simclr": "projection", "simsiam": "prediction"}  # the RankCollapse keys of each loss-side embedding
 
 
-def _run(ctx: Context, method: str, name: str, epochs: int, seed: int, extra=()) -> "Path":
+def _run(ctx: Context, method: str, name: str, epochs: int, seed: int, extra=()):
     from selfsup.claims.suite import pretrain_run
 
     return pretrain_run(ctx, NORM_PRESETS[method], name,
@@ -122,7 +122,8 @@ def measure_norm_growth(ctx: Context) -> dict:
             n0, n1 = float(f0.norm(dim=1).mean()), float(f1.norm(dim=1).mean())
             growth.append(n1 / n0)
             if seed == 0:
-                series[f"{method} ‖{LOSS_SIDE[method]}‖ (eval mode)"] = _series(run, f"eval_norm_{LOSS_SIDE[method]}_mean")
+                key = LOSS_SIDE[method]
+                series[f"{method} ‖{key}‖ (eval mode)"] = _series(run, f"eval_norm_{key}_mean")
                 notes.append(f"{method} {n0:.2f} → {n1:.2f}")
         metrics[f"growth_{method}"] = growth
     ours = (f"loss-side norm (eval mode, un-augmented) init → end: {', '.join(notes)}; growth ×"

@@ -1,12 +1,12 @@
 """SimCLR (Chen et al. 2020): NT-Xent over 2N views, negatives from every process (with gradient).
 
-As the official TF code (tf2/model.py), both views go through the network as one concatenated
-batch, and the projection head is bias-free Linear → BN → ReLU … → Linear → BN whose last BN has a
-scale but no shift (``center=False``); ``proj_bn=false proj_bias=true`` is the embedding-norm code's head
-(Linear → ReLU → Linear with biases, no BN: its output norm is free). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
-uses 3. ``decoupled=True`` drops the positive from the denominator (DCL). ``projector_momentum`` > 0
-takes each anchor's positive from an EMA copy of the projector (Pham et al. 2022, cookbook §3.4); the
-negatives stay online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs. Optional multi-crop
+As the official TF code (tf2/model.py), both views go through the network as one concatenated batch, and the
+projection head is bias-free Linear → BN → ReLU … → Linear → BN whose last BN has a scale but no shift
+(``center=False``); ``proj_bn=false proj_bias=true`` is the embedding-norm code's head (Linear → ReLU → Linear
+with biases, no BN: its output norm is free). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
+uses 3. ``decoupled=True`` drops the positive from the denominator (DCL). ``projector_momentum`` > 0 takes
+each anchor's positive from an EMA copy of the projector (Pham et al. 2022, cookbook §3.4); the negatives stay
+online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs. Optional multi-crop
 (``augment.local_crops_number``, off by default; not in the official code): NT-Xent of every (global, local)
 pair beside the global pair's, their mean (an EMA positive applies to the global pair only).
 
