@@ -215,8 +215,8 @@ def measure_cut_init(ctx: Context) -> dict:
 def measure_gradscale(ctx: Context) -> dict:
     """Claim 4: GradScale p = 1 (its own lr and warmup) against the default SimCLR, on long-tailed digits
     (data.imbalance = 10) and on balanced digits: the final kNN gain (balanced test split) per seed."""
-    epochs_balanced = 2 if ctx.quick else 16
-    epochs_lt = 2 if ctx.quick else 40  # the long tail keeps ~40% of the images: about the same number of steps
+    epochs_balanced = 2 if ctx.quick else 12
+    epochs_lt = 2 if ctx.quick else 30  # the long tail keeps ~40% of the images: the same 60 steps
     _, lt = _speedups(ctx, "simclr", "gs-lt", ["interventions.grad_scale_p=1"], epochs_lt, ["data.imbalance=10"])
     _, bal = _speedups(ctx, "simclr", "gs", ["interventions.grad_scale_p=1"], epochs_balanced)
     diff = [a - b for a, b in zip(lt, bal)]
@@ -241,7 +241,7 @@ def measure_rank_vs_norm(ctx: Context) -> dict:
     """Claim 6: the step where SimCLR's loss-side norm stops growing (first reaches 95% of its maximum) and the step
     where its effective rank (PCs for 99% variance, eval mode, fixed un-augmented batch) starts growing (its last
     minimum), as fractions of the run."""
-    epochs = 2 if ctx.quick else 60
+    epochs = 2 if ctx.quick else 40
     lags, norm_at, rank_at, rank_gain = [], [], [], []
     series = {}
     for seed in range(ctx.seeds):
@@ -269,7 +269,7 @@ ADAM = ["optim.name=adamw", "optim.base_lr=1e-3", "optim.weight_decay=1e-6", "op
 
 def measure_adam(ctx: Context) -> dict:
     """Claim 7: SimCLR under Adam(W) (lr 1e-3, wd 1e-6): the loss-side norm's growth and cut-init's speed-up."""
-    epochs = 2 if ctx.quick else 20
+    epochs = 2 if ctx.quick else 12
     growth = []
     ups, gains = _speedups(ctx, "simclr", "adam-cut", ["interventions.cut_init=3"], epochs, ADAM)
     for seed in range(ctx.seeds):
