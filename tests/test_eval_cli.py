@@ -97,7 +97,7 @@ def test_linear_rankme_norms_all(run, capsys):
     assert rk["rankme"] == pytest.approx(float(np.exp(-(p * np.log(p)).sum())), rel=1e-6)
     centred = np.linalg.svd(train_f - train_f.mean(0), compute_uv=False) ** 2
     assert rk["effective_rank_99"] == int(np.searchsorted(np.cumsum(centred) / centred.sum(), 0.99 - 1e-12) + 1)
-    ok(capsys, "norms-ood", run, "--ood", "classes:8,9")
+    ok(capsys, "norms-ood", run, "--ood", "classes:8,9", "--embedding", "backbone")
     ood = json.loads((run / "eval" / "norms-ood-classes-8-9.json").read_text())
     assert 0 <= ood["auroc"] <= 1 and (run / "eval" / "norms-ood-classes-8-9.png").stat().st_size > 1000
     # AUROC (in-distribution test scores positive) against sklearn on the cached features' norms
@@ -142,7 +142,8 @@ def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
 
 def test_ood_dataset_is_resized(run, capsys, tmp_path):
     fake_fashion(tmp_path, n_test=300)  # 28x28 IDX files written here: the backbone takes 8x8
-    ok(capsys, "norms-ood", run, "--ood", "fashion-mnist", "--ood-root", tmp_path, "--ood-limit", "300")
+    ok(capsys, "norms-ood", run, "--ood", "fashion-mnist", "--ood-root", tmp_path, "--ood-limit", "300",
+       "--embedding", "backbone")
     ood = json.loads((run / "eval" / "norms-ood-fashion-mnist.json").read_text())
     assert ood["ood_size"] == 300 and ood["in_size"] == 359
 

@@ -42,7 +42,8 @@ def test_grad_scale_multiplies_each_sample_gradient_by_norm_power(p):
 
 def test_cut_init_all_divides_every_parameter_and_keeps_targets_in_sync():
     base = tiny_method("byol")
-    cut = tiny_method("byol", interventions={"cut_init": 3.0})
+    with pytest.warns(UserWarning, match=r"with LayerNorm, attention changes the network's function"):
+        cut = tiny_method("byol", interventions={"cut_init": 3.0})  # the micro ViT: a warning
     for (name, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters()):
         torch.testing.assert_close(p1, p0 / 3.0, msg=name)
     for (name, b0), (_, b1) in zip(base.named_buffers(), cut.named_buffers()):
@@ -51,16 +52,19 @@ def test_cut_init_all_divides_every_parameter_and_keeps_targets_in_sync():
         assert torch.equal(po, pt)
 
 
-def test_cut_init_projector_last_divides_only_that_layer():
-    base = tiny_method("moco_v3")
-    cut = tiny_method("moco_v3", interventions={"cut_init": 3.0, "cut_init_scope": "projector_last"})
-    last = [n for n, m in cut.projector.named_modules() if isinstance(m, nn.Linear)][-1]
+def test_cut_init_projector_last_divides_only_the_scale_setting_layer():
+    """SimCLR's default head ends in a scale-only BN: its γ (and frozen zero β) are divided, nothing else; MoCo v3's
+    projector ends in a BN without affine, which no cut can scale: refused."""
+    base = tiny_method("simclr")
+    cut = tiny_method("simclr", interventions={"cut_init": 3.0, "cut_init_scope": "projector_last"})
+    last = len(cut.projector) - 1
+    assert isinstance(cut.projector[last], nn.BatchNorm1d)
     changed = {n for (n, p0), (_, p1) in zip(base.named_parameters(), cut.named_parameters())
                if not torch.equal(p0, p1)}
-    assert changed == {f"projector.{last}.weight", f"momentum_projector.{last}.weight"}
-    torch.testing.assert_close(cut.projector.get_submodule(last).weight, base.projector.get_submodule(last).weight / 3)
-    torch.testing.assert_close(cut.momentum_projector.get_submodule(last).weight,
-                               cut.projector.get_submodule(last).weight)
+    assert changed == {f"projector.{last}.weight"}  # β is 0 (frozen): divided, unchanged
+    torch.testing.assert_close(cut.projector[last].weight, base.projector[last].weight / 3)
+    with pytest.raises(UserError, match="projector_last cannot act: the projector ends in a BatchNorm without affine"):
+        tiny_method("moco_v3", interventions={"cut_init": 3.0, "cut_init_scope": "projector_last"})
 
 
 def test_cut_init_config_errors():

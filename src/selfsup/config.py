@@ -42,6 +42,14 @@ class DataConfig:
     num_samples: int | None = None  # webdataset: samples per epoch, all shards (None: counted from local tar headers)
     shuffle_buffer: int = 1000  # webdataset: samples in each stream's shuffle buffer (0: shard order)
     download: bool = False  # torchvision download when the files are absent (never in tests)
+    # classes held out of pretraining: removed from the train and test splits of the run (kNN and the monitor see
+    # the others); ``selfsup eval norms-ood`` scores their test images as the truly unseen, OOD set
+    exclude_classes: list[int] = field(default_factory=list)
+    # long-tailed train split: the class of rank i (by label, excluded classes skipped) keeps a fixed random
+    # ratio^(-i/(C-1)) of its images, so the largest class has ``imbalance`` times the smallest (1 = balanced);
+    # the embedding-norm code's CIFAR-10-LT keeps 1.5^-i of each class (ratio 1.5^9 ≈ 38)
+    imbalance: float = 1.0
+    imbalance_seed: int = 0  # the draw of the kept images (the same subsample for every trainer.seed)
 
     def validate(self) -> None:
         from selfsup.data.datasets import DATASETS
@@ -56,6 +64,12 @@ class DataConfig:
             raise UserError(f"data.shuffle_buffer={self.shuffle_buffer} must be >= 0 (0: shard order)")
         if self.image_size is not None and self.image_size < 4:
             raise UserError(f"data.image_size={self.image_size} is too small; use >= 4")
+        if any(c < 0 for c in self.exclude_classes) or len(set(self.exclude_classes)) < len(self.exclude_classes):
+            raise UserError(f"data.exclude_classes={self.exclude_classes} must list distinct class indices >= 0, "
+                            "e.g. [8, 9]")
+        if not self.imbalance >= 1:
+            raise UserError(f"data.imbalance={self.imbalance} must be >= 1 (the largest class / the smallest; "
+                            "1 = balanced)")
 
 
 @dataclass
@@ -233,12 +247,21 @@ class InterventionsConfig:
     cut_init: float = 1.0  # c: divide parameters by c after initialisation (1 = off; the paper's example 3)
     cut_init_scope: str = "all"  # all (every parameter, the public code) | projector_last (the projector's last layer)
     grad_scale_p: float = 0.0  # GradScale power p: each sample's gradient times ||z||^p (0 = off)
+    # GradScale's own schedule, used instead of optim.base_lr / optim.warmup_epochs when grad_scale_p != 0 (None:
+    # the optim section's): the embedding-norm code runs GradScale at lr 0.1 with 100 of 512 warmup epochs instead
+    # of 0.6 with 10 (SSLEmbeddingNorms CLA/experiments/model_comparison.py:282-290); its positive feedback (the
+    # norm grows with the gradient, the gradient with the norm) diverges at the default lr
+    grad_scale_lr: float | None = None
+    grad_scale_warmup_epochs: float | None = None
 
     def validate(self) -> None:
         if not self.cut_init > 0:
             raise UserError(f"interventions.cut_init={self.cut_init} must be > 0 (1 turns it off)")
         if self.cut_init_scope not in ("all", "projector_last"):
             raise UserError(f"interventions.cut_init_scope={self.cut_init_scope!r}; use all or projector_last")
+        for key in ("grad_scale_lr", "grad_scale_warmup_epochs"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise UserError(f"interventions.{key}={getattr(self, key)} must be >= 0 (or null: the optim section's)")
 
 
 @dataclass
@@ -433,7 +456,14 @@ def resolve(data: dict) -> RunConfig:
     hints = typing.get_type_hints(RunConfig)
     for key, value in data.items():
         sections[key] = _coerce(value, hints[key], key)
-    return RunConfig(method=method_cfg, **sections)
+    cfg = RunConfig(method=method_cfg, **sections)
+    iv = cfg.interventions
+    if iv.grad_scale_p != 0:  # GradScale's own lr and warmup (InterventionsConfig)
+        if iv.grad_scale_lr is not None:
+            cfg.optim.base_lr = iv.grad_scale_lr
+        if iv.grad_scale_warmup_epochs is not None:
+            cfg.optim.warmup_epochs = iv.grad_scale_warmup_epochs
+    return cfg
 
 
 def to_dict(cfg: RunConfig) -> dict:

@@ -393,8 +393,54 @@ def load_latents(split: str, root: str | None) -> ImageDataset:
 DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "images", "webdataset", "latents")
 
 
+def _take(dataset: ImageDataset, index: Tensor) -> ImageDataset:
+    """The samples at ``index`` (sorted); lazily decoded folders stay lazy (their file list is cut)."""
+    if isinstance(dataset.images, FolderImages):
+        f = dataset.images
+        images = FolderImages([f.files[i] for i in index.tolist()], f.size, f.resize)
+        return ImageDataset(dataset.name, images, dataset.labels[index], dataset.num_classes, dataset.mean,
+                            dataset.std)
+    return dataset.select(index)
+
+
+def long_tail_counts(counts: list[int], ratio: float) -> list[int]:
+    """Images kept per class for a long tail of ``ratio`` (largest / smallest share): the class of rank i of C keeps
+    ``floor(n_i · ratio^(-i/(C-1)))``, at least 1."""
+    c = len(counts)
+    return [max(1, int(n * ratio ** (-i / (c - 1)))) if c > 1 else n for i, n in enumerate(counts)]
+
+
+def restrict(dataset: ImageDataset, cfg, split: str) -> ImageDataset:
+    """``data.exclude_classes`` (both splits) and ``data.imbalance`` (train only) applied to ``dataset``."""
+    exclude, ratio = list(getattr(cfg, "exclude_classes", []) or []), getattr(cfg, "imbalance", 1.0)
+    if not exclude and (ratio == 1 or split != "train"):
+        return dataset
+    key = "data.exclude_classes" if exclude else "data.imbalance"
+    if isinstance(dataset, StreamDataset) or dataset.num_classes == 0:
+        raise UserError(f"{key} needs labelled data; data.name={cfg.name} has no labels (drop {key})")
+    if any(c >= dataset.num_classes for c in exclude) or len(exclude) >= dataset.num_classes:
+        raise UserError(f"data.exclude_classes={exclude} must name some but not all of the classes "
+                        f"0..{dataset.num_classes - 1} of {dataset.name}")
+    labels = dataset.labels
+    keep = ~torch.isin(labels, torch.tensor(exclude, dtype=labels.dtype))
+    if split == "train" and ratio != 1:
+        g = torch.Generator().manual_seed(getattr(cfg, "imbalance_seed", 0))
+        classes = [c for c in range(dataset.num_classes) if c not in exclude]
+        members = [(labels == c).nonzero().squeeze(1) for c in classes]
+        kept = long_tail_counts([len(m) for m in members], ratio)
+        keep = torch.zeros_like(keep)
+        for m, n in zip(members, kept):
+            keep[m[torch.randperm(len(m), generator=g)[:n]]] = True
+    return _take(dataset, keep.nonzero().squeeze(1))
+
+
 def load_dataset(cfg, split: str) -> ImageDataset:
-    """The ``split`` ("train" or "test") of the dataset named by the DataConfig ``cfg``."""
+    """The ``split`` ("train" or "test") of the dataset named by the DataConfig ``cfg``, with its held-out classes
+    and long tail (``restrict``)."""
+    return restrict(_load_dataset(cfg, split), cfg, split)
+
+
+def _load_dataset(cfg, split: str) -> ImageDataset:
     if split not in ("train", "test"):
         raise ValueError(f"split must be train or test, got {split!r}")
     if cfg.name == "digits":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 
 import torch
@@ -259,19 +260,44 @@ def run_rankme(session: EvalSession, cfg: SpectrumConfig) -> dict:
 
 
 def run_norms_ood(session: EvalSession, cfg: OodConfig) -> dict:
-    """Embedding-norm OOD score: AUROC of in-distribution test (positive) vs the OOD set, and a histogram."""
+    """Embedding-norm OOD score: AUROC of in-distribution test (positive) vs the OOD set, and a histogram.
+
+    ``cfg.ood`` None: the classes the run held out of pretraining (``data.exclude_classes``). ``classes:…``: those
+    classes' test images; held out when the run excluded them (the train mean norm and the in-distribution test are
+    then the run's own splits), else they were pretrained on (scored with a warning: not OOD in the paper's sense).
+    """
+    import copy
+
     from selfsup.eval.ood import auroc, histogram, norm_scores
     from selfsup.eval.report import print_table, write_json
     from selfsup.eval.session import data_config
 
+    excluded = sorted(session.data_cfg.exclude_classes)
     ood = cfg.ood
+    if ood is None:
+        if not excluded:
+            raise UserError("norms-ood needs an OOD set: pass --ood DATASET or --ood classes:8,9, or pretrain with "
+                            "data.exclude_classes=[8,9] to score truly held-out classes")
+        ood = "classes:" + ",".join(map(str, excluded))
     ftr, ytr = session.features("train")
     fte, yte = session.features("test")
+    held_out = None
     if ood.startswith("classes:"):
-        classes = _parse_classes(ood[len("classes:"):], session.split("train").num_classes)
-        held = torch.isin(yte, torch.tensor(classes))
-        ftr = ftr[~torch.isin(ytr, torch.tensor(classes))]
-        f_ood, fte = fte[held], fte[~held]
+        full = copy.deepcopy(session.data_cfg)
+        full.exclude_classes, full.imbalance = [], 1.0
+        num_classes = session.split("test", full).num_classes
+        classes = _parse_classes(ood[len("classes:"):], num_classes)
+        held_out = set(classes) <= set(excluded)
+        if held_out:  # unseen in pretraining: their test images from the whole test split
+            f_all, y_all = session.features("test", full)
+            f_ood = f_all[torch.isin(y_all, torch.tensor(classes))]
+        else:
+            print(f"selfsup: --ood {ood}: the run pretrained on these classes (data.exclude_classes={excluded}), "
+                  "so they are not OOD in the paper's sense; pretrain with data.exclude_classes to hold them out",
+                  file=sys.stderr)
+            held = torch.isin(yte, torch.tensor(classes))
+            ftr = ftr[~torch.isin(ytr, torch.tensor(classes))]
+            f_ood, fte = fte[held], fte[~held]
         tag = "classes-" + "-".join(map(str, classes))
     else:
         data = data_config(session.source, ood, cfg.root)
@@ -284,11 +310,12 @@ def run_norms_ood(session: EvalSession, cfg: OodConfig) -> dict:
     area = auroc(s_in, s_ood)
     png = histogram(s_in, s_ood, session.out_dir / f"norms-ood-{tag}{session.suffix()}.png",
                     f"{session.data_cfg.name} vs {tag}: AUROC {area:.3f}")
-    out = {**session.header(), "ood": ood, "train_mean_norm": mean_norm, "auroc": area, "in_size": len(s_in),
-           "ood_size": len(s_ood), "in_score_mean": float(s_in.mean()), "ood_score_mean": float(s_ood.mean()),
-           "plot": str(png)}
+    out = {**session.header(), "ood": ood, "held_out": held_out, "train_mean_norm": mean_norm, "auroc": area,
+           "in_size": len(s_in), "ood_size": len(s_ood), "in_score_mean": float(s_in.mean()),
+           "ood_score_mean": float(s_ood.mean()), "plot": str(png)}
     write_json(session.out_dir, f"norms-ood-{tag}{session.suffix()}", out)
-    print_table(f"norm OOD score: {session.data_cfg.name} test (in) vs {tag} (OOD)",
+    print_table(f"norm OOD score ({session.source.embedding}): {session.data_cfg.name} test (in) vs {tag} (OOD"
+                + (", held out of pretraining)" if held_out else ")"),
                 ["AUROC", "in mean score", "OOD mean score", "in n", "OOD n"],
                 [[area, out["in_score_mean"], out["ood_score_mean"], len(s_in), len(s_ood)]])
     print(f"  histogram: {png}")
@@ -360,15 +387,18 @@ def _aug_args(p, crop_min: float) -> None:
     p.add_argument("--hflip", type=float, help="flip probability (default: run's, else 0.5)")
 
 
-def _embedding_arg(p) -> None:
-    p.add_argument("--embedding", choices=("backbone", "projector"), default="backbone",
-                   help="which embedding: the backbone feature (default) or the projector output "
-                        "(a run folder's heads)")
+def _embedding_arg(p, default: str = "backbone") -> None:
+    p.add_argument("--embedding", choices=("backbone", "projector", "predictor", "loss"), default=default,
+                   help=f"which embedding (default {default}): the backbone feature, the projector or predictor "
+                        "output (a run folder's heads, eval mode), or loss: the one the method's loss normalises "
+                        "(SimCLR the projector, BYOL / SimSiam / MoCo v3 the predictor)")
 
 
 def _ood_args(p, required: bool) -> None:
     p.add_argument("--ood", required=required,
-                   help="OOD dataset name (its test split), or classes:8,9 (held-out classes)")
+                   help="OOD dataset name (its test split), or classes:8,9 (test images of these classes; OOD in the "
+                        "paper's sense where the run held them out with data.exclude_classes)"
+                        + ("" if required else "; norms-ood's default: the run's data.exclude_classes"))
     p.add_argument("--ood-root", help="folder of the OOD dataset")
     p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
 
@@ -446,10 +476,11 @@ def add_eval_parser(subparsers) -> None:
     _embedding_arg(p)
     p.set_defaults(func=command(run_rankme, spectrum_config))
 
-    p = sub.add_parser("norms-ood", help="embedding-norm OOD score: AUROC and histogram")
+    p = sub.add_parser("norms-ood", help="embedding-norm OOD score: AUROC and histogram (default: the run's "
+                                         "data.exclude_classes on the loss-side embedding)")
     _common(p)
-    _ood_args(p, required=True)
-    _embedding_arg(p)
+    _ood_args(p, required=False)
+    _embedding_arg(p, default="loss")
     p.set_defaults(func=command(run_norms_ood, ood_config))
 
     p = sub.add_parser("all", help="knn, linear (fast path), rankme and norm statistics (+ norms-ood with --ood)")

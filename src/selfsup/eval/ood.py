@@ -11,10 +11,10 @@ from torch import Tensor
 
 @dataclass
 class OodConfig:
-    """``selfsup eval norms-ood``: the OOD set (a dataset name, its test split; or ``classes:8,9``, held-out
-    classes), its folder and an optional fixed random subset size."""
+    """``selfsup eval norms-ood``: the OOD set (a dataset name, its test split; ``classes:8,9``; None: the classes the
+    run held out of pretraining, ``data.exclude_classes``), its folder and an optional fixed random subset size."""
 
-    ood: str
+    ood: str | None = None
     root: str | None = None
     limit: int | None = None
 

@@ -75,7 +75,8 @@ class EvalSession:
 
     ``location``: run folder, exported .safetensors or .ckpt; ``data`` / ``root``: another dataset (default
     the run's); ``resize``: accept images of another size; ``out``: results folder (default RUN/eval);
-    ``train_limit``: a fixed random subset of train; ``embedding``: backbone | projector; ``flow_t`` /
+    ``train_limit``: a fixed random subset of train; ``embedding``: backbone | projector | predictor | loss (the one
+    the method's loss normalises; the backbone, with a note, where the source has none); ``flow_t`` /
     ``flow_block``: a flow run's features at another level / block.
     """
 
@@ -83,14 +84,21 @@ class EvalSession:
                  device: str | None = None, batch_size: int = FEATURE_BATCH, out: str | None = None, cache: bool = True,
                  train_limit: int | None = None, embedding: str = "backbone", flow_t: float | None = None,
                  flow_block: int | None = None):
-        from selfsup.eval.source import load_source, with_flow_features, with_projector
+        import sys
+
+        from selfsup.eval.source import load_source, loss_embedding, with_flow_features, with_heads
 
         self.device = checked_device(device)
         self.resize, self.batch_size, self.cache = resize, batch_size, cache
         self.train_limit = None if train_limit is None else positive(train_limit, "--train-limit")
         self.source = load_source(location)
-        if embedding == "projector":
-            self.source = with_projector(self.source)
+        if embedding == "loss":
+            embedding = loss_embedding(self.source)
+            if embedding == "backbone":
+                print(f"selfsup: {self.source.weights.name} has no loss-side embedding to score (no heads in a run "
+                      "checkpoint, or a loss on unnormalised outputs): using the backbone feature", file=sys.stderr)
+        if embedding in ("projector", "predictor"):
+            self.source = with_heads(self.source, embedding)
         if flow_t is not None or flow_block is not None:
             self.source = with_flow_features(self.source, flow_t, flow_block)
         if out:
@@ -112,7 +120,9 @@ class EvalSession:
         return self.source.out_dir
 
     def data_key(self, cfg, limit: int | None = None) -> str:
-        return json.dumps([cfg.name, cfg.root, cfg.image_size, cfg.load_size, limit])
+        restricted = [sorted(cfg.exclude_classes), cfg.imbalance, cfg.imbalance_seed] if (
+            cfg.exclude_classes or cfg.imbalance != 1) else []
+        return json.dumps([cfg.name, cfg.root, cfg.image_size, cfg.load_size, limit, *restricted])
 
     def _limit(self, name: str, cfg, limit: int | None) -> int | None:
         if limit is None and name == "train" and cfg is self.data_cfg:

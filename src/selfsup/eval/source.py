@@ -31,7 +31,7 @@ class EvalSource:
     run_dir: Path | None
     out_dir: Path
     run_cfg: object | None = None  # the run's data and augment sections (``_run_cfg``), when there is a run
-    embedding: str = "backbone"  # backbone | projector (the backbone followed by the method's projector)
+    embedding: str = "backbone"  # backbone | projector | predictor (the backbone followed by the method's heads)
 
     @property
     def fingerprint(self) -> str:
@@ -119,11 +119,28 @@ def load_source(location: str | Path) -> EvalSource:
     raise UserError(f"{path} is not a selfsup run or exported backbone; {WHAT}")
 
 
-def with_projector(source: EvalSource) -> EvalSource:
-    """The backbone followed by the method's projector, from the run's last checkpoint.
+HEADS = {"projector": ("projector",), "predictor": ("projector", "predictor")}
+
+
+def loss_embedding(source: EvalSource) -> str:
+    """``--embedding loss``: the name (``projector`` / ``predictor``) of the embedding the run's loss normalises (the
+    method's ``loss_embedding``); ``backbone`` where there is none or no checkpoint holds the heads."""
+    from selfsup.methods import METHODS
+
+    ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
+    method = METHODS.get(source.meta.get("method"))
+    heads = tuple(getattr(method, "loss_embedding", ()))
+    if ckpt is None or not ckpt.exists() or not heads:
+        return "backbone"
+    return next((name for name, chain in HEADS.items() if chain == heads), "backbone")
+
+
+def with_heads(source: EvalSource, embedding: str) -> EvalSource:
+    """The backbone followed by the method's heads (``projector``; ``predictor``: projector then predictor), from
+    the run's last checkpoint, in eval mode.
 
     The embedding-norm paper scores the embedding the loss sees; a ViT's backbone feature ends in
-    LayerNorm, so its norm is nearly constant, while the projector's output norm is not.
+    LayerNorm, so its norm is nearly constant, while the heads' output norm is not.
     """
     from selfsup.config import resolve
     from selfsup.methods import DataInfo
@@ -131,18 +148,27 @@ def with_projector(source: EvalSource) -> EvalSource:
 
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
     if ckpt is None or not ckpt.exists():
-        raise UserError("--embedding projector needs the run's checkpoints/last.ckpt (it holds the heads); "
+        raise UserError(f"--embedding {embedding} needs the run's checkpoints/last.ckpt (it holds the heads); "
                         "pass the run folder")
     m = source.meta
     model = build_method(resolve(read_run_config(source.run_dir)),
                          DataInfo(m["in_chans"], m["image_size"], tuple(m["mean"]), tuple(m["std"])))
+    missing = [name for name in HEADS[embedding] if not isinstance(getattr(model, name, None), nn.Module)]
+    if missing:
+        raise UserError(f"--embedding {embedding}: a {m.get('method')} run has no {missing[0]}; "
+                        "use --embedding backbone")
     state = load_checkpoint(ckpt, WHAT)["state_dict"]
     try:
         model.load_state_dict(state)
     except Exception as e:
         raise UserError(f"{ckpt} does not fit the run's model ({type(e).__name__}); {WHAT}") from None
-    return EvalSource(nn.Sequential(model.backbone, model.projector).eval(), m, ckpt, source.run_dir,
-                      source.out_dir, source.run_cfg, embedding="projector")
+    chain = nn.Sequential(model.backbone, *(getattr(model, name) for name in HEADS[embedding])).eval()
+    return EvalSource(chain, m, ckpt, source.run_dir, source.out_dir, source.run_cfg, embedding=embedding)
+
+
+def with_projector(source: EvalSource) -> EvalSource:
+    """The backbone followed by the method's projector (``with_heads(source, "projector")``)."""
+    return with_heads(source, "projector")
 
 
 def with_flow_features(source: EvalSource, t: float | None, block: int | None) -> EvalSource:

@@ -198,9 +198,10 @@ class StepInstruments(pl.Callback):
 
 
 class RankCollapse(pl.Callback):
-    """Every N steps, on a fixed batch of training images in eval mode: RankMe, effective rank (PCs for
-    99% of the variance) and the per-dimension std of the L2-normalised features of the evaluated backbone
-    (``eval_backbone``: the online one, DINO's teacher) and, when the method has a ``projector``, of its outputs.
+    """Every N steps, on a fixed batch of un-augmented training images in eval mode: RankMe, effective rank (PCs
+    for 99% of the variance), the per-dimension std of the L2-normalised features and the mean L2 norm
+    (``eval_norm_<key>_mean``, the embedding-norm paper's measurement) of the evaluated backbone (``eval_backbone``:
+    the online one, DINO's teacher) and, when the method has a ``projector`` (and a ``predictor``), of their outputs.
     Joint-embedding methods only (``family`` ``joint``, the default when a module names none)."""
 
     def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
@@ -224,19 +225,24 @@ class RankCollapse(pl.Callback):
         h, _ = extract_features(pl_module.eval_backbone, self._batch, info.image_size, info.mean, info.std,
                                 len(self._batch), pl_module.device)
         feats = {"embedding": h}
-        projector = getattr(pl_module, "projector", None)
-        if isinstance(projector, nn.Module):  # a joint-embedding projector: its input is the backbone feature
-            was = projector.training
-            projector.eval()
+        x = h.to(pl_module.device)
+        for key, name in (("projection", "projector"), ("prediction", "predictor")):
+            head = getattr(pl_module, name, None)
+            if not isinstance(head, nn.Module):  # the projector's input is the backbone feature, the predictor's z
+                break
+            was = head.training
+            head.eval()
             try:
-                feats["projection"] = projector(h.to(pl_module.device)).float().cpu()
+                x = head(x)
             finally:
-                projector.train(was)
+                head.train(was)
+            feats[key] = x.float().cpu()
         out = {}
         for key, x in feats.items():
             out[f"rankme_{key}"] = rankme(x)
             out[f"eff_rank_{key}"] = float(effective_rank(x))
             out[f"dim_std_{key}"] = per_dim_std(x)
+            out[f"eval_norm_{key}_mean"] = float(x.norm(dim=1).mean())
         return out
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:

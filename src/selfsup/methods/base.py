@@ -362,6 +362,9 @@ class SSLMethod(TrainingBase):
     family = "joint"
     recipe: str = "moco_v3"
     eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
+    # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
+    # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
+    loss_embedding: tuple[str, ...] = ()
 
     def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]]:
         """Every view of the plan: its crop scale range and output size."""

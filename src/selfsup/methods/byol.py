@@ -42,6 +42,7 @@ class BYOL(SSLMethod):
 
     Config = BYOLConfig
     recipe = "byol"
+    loss_embedding = ("projector", "predictor")  # the predictions are normalised by the loss
     uses_momentum = True
 
     def __init__(self, cfg, info):

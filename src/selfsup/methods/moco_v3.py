@@ -52,6 +52,7 @@ class MoCoV3(SSLMethod):
 
     Config = MoCoV3Config
     recipe = "moco_v3"
+    loss_embedding = ("projector", "predictor")  # the predictions are normalised by the loss
     uses_momentum = True
 
     def __init__(self, cfg, info):

@@ -1,11 +1,12 @@
 """SimCLR (Chen et al. 2020): NT-Xent over 2N views, negatives from every process (with gradient).
 
-As the official TF code (tf2/model.py), both views go through the network as one concatenated
-batch, and the projection head is bias-free Linear → BN → ReLU … → Linear → BN whose last BN has a
-scale but no shift (``center=False``). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
-uses 3. ``decoupled=True`` drops the positive from the denominator (DCL). ``projector_momentum`` > 0
-takes each anchor's positive from an EMA copy of the projector (Pham et al. 2022, cookbook §3.4); the
-negatives stay online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs. Optional multi-crop
+As the official TF code (tf2/model.py), both views go through the network as one concatenated batch, and the
+projection head is bias-free Linear → BN → ReLU … → Linear → BN whose last BN has a scale but no shift
+(``center=False``); ``proj_bn=false proj_bias=true`` is the embedding-norm code's head (Linear → ReLU → Linear
+with biases, no BN: its output norm is free). ``proj_layers`` 2 is the SimCLR v1 paper's head; the v2 code
+uses 3. ``decoupled=True`` drops the positive from the denominator (DCL). ``projector_momentum`` > 0 takes
+each anchor's positive from an EMA copy of the projector (Pham et al. 2022, cookbook §3.4); the negatives stay
+online. GradScale (``interventions.grad_scale_p``) acts on the projector outputs. Optional multi-crop
 (``augment.local_crops_number``, off by default; not in the official code): NT-Xent of every (global, local)
 pair beside the global pair's, their mean (an EMA positive applies to the global pair only).
 
@@ -39,6 +40,10 @@ class SimCLRConfig:
     decoupled: bool = False
     loss_scale: float = 1.0  # 2.0 = the official code's sum of the two directions' means
     projector_momentum: float = 0.0  # > 0: positives from an EMA copy of the projector with this decay (Pham et al.)
+    # false: no BatchNorm anywhere in the projector, the embedding-norm code's SimCLR head (SSLEmbeddingNorms
+    # configs/simclr_default.yml ``bn: False``, models.py:29-84), whose output norm is free to grow
+    proj_bn: bool = True
+    proj_bias: bool = False  # Linear biases in the projector (the embedding-norm code's head has them)
 
     def validate(self) -> None:
         if self.temperature <= 0:
@@ -54,13 +59,15 @@ class SimCLR(SSLMethod):
 
     Config = SimCLRConfig
     recipe = "simclr"
+    loss_embedding = ("projector",)  # the projector outputs are normalised by NT-Xent
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
         c = cfg.method
-        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=True,
-                             last_bn_affine=True)
-        self.projector[-1].bias.requires_grad_(False)  # scale without shift, as BN(center=False)
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, c.proj_layers, last_bn=c.proj_bn,
+                             last_bn_affine=True, bias=c.proj_bias, hidden_bn=c.proj_bn)
+        if c.proj_bn:
+            self.projector[-1].bias.requires_grad_(False)  # scale without shift, as BN(center=False)
         if c.projector_momentum > 0:  # constant EMA decay of the positives' projector
             self.momentum = c.projector_momentum
             self.target_projector = self.momentum_target(self.projector)

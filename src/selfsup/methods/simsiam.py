@@ -1,7 +1,8 @@
 """SimSiam (Chen & He 2021): a predictor and a stop-gradient, no momentum encoder, no negatives.
 
 Loss ``½ D(p1, sg(z2)) + ½ D(p2, sg(z1))`` with D = −cos (official main_simsiam.py). Projector:
-3 bias-free layers, the last followed by BN(affine=False); predictor: dim → 512 (BN, ReLU) → dim
+3 bias-free layers, the last followed by BN(affine=False) (``proj_last_affine``: a learnable γ, β, as the
+embedding-norm code); predictor: dim → 512 (BN, ReLU) → dim
 (the last Linear with bias). ``optim.fix_predictor_lr`` keeps the predictor's lr at its peak.
 """
 
@@ -22,6 +23,9 @@ class SimSiamConfig:
     proj_hidden_dim: int = 2048
     dim: int = 2048
     pred_hidden_dim: int = 512
+    # true: the projector's last BN has a learnable scale and shift, as the embedding-norm code's SimSiam projector
+    # (SSLEmbeddingNorms models.py:29-84, affine BatchNorm1d); false: affine=False, the official SimSiam code
+    proj_last_affine: bool = False
     predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
     directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
 
@@ -34,11 +38,13 @@ class SimSiam(SSLMethod):
 
     Config = SimSiamConfig
     recipe = "simsiam"
+    loss_embedding = ("projector", "predictor")  # the predictions are normalised by the loss
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
         c = cfg.method
-        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 3, last_bn=True)
+        self.projector = mlp(self.backbone.num_features, c.proj_hidden_dim, c.dim, 3, last_bn=True,
+                             last_bn_affine=c.proj_last_affine)
         self.predictor = build_predictor(c, c.dim, lambda: mlp(c.dim, c.pred_hidden_dim, c.dim, 2, last_bias=True))
         self.post_step_hooks += after_step_hooks(self.predictor)
 

@@ -1,5 +1,5 @@
-"""Build a backbone by name: MoCo v3 ViTs, torchvision ResNets, a flow run's ``flow_encoder`` (SiT features),
-or any timm model as ``timm:<name>``."""
+"""Build a backbone by name: MoCo v3 ViTs, torchvision ResNets, small BatchNorm ConvNets (``bn_cnn_*``), a flow
+run's ``flow_encoder`` (SiT features), or any timm model as ``timm:<name>``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import Callable
 
 from torch import nn
 
+from .convnet import CONVNET_SIZES, convnet
 from .resnet import RESNET_NAMES, resnet
 from .sit import FLOW_ENCODER, FlowEncoder
 from .vit import VIT_SIZES, VisionTransformer
 
-BACKBONE_NAMES = tuple(VIT_SIZES) + RESNET_NAMES
+BACKBONE_NAMES = tuple(VIT_SIZES) + RESNET_NAMES + tuple(CONVNET_SIZES)
 TIMM_PREFIX = "timm:"
 
 
@@ -63,6 +64,12 @@ def _resnet(name: str, *, in_chans: int, small_stem: bool = False, zero_init_res
     return resnet(name, in_chans=in_chans, small_stem=small_stem, zero_init_residual=zero_init_residual)
 
 
+def _convnet(name: str, *, in_chans: int, layer_scale: float = 0.0, pos_embed: str = "sincos", init: str = "moco_v3",
+             **_) -> nn.Module:
+    _vit_only(name, layer_scale, pos_embed, init)
+    return convnet(name, in_chans=in_chans)
+
+
 def _timm(name: str, *, in_chans: int, image_size: int, drop_path_rate: float = 0.0, layer_scale: float = 0.0,
           pos_embed: str = "sincos", init: str = "moco_v3", **_) -> nn.Module:
     _vit_only(name, layer_scale, pos_embed, init)
@@ -79,7 +86,7 @@ def _flow_encoder(name: str, **kwargs) -> nn.Module:
 IMAGE_KEYS = {"in_chans", "image_size", "patch_size", "drop_path_rate", "pool", "stop_grad_conv1", "small_stem",
               "zero_init_residual", "layer_scale", "pos_embed", "init"}
 BUILDERS: dict[str, Callable[..., nn.Module]] = {**{n: _vit for n in VIT_SIZES}, **{n: _resnet for n in RESNET_NAMES},
-                                                 FLOW_ENCODER: _flow_encoder}
+                                                 **{n: _convnet for n in CONVNET_SIZES}, FLOW_ENCODER: _flow_encoder}
 
 
 def build_backbone(name: str, **kwargs) -> nn.Module:
