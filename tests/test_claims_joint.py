@@ -137,3 +137,10 @@ def test_bad_vit_options_are_one_line_errors(overrides, message):
     else:
         with raises_user_error(message):
             tiny_config("moco_v3", model=overrides)
+
+
+@pytest.mark.parametrize("claim_id", ["moco-v3-momentum", "moco-v3-predictor", "moco-v3-position-embedding",
+                                      "moco-v3-avg-pool-layernorm"])
+def test_moco_v3_ablation_claims_quick(claim_id, tmp_path):
+    result = quick(claim_id, tmp_path)
+    assert all(len(v) == 1 for v in result["metrics"].values())
