@@ -144,3 +144,13 @@ def test_bad_vit_options_are_one_line_errors(overrides, message):
 def test_moco_v3_ablation_claims_quick(claim_id, tmp_path):
     result = quick(claim_id, tmp_path)
     assert all(len(v) == 1 for v in result["metrics"].values())
+
+
+@pytest.mark.parametrize("claim_id", ["symmetric-predictor-needs-ema", "weight-decay-window", "eigenspace-alignment",
+                                      "sqrt-lr-scaling-small-batch"])
+def test_directpred_and_cookbook_claims_quick(claim_id, tmp_path):
+    result = quick(claim_id, tmp_path, ["trainer.limit_train_batches=3"])
+    assert all(len(v) == 1 for v in result["metrics"].values())
+    if claim_id == "eigenspace-alignment":
+        assert set(result["series"]) == {"‖[F, W_p]‖ / (‖F‖‖W_p‖)", "‖W_p − W_pᵀ‖ / ‖W_p‖"}
+        assert 0 < result["metrics"]["commutator_first"][0] < 2
