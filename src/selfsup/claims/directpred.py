@@ -165,8 +165,8 @@ CLAIMS = (
           tuple(Rule(f"{m}_{a}_ratio", "<", 0.2) for m in ("simsiam", "byol")
                 for a in ("no_predictor", "no_stop_gradient")),
           measure_collapse, "micro ViT on 8×8 digits for 6 epochs (30 steps, 1 warmup epoch); collapse read as the "
-          "final spread of the projector's L2-normalised outputs falling under a fifth of the unablated run's; BYOL's stop-gradient "
-          "is removed at m = 0, where the target is the online network"),
+          "final spread of the projector's L2-normalised outputs falling under a fifth of the unablated run's; BYOL's "
+          "stop-gradient is removed at m = 0, where the target is the online network"),
     Claim("symmetric-predictor-needs-ema", "003_7eb28182f9835575.txt", "§4 (Tbl. 3, Fig. 6)",
           "A symmetric linear predictor fails without EMA and works with it; a larger relative predictor lr rescues "
           "the no-EMA case.",
