@@ -111,12 +111,14 @@ class ModelConfig:
     small_stem: bool = False  # ResNet: 3×3 stride-1 conv1 and no max-pool, for small images
     zero_init_residual: bool = False  # ResNet: last BN γ of every residual block starts at 0 (the official SSL codes)
     layer_scale: float = 0.0  # ViT LayerScale init value (CaiT: 0.1 to depth 18, 1e-5 deeper); 0 = off
-    pos_embed: str = "sincos"  # ViT: sincos (fixed, MoCo v3) | learned (DINO / timm; bicubic for other crop sizes)
+    # ViT positions: sincos (fixed, MoCo v3) | learned (DINO / timm; bicubic for other crop sizes) | none (zeros)
+    pos_embed: str = "sincos"
+    final_norm: bool = True  # ViT: false drops the final LayerNorm (MoCo v3 §6.2: average pooling needs it gone)
     init: str = "moco_v3"  # ViT init: moco_v3 | trunc_normal (DINO / timm: Linear weights, cls, pos std .02)
 
     def validate(self) -> None:
-        if self.pos_embed not in ("sincos", "learned"):
-            raise UserError(f"model.pos_embed={self.pos_embed!r} is not known; use sincos or learned")
+        if self.pos_embed not in ("sincos", "learned", "none"):
+            raise UserError(f"model.pos_embed={self.pos_embed!r} is not known; use sincos, learned or none")
         if self.init not in ("moco_v3", "trunc_normal"):
             raise UserError(f"model.init={self.init!r} is not known; use moco_v3 or trunc_normal")
         if self.pool not in ("cls", "avg"):

@@ -66,14 +66,15 @@ def nt_xent(
     return (denominator - positive).mean()
 
 
-def negative_cosine(p: Tensor, z: Tensor) -> Tensor:
-    """SimSiam's D(p, z) = −mean cos(p, sg(z)): the stop-gradient is on ``z``."""
-    return -F.cosine_similarity(p, z.detach(), dim=-1).mean()
+def negative_cosine(p: Tensor, z: Tensor, stop_gradient: bool = True) -> Tensor:
+    """SimSiam's D(p, z) = −mean cos(p, sg(z)): the stop-gradient is on ``z`` (``stop_gradient=False``: the
+    gradient flows into ``z`` too, SimSiam §4.1's ablation)."""
+    return -F.cosine_similarity(p, z.detach() if stop_gradient else z, dim=-1).mean()
 
 
-def byol_regression(p: Tensor, z: Tensor) -> Tensor:
+def byol_regression(p: Tensor, z: Tensor, stop_gradient: bool = True) -> Tensor:
     """BYOL's ‖p̄ − z̄‖² = 2 − 2·cos(p, sg(z)), mean over the batch."""
-    return 2 + 2 * negative_cosine(p, z)
+    return 2 + 2 * negative_cosine(p, z, stop_gradient)
 
 
 # --------------------------------------------------------------------------- redundancy reduction

@@ -6,6 +6,8 @@
   official code's ``predictor_reg=symmetric``; with SGD the same as training A in W_p = (A + Aᵀ)/2).
 * ``directpred`` (Tian, Chen & Ganguli 2021): W_p set from the eigendecomposition of the running correlation F.
 * ``directcopy`` (Wang, Chen, Du & Tian 2021): W_p = F̂ + ε·I, no eigendecomposition.
+* ``none``: no predictor (W_p = I), the ablation after which BYOL and SimSiam collapse (DirectPred §1, SimSiam
+  Tab. 1, BYOL Tab. 5) and MoCo v3 loses about a point (MoCo v3 §6.2).
 
 Every linear kind tracks F of its detached inputs (both views), so instruments can compare W_p with F.
 Official code: facebookresearch/luckmatters ``ssl/real-dataset/byol_trainer.py`` (``Accumulator``,
@@ -45,7 +47,8 @@ from torch import Tensor, nn
 from selfsup.distributed import world
 from selfsup.errors import UserError
 
-PREDICTORS = ("mlp", "linear", "symmetric", "directpred", "directcopy")
+PREDICTORS = ("mlp", "linear", "symmetric", "directpred", "directcopy", "none")
+LINEAR = ("linear", "symmetric", "directpred", "directcopy")  # the tracked d × d kinds
 DIRECT = ("directpred", "directcopy")
 COPY_NORMS = ("none", "fro", "spectral")
 MIN_EIGEN = 1e-4  # the official clamp of p
@@ -80,9 +83,12 @@ def check_predictor(method_cfg) -> None:
 
 
 def build_predictor(method_cfg, dim: int, mlp: Callable[[], nn.Module]) -> nn.Module:
-    """The predictor ``method_cfg.predictor`` names: ``mlp()`` (the method's own) or a d × d linear kind."""
+    """The predictor ``method_cfg.predictor`` names: ``mlp()`` (the method's own), a d × d linear kind, or the
+    identity (``none``)."""
     if method_cfg.predictor == "mlp":
         return mlp()
+    if method_cfg.predictor == "none":
+        return nn.Identity()
     return TrackedLinearPredictor(dim, method_cfg.predictor, method_cfg.directpred)
 
 
@@ -118,7 +124,7 @@ class TrackedLinearPredictor(nn.Module):
 
     def __init__(self, dim: int, kind: str, cfg: DirectPredConfig):
         super().__init__()
-        if kind not in PREDICTORS[1:]:
+        if kind not in LINEAR:
             raise ValueError(f"unknown linear predictor kind {kind!r}")
         self.dim, self.kind, self.cfg = dim, kind, cfg
         trained = kind not in DIRECT or cfg.freq > 1

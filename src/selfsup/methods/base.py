@@ -152,6 +152,7 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
                 drop_path_rate=m.drop_path_rate, pool=m.pool, stop_grad_conv1=m.stop_grad_conv1,
                 small_stem=m.small_stem, **({"layer_scale": m.layer_scale} if m.layer_scale else {}),
                 **({"pos_embed": m.pos_embed} if m.pos_embed != "sincos" else {}),
+                **({"final_norm": False} if not m.final_norm else {}),
                 **({"init": m.init} if m.init != "moco_v3" else {}),
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 

@@ -6,6 +6,9 @@ Heads: Linear (with bias) → BN → ReLU → Linear (no bias), 4096 → 256, no
 haiku MLP: ``with_bias=False`` on its output Linear). Optional multi-crop (``augment.local_crops_number``,
 off by default; not in the official code): local crops go through the online network only and each predicts
 both global targets (SwAV-style); the pair terms are averaged and scaled to the two-view loss's sum of two.
+Ablations (DirectPred §1, BYOL Tab. 5): ``method.predictor=none`` removes the predictor;
+``method.stop_gradient=false`` (with ``momentum=0``, constant: the target is then the online network) lets the
+gradient flow through the target branch as well. Both collapse.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from selfsup.errors import UserError
 from selfsup.losses import byol_regression
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views, multicrop_mean
 from selfsup.models.heads import mlp
@@ -29,12 +33,16 @@ class BYOLConfig:
     proj_hidden_dim: int = 4096
     dim: int = 256
     pred_hidden_dim: int = 4096
-    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy | none (selfsup.predictors)
     directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
+    stop_gradient: bool = True  # false: the targets keep their gradient (needs momentum=0, constant)
 
     def validate(self) -> None:
         check_momentum(self)
         check_predictor(self)
+        if not self.stop_gradient and (self.momentum != 0 or self.momentum_schedule != "constant"):
+            raise UserError("method.stop_gradient=false needs method.momentum=0 and method.momentum_schedule="
+                            "constant (an EMA target has no gradient to let through)")
 
 
 class BYOL(SSLMethod):
@@ -63,10 +71,14 @@ class BYOL(SSLMethod):
         h = encode_views(self.backbone, views)  # one call per resolution when the backbone has no BatchNorm
         z = [self.projector(x) for x in h]
         p = [self.grad_scale(self.predictor(x)) for x in z]
-        with torch.no_grad():  # targets from the two global views only
-            t1, t2 = (self.target_projector(x) for x in encode_views(self.target_backbone, views[:2]))
-        loss = byol_regression(p[0], t2) + byol_regression(p[1], t1)
+        sg = self.cfg.method.stop_gradient
+        if sg:
+            with torch.no_grad():  # targets from the two global views only
+                t1, t2 = (self.target_projector(x) for x in encode_views(self.target_backbone, views[:2]))
+        else:  # m = 0 without the stop-gradient: the target is the online network, gradient included
+            t1, t2 = z[0], z[1]
+        loss = byol_regression(p[0], t2, sg) + byol_regression(p[1], t1, sg)
         if len(views) > 2:  # multi-crop (augment.local_crops_number): each local crop predicts both targets
-            loss = multicrop_mean(loss, [byol_regression(q, t) for q in p[2:] for t in (t1, t2)])
+            loss = multicrop_mean(loss, [byol_regression(q, t, sg) for q in p[2:] for t in (t1, t2)])
         return {"loss": loss, "embedding": h[0].detach(), "embedding2": h[1].detach(), "projection": z[0].detach(),
-                "prediction": p[0].detach(), "target": t2}
+                "prediction": p[0].detach(), "target": t2.detach()}

@@ -37,7 +37,7 @@ class MoCoV3Config:
     dim: int = 256
     pred_hidden_dim: int = 4096
     pred_last_bn: bool = True  # ViT predictor ends in BN(affine=False); ResNet's does not
-    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy | none (selfsup.predictors)
     directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
 
     def validate(self) -> None:

@@ -4,6 +4,8 @@ Loss ``½ D(p1, sg(z2)) + ½ D(p2, sg(z1))`` with D = −cos (official main_sims
 3 bias-free layers, the last followed by BN(affine=False) (``proj_last_affine``: a learnable γ, β, as the
 embedding-norm code); predictor: dim → 512 (BN, ReLU) → dim
 (the last Linear with bias). ``optim.fix_predictor_lr`` keeps the predictor's lr at its peak.
+Ablations (SimSiam §4.1–4.2, DirectPred §1): ``method.stop_gradient=false`` lets the gradient flow into
+both branches; ``method.predictor=none`` removes the predictor. Both collapse.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ class SimSiamConfig:
     # true: the projector's last BN has a learnable scale and shift, as the embedding-norm code's SimSiam projector
     # (SSLEmbeddingNorms models.py:29-84, affine BatchNorm1d); false: affine=False, the official SimSiam code
     proj_last_affine: bool = False
-    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy (selfsup.predictors)
+    predictor: str = "mlp"  # mlp | linear | symmetric | directpred | directcopy | none (selfsup.predictors)
     directpred: DirectPredConfig = field(default_factory=DirectPredConfig)
+    stop_gradient: bool = True  # false: SimSiam §4.1's ablation (no sg on z; it collapses)
 
     def validate(self) -> None:
         check_predictor(self)
@@ -55,6 +58,7 @@ class SimSiam(SSLMethod):
         h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
         z1, z2 = self.projector(h1), self.projector(h2)
         p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
-        loss = 0.5 * (negative_cosine(p1, z2) + negative_cosine(p2, z1))
+        sg = self.cfg.method.stop_gradient
+        loss = 0.5 * (negative_cosine(p1, z2, sg) + negative_cosine(p2, z1, sg))
         return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
                 "prediction": p1.detach(), "target": z2.detach()}

@@ -1,6 +1,7 @@
-"""MoCo v3 / DINO Vision Transformer: fixed 2-D sin-cos or learned positions, MoCo v3 or trunc-normal (DINO)
-init, optional frozen patch projection. Square inputs of any size divisible by the patch size: the fixed
-sin-cos table is recomputed for the grid, a learned one interpolated bicubically (DINO's local crops).
+"""MoCo v3 / DINO Vision Transformer: fixed 2-D sin-cos, learned or no positions, MoCo v3 or trunc-normal (DINO)
+init, optional frozen patch projection, optional final LayerNorm. Square inputs of any size divisible by the patch
+size: the fixed sin-cos table is recomputed for the grid, a learned one interpolated bicubically (DINO's local
+crops).
 
 Parameter names follow timm's ``VisionTransformer`` so a ``state_dict`` loads there with ``strict=True``.
 """
@@ -177,8 +178,10 @@ class VisionTransformer(nn.Module):
     """MoCo v3 ViT (official ``vits.py``): sin-cos positions fixed, class token, pre-norm blocks.
 
     ``pool="cls"`` returns the final-LayerNorm class token; ``pool="avg"`` returns the mean of the
-    final-LayerNorm patch tokens (timm ``global_pool='avg', fc_norm=False``; MoCo's own no-class-token
-    variant, which drops the final norm, is not reproduced).
+    final-LayerNorm patch tokens (timm ``global_pool='avg', fc_norm=False``). ``final_norm=False`` drops the
+    final LayerNorm (timm ``final_norm=False``): MoCo v3 §6.2 finds average pooling works only without it
+    (76.3 vs 69.7%; its variant also drops the class token, which is kept here, unpooled).
+    ``pos_embed="none"``: no position information (a fixed zero table; MoCo v3 §6.2's ablation, −1.6 points).
     """
 
     def __init__(
@@ -197,12 +200,13 @@ class VisionTransformer(nn.Module):
         layer_scale: float = 0.0,
         pos_embed: str = "sincos",
         init: str = "moco_v3",
+        final_norm: bool = True,
     ):
         super().__init__()
         if pool not in ("cls", "avg"):
             raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
-        if pos_embed not in ("sincos", "learned") or init not in ("moco_v3", "trunc_normal"):
-            raise ValueError(f"pos_embed must be sincos or learned and init moco_v3 or trunc_normal, "
+        if pos_embed not in ("sincos", "learned", "none") or init not in ("moco_v3", "trunc_normal"):
+            raise ValueError(f"pos_embed must be sincos, learned or none and init moco_v3 or trunc_normal, "
                              f"got {pos_embed!r}, {init!r}")
         if image_size % patch_size != 0:
             raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}; "
@@ -211,7 +215,7 @@ class VisionTransformer(nn.Module):
                            depth=depth, num_heads=num_heads, mlp_ratio=float(mlp_ratio), qkv_bias=qkv_bias,
                            drop_path_rate=float(drop_path_rate), pool=pool, stop_grad_conv1=stop_grad_conv1,
                            layer_scale=float(layer_scale), pos_embed=pos_embed,
-                           init=init)  # every constructor argument (the export's metadata)
+                           init=init, final_norm=bool(final_norm))  # every constructor argument (the export's metadata)
         self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth, self.pool = depth, pool
@@ -220,11 +224,13 @@ class VisionTransformer(nn.Module):
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(build_2d_sincos_position_embedding(grid, embed_dim),
-                                      requires_grad=self.learned_pos)
+        self.no_pos = pos_embed == "none"
+        table = torch.zeros(1, 1 + grid * grid, embed_dim) if self.no_pos else \
+            build_2d_sincos_position_embedding(grid, embed_dim)
+        self.pos_embed = nn.Parameter(table, requires_grad=self.learned_pos)
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r, layer_scale) for r in rates])
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if final_norm else nn.Identity()
         self._other_grids: dict = {}  # fixed sin-cos tables of other grid sizes, per (grid, device)
         if init == "trunc_normal":
             self._init_trunc_normal(stop_grad_conv1)
@@ -290,6 +296,8 @@ class VisionTransformer(nn.Module):
             return self.pos_embed
         if self.learned_pos:
             return interpolate_pos_embed(self.pos_embed, grid)
+        if self.no_pos:
+            return self.pos_embed.new_zeros(1, 1 + grid * grid, self.embed_dim)
         key = (grid, self.pos_embed.device)
         if key not in self._other_grids:
             self._other_grids[key] = build_2d_sincos_position_embedding(grid, self.embed_dim, device=key[1])
