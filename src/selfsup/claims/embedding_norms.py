@@ -58,7 +58,7 @@ def measure_normalized_collapse(ctx: Context) -> dict:
 
     from selfsup.claims.suite import column, knn_top1, pm, pretrain_run
 
-    epochs = 2 if ctx.quick else 20
+    epochs = 2 if ctx.quick else 8  # the presets' 20 epochs do not fit this machine's budget; 1 warm-up epoch
     m: dict[str, list[float]] = {}
     series: dict[str, list] = {}
     for seed in range(ctx.seeds):
@@ -68,7 +68,8 @@ def measure_normalized_collapse(ctx: Context) -> dict:
                 tag = "normalised" if norm else "plain"
                 run = pretrain_run(ctx, preset, f"{method}-{tag}-s{seed}",
                                    [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}",
-                                    f"method.normalize_embeddings={str(norm).lower()}", "eval.knn_every_n_steps=10"])
+                                    "optim.warmup_epochs=1", f"method.normalize_embeddings={str(norm).lower()}",
+                                    "eval.knn_every_n_steps=10"])
                 knn[tag], rank[tag] = knn_top1(run), _test_rankme(run)
                 floor = knn_top1(run, "random_init")  # the same init for both runs of a seed
                 if seed == 0:
@@ -98,6 +99,6 @@ CLAIMS += (
           "no figure: a reviewer's remark; the authors answer that these methods 'perform worse' normalised",
           (Rule("barlow_twins_gain_kept", "<", COLLAPSE_SHARE), Rule("vicreg_gain_kept", "<", COLLAPSE_SHARE)),
           measure_normalized_collapse,
-          "micro ViT on 8×8 digits, 20 epochs, 512-wide projectors (the paper's setting is unstated); collapse "
-          "read as keeping < 25% of the plain run's kNN gain over random init", default_seeds=2),
+          "micro ViT on 8×8 digits, 8 epochs (40 steps), 512-wide projectors (the paper's setting is unstated); "
+          "collapse read as keeping < 25% of the plain run's kNN gain over random init"),
 )
