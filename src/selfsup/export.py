@@ -58,8 +58,10 @@ def architecture(backbone: nn.Module) -> dict:
                 "pos_embed": {"learned": "learned", "none": "none"}.get(k["pos_embed"], "sincos_2d"),
                 "pos_embed_trainable": k["pos_embed"] == "learned",
                 "num_prefix_tokens": 1, "mlp_hidden": int(k["embed_dim"] * k["mlp_ratio"]), "act_layer": "GELU",
-                "norm_layer": "LayerNorm", "norm_eps": backbone.blocks[0].norm1.eps, "pre_norm": False,
-                "final_norm": "norm" if k.get("final_norm", True) else None, "num_features": backbone.num_features}
+                "norm_layer": "LayerNorm", "pre_norm": False, "num_features": backbone.num_features,
+                **({"norm_eps": backbone.fc_norm.eps, "final_norm": "fc_norm"} if k["pool"] == "global" else
+                   {"norm_eps": backbone.blocks[0].norm1.eps,
+                    "final_norm": "norm" if k.get("final_norm", True) else None})}
     if isinstance(backbone, ResNet):
         c = backbone.conv1
         return {"family": "resnet", "class": "torchvision.models.ResNet", "kwargs": dict(backbone.kwargs),
@@ -83,7 +85,8 @@ def timm_recipe(arch: dict) -> dict | None:
     """``{"model", "kwargs"}`` with which ``timm.create_model(model, pretrained=False, **kwargs)`` builds this
     architecture exactly (None: no timm equivalent). A ViT's fixed sin-cos table loads into timm's learned
     ``pos_embed`` (the same values, zeros for ``none``; timm would train it if fine-tuned); ``pool=avg`` is timm's
-    ``global_pool='avg'`` over the final-norm tokens, hence ``fc_norm=False``; ``final_norm=False`` is timm's."""
+    ``global_pool='avg'`` over the final-norm tokens, hence ``fc_norm=False``; ``pool=global`` (MAE's) is
+    ``global_pool='avg', fc_norm=True``; ``final_norm=False`` is timm's."""
     if arch["family"] == "timm":
         return {"model": arch["model"], "kwargs": dict(arch["kwargs"])}
     if arch["family"] != "vit":
@@ -94,7 +97,8 @@ def timm_recipe(arch: dict) -> dict | None:
     patch = p if p in TIMM_VIT_PATCHES[size] else 16
     kwargs = dict(img_size=k["image_size"], patch_size=p, in_chans=k["in_chans"], embed_dim=D, depth=L,
                   num_heads=k["num_heads"], mlp_ratio=k["mlp_ratio"], qkv_bias=k["qkv_bias"], num_classes=0,
-                  global_pool="token" if k["pool"] == "cls" else "avg", fc_norm=False, class_token=True,
+                  global_pool="token" if k["pool"] == "cls" else "avg", fc_norm=k["pool"] == "global",
+                  class_token=True,
                   no_embed_class=False, pre_norm=False, init_values=k["layer_scale"] or None,
                   drop_path_rate=k["drop_path_rate"], **({} if k.get("final_norm", True) else {"final_norm": False}))
     return {"model": f"vit_{size}_patch{patch}_224", "kwargs": kwargs}
@@ -144,7 +148,8 @@ def vit_mismatch(arch: dict, model: nn.Module) -> list[str]:
     k = arch["kwargs"]
     want = {"image_size": (k["image_size"],) * 2, "patch_size": (k["patch_size"],) * 2, "in_chans": k["in_chans"],
             "embed_dim": k["embed_dim"], "depth": k["depth"], "num_heads": k["num_heads"],
-            "mlp_hidden": arch["mlp_hidden"], "qkv_bias": k["qkv_bias"], "pool": k["pool"], "fc_norm": False,
+            "mlp_hidden": arch["mlp_hidden"], "qkv_bias": k["qkv_bias"],
+            "pool": "avg" if k["pool"] == "global" else k["pool"], "fc_norm": k["pool"] == "global",
             "class_token": arch["class_token"], "num_prefix_tokens": arch["num_prefix_tokens"],
             "layer_scale": k["layer_scale"] > 0, "qk_norm": False, "pre_norm": arch["pre_norm"],
             "norm_eps": arch["norm_eps"] if arch.get("final_norm", "norm") else None, "num_classes": 0}

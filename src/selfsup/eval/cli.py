@@ -19,7 +19,7 @@ import torch
 from selfsup.errors import UserError
 from selfsup.eval.finetune import FinetuneConfig
 from selfsup.eval.knn import DEFAULT_KS, KnnConfig
-from selfsup.eval.linear import DEFAULT_LR_GRID, ProbeConfig
+from selfsup.eval.linear import DEFAULT_LR_GRID, MAE_BASE_LR, PROTOCOLS, ProbeConfig
 from selfsup.eval.ood import OodConfig
 from selfsup.eval.session import FEATURE_BATCH, EvalSession, positive
 from selfsup.eval.spectrum import SpectrumConfig
@@ -72,18 +72,41 @@ def knn_config(a, session: EvalSession | None = None) -> KnnConfig:
 
 def probe_config(a, session: EvalSession) -> ProbeConfig:
     """Crop scale and flip probability: the flags, else 0.08 whatever the pretraining crop was (MoCo v3's
-    main_lincls.py, MAE's fine-tuning) and the run's flip probability (0 where flips change the class)."""
+    main_lincls.py, MAE's fine-tuning) and the run's flip probability (0 where flips change the class).
+    The protocol: MAE's (``mae_probe_config``: LARS at base lr 0.1) for MAE runs, else MoCo v3's over the
+    lr grid; the validation split holds out 10% where there is a grid to choose from, none for MAE's one lr."""
+    from selfsup.eval.linear import mae_probe_config
+
     crop = a.crop_min if a.crop_min is not None else ProbeConfig.crop_min
     flip = a.hflip if a.hflip is not None else session.run_hflip(ProbeConfig.hflip_p)
-    lr_grid = (a.lr,) if a.lr is not None else (_parse_floats(a.lr_grid, "--lr-grid") or DEFAULT_LR_GRID)
-    if not 0 <= a.val_fraction < 1:
-        raise UserError(f"--val-fraction {a.val_fraction} must be in [0, 1) (0: choose the grid point on test)")
-    return ProbeConfig(epochs=positive(a.epochs, "--epochs"), batch_size=positive(a.probe_batch, "--probe-batch"),
-                       crop_min=crop, hflip_p=flip, lr_grid=lr_grid, val_fraction=a.val_fraction,
-                       feature_bn=not a.no_feature_bn, wd_grid=_parse_floats(a.wd_grid, "--wd-grid", allow_zero=True))
+    protocol = a.protocol or ("mae" if is_mae(session) else "moco_v3")
+    base = mae_probe_config() if protocol == "mae" else ProbeConfig(lr_grid=DEFAULT_LR_GRID)
+    lr_grid = (a.lr,) if a.lr is not None else (_parse_floats(a.lr_grid, "--lr-grid") or base.lr_grid)
+    val_fraction = a.val_fraction if a.val_fraction is not None else \
+        (base.val_fraction if len(lr_grid) == 1 and a.wd_grid is None else ProbeConfig.val_fraction)
+    if not 0 <= val_fraction < 1:
+        raise UserError(f"--val-fraction {val_fraction} must be in [0, 1) (0: choose the grid point on test)")
+    # the protocol's warm-up share of its 90 epochs (MAE: 10 of 90) where --epochs shortens the probe
+    warmup = a.warmup_epochs if a.warmup_epochs is not None else base.warmup_epochs * a.epochs / ProbeConfig.epochs
+    if not 0 <= warmup < max(a.epochs, 1e-9):
+        raise UserError(f"--warmup-epochs {warmup:g} must be in [0, --epochs {a.epochs})")
+    return dataclasses.replace(base, epochs=positive(a.epochs, "--epochs"),
+                               batch_size=positive(a.probe_batch, "--probe-batch"), crop_min=crop, hflip_p=flip,
+                               lr_grid=lr_grid, val_fraction=val_fraction, warmup_epochs=warmup,
+                               feature_bn=not a.no_feature_bn,
+                               wd_grid=_parse_floats(a.wd_grid, "--wd-grid", allow_zero=True))
+
+
+def is_mae(session: EvalSession) -> bool:
+    """An MAE run's backbone: its protocols default to MAE's (global-pool fine-tuning, the LARS probe)."""
+    return session.source.meta.get("method") == "mae"
 
 
 def finetune_config(a, session: EvalSession) -> FinetuneConfig:
+    """MAE runs default to MAE's global pool + ``fc_norm`` and a trained position table; the others keep
+    their backbone's pool (the class token for the ViT presets) and the fixed table."""
+    from selfsup.models.vit import VIT_SIZES
+
     backbone = session.source.meta["backbone"]
     if backbone == FLOW_ENCODER:
         raise UserError(f"eval finetune trains an image backbone; {session.source.weights} holds a {backbone} "
@@ -94,13 +117,18 @@ def finetune_config(a, session: EvalSession) -> FinetuneConfig:
         raise UserError(f"--drop-path {a.drop_path} must be in [0, 1)")
     if not 0 < a.layer_decay <= 1:
         raise UserError(f"--layer-decay {a.layer_decay} must be in (0, 1]")
+    if a.pool is not None and backbone not in VIT_SIZES:
+        raise UserError(f"--pool {a.pool} chooses the feature of a selfsup ViT ({', '.join(VIT_SIZES)}); "
+                        f"{backbone} pools its own way: leave --pool out")
+    pool = a.pool or ("global" if is_mae(session) and backbone in VIT_SIZES else None)
+    train_pos = a.train_pos_embed if a.train_pos_embed is not None else is_mae(session)
     recipe = _mae_recipe(a, session.data_cfg.name)
     if recipe and recipe.mixes and a.ft_batch % 2:
         raise UserError(f"--ft-batch {a.ft_batch} must be even for mixup / cutmix (or pass --mixup 0 --cutmix 0)")
     return FinetuneConfig(epochs=positive(a.epochs, "--epochs"), warmup_epochs=a.warmup_epochs,
                           batch_size=positive(a.ft_batch, "--ft-batch"), base_lr=a.lr, weight_decay=a.weight_decay,
                           layer_decay=a.layer_decay, drop_path=a.drop_path, crop_min=crop, hflip_p=flip,
-                          min_lr=a.min_lr, recipe=recipe,
+                          min_lr=a.min_lr, recipe=recipe, pool=pool, train_pos_embed=train_pos,
                           label_smoothing=a.smoothing if a.smoothing is not None else FinetuneConfig.label_smoothing,
                           num_workers=a.workers if a.workers is not None else session.data_cfg.num_workers)
 
@@ -191,14 +219,16 @@ def run_linear(session: EvalSession, cfg: ProbeConfig, mode: str | None = None) 
     else:
         res = probe_augmented(session.source.backbone, train, test, session.source.meta, cfg, base, session.device)
     chosen = res["chosen"]
-    out = {**session.header(), "mode": mode, "protocol": "moco_v3", "epochs": cfg.epochs,
+    out = {**session.header(), "mode": mode, "protocol": cfg.protocol, "epochs": cfg.epochs,
+           "warmup_epochs": cfg.warmup_epochs, "optimizer": "lars" if cfg.protocol == "mae" else "sgd",
            "batch_size": cfg.batch_size, "base_lr": chosen["base_lr"], "lr": chosen["lr"],
            "weight_decay": chosen["weight_decay"], "val_fraction": cfg.val_fraction, "feature_bn": cfg.feature_bn,
            **({"crop_min": cfg.crop_min, "hflip_p": cfg.hflip_p} if mode == "augmented" else {}),
            **res, "seconds": time.perf_counter() - t0}
     write_json(session.out_dir, f"linear{session.suffix()}", out)
     chooser = "val_top1" if "val_top1" in chosen else "test_top1"
-    print_table(f"linear probe grid ({mode}, {cfg.epochs} epochs, {len(res['grid'])} heads trained together; "
+    print_table(f"linear probe grid ({cfg.protocol} protocol, {mode}, {cfg.epochs} epochs, "
+                f"{len(res['grid'])} heads trained together; "
                 f"chosen on {'a ' + str(res['val_size']) + '-image validation split' if res['val_size'] else 'test'})",
                 ["base lr", "lr", "wd", "val top-1 %", "test top-1 %", ""],
                 [[g["base_lr"], g["lr"], g["weight_decay"], g.get("val_top1", "-"), g["test_top1"],
@@ -213,7 +243,7 @@ def run_linear(session: EvalSession, cfg: ProbeConfig, mode: str | None = None) 
 
 def run_finetune(session: EvalSession, cfg: FinetuneConfig) -> dict:
     """End-to-end fine-tuning with layer-wise lr decay (ViTs only) and drop path."""
-    from selfsup.eval.finetune import finetune
+    from selfsup.eval.finetune import finetune, load_pretrained
     from selfsup.eval.report import print_table, write_json
     from selfsup.export import export_backbone
     from selfsup.models.backbones import build_backbone
@@ -223,19 +253,21 @@ def run_finetune(session: EvalSession, cfg: FinetuneConfig) -> dict:
         cfg = dataclasses.replace(cfg, layer_decay=1.0)
     recipe = cfg.recipe
     train, test = session.split("train"), session.split("test")
-    kwargs = dict(meta["kwargs"], drop_path_rate=cfg.drop_path)
+    kwargs = dict(meta["kwargs"], drop_path_rate=cfg.drop_path, **({"pool": cfg.pool} if cfg.pool else {}))
     backbone = build_backbone(meta["backbone"], **kwargs)
-    backbone.load_state_dict(session.source.backbone.state_dict())
+    load_pretrained(backbone, session.source.backbone.state_dict())
     t0 = time.perf_counter()
     res = finetune(backbone, train, test, meta, cfg, session.device)
     out = {**session.header(), "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs, "batch_size": cfg.batch_size,
            "base_lr": cfg.base_lr, "layer_decay": cfg.layer_decay, "drop_path": cfg.drop_path,
            "weight_decay": cfg.weight_decay, "min_lr": cfg.min_lr, "head_init_std": cfg.head_init_std,
+           "pool": kwargs.get("pool"), "train_pos_embed": cfg.train_pos_embed,
            "recipe": dataclasses.asdict(recipe) if recipe else "plain", **res, "seconds": time.perf_counter() - t0}
     export_backbone(backbone.cpu(), session.out_dir / "finetuned_backbone.safetensors",
                     {k: v for k, v in meta.items() if k != "format"} | {"kwargs": kwargs})
     write_json(session.out_dir, "finetune", out)
     print_table(f"fine-tuning ({cfg.epochs} epochs, {'MAE recipe' if recipe else 'plain crop + flip'}, "
+                f"{'pool ' + kwargs['pool'] + ', ' if 'pool' in kwargs else ''}"
                 f"layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
                 f"on {session.data_cfg.name}", ["split", "top-1 %", "top-5 %"],
                 [["test", res["test"]["top1"], res["test"]["top5"]]])
@@ -343,7 +375,10 @@ def cmd_all(args) -> int:
 
     session = EvalSession.from_args(args)
     summary = {**session.header(), "knn": run_knn(session, KnnConfig())["results"]}
-    summary["linear"] = run_linear(session, ProbeConfig(lr_grid=DEFAULT_LR_GRID), mode="features")["test"]
+    from selfsup.eval.linear import mae_probe_config
+
+    probe = mae_probe_config() if is_mae(session) else ProbeConfig(lr_grid=DEFAULT_LR_GRID)
+    summary["linear"] = run_linear(session, probe, mode="features")["test"]
     r = run_rankme(session, SpectrumConfig())
     summary.update(rankme=r["rankme"], effective_rank_99=r["effective_rank_99"], norms=r["norms"])
     if args.ood:
@@ -418,24 +453,31 @@ def add_eval_parser(subparsers) -> None:
     p.set_defaults(func=command(run_knn, knn_config))
 
     lin = ProbeConfig
-    p = sub.add_parser("linear", help="linear probe, MoCo v3 protocol")
+    p = sub.add_parser("linear", help="linear probe, MoCo v3 protocol (MAE's for MAE runs)")
     _common(p)
     p.add_argument("--mode", choices=("features", "augmented"),
                    help="features: cached features, no augmentation (default on CPU); "
                         "augmented: crop + flip (GPU default)")
-    p.add_argument("--epochs", type=int, default=lin.epochs, help=f"default {lin.epochs} (MoCo v3)")
+    p.add_argument("--protocol", choices=PROTOCOLS,
+                   help="moco_v3: SGD over the lr grid, cosine per epoch (default); mae: MAE's BatchNorm "
+                        "(affine=False) + LARS at base lr 0.1, 10 warm-up epochs (the default for MAE runs)")
+    p.add_argument("--epochs", type=int, default=lin.epochs, help=f"default {lin.epochs} (MoCo v3 and MAE)")
+    p.add_argument("--warmup-epochs", type=float,
+                   help="linear warm-up epochs of the lr (default: the mae protocol's 10 of 90 epochs, scaled "
+                        "to --epochs; 0 for moco_v3)")
     p.add_argument("--probe-batch", type=int, default=lin.batch_size,
                    help=f"classifier batch (default {lin.batch_size})")
     p.add_argument("--lr", type=float, help="one base lr (× batch/256) instead of the grid")
     p.add_argument("--lr-grid",
-                   help=f"base lrs trained together, chosen on validation (default {_grid(DEFAULT_LR_GRID)})")
+                   help=f"base lrs trained together, chosen on validation (default {_grid(DEFAULT_LR_GRID)}; "
+                        f"mae protocol: {MAE_BASE_LR:g})")
     p.add_argument("--wd-grid", help=f"weight decays crossed with the lr grid (default {lin.weight_decay:g})")
     p.add_argument("--no-feature-bn", action="store_true",
                    help="no BatchNorm (affine=False) on the features before the heads "
                         "(MoCo v3's plain head; MAE's has it)")
-    p.add_argument("--val-fraction", type=float, default=lin.val_fraction,
+    p.add_argument("--val-fraction", type=float,
                    help="share of train held out to choose the grid point "
-                        f"(default {lin.val_fraction:g}; 0: choose on test)")
+                        f"(default {lin.val_fraction:g}, 0 for the mae protocol's one lr; 0: choose on test)")
     _aug_args(p, lin.crop_min)
     p.set_defaults(func=command(run_linear, probe_config, mode=lambda args: args.mode))
 
@@ -464,6 +506,11 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--smoothing", type=float, help=f"label smoothing (default and MAE: {ft.label_smoothing:g})")
     p.add_argument("--workers", type=int,
                    help="decoding workers of the MAE recipe (default: the run's data.num_workers)")
+    p.add_argument("--pool", choices=("global", "cls", "avg"),
+                   help="ViT feature: global = mean of the patch tokens + fc_norm (MAE's, the default for MAE "
+                        "runs), cls = class token (the default for the others), avg = mean after the final norm")
+    p.add_argument("--train-pos-embed", action=argparse.BooleanOptionalAction,
+                   help="train the position table (MAE's fine-tuning does: the default for MAE runs)")
     _aug_args(p, ft.crop_min)
     p.set_defaults(func=command(run_finetune, finetune_config))
 

@@ -2,10 +2,17 @@
 
 Layer decay: a ViT parameter of depth ``layer_id`` (VisionTransformer.layer_id: 0 embeddings, i+1 block i,
 depth+1 the rest and the head) gets lr · decay^(depth + 1 − layer_id); other backbones get no decay.
-Biases, norms and 1-d parameters (and the class token) have no weight decay. The fixed sin-cos position
-table stays frozen; everything else, the patch projection included, is trained. As MAE's
-main_finetune.py, the head's weight starts trunc-normal with std 2e-5 (zero bias) and ``min_lr`` is an
-absolute lr (only ``base_lr`` is scaled by batch / 256).
+Biases, norms and 1-d parameters (and the class token and position table) have no weight decay. The fixed
+sin-cos position table stays frozen unless ``train_pos_embed`` (MAE: timm's ``pos_embed`` is a learned
+parameter that the fine-tuning trains, in layer 0 without weight decay, lr_decay.py:15-76); everything
+else, the patch projection included, is trained. As MAE's main_finetune.py, the head's weight starts
+trunc-normal with std 2e-5 (zero bias) and ``min_lr`` is an absolute lr (only ``base_lr`` is scaled by
+batch / 256).
+
+``pool="global"`` is MAE's default fine-tuning feature (models_vit.py:23-53): the mean of the last block's
+patch tokens through a new LayerNorm ``fc_norm``; the pretrained final ``norm`` is dropped and ``fc_norm``
+starts at weight 1, bias 0 (main_finetune.py loads with ``strict=False`` and asserts that exactly the head
+and ``fc_norm`` are missing). ``load_pretrained`` does that load.
 
 ``recipe`` (an :class:`~selfsup.eval.mae_recipe.MAERecipe`) switches the data side to MAE's: per-image
 timm RandAugment and random erasing in DataLoader workers, then Mixup / CutMix on the batch with soft
@@ -47,6 +54,8 @@ class FinetuneConfig:
     head_init_std: float = 2e-5  # MAE: trunc_normal_(head.weight, std=2e-5)
     recipe: MAERecipe | None = None  # MAE's RandAugment / erasing / mixup / cutmix (imagefolder default)
     num_workers: int = 0  # DataLoader workers of the recipe path
+    pool: str | None = None  # ViT feature: None the backbone's own; cls | avg | global (MAE: global, fc_norm)
+    train_pos_embed: bool = False  # MAE: the position table is trained (timm's pos_embed is a parameter)
 
 
 class Classifier(nn.Module):
@@ -61,6 +70,21 @@ class Classifier(nn.Module):
 
     def forward(self, x):
         return self.head(self.backbone(x))
+
+
+def load_pretrained(backbone: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a pretrained ``state`` into ``backbone``, rebuilt perhaps with another ViT pool: between
+    ``global`` and ``cls`` / ``avg`` the final norm changes place (``norm`` ↔ ``fc_norm``), so the
+    pretrained one is dropped and the new one keeps its fresh init (LayerNorm 1 / 0), as MAE's main_finetune.py;
+    any other difference is an error."""
+    own = backbone.state_dict()
+    fresh = {k for k in own if k not in state}
+    dropped = {k for k in state if k not in own}
+    if not fresh <= {"fc_norm.weight", "fc_norm.bias", "norm.weight", "norm.bias"} or \
+            not dropped <= {"fc_norm.weight", "fc_norm.bias", "norm.weight", "norm.bias"}:
+        raise ValueError(f"pretrained weights do not fit the rebuilt backbone: missing {sorted(fresh)}, "
+                         f"unexpected {sorted(dropped)}")
+    backbone.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
 
 
 def layer_scales(model: Classifier, decay: float) -> dict[str, float]:
@@ -96,7 +120,7 @@ def finetune(backbone: nn.Module, train: ImageDataset, test: ImageDataset, meta:
     torch.manual_seed(cfg.seed)
     dev = torch.device(device)
     for name, p in backbone.named_parameters():
-        p.requires_grad_(not name.endswith("pos_embed"))
+        p.requires_grad_(cfg.train_pos_embed or not name.endswith("pos_embed"))
     model = Classifier(backbone, train.num_classes, cfg.head_init_std).to(dev)
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     opt = torch.optim.AdamW(groups, lr=0.0, betas=(0.9, 0.999))

@@ -11,6 +11,16 @@ train a grid of (lr, weight decay) points at once, as DINO's eval_linear does: o
 point (``GridLinear``, one batched matmul), all fed the same frozen features of each batch. The point
 is chosen by top-1 on a validation split carved from the training set (``val_fraction``), and the test
 accuracy is reported at that point.
+
+``protocol="mae"`` (``mae_probe_config``) is MAE's probe (main_linprobe.py): BatchNorm1d(affine=False,
+eps 1e-6) before each head, the head trunc-normal std 0.01 with zero bias, LARS (``optim.LARS``: trust
+0.001, momentum 0.9, no decay or adaptation of 1-d tensors; util/lars.py:14-47) with weight decay 0 and
+lr = 0.1 · batch / 256, 10 warm-up epochs then a half-cycle cosine to 0, set every iteration on the
+fractional epoch (util/lr_sched.py:9-21), 90 epochs; no validation split for its single lr. Each grid
+point is a head of its own tensors (``LarsHeads``) so that LARS's trust ratio is that head's. The feature
+is the backbone's (the class token after the final norm for the MAE presets: the official ``--cls_token``).
+Left out: the official reports the best test top-1 over epochs (here the last epoch's) and, on the
+augmented path, crops with its TF-style RandomResizedCrop (here the library's).
 """
 
 from __future__ import annotations
@@ -43,6 +53,24 @@ class ProbeConfig:
     wd_grid: tuple[float, ...] = ()  # weight decays crossed with lr_grid; () = just weight_decay
     val_fraction: float = 0.1  # of the training set, held out to choose the grid point (0: choose on test)
     feature_bn: bool = True  # MAE's BatchNorm1d(affine=False) on the frozen features before the heads
+    protocol: str = "moco_v3"  # moco_v3: SGD, cosine per epoch | mae: LARS, warm-up + cosine per iteration
+    warmup_epochs: float = 0.0  # mae: 10 (main_linprobe.py --warmup_epochs)
+    min_lr: float = 0.0  # mae: the cosine's end (main_linprobe.py --min_lr 0)
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+
+
+PROTOCOLS = ("moco_v3", "mae")
+MAE_BASE_LR = 0.1  # main_linprobe.py --blr: lr = 0.1 · batch / 256
+
+
+def mae_probe_config(**overrides) -> ProbeConfig:
+    """MAE's linear probe (main_linprobe.py defaults): LARS at base lr 0.1, wd 0, 10 warm-up epochs, 90 epochs,
+    BatchNorm(affine=False) head, the whole training split (``val_fraction`` 0: one lr, nothing to choose)."""
+    return ProbeConfig(**{"protocol": "mae", "lr_grid": (MAE_BASE_LR,), "weight_decay": 0.0, "warmup_epochs": 10.0,
+                          "feature_bn": True, "val_fraction": 0.0, **overrides})
 
 
 DEFAULT_LR_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # base lrs around MoCo v3's 0.1 (ResNet) and 3 (ViT)
@@ -108,9 +136,34 @@ class GridLinear(nn.Module):
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         """The sum over heads of each head's mean cross-entropy: every head gets its own gradient."""
-        logits = self(x)  # (G, B, C)
-        g, b, c = logits.shape
-        return F.cross_entropy(logits.reshape(g * b, c), y.repeat(g), reduction="sum") / b
+        return grid_loss(self(x), y)
+
+
+def grid_loss(logits: Tensor, y: Tensor) -> Tensor:
+    """Σ over heads of each head's mean cross-entropy, from (G, B, C) logits."""
+    g, b, c = logits.shape
+    return F.cross_entropy(logits.reshape(g * b, c), y.repeat(g), reduction="sum") / b
+
+
+class LarsHeads(nn.Module):
+    """MAE's probe head per grid point (main_linprobe.py): BatchNorm1d(dim, affine=False, eps 1e-6), which has
+    no parameters and so is shared, then G Linear(dim, C) of their own tensors, weight trunc-normal std 0.01
+    and zero bias: (B, dim) → (G, B, C)."""
+
+    def __init__(self, dim: int, num_classes: int, heads: int, feature_bn: bool = True):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(dim, affine=False, eps=1e-6) if feature_bn else nn.Identity()
+        self.heads = nn.ModuleList(nn.Linear(dim, num_classes) for _ in range(heads))
+        for head in self.heads:
+            nn.init.trunc_normal_(head.weight, std=0.01)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm(x)
+        return torch.stack([head(x) for head in self.heads])
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        return grid_loss(self(x), y)
 
 
 class GridSGD:
@@ -165,8 +218,12 @@ def _choose(points, val_scores: Tensor | None, val_y: Tensor | None, test_scores
     return {"grid": grid, "chosen": grid[best], "best": best}
 
 
-def train_grid(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, dev) -> tuple[GridLinear, float]:
-    """Train one head per grid point over ``batches(epoch)`` → iterable of (features, labels); cosine per epoch."""
+def train_grid(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, dev,
+               steps_per_epoch: int = 1) -> tuple[nn.Module, float]:
+    """Train one head per grid point over ``batches(epoch)`` → iterable of (features, labels): MoCo v3's SGD
+    with a cosine per epoch, or MAE's LARS (``train_lars``)."""
+    if cfg.protocol == "mae":
+        return train_lars(dim, num_classes, points, cfg, batches, dev, steps_per_epoch)
     fc = GridLinear(dim, num_classes, len(points), cfg.feature_bn).to(dev).train()
     opt = GridSGD(fc.parameters(), torch.tensor([p[1] for p in points], device=dev),
                   torch.tensor([p[2] for p in points], device=dev), cfg.momentum)
@@ -176,6 +233,35 @@ def train_grid(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, de
         for feats, labels in batches(epoch):
             loss = fc.loss(feats.float(), labels)
             opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return fc, float(loss.detach()) / len(points)
+
+
+def mae_lr(peak: float, epoch: float, cfg: ProbeConfig) -> float:
+    """util/lr_sched.py: ``peak · epoch / warmup`` during the warm-up, then a half-cycle cosine to ``min_lr``, on
+    the fractional epoch."""
+    from selfsup.schedules import warmup_cosine
+
+    return warmup_cosine(epoch, cfg.epochs, cfg.warmup_epochs, peak, cfg.min_lr)
+
+
+def train_lars(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, dev,
+               steps_per_epoch: int) -> tuple[LarsHeads, float]:
+    """MAE's probe: ``LarsHeads`` trained by ``optim.LARS``, one parameter group per head at that point's lr and
+    weight decay, the lr set before every step on the fractional epoch ``epoch + i / steps_per_epoch``."""
+    from selfsup.optim import LARS
+
+    fc = LarsHeads(dim, num_classes, len(points), cfg.feature_bn).to(dev).train()
+    opt = LARS([{"params": list(head.parameters()), "peak": lr, "weight_decay": wd}
+                for head, (_, lr, wd) in zip(fc.heads, points)], momentum=cfg.momentum)
+    loss = torch.zeros(())
+    for epoch in range(cfg.epochs):
+        for i, (feats, labels) in enumerate(batches(epoch)):
+            for group in opt.param_groups:
+                group["lr"] = mae_lr(group["peak"], epoch + i / steps_per_epoch, cfg)
+            loss = fc.loss(feats.float(), labels)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
     return fc, float(loss.detach()) / len(points)
@@ -197,7 +283,8 @@ def probe_features(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Ten
             idx = idx.to(dev)
             yield tx[idx], ty[idx]
 
-    fc, final_loss = train_grid(tx.shape[1], num_classes, points, cfg, batches, dev)
+    fc, final_loss = train_grid(tx.shape[1], num_classes, points, cfg, batches, dev,
+                                math.ceil(len(ty) / cfg.batch_size))
     fc.eval()
     val = _predict_features(fc, train_x[val_idx].float().to(dev)).cpu() if len(val_idx) else None
     out = _choose(points, val, train_y[val_idx], _predict_features(fc, test_x.float().to(dev)).cpu(), test_y)
@@ -240,7 +327,8 @@ def probe_augmented(backbone: nn.Module, train: ImageDataset, test: ImageDataset
                 feats = backbone(x)
             yield feats, labels.to(dev)
 
-    fc, final_loss = train_grid(backbone.num_features, train.num_classes, points, cfg, batches, dev)
+    fc, final_loss = train_grid(backbone.num_features, train.num_classes, points, cfg, batches, dev,
+                                math.ceil(len(fit_idx) / cfg.batch_size))
     assert_unchanged(backbone, before)
     fc.eval()  # the feature BN scores with its running statistics
     transform = EvalTransform(size, mean, std).to(dev)

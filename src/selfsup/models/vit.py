@@ -180,7 +180,9 @@ class VisionTransformer(nn.Module):
     ``pool="cls"`` returns the final-LayerNorm class token; ``pool="avg"`` returns the mean of the
     final-LayerNorm patch tokens (timm ``global_pool='avg', fc_norm=False``). ``final_norm=False`` drops the
     final LayerNorm (timm ``final_norm=False``): MoCo v3 §6.2 finds average pooling works only without it
-    (76.3 vs 69.7%; its variant also drops the class token, which is kept here, unpooled).
+    (76.3 vs 69.7%; its variant also drops the class token, which is kept here, unpooled). ``pool="global"`` is
+    MAE's fine-tuning pool (models_vit.py:23-53): the mean of the last block's patch tokens, then a LayerNorm
+    ``fc_norm``, with no final ``norm`` (timm ``global_pool='avg', fc_norm=True``).
     ``pos_embed="none"``: no position information (a fixed zero table; MoCo v3 §6.2's ablation, −1.6 points).
     """
 
@@ -203,8 +205,8 @@ class VisionTransformer(nn.Module):
         final_norm: bool = True,
     ):
         super().__init__()
-        if pool not in ("cls", "avg"):
-            raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
+        if pool not in ("cls", "avg", "global"):
+            raise ValueError(f"pool must be 'cls', 'avg' or 'global', got {pool!r}")
         if pos_embed not in ("sincos", "learned", "none") or init not in ("moco_v3", "trunc_normal"):
             raise ValueError(f"pos_embed must be sincos, learned or none and init moco_v3 or trunc_normal, "
                              f"got {pos_embed!r}, {init!r}")
@@ -230,7 +232,10 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(table, requires_grad=self.learned_pos)
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r, layer_scale) for r in rates])
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if final_norm else nn.Identity()
+        if pool == "global":  # MAE: the final norm moves after the pooling (timm's fc_norm)
+            self.norm, self.fc_norm = nn.Identity(), nn.LayerNorm(embed_dim, eps=1e-6)
+        else:
+            self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if final_norm else nn.Identity()
         self._other_grids: dict = {}  # fixed sin-cos tables of other grid sizes, per (grid, device)
         if init == "trunc_normal":
             self._init_trunc_normal(stop_grad_conv1)
@@ -304,7 +309,7 @@ class VisionTransformer(nn.Module):
         return self._other_grids[key].to(self.pos_embed.dtype)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """All tokens (B, 1+N, D) after the final LayerNorm; token 0 is the class token."""
+        """All tokens (B, 1+N, D) after the final LayerNorm (none under pool='global'); token 0 is the class token."""
         self._check_input(x)
         pos = self.position_embedding(x.shape[-1])
         x = self.patch_embed(x)
@@ -323,8 +328,11 @@ class VisionTransformer(nn.Module):
         return self.norm(self.blocks(torch.cat([cls, x], dim=1)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The (B, D) feature: class token (pool='cls') or mean of patch tokens (pool='avg')."""
+        """The (B, D) feature: class token (pool='cls'), mean of patch tokens (pool='avg'), or that mean
+        through ``fc_norm`` (pool='global')."""
         x = self.forward_features(x)
+        if self.pool == "global":
+            return self.fc_norm(x[:, 1:].mean(dim=1))
         return x[:, 0] if self.pool == "cls" else x[:, 1:].mean(dim=1)
 
     def layer_id(self, param_name: str) -> int:
