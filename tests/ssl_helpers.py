@@ -50,6 +50,7 @@ HEADS = {
     "barlow_twins": dict(proj_hidden_dim=64, dim=32),
     "vicreg": dict(proj_hidden_dim=64, dim=32),
     "dino": dict(out_dim=64, hidden_dim=32, bottleneck_dim=16),
+    "ibot": dict(out_dim=64, patch_out_dim=48, hidden_dim=32, bottleneck_dim=16),
     "mae": dict(decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2),
 }
 

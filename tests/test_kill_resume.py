@@ -4,7 +4,7 @@ The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the pr
 place of a chosen step (the flow run twice), and resumed from its last step checkpoint each time. One method of each
 family, BYOL with DirectPred's predictor (its running F and W_p change after the optimiser step) and DINO
 on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from the global RNG), Barlow Twins,
-VICReg and MAE (its masks come from the step's generator):
+VICReg, MAE and iBOT (their masks come from the step's generator):
 the exported backbone, the last checkpoint's weights and every logged ``train/*`` value must be equal
 bit for bit to those of the run that was never stopped.
 """
@@ -42,6 +42,9 @@ CPU = ["data.batch_size=64", "trainer.progress_bar=false", "trainer.log_every_n_
        "trainer.devices=1"]
 HEADS = ["method.proj_hidden_dim=64", "method.dim=32"]
 MAE = ["method.decoder_embed_dim=32", "method.decoder_depth=1", "method.decoder_num_heads=2"]
+# iBOT on 2 global + 2 local crops, half the global crops block-masked (the masks from the step's generator)
+IBOT = ["method.out_dim=64", "method.patch_out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
+        "augment.local_crops_number=2", "method.warmup_teacher_temp_epochs=2"]
 # kills (global step, where): "start" before the step runs; "end" after its optimiser step and post-step
 # updates, before its checkpoint is written (a callback ahead of Lightning's checkpoint callback)
 CASES = {
@@ -54,6 +57,7 @@ CASES = {
     "barlow_twins": ("barlow-twins-digits", CPU + HEADS + STEPS, [(4, "end")]),
     "vicreg": ("vicreg-digits", CPU + HEADS + STEPS, [(4, "end")]),
     "mae": ("mae-digits", CPU + MAE + STEPS, [(4, "end")]),
+    "ibot": ("ibot-digits", CPU + IBOT + STEPS, [(4, "end")]),
 }
 
 CHILD = """

@@ -69,8 +69,8 @@ def _fit_counting(cfg, tmp_path):
     return reads, logged
 
 
-@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam", "simclr", "barlow_twins", "vicreg", "dino", "mae",
-                                    "self_flow", "flow_matching"])
+@pytest.mark.parametrize("method", ["moco_v3", "byol", "simsiam", "simclr", "barlow_twins", "vicreg", "dino", "ibot",
+                                    "mae", "self_flow", "flow_matching"])
 def test_no_host_reads_between_logging_steps(tmp_path, method):
     """12 steps, logging every 4, the default instruments every 5: a logging step reads once (the NaN
     check; the logged values come back in one copy), an instrument step reads what it measures, and
@@ -84,8 +84,9 @@ def test_no_host_reads_between_logging_steps(tmp_path, method):
                                "instruments.every_n_steps=5",
                                *[f"trainer.{k}={v}" for k, v in trainer.items()], f"output_dir={tmp_path}", "name=run"])
     else:
-        multicrop = {"augment": {"local_crops_number": 2, "local_crops_size": 4}} if method == "dino" else {}
-        cfg = tiny_config(method, trainer=trainer, instruments={"every_n_steps": 5}, output_dir=str(tmp_path),
+        multicrop = {"augment": {"local_crops_number": 2, "local_crops_size": 4}} if method in ("dino", "ibot") else {}
+        masking = {"pred_ratio": [0.0, 0.3], "pred_ratio_var": [0.0, 0.2]} if method == "ibot" else None
+        cfg = tiny_config(method, masking, trainer=trainer, instruments={"every_n_steps": 5}, output_dir=str(tmp_path),
                           name="run", **multicrop)
     reads, logged = _fit_counting(cfg, tmp_path)
     assert set(reads) == set(range(11))  # step 11's iteration ends with the epoch

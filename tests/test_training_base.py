@@ -38,7 +38,7 @@ def every_method():
 def test_every_registered_method_is_on_the_one_base():
     assert all(issubclass(cls, TrainingBase) for cls in METHODS.values())
     assert {cls.family for cls in METHODS.values()} == {"joint", "flow"}
-    assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol", "dino"}
+    assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol", "dino", "ibot"}
 
 
 def test_trainable_declares_exactly_the_trained_parameters():

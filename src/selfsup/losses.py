@@ -181,6 +181,22 @@ def dino_center(center: Tensor, teacher_sum: Tensor, count: int, momentum: float
     return center * momentum + teacher_sum / count * (1 - momentum)
 
 
+def ibot_patch_loss(student_patch: Tensor, teacher_patch: Tensor, center2: Tensor, masks: Tensor,
+                    student_temp: float, teacher_temp2: float) -> Tensor:
+    """iBOT's masked-image-modelling term (ibot main_ibot.py:530-548, the ``v == q`` pairs): for each global crop,
+    the per-patch cross-entropy ``−Σ_k q log softmax(s / τs)`` with ``q = softmax((t − c2) / τt2)`` of the
+    teacher on the same crop unmasked, summed over the crop's masked patches and divided by their count
+    (at least 1), then the mean over the crops, unmasked crops counting 0 (the mean over images of each global
+    crop, averaged over the global crops: the same number, each crop having B images).
+
+    ``student_patch``, ``teacher_patch`` (n·B, N, K) the patch logits of the n global crops (crop-major),
+    ``center2`` (1, 1, K), ``masks`` (n·B, N) bool (True = masked, the student's input)."""
+    q = F.softmax((teacher_patch.detach() - center2) / teacher_temp2, dim=-1)
+    ce = -(q * F.log_softmax(student_patch / student_temp, dim=-1)).sum(-1)  # (n·B, N)
+    m = masks.to(ce.dtype)
+    return ((ce * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+
+
 def normalized_pixel_target(patches: Tensor, eps: float = 1e-6) -> Tensor:
     """MAE's ``norm_pix_loss`` target: each patch (B, L, p²·C) as ``(x − mean) / sqrt(var + 1e-6)``, mean and the
     unbiased variance (torch.var) over its p²·C values (models_mae.py forward_loss)."""

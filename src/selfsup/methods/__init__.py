@@ -10,6 +10,7 @@ from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
 from selfsup.methods.dino import DINO
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
+from selfsup.methods.ibot import iBOT
 from selfsup.methods.mae import MAE
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.simclr import SimCLR
@@ -24,6 +25,7 @@ METHODS: dict[str, type] = {
     "barlow_twins": BarlowTwins,
     "vicreg": VICReg,
     "dino": DINO,
+    "ibot": iBOT,
     "mae": MAE,
     "flow_matching": FlowMatching,
     "self_flow": SelfFlow,
@@ -40,4 +42,4 @@ def method_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "DINO", "MAE", "FlowMatching", "SelfFlow", "Repa"]
+           "VICReg", "DINO", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]

@@ -248,12 +248,19 @@ class TrainingBase(pl.LightningModule):
 
     def ema_step(self, m: float) -> None:
         """``target ← m · target + (1 − m) · online`` for every momentum target (a post-step hook calls this:
-        it runs once per optimiser step by construction)."""
+        it runs once per optimiser step by construction), parameter by parameter of the same name in both
+        (iBOT's EMA over the names the student and teacher share, main_ibot.py:380-390; a copy shares all)."""
         if not self.momentum_pairs:
             return
         if self._ema_params is None:  # gathered once, at the first step (after any strategy wrapping)
-            self._ema_params = ([p for o, _ in self.momentum_pairs for p in o.parameters()],
-                                [p for _, t in self.momentum_pairs for p in t.parameters()])
+            online, target = [], []
+            for o, t in self.momentum_pairs:
+                shadow = dict(t.named_parameters())
+                for name, p in o.named_parameters():
+                    if name in shadow:
+                        online.append(p)
+                        target.append(shadow[name])
+            self._ema_params = (online, target)
         momentum_update(*self._ema_params, m)
 
     # ----------------------------------------------------------------- the step's random numbers

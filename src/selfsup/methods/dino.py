@@ -94,14 +94,22 @@ class DINO(SSLMethod):
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
         c = cfg.method
-        self.head = DINOHead(self.backbone.num_features, c.out_dim, c.hidden_dim, c.bottleneck_dim,
-                             c.head_layers, c.use_bn_in_head, c.norm_last_layer)
+        self.head = self.build_head(c)
         self.teacher_backbone = _without_drop_path(self.momentum_target(self.backbone))
-        self.teacher_head = self.momentum_target(self.head)
+        self.teacher_head = self.build_teacher_head(c)
         self.register_buffer("center", torch.zeros(1, c.out_dim))
         self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
         self.weight_decay = cfg.optim.weight_decay
         self.post_step_hooks.append(self.teacher_ema)
+
+    def build_head(self, c) -> nn.Module:
+        """The student's projection head (iBOT: its own)."""
+        return DINOHead(self.backbone.num_features, c.out_dim, c.hidden_dim, c.bottleneck_dim, c.head_layers,
+                        c.use_bn_in_head, c.norm_last_layer)
+
+    def build_teacher_head(self, c) -> nn.Module:
+        """The teacher's head: a frozen copy of the student's, its EMA."""
+        return self.momentum_target(self.head)
 
     def trainable(self):
         return {"backbone": self.backbone, "head": self.head}

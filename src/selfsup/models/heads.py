@@ -1,5 +1,5 @@
-"""Projector / predictor MLPs for MoCo v3, BYOL and SimSiam, and DINO's head (the linear predictors live in
-``selfsup.predictors``)."""
+"""Projector / predictor MLPs for MoCo v3, BYOL and SimSiam, and the DINO and iBOT heads (the linear predictors
+live in ``selfsup.predictors``)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,26 @@ class DINOHead(nn.Module):
 
     def forward(self, x):
         return self.last_layer(nn.functional.normalize(self.mlp(x), dim=-1, p=2))
+
+
+class iBOTHead(DINOHead):
+    """iBOT's head (ibot models/head.py:145-199): DINO's MLP and L2 normalisation shared by the class and patch
+    tokens; the class token through ``last_layer`` (``out_dim``), the patch tokens through ``last_layer2``
+    (``patch_out_dim``, weight-normalised like ``last_layer``), or through ``last_layer`` itself when
+    ``shared_head`` (then ``patch_out_dim`` is ``out_dim``). On (B, 1+N, D) tokens it returns the class logits
+    (B, out_dim) and the patch logits (B, N, patch_out_dim); on (B, D) features, DINO's head (local crops)."""
+
+    def __init__(self, in_dim: int, out_dim: int, patch_out_dim: int, hidden_dim: int = 2048,
+                 bottleneck_dim: int = 256, num_layers: int = 3, use_bn: bool = False, norm_last_layer: bool = True,
+                 shared_head: bool = False):
+        if use_bn:
+            raise ValueError("the iBOT head runs its MLP on token sequences: use_bn is not supported")
+        super().__init__(in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, use_bn, norm_last_layer)
+        self.last_layer2 = (self.last_layer if shared_head
+                            else WeightNormLinear(bottleneck_dim, patch_out_dim, norm_last_layer))
+
+    def forward(self, x):
+        if x.ndim == 2:
+            return super().forward(x)
+        z = nn.functional.normalize(self.mlp(x), dim=-1, p=2)
+        return self.last_layer(z[:, 0]), self.last_layer2(z[:, 1:])

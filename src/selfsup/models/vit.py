@@ -308,11 +308,21 @@ class VisionTransformer(nn.Module):
             self._other_grids[key] = build_2d_sincos_position_embedding(grid, self.embed_dim, device=key[1])
         return self._other_grids[key].to(self.pos_embed.dtype)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """All tokens (B, 1+N, D) after the final LayerNorm (none under pool='global'); token 0 is the class token."""
+    def add_mask_token(self) -> None:
+        """Register ``masked_embed`` (1, D), zero-initialised: iBOT's learned mask token, of the student only
+        (ibot models/vision_transformer.py:169-172); :meth:`forward_features` puts it at masked patches."""
+        self.masked_embed = nn.Parameter(torch.zeros(1, self.embed_dim))
+
+    def forward_features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """All tokens (B, 1+N, D) after the final LayerNorm (none under pool='global'); token 0 is the class
+        token. ``mask`` (B, N) bool (row-major patch order): those patch embeddings are replaced by
+        ``masked_embed`` before the class token and the positions are added (iBOT's ``prepare_tokens`` /
+        ``mask_model``, :205-222, :267-269)."""
         self._check_input(x)
         pos = self.position_embedding(x.shape[-1])
         x = self.patch_embed(x)
+        if mask is not None:
+            x = torch.where(mask.reshape(x.shape[0], -1, 1), self.masked_embed.to(x.dtype), x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos
         return self.norm(self.blocks(x))
 
@@ -337,7 +347,7 @@ class VisionTransformer(nn.Module):
 
     def layer_id(self, param_name: str) -> int:
         """Depth index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 for the rest."""
-        if param_name.startswith(("patch_embed", "cls_token", "pos_embed")):
+        if param_name.startswith(("patch_embed", "cls_token", "pos_embed", "masked_embed")):
             return 0
         if param_name.startswith("blocks."):
             return int(param_name.split(".")[1]) + 1

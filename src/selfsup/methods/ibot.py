@@ -1,0 +1,209 @@
+"""iBOT (Zhou et al. 2022, "Image BERT Pre-Training with Online Tokenizer"), as bytedance/ibot main_ibot.py.
+
+DINO (``methods.dino``) with a masked-image-modelling term; per step (main_ibot.py:403-413, :478-572):
+
+    m_1, m_2 = block masks of the two global crops              # half the crops unmasked in the recipe
+    t_cls, t_patch = teacher_head(teacher_backbone(x_global))    # unmasked, no gradient
+    s_cls, s_patch = head(backbone(x_global, mask=m))            # masked patches → the learned mask token
+    s_local = head(backbone(x_local))                            # class token only, no mask
+    L_cls   = mean over pairs (q, v), v ≠ q, of H(softmax((t_cls,q − C) / τt), softmax(s_cls,v / τs))
+    L_patch = mean over the global crops q and their images of
+              Σ_masked H(softmax((t_patch,q − C2) / τt2), softmax(s_patch,q / τs)) / max(#masked, 1)
+    loss = λ1 L_cls + λ2 L_patch
+    C  ← m C  + (1 − m) mean(t_cls);   C2 ← m2 C2 + (1 − m2) mean over images of (mean over patches of t_patch)
+
+Official behaviour reproduced (file:line in docs NEW-METHODS §2 iBOT): the mask token ``masked_embed``
+(zero-initialised, student only) replaces masked patch embeddings before the class token and positions
+(``VisionTransformer.forward_features(x, mask)``); the head (``models.heads.iBOTHead``) shares DINO's MLP
+between the class and patch tokens, the patch tokens get their own weight-normalised ``last_layer2`` unless
+``shared_head``; the student and the teacher choose that separately (``shared_head`` False,
+``shared_head_teacher`` True by default; the patch dimension is ``out_dim`` when either is shared, :270-273).
+With the default asymmetric heads the teacher starts from the student's ``state_dict`` loaded non-strictly (its
+one projection then holds the student's ``last_layer2``, loaded last) and the EMA runs over the parameter names
+both share (:263, :380-390), so the teacher's projection follows the student's ``last_layer``; the README recipe
+uses ``shared_head true``. The block-wise masks (``data.masks``) are drawn for the global crops from the step's
+generator after the augmentation. Schedules, per-tensor clipping, the frozen last layers (``last_layer2`` too)
+and the evaluated teacher are DINO's; τt2 warms up per epoch like τt (shifted by ``pred_start_epoch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from selfsup.data.masks import default_max_blocks, ibot_masks
+from selfsup.distributed import all_reduce_sum, world
+from selfsup.errors import UserError
+from selfsup.losses import dino_center, dino_loss, ibot_patch_loss
+from selfsup.methods.base import encode_views
+from selfsup.methods.dino import DINO, DINOConfig
+from selfsup.models.heads import iBOTHead
+from selfsup.models.vit import VisionTransformer
+from selfsup.schedules import teacher_temperature
+
+
+@dataclass
+class iBOTConfig(DINOConfig):
+    """iBOT hyper-parameters; defaults are main_ibot.py's argument defaults (:48-94, :167-176)."""
+
+    out_dim: int = 8192  # K of the [CLS] head
+    patch_out_dim: int = 8192  # K of the patch head (out_dim when either head is shared)
+    shared_head: bool = False  # the student projects the patch tokens with last_layer (the README recipe: true)
+    shared_head_teacher: bool = True  # the same for the teacher
+    warmup_teacher_temp_epochs: int = 30  # iBOT's code default (DINO's is 0); τt and τt2 both
+    warmup_teacher_patch_temp: float = 0.04
+    teacher_patch_temp: float = 0.07  # τt2 after warm-up
+    center_momentum2: float = 0.9  # of the patch centre C2
+    lambda1: float = 1.0  # weight of the [CLS] term
+    lambda2: float = 1.0  # weight of the masked-patch term
+    use_masked_im_modeling: bool = True  # false: the student sees the global crops unmasked
+    pred_ratio: tuple[float, ...] = (0.3,)  # masking ratio(s) of a global crop; one entry chosen per crop
+    pred_ratio_var: tuple[float, ...] = (0.0,)  # ± half-width of each ratio's uniform draw (one value: for all)
+    pred_aspect_ratio: tuple[float, float] = (0.3, 1 / 0.3)  # block aspect-ratio range (log-uniform)
+    pred_shape: str = "block"  # block (BEiT) | rand (uniform patches)
+    pred_start_epoch: int = 0  # no masking before this epoch (50 for Swin)
+    pred_max_blocks: int = 0  # rounds of the block loop; 0: ceil(max ratio · H · W), the official loop exactly
+
+    def validate(self) -> None:
+        super().validate()
+        if self.patch_out_dim < 1:
+            raise UserError(f"method.patch_out_dim={self.patch_out_dim} must be >= 1")
+        for key in ("warmup_teacher_patch_temp", "teacher_patch_temp"):
+            if not getattr(self, key) > 0:
+                raise UserError(f"method.{key}={getattr(self, key)} must be > 0")
+        if not 0 <= self.center_momentum2 < 1:
+            raise UserError(f"method.center_momentum2={self.center_momentum2} must be in [0, 1)")
+        if self.use_bn_in_head:
+            raise UserError("method.use_bn_in_head=true: the iBOT head runs on token sequences; set it to false")
+        if self.pred_shape not in ("block", "rand"):
+            raise UserError(f"method.pred_shape={self.pred_shape!r}; use block or rand")
+        if len(self.pred_ratio_var) == 1 and len(self.pred_ratio) > 1:
+            self.pred_ratio_var = self.pred_ratio_var * len(self.pred_ratio)  # loader.py:27-28
+        if not self.pred_ratio or len(self.pred_ratio_var) != len(self.pred_ratio):
+            raise UserError(f"method.pred_ratio_var={list(self.pred_ratio_var)} needs one value or one per "
+                            f"method.pred_ratio={list(self.pred_ratio)}")
+        for r, v in zip(self.pred_ratio, self.pred_ratio_var):
+            if not 0 <= v <= r or r + v >= 1:
+                raise UserError(f"method.pred_ratio {r} ± {v} must satisfy 0 <= var <= ratio and ratio + var < 1")
+        lo, hi = self.pred_aspect_ratio
+        if not 0 < lo <= hi:
+            raise UserError(f"method.pred_aspect_ratio={list(self.pred_aspect_ratio)} must be 0 < low <= high")
+        for key in ("pred_start_epoch", "pred_max_blocks"):
+            if getattr(self, key) < 0:
+                raise UserError(f"method.{key}={getattr(self, key)} must be >= 0")
+
+
+class iBOT(DINO):
+    """DINO's student / teacher on the [CLS] token plus self-distillation of masked patch tokens."""
+
+    Config = iBOTConfig
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c, vit = cfg.method, self.backbone
+        self.backbone.add_mask_token()  # after the teacher's copy: the student's only
+        self.register_buffer("center2", torch.zeros(1, 1, self.patch_dim))
+        grid = vit.image_size // vit.patch_size
+        self.grid = (grid, grid)
+        self.max_blocks = c.pred_max_blocks or default_max_blocks(self.grid, c.pred_ratio, c.pred_ratio_var)
+        self.teacher_patch_temp = (c.warmup_teacher_patch_temp if c.warmup_teacher_temp_epochs or c.pred_start_epoch
+                                   else c.teacher_patch_temp)
+
+    # ----------------------------------------------------------------- heads
+    def build_head(self, c) -> nn.Module:
+        """The student's iBOT head (called by DINO's constructor after the backbone exists)."""
+        vit = self.backbone
+        if not isinstance(vit, VisionTransformer) or vit.pool != "cls":
+            raise UserError(f"method ibot needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
+                            f"deit_small, vit_small, vit_base, vit_large), not model.backbone="
+                            f"{self.cfg.model.backbone!r}, model.pool={self.cfg.model.pool!r}")
+        self.patch_dim = c.out_dim if (c.shared_head or c.shared_head_teacher) else c.patch_out_dim
+        return self.make_head(c, c.shared_head)
+
+    def make_head(self, c, shared: bool) -> iBOTHead:
+        return iBOTHead(self.backbone.num_features, c.out_dim, self.patch_dim, c.hidden_dim, c.bottleneck_dim,
+                        c.head_layers, False, c.norm_last_layer, shared)
+
+    def build_teacher_head(self, c) -> nn.Module:
+        """A copy of the student's head; with another ``shared_head_teacher``, a head of that kind given the
+        student's ``state_dict`` non-strictly (main_ibot.py:263), its EMA over the shared parameter names."""
+        if c.shared_head == c.shared_head_teacher:
+            return self.momentum_target(self.head)
+        teacher = self.make_head(c, c.shared_head_teacher)
+        teacher.load_state_dict(self.head.state_dict(), strict=False)
+        teacher.requires_grad_(False)
+        self.momentum_pairs.append((self.head, teacher))
+        return teacher
+
+    # ----------------------------------------------------------------- the step
+    def draw_masks(self, n: int, device) -> torch.Tensor:
+        """(n, N) bool masks of ``n`` global crops (True = masked) from the step's generator, after the
+        augmentation's draws (a resumed run masks as the uninterrupted one); none before ``pred_start_epoch``."""
+        c = self.cfg.method
+        ratio = c.pred_ratio if self.current_epoch >= c.pred_start_epoch else (0.0,)
+        var = c.pred_ratio_var if self.current_epoch >= c.pred_start_epoch else (0.0,)
+        masks = ibot_masks(n, self.grid, self.rng(device), ratio, var, tuple(c.pred_aspect_ratio), c.pred_shape,
+                           self.max_blocks, device)
+        return masks.flatten(1)
+
+    def forward_views(self, views, masks: torch.Tensor | None = None):
+        """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
+        crops (default: :meth:`draw_masks`)."""
+        c, n = self.cfg.method, self.n_global
+        if len(views) < n:
+            raise UserError(f"iBOT needs the 2 global crops of its view plan, got {len(views)} view(s)")
+        x = torch.cat(views[:n])  # the global crops in one call
+        if masks is None:
+            masks = self.draw_masks(x.shape[0], x.device)
+        with torch.no_grad():
+            t_tokens = self.teacher_backbone.forward_features(x)
+            t_cls, t_patch = self.teacher_head(t_tokens)
+        s_cls, s_patch = self.head(self.backbone.forward_features(x, masks if c.use_masked_im_modeling else None))
+        if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
+            s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
+        loss_cls = dino_loss(s_cls, t_cls, self.center, c.student_temp, self.teacher_temp, n) * c.lambda1
+        loss_patch = ibot_patch_loss(s_patch, t_patch, self.center2, masks, c.student_temp,
+                                     self.teacher_patch_temp) * c.lambda2
+        with torch.no_grad():  # DINO's collapse signs on the [CLS] term, and the share of masked patches
+            log_q = F.log_softmax((t_cls - self.center) / self.teacher_temp, dim=-1)
+            entropy = -(log_q.exp() * log_q).sum(-1).mean()
+            signs = {"dino_teacher_entropy": entropy, "dino_center_norm": self.center.norm(),
+                     "ibot_center2_norm": self.center2.norm(), "ibot_masked_share": masks.float().mean()}
+        self.update_centers(t_cls, t_patch)
+        b = views[0].shape[0]
+        return {"loss": loss_cls + loss_patch, "loss_cls": loss_cls.detach(), "loss_patch": loss_patch.detach(),
+                "embedding": t_tokens[:b, 0], "embedding2": t_tokens[b:2 * b, 0], "instruments": signs}
+
+    @torch.no_grad()
+    def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor) -> None:
+        """C ← m C + (1 − m) Σ t_cls / (2B · world); C2 ← m2 C2 + (1 − m2) Σ_images mean_patches t_patch / (2B ·
+        world); both sums all-reduced in one call (main_ibot.py:559-572)."""
+        _, size = world()
+        k, count = t_cls.shape[1], t_cls.shape[0] * size
+        total = all_reduce_sum(torch.cat([t_cls.float().sum(0), t_patch.float().mean(1).sum(0)])[None])
+        c = self.cfg.method
+        self.center.copy_(dino_center(self.center, total[:, :k], count, c.center_momentum))
+        self.center2.copy_(dino_center(self.center2, total[:, k:].view(1, 1, -1), count, c.center_momentum2))
+
+    # ----------------------------------------------------------------- schedules and logging
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        """DINO's schedules, and τt2 per epoch: its warm-up starts at ``pred_start_epoch`` (main_ibot.py:498-512)."""
+        super().on_train_batch_start(batch, batch_idx)
+        c = self.cfg.method
+        epoch = self.current_epoch - c.pred_start_epoch
+        self.teacher_patch_temp = (c.warmup_teacher_patch_temp if epoch < 0 else teacher_temperature(
+            epoch, c.warmup_teacher_patch_temp, c.teacher_patch_temp, c.warmup_teacher_temp_epochs))
+
+    def training_step(self, batch, batch_idx: int):
+        views, labels = batch
+        out = self.forward_views(views)
+        self.log_step(out["loss"], {"train/loss": out["loss"], "train/loss_cls": out["loss_cls"],
+                                    "train/loss_patch": out["loss_patch"], "train/lr": self.lr,
+                                    "train/momentum": self.momentum, "train/wd": self.weight_decay,
+                                    "train/teacher_temp": self.teacher_temp,
+                                    "train/teacher_patch_temp": self.teacher_patch_temp})
+        out["labels"] = labels
+        return out
