@@ -323,9 +323,14 @@ class VisionTransformer(nn.Module):
         cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
         return self.norm(self.blocks(torch.cat([cls, x], dim=1)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The (B, D) feature: class token (pool='cls') or mean of patch tokens (pool='avg')."""
-        x = self.forward_features(x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                return_all_tokens: bool = False) -> torch.Tensor:
+        """The (B, D) feature: class token (pool='cls') or mean of patch tokens (pool='avg'); with
+        ``return_all_tokens`` every token (B, 1+N, D) (iBOT's student and teacher); ``mask``: see
+        :meth:`forward_features`."""
+        x = self.forward_features(x, mask)
+        if return_all_tokens:
+            return x
         return x[:, 0] if self.pool == "cls" else x[:, 1:].mean(dim=1)
 
     def layer_id(self, param_name: str) -> int:
