@@ -366,3 +366,37 @@ def test_ibot_ddp_centres_and_gradients_match_one_process(tmp_path):
     assert not torch.allclose(wrong[0]["center2"], m.center2, rtol=1e-3, atol=1e-6)
     assert not torch.allclose(wrong[0]["center2"], wrong[1]["center2"])
     assert not torch.allclose(wrong[0]["center"], wrong[1]["center"])
+
+
+def test_patch_temperature_and_masking_start_as_applied_in_training(tmp_path):
+    """3 epochs × 2 steps, ``pred_start_epoch`` 1, warm-up over 2 epochs: τt2 is the warm-up value in epoch 0
+    (no masks, no patch loss), then linspace(0.02, 0.06, 2) from epoch 1 (main_ibot.py:503-512); τt warms up
+    from epoch 0."""
+    import lightning.pytorch as pl
+
+    from selfsup.data.datasets import load_dataset
+    from selfsup.engine import PretrainData, make_trainer
+    from selfsup.methods.build import build_method, data_info
+
+    rows = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            rows.append((trainer.current_epoch, pl_module.teacher_temp, pl_module.teacher_patch_temp,
+                         outputs["instruments"]["ibot_masked_share"].item(), outputs["loss_patch"].item()))
+
+    cfg = tiny_config("ibot", {"warmup_teacher_temp": 0.03, "teacher_temp": 0.05, "warmup_teacher_patch_temp": 0.02,
+                               "teacher_patch_temp": 0.06, "warmup_teacher_temp_epochs": 2, "pred_start_epoch": 1,
+                               "pred_ratio": [0.3], "pred_ratio_var": [0.1]},
+                      augment=MULTICROP, trainer={"max_epochs": 3, "limit_train_batches": 2, "log_every_n_steps": 1},
+                      instruments={"enabled": False}, output_dir=str(tmp_path), name="run")
+    train = load_dataset(cfg.data, "train")
+    model = build_method(cfg, data_info(cfg, train))
+    trainer = make_trainer(cfg, tmp_path / "run")
+    trainer.callbacks.insert(0, Record())
+    trainer.fit(model, datamodule=PretrainData(cfg, train))
+    assert [r[0] for r in rows] == [0, 0, 1, 1, 2, 2]
+    assert [r[1] for r in rows] == pytest.approx([0.03, 0.03, 0.05, 0.05, 0.05, 0.05])
+    assert [r[2] for r in rows] == pytest.approx([0.02, 0.02, 0.02, 0.02, 0.06, 0.06])
+    assert all(share == 0 and patch == 0 for epoch, _, _, share, patch in rows if epoch == 0)
+    assert all(share > 0.1 and patch > 0 for epoch, _, _, share, patch in rows if epoch > 0)

@@ -44,7 +44,8 @@ HEADS = ["method.proj_hidden_dim=64", "method.dim=32"]
 MAE = ["method.decoder_embed_dim=32", "method.decoder_depth=1", "method.decoder_num_heads=2"]
 # iBOT on 2 global + 2 local crops, half the global crops block-masked (the masks from the step's generator)
 IBOT = ["method.out_dim=64", "method.patch_out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
-        "augment.local_crops_number=2", "method.warmup_teacher_temp_epochs=2"]
+        "augment.local_crops_number=2", "method.warmup_teacher_temp_epochs=2", "method.teacher_temp=0.04",
+        "method.teacher_patch_temp=0.07"]
 # kills (global step, where): "start" before the step runs; "end" after its optimiser step and post-step
 # updates, before its checkpoint is written (a callback ahead of Lightning's checkpoint callback)
 CASES = {

@@ -350,7 +350,8 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     elif not child:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        export_backbone(model.backbone, run_dir / "backbone_init.safetensors", meta)
+        # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
+        export_backbone(getattr(model, "eval_backbone", model.backbone), run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
     if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
         host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps

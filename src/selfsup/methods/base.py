@@ -256,10 +256,10 @@ class TrainingBase(pl.LightningModule):
             online, target = [], []
             for o, t in self.momentum_pairs:
                 shadow = dict(t.named_parameters())
-                for name, p in o.named_parameters():
-                    if name in shadow:
-                        online.append(p)
-                        target.append(shadow[name])
+                common = [(p, shadow[n]) for n, p in o.named_parameters() if n in shadow]
+                for p, q in common or zip(o.parameters(), t.parameters()):  # names changed by a wrapper: in order
+                    online.append(p)
+                    target.append(q)
             self._ema_params = (online, target)
         momentum_update(*self._ema_params, m)
 

@@ -14,7 +14,7 @@ DINO (``methods.dino``) with a masked-image-modelling term; per step (main_ibot.
 
 Official behaviour reproduced (file:line in docs NEW-METHODS §2 iBOT): the mask token ``masked_embed``
 (zero-initialised, student only) replaces masked patch embeddings before the class token and positions
-(``VisionTransformer.forward_features(x, mask)``); the head (``models.heads.iBOTHead``) shares DINO's MLP
+(``VisionTransformer.forward(x, mask, return_all_tokens=True)``); the head (``models.heads.iBOTHead``) shares DINO's MLP
 between the class and patch tokens, the patch tokens get their own weight-normalised ``last_layer2`` unless
 ``shared_head``; the student and the teacher choose that separately (``shared_head`` False,
 ``shared_head_teacher`` True by default; the patch dimension is ``out_dim`` when either is shared, :270-273).
@@ -159,9 +159,10 @@ class iBOT(DINO):
         if masks is None:
             masks = self.draw_masks(x.shape[0], x.device)
         with torch.no_grad():
-            t_tokens = self.teacher_backbone.forward_features(x)
+            t_tokens = self.teacher_backbone(x, return_all_tokens=True)
             t_cls, t_patch = self.teacher_head(t_tokens)
-        s_cls, s_patch = self.head(self.backbone.forward_features(x, masks if c.use_masked_im_modeling else None))
+        s_tokens = self.backbone(x, masks if c.use_masked_im_modeling else None, return_all_tokens=True)
+        s_cls, s_patch = self.head(s_tokens)
         if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
             s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
         loss_cls = dino_loss(s_cls, t_cls, self.center, c.student_temp, self.teacher_temp, n) * c.lambda1

@@ -337,10 +337,14 @@ class VisionTransformer(nn.Module):
         cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
         return self.norm(self.blocks(torch.cat([cls, x], dim=1)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                return_all_tokens: bool = False) -> torch.Tensor:
         """The (B, D) feature: class token (pool='cls'), mean of patch tokens (pool='avg'), or that mean
-        through ``fc_norm`` (pool='global')."""
-        x = self.forward_features(x)
+        through ``fc_norm`` (pool='global'); with ``return_all_tokens`` every token (B, 1+N, D) (iBOT's student
+        and teacher); ``mask``: see :meth:`forward_features`."""
+        x = self.forward_features(x, mask)
+        if return_all_tokens:
+            return x
         if self.pool == "global":
             return self.fc_norm(x[:, 1:].mean(dim=1))
         return x[:, 0] if self.pool == "cls" else x[:, 1:].mean(dim=1)
