@@ -1,0 +1,207 @@
+"""Every CPU self-supervised ``*-fmnist`` preset on Fashion-MNIST for one fixed budget: kNN@20, linear probe
+(and fine-tuning for MAE), beside the random-init floor.
+
+The budget is the same for every preset: ``--epochs`` epochs of ``--steps-per-epoch`` batches of
+``--batch-size`` (each epoch a fresh seeded permutation of the 60k training images, cut to its batches;
+warm-up 10% of the run), seed 0, through ``selfsup.engine.pretrain`` with each preset's own method,
+heads, augmentation and optimiser (the budget overrides as ``benchmarks/redundancy.py``'s, with epochs
+instead of one cut epoch, so DINO's per-epoch schedules, the teacher temperature and the frozen last
+layer, have epochs to count). The engine's end-of-run kNN on the whole dataset is skipped to keep the budget.
+
+Then each exported backbone (DINO: the teacher), and each distinct random-init backbone
+(``backbone_init.safetensors``; presets with the same architecture and init share one), is evaluated by the
+``selfsup eval`` runners, run in this process on the command line a user would type, on a fixed seeded
+subset of the training split (``--eval-train`` images) against the whole 10k test split:
+``selfsup eval knn --k 20`` (weighted, T = 0.07, DINO's protocol), ``selfsup eval linear`` (cached features,
+the default (lr, wd) grid chosen on a held-out 10%, ``--probe-epochs``) and, for MAE only,
+``selfsup eval finetune --epochs --ft-epochs`` of the pretrained encoder and of its random init.
+Writes ``benchmarks/results/methods_fmnist.json`` and prints the table (markdown).
+
+    python benchmarks/methods_fmnist.py                          # every preset (~3 min training each, loaded CPU)
+    python benchmarks/methods_fmnist.py --presets dino-fmnist --merge   # re-run one preset into the same JSON
+    python benchmarks/methods_fmnist.py --quick                  # smoke test: digits, a few steps
+    python benchmarks/methods_fmnist.py --table                  # print the table of the existing JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from redundancy import overrides as budget_overrides  # noqa: E402  (the shared fixed-budget overrides)
+
+PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
+           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "mae-fmnist")
+FINETUNED = ("MAE",)  # methods judged by fine-tuning (issue 16): their encoder and its random init are fine-tuned
+
+
+def available(presets) -> list[str]:
+    from selfsup.config import preset_names
+
+    names = set(preset_names())
+    return [p for p in presets if p.split("+")[0] in names]
+
+
+def eval_cli(args, *argv: str) -> dict:
+    """One ``selfsup eval`` command in this process; its JSON (the runner's own output file)."""
+    from selfsup.cli import main as selfsup
+
+    command, source, out = argv[0], argv[1], Path(argv[-1])
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = selfsup(["eval", *argv[:-1], "--out", str(out), "--device", "cpu"])
+    if rc:
+        raise RuntimeError(f"selfsup eval {command} {source} exited {rc}")
+    if args.verbose:
+        print(buf.getvalue(), flush=True)
+    return json.loads((out / f"{command}.json").read_text())
+
+
+def evaluate(backbone_file: Path, out: Path, args, finetune: bool) -> dict:
+    common = ["--train-limit", str(args.eval_train)]
+    t0 = time.perf_counter()
+    knn = eval_cli(args, "knn", str(backbone_file), "--k", "20", *common, str(out))
+    lin = eval_cli(args, "linear", str(backbone_file), "--mode", "features", "--epochs", str(args.probe_epochs),
+                   *common, str(out))
+    row = {"knn20_top1": round(knn["results"]["k=20"]["top1"], 2), "linear_top1": round(lin["test"]["top1"], 2),
+           "linear_chosen_lr": lin["lr"], "eval_train_size": knn["train_size"], "test_size": knn["test_size"]}
+    if finetune:
+        ft = eval_cli(args, "finetune", str(backbone_file), "--epochs", str(args.ft_epochs), *common, str(out))
+        row["finetune_top1"] = round(ft["test"]["top1"], 2)
+        row["finetune_epochs"] = ft["epochs"]
+    row["eval_s"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def table(results: dict) -> str:
+    budget = results["budget"]
+    data = "Fashion-MNIST" if results["dataset"] == "fashion-mnist" else results["dataset"]
+    lines = [f"{data}, {budget['epochs']} epochs x {budget['steps_per_epoch']} steps of "
+             f"{budget['batch_size']} ({budget['images_seen']} images seen), seed {budget['seed']}, micro ViT; "
+             f"kNN@20 and linear probe fit on {results['eval_train_size']} training images, tested on "
+             f"{results['test_size']} (`benchmarks/methods_fmnist.py`)", "",
+             "| preset | kNN@20 top-1 | linear top-1 | fine-tune top-1 | random init kNN / linear (/ fine-tune) | "
+             "train s |", "|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        floor = results["random_init"][r["random_init"]]
+        ft = f"{r['finetune_top1']:.1f}" if "finetune_top1" in r else "–"
+        ref = f"{floor['knn20_top1']:.1f} / {floor['linear_top1']:.1f}" + (
+            f" / {floor['finetune_top1']:.1f}" if "finetune_top1" in floor and "finetune_top1" in r else "")
+        name = r["preset"] + ("+" + "+".join(r["overrides"]) if r["overrides"] else "")
+        lines.append(f"| `{name}` | {r['knn20_top1']:.1f} | {r['linear_top1']:.1f} | {ft} | {ref} | "
+                     f"{r['train_wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", default=",".join(PRESETS),
+                   help="comma list (those not in this tree are skipped); preset+key=value+... adds overrides")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--steps-per-epoch", type=int, default=25)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--eval-train", type=int, default=10000, help="training images the kNN / probe / fine-tune fit on")
+    p.add_argument("--probe-epochs", type=int, default=30)
+    p.add_argument("--ft-epochs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="digits, 2 x 3 steps, small evaluation")
+    p.add_argument("--merge", action="store_true", help="replace / add these presets' rows in the existing JSON")
+    p.add_argument("--table", action="store_true", help="only print the table of the existing JSON")
+    p.add_argument("--verbose", action="store_true", help="print the eval runners' tables")
+    p.add_argument("--out", default="benchmarks/results/methods_fmnist.json")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.table:
+        print(table(json.loads(out.read_text())))
+        return 0
+    if args.quick:
+        args.epochs, args.steps_per_epoch, args.batch_size, args.eval_train, args.probe_epochs, args.ft_epochs = \
+            2, 3, 32, 300, 2, 1
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+
+    import selfsup.engine as engine
+    from selfsup.config import load_run_config
+    from selfsup.data.datasets import fashion_mnist_default
+    from selfsup.methods.base import SSLMethod
+
+    fallback = args.quick or not (fashion_mnist_default() / "train-images-idx3-ubyte.gz").exists()
+    if fallback and not args.quick:
+        print("Fashion-MNIST files not found: running on digits instead", file=sys.stderr)
+    budget = argparse.Namespace(steps=args.steps_per_epoch, batch_size=args.batch_size, seed=args.seed)
+    steps = args.epochs * args.steps_per_epoch
+    results = {"dataset": "digits" if fallback else "fashion-mnist", "fallback_to_digits": fallback and not args.quick,
+               "budget": {"epochs": args.epochs, "steps_per_epoch": args.steps_per_epoch, "steps": steps,
+                          "batch_size": args.batch_size, "images_seen": steps * args.batch_size, "seed": args.seed,
+                          "warmup": "10% of the run"},
+               "eval_train_size": args.eval_train, "test_size": None,
+               "knn": {"k": 20, "temperature": 0.07}, "probe_epochs": args.probe_epochs,
+               "finetune_epochs": args.ft_epochs, "threads": args.threads, "host": platform.node(),
+               "cpus": os.cpu_count(), "note": "wall times on a 2-core machine shared with other work",
+               "runs": [], "random_init": {}}
+    if args.merge and out.exists():
+        old = json.loads(out.read_text())
+        if old["budget"] != results["budget"]:
+            raise SystemExit(f"--merge: {out} was measured with another budget {old['budget']}")
+        results = old
+
+    SSLMethod.end_of_run_report = lambda self, *a, **k: []  # evaluated below, on the fixed subsets, instead
+    started = time.perf_counter()
+    presets = available(args.presets.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, entry in enumerate(presets):
+            preset, *extra = entry.split("+")
+            o = budget_overrides(budget, fallback, tmp, f"run{i}")
+            o = [x for x in o if not x.startswith(("trainer.max_epochs", "optim.warmup_epochs"))]
+            o += [f"trainer.max_epochs={args.epochs}", f"optim.warmup_epochs={args.epochs / 10:g}"]
+            if fallback:  # digits are 8 px: patch 2 (redundancy.py's fallback), local crops of 4 px
+                o += ["augment.local_crops_size=4"] if "dino" in preset or "ibot" in preset else []
+            cfg = load_run_config(preset, o + extra)
+            method = type(cfg.method).__name__.removesuffix("Config")
+            t0 = time.perf_counter()
+            run = engine.pretrain(cfg, preset)
+            wall = time.perf_counter() - t0
+            finetune = method in FINETUNED
+            row = {"preset": preset, "overrides": extra, "method": method, "train_wall_s": round(wall, 1),
+                   **evaluate(run / "backbone.safetensors", Path(tmp) / f"eval{i}", args, finetune)}
+            key = digest(run / "backbone_init.safetensors")
+            floor = results["random_init"].get(key)
+            if floor is None or (finetune and "finetune_top1" not in floor):
+                floor = {"first_preset": preset, **evaluate(run / "backbone_init.safetensors",
+                                                            Path(tmp) / f"init{i}", args, finetune)}
+                results["random_init"][key] = floor
+            row["random_init"] = key
+            results["test_size"] = row["test_size"]
+            results["runs"] = [r for r in results["runs"] if (r["preset"], r["overrides"]) != (preset, extra)]
+            results["runs"].append(row)
+            print(json.dumps(row), flush=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results, indent=2))  # after every preset: a stopped run keeps its rows
+    order = {p: i for i, p in enumerate(PRESETS)}
+    results["runs"].sort(key=lambda r: order.get(r["preset"], len(order)))
+    results["total_wall_s"] = round(time.perf_counter() - started, 1)
+    out.write_text(json.dumps(results, indent=2))
+    print(table(results))
+    print(f"wrote {out} ({results['total_wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
