@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--run", help="an existing run folder of the preset (default: pretrain one)")
     parser.add_argument("--ft-epochs", type=int, default=20)
     parser.add_argument("--train-limit", type=int, help="fine-tune and probe on a fixed subset of train")
+    parser.add_argument("--pools", default="global,cls", help="fine-tuning pools to run (default global,cls)")
+    parser.add_argument("--random-pools", help="pools of the random-init side (default: --pools)")
     parser.add_argument("--work", default="runs/mae-eval", help="folder of the run and the evaluations")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "mae_eval.json"))
     args = parser.parse_args()
@@ -57,12 +59,14 @@ def main() -> None:
         sh("pretrain", args.preset, "trainer.progress_bar=false", f"output_dir={run.parent}", f"name={run.name}")
     limit = ["--train-limit", str(args.train_limit)] if args.train_limit else []
     ft = ["--epochs", str(args.ft_epochs), *limit]
+    pools = [p for p in args.pools.split(",") if p]
+    random_pools = [p for p in (args.pools if args.random_pools is None else args.random_pools).split(",") if p]
     t0 = time.perf_counter()
     results = {}
     for side, source in (("pretrained", run), ("random_init", run / "backbone_init.safetensors")):
         o = work / side
         r = {}
-        for pool in ("global", "cls"):
+        for pool in pools if side == "pretrained" else random_pools:
             res = step(o / f"ft_{pool}", "finetune", "finetune", str(source), *ft, "--pool", pool)
             r[f"finetune_{pool}_top1"] = res["test"]["top1"]
         lin = step(o / "linear_mae", "linear", "linear", str(source), *limit)
@@ -77,8 +81,9 @@ def main() -> None:
     entry = {
         "run": str(run), "finetune_flags": ft, "probe_flags": limit, "results": results,
         "finetune_global_minus_cls": {s: results[s]["finetune_global_top1"] - results[s]["finetune_cls_top1"]
-                                      for s in results},
-        "gain_over_random_init": {k: p[k] - z[k] for k in ("finetune_global_top1", "finetune_cls_top1",
+                                      for s in results if {"global", "cls"} <= set(pools if s == "pretrained"
+                                                                                 else random_pools)},
+        "gain_over_random_init": {k: p[k] - z[k] for k in (*(f"finetune_{pool}_top1" for pool in random_pools),
                                                            "linear_mae_top1", "linear_mae_lr_grid_top1")},
         "probe": "features path (cached features, no augmentation), 90 epochs, batch 256, LARS; the grid "
                  f"{LARS_GRID} chosen on a 10% validation split",
