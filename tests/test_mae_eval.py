@@ -211,6 +211,10 @@ def test_mae_run_probes_with_lars_at_the_official_lr_exactly(mae_run, tmp_path):
     (ftr, ytr), (fte, yte) = session.features("train"), session.features("test")
     res = probe_features(ftr, ytr, fte, yte, 10, mae_probe_config(epochs=9, warmup_epochs=1.0), MAE_BASE_LR)
     assert res["test"] == lin["test"]  # the command line is the documented protocol, bit for bit
+    code, _, err = run_cli("eval", "linear", mae_run, "--epochs", "1", "--mode", "augmented", "--out", tmp_path / "a")
+    assert code == 0, err
+    aug = json.loads((tmp_path / "a" / "linear.json").read_text())
+    assert aug["protocol"] == "mae" and aug["mode"] == "augmented" and 0 <= aug["test"]["top1"] <= 100
     code, _, err = run_cli("eval", "linear", mae_run, "--epochs", "2", "--protocol", "moco_v3", "--out", tmp_path / "m")
     assert code == 0, err
     moco = json.loads((tmp_path / "m" / "linear.json").read_text())
