@@ -124,6 +124,7 @@ def measure_norm_growth(ctx: Context) -> dict:
             if seed == 0:
                 key = LOSS_SIDE[method]
                 series[f"{method} ‖{key}‖ (eval mode)"] = _series(run, f"eval_norm_{key}_mean")
+                series[f"{method} at init, train-set BN statistics"] = [[0, n0]]  # the curve's step 0 has none
                 notes.append(f"{method} {n0:.2f} → {n1:.2f}")
         metrics[f"growth_{method}"] = growth
     ours = (f"loss-side norm (eval mode, un-augmented) init → end: {', '.join(notes)}; growth ×"
