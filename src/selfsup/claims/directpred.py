@@ -29,7 +29,6 @@ def measure_directpred_vs_linear(ctx: Context) -> dict:
                     f"{statistics.fmean(m['linear']):.1f}% (gain {pm(m['gain'])} points, {ctx.seeds} seed(s))"}
 
 
-
 # ---- claims 10-13: the ablations of §1 and §4-5, measured on digits ------------------------------------------------
 
 RANK = "instruments/dim_std_projection"
@@ -81,7 +80,6 @@ def measure_collapse(ctx: Context) -> dict:
                      + ")" for method in variants)
     return {"metrics": m, "series": series, "ours": ours, "xlabel": "step",
             "ylabel": "√D · std of L2-normalised projection", "logy": True}
-
 
 
 def byol_runs(ctx: Context, variants: list[tuple[str, list[str]]], epochs: int, extra: list[str] = ()) -> dict:
@@ -152,6 +150,7 @@ def measure_eigenspace_alignment(ctx: Context) -> dict:
                     f"(×{statistics.fmean(m['commutator_ratio']):.2f}); "
                     f"asymmetry ×{statistics.fmean(m['asymmetry_ratio']):.2f}"}
 
+
 CLAIMS = (
     Claim("byol-ode", "003_7eb28182f9835575.txt", "§3–4, the (p, s, τ) dynamics",
           "The BYOL/SimSiam ODE: conserved quantity at η = 0, its e^(−2ηt) decay, the fixed points and the "
@@ -166,7 +165,7 @@ CLAIMS = (
     Claim("predictor-and-stop-gradient-needed", "003_7eb28182f9835575.txt", "§1 (and SimSiam §4.1–4.2, Fig. 2)",
           "Removing the predictor or the stop-gradient collapses BYOL and SimSiam.",
           "collapse: SimSiam without stop-gradient 0.1% kNN, the std of the L2-normalised output → 0; without "
-          "predictor 0.1% (SimSiam Tab. 1); BYOL without predictor 0.2% (BYOL Tab. 5)",
+          "predictor 0.1% (SimSiam Tab. 1); BYOL without predictor collapses too (BYOL Tab. 5)",
           tuple(Rule(f"{m}_{a}_ratio", "<", 0.2) for m in ("simsiam", "byol")
                 for a in ("no_predictor", "no_stop_gradient")),
           measure_collapse, "micro ViT on 8×8 digits for 15 epochs (75 steps, 1 warmup epoch); collapse read as the "
