@@ -26,7 +26,6 @@ def measure_frozen_patch_projection(ctx: Context) -> dict:
                     f"learned {pm(m['knn_gain'])} points"}
 
 
-
 # ---- claim 16: the §6.2 ablations, each against the default (m = 0.99 fixed, predictor, sin-cos, class token) ------
 
 SMALL = ("micro ViT (patch 2) on 8×8 digits, 4 epochs (20 steps, 1 warmup epoch) at a fixed m; one seed by default, "
