@@ -1,13 +1,19 @@
 """Plain flow matching vs Self-Flow vs REPA on Fashion-MNIST (digits where absent): an experiment.
 
-Same SiT size, batch, steps, schedule and seed for the three methods; each trains through
+The three methods run their dataset's presets (``flow-matching-fmnist``, ``self-flow-fmnist``, ``repa-fmnist``;
+the ``*-digits`` ones on digits): the same SiT, batch, steps, schedule, EMA and seed, as the presets set them
+(``--steps`` shortens all three alike, keeping the lr warmup's and Self-Flow's rep-weight ramp's share of the
+run; ``--size``, ``--patch``, ``--batch-size``, ``--ema-decay`` override them). Each trains through
 ``selfsup.engine.pretrain`` (what ``selfsup pretrain`` runs) with one extra callback that records the
 per-step losses and saves the EMA weights at fixed steps. Reported per method:
 
-* at each fixed checkpoint, from ``--n`` class-balanced samples (Euler ODE, ``--sample-steps``):
-  the **encoder Fréchet distance** to the real training set in the feature space of a selfsup
-  encoder REPA did *not* align to (BYOL; and, for reference, in the MoCo v3 space REPA aligned to),
-  and the **class fidelity** (kNN classifier on real BYOL features; share classified as requested);
+* at each fixed checkpoint, from ``--n`` class-balanced samples (Euler ODE, ``--sample-steps``) for each of
+  ``--sampling-seeds`` noise seeds (their mean and each): the **Fréchet distance in a supervised classifier's
+  features** (``flow.metrics.fit_metric_classifier`` on the labelled training set: one trained space for every
+  method; its kNN gain over its random init is reported) and that classifier's **class fidelity** (share of
+  samples it assigns to the requested class); the **held-out velocity error** (``heldout_velocity_error`` on
+  ``--val-n`` test images at fixed noise and levels), the low-noise companion; and, as before, the encoder
+  Fréchet distance in a BYOL space and in the MoCo v3 space REPA aligned to;
 * the **kNN accuracy of the model's own features** (the EMA model's block-k tokens at t = 0.1,
   what ``selfsup eval knn RUN`` reads), trained and at init;
 * the **representation-loss curve** (Self-Flow: 1 − cos; REPA: −cos) and the flow loss;
@@ -40,11 +46,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from throughput import _durations, _sync, summarize  # noqa: E402  (the joint-embedding benchmark's timing)
 
 METHODS = ("flow_matching", "self_flow", "repa")
-PRESETS = {"flow_matching": "flow-matching-digits", "self_flow": "self-flow-digits", "repa": "repa-digits"}
-DATASETS = {  # patch size of the SiT, encoder presets (REPA's, the metrics')
-    "fashion-mnist": (7, "moco-v3-vit-fmnist", "byol-fmnist"),
-    "digits": (2, "moco-v3-vit-digits", "byol-digits"),
-}
+PRESETS = {"fashion-mnist": {"flow_matching": "flow-matching-fmnist", "self_flow": "self-flow-fmnist",
+                             "repa": "repa-fmnist"},
+           "digits": {"flow_matching": "flow-matching-digits", "self_flow": "self-flow-digits",
+                      "repa": "repa-digits"}}
+DATASETS = {"fashion-mnist": ("moco-v3-vit-fmnist", "byol-fmnist"),  # encoder presets (REPA's, the metrics')
+            "digits": ("moco-v3-vit-digits", "byol-digits")}
 
 
 def _log(msg: str) -> None:
@@ -55,24 +62,35 @@ def _log(msg: str) -> None:
 
 
 def flow_overrides(args, method: str, encoder: Path | None) -> list[str]:
-    """The shared recipe: the preset's SiT/EMA/optimiser with this benchmark's size, data and step budget."""
-    o = [f"data.name={args.dataset}", f"data.batch_size={args.batch_size}", f"method.size={args.size}",
-         f"method.patch_size={args.patch}", f"method.ema_decay={args.ema_decay}", f"trainer.max_epochs={args.epochs}",
-         f"trainer.limit_train_batches={args.per_epoch}", f"optim.warmup_epochs={args.warmup_epochs}",
-         "trainer.progress_bar=false", "trainer.log_every_n_steps=50", "trainer.accelerator=cpu",
-         "trainer.devices=1", f"trainer.seed={args.seed}", f"output_dir={args.runs}", f"name={method}"]
+    """The preset's recipe with this benchmark's step budget (and any --size/--patch/--batch-size/--ema-decay)."""
+    given = {"data.batch_size": args.batch_size, "method.size": args.size, "method.patch_size": args.patch,
+             "method.ema_decay": args.ema_decay}
+    o = [f"{k}={v}" for k, v in given.items() if v is not None]
+    o += [f"trainer.max_epochs={args.epochs}", f"trainer.limit_train_batches={args.per_epoch}",
+          f"optim.warmup_epochs={args.warmup_epochs}", "trainer.progress_bar=false", "trainer.log_every_n_steps=50",
+          "trainer.accelerator=cpu", "trainer.devices=1", f"trainer.seed={args.seed}", f"output_dir={args.runs}",
+          f"name={method}"]
+    if method == "self_flow":
+        o.append(f"method.rep_warmup_steps={args.rep_warmup_steps}")
     if method == "repa":
         o.append(f"method.encoder={encoder}")
     return o
 
 
 def plan_steps(args, n_train: int) -> None:
-    """Epochs × batches per epoch = the step budget (so the lr schedule ends at the last step)."""
-    full = n_train // args.batch_size
-    args.epochs = max(1, math.ceil(args.steps / full))
-    args.per_epoch = args.steps // args.epochs
+    """Epochs × batches per epoch = the step budget (so the lr schedule ends at the last step): the presets' own
+    (``--steps`` unset) or ``--steps``, keeping the presets' lr-warmup and rep-weight-ramp shares of the run."""
+    from selfsup.config import load_run_config
+
+    preset = load_run_config(PRESETS[args.dataset]["self_flow"], [])
+    full = n_train // (args.batch_size or preset.data.batch_size)
+    preset_steps = preset.trainer.max_epochs * (n_train // preset.data.batch_size)
+    steps = args.steps or preset.trainer.max_epochs * full
+    args.epochs = max(1, math.ceil(steps / full))
+    args.per_epoch = steps // args.epochs
     args.steps = args.epochs * args.per_epoch
-    args.warmup_epochs = round(args.warmup_fraction * args.epochs, 4)
+    args.warmup_epochs = round(preset.optim.warmup_epochs / preset.trainer.max_epochs * args.epochs, 4)
+    args.rep_warmup_steps = round(preset.method.rep_warmup_steps * args.steps / preset_steps)
     args.checkpoints = sorted({min(args.steps, int(c)) for c in args.checkpoints.split(",")} | {args.steps})
 
 
@@ -155,22 +173,35 @@ def real_features(source, train, test, args):
     return (features(source, train, "train", key, 512, "cpu"), features(source, test, "test", key, 512, "cpu"))
 
 
-def sample_quality(model, info, labels, spaces, train, args) -> dict:
-    """Encoder Fréchet distance in each space and class fidelity in the metrics encoder's space."""
-    from selfsup.flow.metrics import image_features
+def sample_quality(model, info, labels, spaces, metric, val_set, train, args) -> dict:
+    """Per sampling seed: the Fréchet distance in the classifier's features and its class fidelity, the encoder
+    Fréchet distance in each encoder space and kNN class fidelity in BYOL's; their means over the sampling seeds;
+    and the held-out velocity error."""
+    from selfsup.flow.metrics import (class_fidelity, classifier_features, feature_frechet_distance,
+                                      heldout_velocity_error, image_features)
     from selfsup.flow.sampler import generate, sample_images
-    from selfsup.flow.metrics import class_fidelity, feature_frechet_distance
 
     t0 = time.perf_counter()
-    x = generate(model, labels, args.sample_steps, "ode", 1.0, args.seed, "cpu", 500)
-    images = sample_images(x, info, train.image_size)
-    out = {"sample_seconds": time.perf_counter() - t0}
-    for name, (source, (ftr, ytr), _) in spaces.items():
-        f = image_features(source, images, 512, "cpu")
-        out[f"frechet_{name}"] = feature_frechet_distance(f, ftr)
-        if name == "eval":
-            out["class_fidelity"] = class_fidelity(ftr, ytr, f, labels, 20, 0.07, train.num_classes)["class_fidelity"]
-    return out, images
+    per_seed = []
+    for seed in range(args.sampling_seeds):
+        x = generate(model, labels, args.sample_steps, "ode", 1.0, seed, "cpu", 500)
+        images = sample_images(x, info, train.image_size)
+        q = {"frechet_classifier": feature_frechet_distance(classifier_features(metric["model"], images),
+                                                            metric["train"]),
+             "class_fidelity_classifier": 100.0 * float((metric["model"](images).argmax(1) == labels).float().mean())}
+        for name, (source, (ftr, ytr), _) in spaces.items():
+            f = image_features(source, images, 512, "cpu")
+            q[f"frechet_{name}"] = feature_frechet_distance(f, ftr)
+            if name == "eval":
+                q["class_fidelity"] = class_fidelity(ftr, ytr, f, labels, 20, 0.07, train.num_classes)["class_fidelity"]
+        per_seed.append(q)
+        if seed == 0:
+            first = images
+    out = {k: sum(q[k] for q in per_seed) / len(per_seed) for k in per_seed[0]}
+    out["per_sampling_seed"] = per_seed
+    out["sample_seconds"] = time.perf_counter() - t0
+    out["val"] = heldout_velocity_error(model, *val_set, seed=0)["val"]
+    return out, first
 
 
 def own_knn(run: Path, train, test, args) -> dict:
@@ -191,9 +222,10 @@ def own_knn(run: Path, train, test, args) -> dict:
 
 def curve_summary(curves: dict, checkpoints: list[int]) -> dict:
     """The representation loss's shape: first value, first step below 0.1, values at the checkpoints, tail mean."""
-    steps, rep = curves["step"], curves["rep_loss"]
-    if not rep or all(math.isnan(r) for r in rep):
+    logged = [(s, r) for s, r in zip(curves["step"], curves["rep_loss"]) if not math.isnan(r)]
+    if not logged:  # (a step at rep weight 0, the ramp's first, has no rep loss)
         return {}
+    steps, rep = [s for s, _ in logged], [r for _, r in logged]
     at = {s: r for s, r in zip(steps, rep)}
     below = next((s for s, r in zip(steps, rep) if r < 0.1), None)
     tail = rep[-max(1, len(rep) // 10):]
@@ -301,7 +333,7 @@ def throughput(method: str, encoder, args, dataset) -> dict:
     with tempfile.TemporaryDirectory(prefix="selfsup-flow-bench-") as tmp:
         o = [x for x in flow_overrides(args, method, encoder)
              if not x.startswith(("trainer.max_epochs", "trainer.limit_train", "output_dir"))]
-        cfg = load_run_config(PRESETS[method], o + ["trainer.max_epochs=100", f"output_dir={tmp}"])
+        cfg = load_run_config(PRESETS[args.dataset][method], o + ["trainer.max_epochs=100", f"output_dir={tmp}"])
         reps = {"engine": [], "bare": []}
         for _ in range(args.reps):
             reps["engine"].append(engine_steps(cfg, dataset, args.warmup, args.timed_steps, Path(tmp)))
@@ -319,17 +351,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=sorted(DATASETS),
                    help="default: fashion-mnist when its files exist, else digits")
-    p.add_argument("--steps", type=int, default=1200, help="training steps per method (default 1200)")
+    p.add_argument("--steps", type=int, help="training steps per method (default: the presets' whole run)")
     p.add_argument("--checkpoints", default="300,600", help="steps at which samples are scored (the last is added)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--size", default="micro", help="SiT size (default micro: hidden 64, depth 4)")
-    p.add_argument("--ema-decay", type=float, default=0.99,
-                   help="EMA decay of every method (Self-Flow's teacher, the sampling model); default 0.99: with "
-                        "the presets' 0.999 the EMA of a ~1k-step run still averages in its early weights")
-    p.add_argument("--warmup-fraction", type=float, default=0.05, help="lr warmup as a share of the run")
+    p.add_argument("--batch-size", type=int, help="default: the presets' (128)")
+    p.add_argument("--size", help="SiT size (default: the presets', micro: hidden 64, depth 4)")
+    p.add_argument("--patch", type=int, help="SiT patch size (default: the presets', 4 on 28x28, 2 on 8x8)")
+    p.add_argument("--ema-decay", type=float,
+                   help="EMA decay of every method (Self-Flow's teacher, the sampling model); default: the presets' "
+                        "0.99 (with 0.999 the EMA of a ~1k-step run still averages in its early weights)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n", type=int, default=1000, help="samples per checkpoint (classes in turn)")
+    p.add_argument("--n", type=int, default=1000, help="samples per checkpoint and sampling seed (classes in turn)")
+    p.add_argument("--sampling-seeds", type=int, default=3, help="noise seeds of the samples (default 3: 0, 1, 2)")
     p.add_argument("--sample-steps", type=int, default=20, help="Euler ODE steps of the samples")
+    p.add_argument("--val-n", type=int, default=2000, help="test images of the held-out velocity error")
+    p.add_argument("--classifier-epochs", type=int, default=5, help="epochs of the metric classifier")
     p.add_argument("--knn-train", type=int, default=20000, help="training subset of the own-feature kNN")
     p.add_argument("--repa-encoder", help="REPA's ViT encoder (run / .safetensors); default: MoCo v3 pretrained here")
     p.add_argument("--eval-encoder", help="the metrics' encoder; default: BYOL pretrained here")
@@ -353,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.steps, args.checkpoints, args.n, args.sample_steps, args.batch_size = 12, "6", 100, 4, 64
         args.timed_steps, args.warmup, args.reps, args.knn_train, args.encoder_steps = 2, 1, 1, 1000, 3
+        args.sampling_seeds, args.val_n, args.classifier_epochs = 2, 200, 1
     methods = [m for m in args.methods.split(",") if m]
     if any(m not in METHODS for m in methods):
         p.error(f"--methods: use a subset of {','.join(METHODS)}")
@@ -373,12 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = out_path.parent
     stem = out_path.stem
     args.runs = out_dir / f"{stem}_runs"
-    args.patch, moco_preset, byol_preset = DATASETS[args.dataset]
+    moco_preset, byol_preset = DATASETS[args.dataset]
     train = load_dataset(DataConfig(name=args.dataset), "train")
     test = load_dataset(DataConfig(name=args.dataset), "test")
     plan_steps(args, len(train))
-    _log(f"{args.dataset}: {len(train)} train / {len(test)} test; SiT-{args.size}/{args.patch}, batch "
-         f"{args.batch_size}, {args.steps} steps ({args.epochs} x {args.per_epoch}), checkpoints {args.checkpoints}")
+    _log(f"{args.dataset}: {len(train)} train / {len(test)} test; presets {PRESETS[args.dataset]}, {args.steps} steps "
+         f"({args.epochs} x {args.per_epoch}), lr warmup {args.warmup_epochs} epochs, Self-Flow rep-weight ramp "
+         f"{args.rep_warmup_steps} steps, checkpoints {args.checkpoints}")
 
     t_start = time.perf_counter()
     repa_encoder = Path(args.repa_encoder) if args.repa_encoder else pretrain_encoder(args, moco_preset, "encoder-moco")
@@ -395,12 +432,18 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, (_, (ftr, ytr), (fte, yte)) in spaces.items():
         reference[f"knn_top1_{name}_encoder"] = knn_accuracy(ftr, ytr, fte, yte, 20, 0.07)["top1"]
-    _log(f"reference (real test, n={len(ref)}): {reference}")
+    metric = metric_classifier(train, test, args)
+    reference["frechet_classifier"] = feature_frechet_distance(metric["test"][ref], metric["train"])
+    _log(f"reference (real test, n={len(ref)}): {reference}; metric classifier: test accuracy "
+         f"{metric['test_accuracy']:.1f}%, kNN {metric['knn_trained']:.1f}% (random init {metric['knn_init']:.1f}%)")
+    from selfsup.models.sit import fit_images
+
+    val_idx = torch.randperm(len(test), generator=torch.Generator().manual_seed(1))[: min(args.val_n, len(test))]
 
     labels = sample_labels(args.n, train.num_classes)
     results = {}
     for method in methods:
-        cfg = load_run_config(PRESETS[method], flow_overrides(args, method, repa_encoder))
+        cfg = load_run_config(PRESETS[args.dataset][method], flow_overrides(args, method, repa_encoder))
         run = args.runs / method
         if run.exists():
             import shutil
@@ -412,10 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         pretrain_with(cfg, rec)
         train_seconds = time.perf_counter() - t0
         model, _, info = load_flow_run(run)
+        val_set = (fit_images(test.images[val_idx].float() / 127.5 - 1, model.input_size, info["fit"]),
+                   test.labels[val_idx])
         per_ckpt = {}
         for step in args.checkpoints:
             model.load_state_dict(torch.load(run / "snapshots" / f"ema-step{step}.pt"))
-            q, images = sample_quality(model, info, labels, spaces, train, args)
+            q, images = sample_quality(model, info, labels, spaces, metric, val_set, train, args)
             per_ckpt[str(step)] = q
             save_grid(images[:100], out_dir / f"{stem}_{method}_step{step}.png")
             _log(f"{method} @ {step}: {q}")
@@ -429,21 +474,44 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"{method}: engine {tp['engine']['images_per_s_median']:.0f} img/s, bare "
                  f"{tp['bare']['images_per_s_median']:.0f} img/s, overhead {100 * tp['overhead_median']:+.1f}% "
                  f"(CPU time {100 * tp['overhead_cpu_median']:+.1f}%)")
-        write(out_path, args, reference, results, repa_encoder, eval_encoder, time.perf_counter() - t_start)
+        write(out_path, args, reference, results, repa_encoder, eval_encoder, time.perf_counter() - t_start,
+              {k: v for k, v in metric.items() if k in ("test_accuracy", "knn_trained", "knn_init", "epochs")})
     plot_curves(results, out_dir / f"{stem}_losses.png")
     print_summary(results, reference)
     return 0
 
 
-def write(path: Path, args, reference, results, repa_encoder, eval_encoder, seconds) -> None:
+def metric_classifier(train, test, args) -> dict:
+    """The metrics' classifier trained on the labelled training set, its features, and its gain over random init."""
+    from selfsup.eval.knn import knn_accuracy
+    from selfsup.flow.metrics import MetricClassifier, classifier_features, fit_metric_classifier
+
+    t0 = time.perf_counter()
+    clf = fit_metric_classifier(train.images, train.labels, train.num_classes, epochs=args.classifier_epochs,
+                                seed=args.seed)
+    torch.manual_seed(args.seed)
+    init = MetricClassifier(train.images.shape[1], train.num_classes).eval()
+    knn_tr = train.subset(args.knn_train)
+    knn = {tag: knn_accuracy(classifier_features(m, knn_tr.images), knn_tr.labels, classifier_features(m, test.images),
+                             test.labels, 20, 0.07)["top1"] for tag, m in (("trained", clf), ("init", init))}
+    _log(f"metric classifier: {time.perf_counter() - t0:.0f} s")
+    return {"model": clf, "train": classifier_features(clf, train.images),
+            "test": classifier_features(clf, test.images),
+            "test_accuracy": 100.0 * float((clf(test.images).argmax(1) == test.labels).float().mean()),
+            "knn_trained": knn["trained"], "knn_init": knn["init"], "epochs": args.classifier_epochs}
+
+
+def write(path: Path, args, reference, results, repa_encoder, eval_encoder, seconds, metric) -> None:
     import platform
 
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     blob = {"benchmark": "self_flow", "settings": settings, "repa_encoder": str(repa_encoder),
             "eval_encoder": str(eval_encoder), "torch": torch.__version__, "platform": platform.platform(),
             "threads": torch.get_num_threads(), "seconds": seconds,
-            "metric_note": "frechet_*: Fréchet distance of encoder features (eval: BYOL, not seen by REPA; repa: "
-                           "the MoCo v3 encoder REPA aligns to); not FID",
+            "metric_note": "frechet_classifier: Fréchet distance of a supervised CNN's pooled features (one trained "
+                           "space for every method); frechet_*: of encoder features (eval: BYOL, not seen by REPA; "
+                           "repa: the MoCo v3 encoder REPA aligns to); means over the sampling seeds; not FID; val: "
+                           "held-out velocity error", "metric_classifier": metric,
             "reference_real_test": reference, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -452,15 +520,18 @@ def write(path: Path, args, reference, results, repa_encoder, eval_encoder, seco
 
 
 def print_summary(results: dict, reference: dict) -> None:
-    print("\nmethod          ckpt   Fréchet(BYOL)  Fréchet(MoCo)  class fid %  own kNN %  rep loss first→last")
-    print(f"{'real test':<15} {'-':>5}  {reference['frechet_eval']:13.3f}  {reference['frechet_repa']:13.3f}  "
+    print("\nmethod          ckpt   Fréchet(clf)  val     Fréchet(BYOL)  Fréchet(MoCo)  class fid %  own kNN %  "
+          "rep loss first→last")
+    print(f"{'real test':<15} {'-':>5}  {reference['frechet_classifier']:12.3f}  {'-':>6}  "
+          f"{reference['frechet_eval']:13.3f}  {reference['frechet_repa']:13.3f}  "
           f"{reference['knn_top1_eval_encoder']:11.1f}")
     for method, r in results.items():
         c = r["rep_loss_curve"]
         rep = f"{c['first']:.3f}→{c['mean_last_10pct']:.3f}" if c else "-"
         for step, q in r["checkpoints"].items():
-            print(f"{method:<15} {step:>5}  {q['frechet_eval']:13.3f}  {q['frechet_repa']:13.3f}  "
-                  f"{q['class_fidelity']:11.1f}  {r['own_feature_knn']['trained']:9.1f}  {rep}")
+            print(f"{method:<15} {step:>5}  {q['frechet_classifier']:12.3f}  {q['val']:.4f}  "
+                  f"{q['frechet_eval']:13.3f}  {q['frechet_repa']:13.3f}  {q['class_fidelity_classifier']:11.1f}  "
+                  f"{r['own_feature_knn']['trained']:9.1f}  {rep}")
 
 
 if __name__ == "__main__":
