@@ -52,8 +52,8 @@ CASES = {
     "moco_v3": ("moco-v3-vit-digits", TINY + STEPS, [(4, "end")]),
     "byol_directpred": ("byol-digits", TINY + STEPS + ["method.predictor=directpred"], [(4, "end")]),
     "self_flow": ("self-flow-digits", FLOW + STEPS, [(2, "start"), (4, "end")]),
-    # the representation weight ramps over steps 0-4 (step 0: no teacher forward)
-    "self_flow_rep_warmup": ("self-flow-digits", FLOW + STEPS + ["method.rep_warmup_steps=4"], [(3, "end")]),
+    # the representation weight ramps over steps 0-4 (step 0: no teacher forward), killed at its end
+    "self_flow_rep_warmup": ("self-flow-digits", FLOW + STEPS + ["method.rep_warmup_steps=4"], [(4, "end")]),
     "dino_multicrop": ("dino-digits", DINO + STEPS, [(4, "end")]),
     "barlow_twins": ("barlow-twins-digits", CPU + HEADS + STEPS, [(4, "end")]),
     "vicreg": ("vicreg-digits", CPU + HEADS + STEPS, [(4, "end")]),
