@@ -34,7 +34,7 @@ def test_bn_cnn_is_registered_exported_and_rebuilt(tmp_path):
     assert meta["architecture"]["family"] == "selfsup" and meta["architecture"]["num_features"] == 128
     x = torch.randn(3, 1, 28, 28)
     torch.testing.assert_close(rebuilt.eval()(x), model.eval()(x), rtol=0, atol=0)
-    with pytest.raises(UserError, match="model.pos_embed / model.init apply to the selfsup ViTs"):
+    with pytest.raises(UserError, match="model.pos_embed / model.init / model.final_norm apply to the selfsup ViTs"):
         tiny_method("simclr", model={"backbone": "bn_cnn_tiny", "pos_embed": "learned"})
 
 
