@@ -86,7 +86,14 @@ def evaluate(backbone_file: Path, out: Path, args, finetune: bool) -> dict:
 
 
 def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    """The weights' digest (names and bytes; not the metadata, which names the method): one floor per network."""
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for name, t in sorted(load_file(str(path)).items()):
+        h.update(name.encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def table(results: dict) -> str:

@@ -35,6 +35,7 @@ FLOW = ["data.batch_size=32", "trainer.progress_bar=false", "trainer.log_every_n
         "trainer.accelerator=cpu", "trainer.devices=1", "method.ema_warmup_steps=4"]
 # DINO on a 2 global + 2 local crop plan, drop path on the student, the last layer frozen in epoch 0
 DINO = ["method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16", "augment.local_crops_number=2",
+        "method.freeze_last_layer=1",
         "data.batch_size=32", "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.accelerator=cpu",
         "trainer.devices=1"]
 # the other new methods on their CPU presets, heads narrowed
