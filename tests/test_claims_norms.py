@@ -1,4 +1,4 @@
-"""The embedding-norm wing's claims (1, 3, 4, 5, 6, 7) in quick mode on tiny settings, and their helpers by hand."""
+"""The embedding-norm wing's claims (1, 3 with its DINO half, 4, 5, 6, 7) in quick mode on tiny settings, and their helpers by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from selfsup.claims.suite import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Conte
 TINY = ["trainer.limit_train_batches=3", "data.batch_size=32", "instruments.rank_every_n_steps=1",
         "instruments.rank_samples=64", "instruments.every_n_steps=1", "eval.knn_every_n_steps=0"]
 OURS = ["norms-grow", "norm-ood-held-out", "cut-init-speedup", "gradscale-imbalanced", "rank-grows-when-norms-stop",
-        "norm-effect-adam"]
+        "norm-effect-adam", "cut-init-hurts-dino"]
 
 
 def test_the_wing_s_claims_are_registered_after_claim_2():
