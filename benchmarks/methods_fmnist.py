@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--presets", default=",".join(PRESETS),
                    help="comma list (those not in this tree are skipped); preset+key=value+... adds overrides")
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--steps-per-epoch", type=int, default=25)
+    p.add_argument("--steps-per-epoch", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--eval-train", type=int, default=10000, help="training images the kNN / probe / fine-tune fit on")
     p.add_argument("--probe-epochs", type=int, default=30)

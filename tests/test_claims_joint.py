@@ -147,7 +147,7 @@ def test_moco_v3_ablation_claims_quick(claim_id, tmp_path):
 
 
 @pytest.mark.parametrize("claim_id", ["symmetric-predictor-needs-ema", "weight-decay-window", "eigenspace-alignment",
-                                      "sqrt-lr-scaling-small-batch"])
+                                      "sqrt-lr-scaling-small-batch", "directpred-comparable-to-mlp"])
 def test_directpred_and_cookbook_claims_quick(claim_id, tmp_path):
     result = quick(claim_id, tmp_path, ["trainer.limit_train_batches=3"])
     assert all(len(v) == 1 for v in result["metrics"].values())
