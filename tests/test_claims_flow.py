@@ -1,4 +1,5 @@
-"""Claim 20 (self-flow-generation-quality) in quick mode on tiny settings, and claim 19 on the official schedule."""
+"""Claim 20 (self-flow-generation-quality and self-flow-ablations) in quick mode on tiny settings, and claim 19 on
+the official schedule."""
 
 from __future__ import annotations
 
@@ -37,3 +38,15 @@ def test_alignment_claim_keeps_the_official_schedule(tmp_path):
     run_claim(CLAIMS["self-flow-alignment-curve"], Context(quick=True, seeds=1, work=tmp_path, overrides=TINY,
                                                            progress=lambda m: None))
     assert "rep_warmup_steps: 0" in (tmp_path / "self-flow-s0" / "config.yaml").read_text()
+
+
+def test_ablation_claim_runs_quick_with_each_ablation_set(tmp_path):
+    claim = CLAIMS["self-flow-ablations"]
+    result = run_claim(claim, Context(quick=True, seeds=1, work=tmp_path, overrides=TINY, progress=lambda m: None))
+    m = result["metrics"]
+    assert result["verdict"] == verdict(claim.rules, m)
+    assert m["fd_cost_no_rep"][0] == m["fd_no_rep"][0] - m["fd_full"][0]
+    assert m["fd_cost_no_mask"][0] == m["fd_no_mask"][0] - m["fd_full"][0]
+    assert "rep_weight: 0.0" in (tmp_path / "no_rep-s0" / "config.yaml").read_text()
+    assert "mask_ratio: 0.0" in (tmp_path / "no_mask-s0" / "config.yaml").read_text()
+    assert "mask_ratio: 0.25" in (tmp_path / "full-s0" / "config.yaml").read_text()

@@ -1,4 +1,5 @@
-"""The embedding-norm wing's claims (1, 3 with its DINO half, 4, 5, 6, 7) in quick mode on tiny settings, and their helpers by hand."""
+"""The embedding-norm wing's claims (1, 3 with its DINO half, 4, 5, 6, 7) in quick mode on tiny settings, and their
+helpers by hand."""
 
 from __future__ import annotations
 
