@@ -249,3 +249,18 @@ class ViewsLoss(torch.nn.Module):
 
     def forward(self, *views, noise=None):
         return self.method.forward_views(list(views), *(() if noise is None else (noise,)))["loss"]
+
+
+def quick_claim(claim_id: str, work, overrides) -> dict:
+    """Run one claim in quick mode, one seed, on ``overrides``; its verdict must follow from its rules and
+    every rule's metric must be measured."""
+    from selfsup.claims.registry import CLAIMS
+    from selfsup.claims.suite import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Context, run_claim, verdict
+
+    claim = CLAIMS[claim_id]
+    result = run_claim(claim, Context(quick=True, seeds=1, work=work, overrides=list(overrides),
+                                      progress=lambda m: None))
+    assert result["verdict"] in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+    assert result["verdict"] == verdict(claim.rules, result["metrics"])
+    assert {r.metric for r in claim.rules} <= set(result["metrics"])
+    return result

@@ -8,9 +8,9 @@ import pytest
 
 from selfsup.claims.cli import table
 from selfsup.claims.registry import CLAIMS
-from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Context, Rule, plot_result, run_claim,
-                                  verdict)
+from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Rule, plot_result, verdict)
 from selfsup.cli import main
+from ssl_helpers import quick_claim
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_size=32", "trainer.log_every_n_steps=1",
         "eval.knn_every_n_steps=0"]
@@ -47,11 +47,7 @@ def test_every_claim_is_stated_before_it_runs():
 @pytest.mark.parametrize("claim_id", ["self-flow-alignment-curve", "norm-convergence-quadratic",
                                       "byol-no-ema-predictor-lr", "directpred-beats-linear", "frozen-patch-projection"])
 def test_one_quick_claim_of_each_seed_runs(claim_id, tmp_path):
-    claim = CLAIMS[claim_id]
-    result = run_claim(claim, Context(quick=True, seeds=1, work=tmp_path, overrides=TINY, progress=lambda m: None))
-    assert result["verdict"] in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
-    assert result["verdict"] == verdict(claim.rules, result["metrics"])
-    assert {r.metric for r in claim.rules} <= set(result["metrics"])
+    result = quick_claim(claim_id, tmp_path, TINY)
     assert all(len(v) == 1 for v in result["metrics"].values())
     plot_result(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 5000

@@ -8,24 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from selfsup.claims.registry import CLAIMS
-from selfsup.claims.suite import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Context, run_claim, verdict
 from selfsup.losses import byol_regression, negative_cosine
 from selfsup.models.backbones import build_backbone
-from ssl_helpers import random_views, raises_user_error, tiny_config, tiny_method
+from ssl_helpers import quick_claim, random_views, raises_user_error, tiny_config, tiny_method
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_size=32", "trainer.log_every_n_steps=1",
         "eval.knn_every_n_steps=0", "instruments.rank_samples=64"]
 
 
 def quick(claim_id, tmp_path, extra=()):
-    claim = CLAIMS[claim_id]
-    result = run_claim(claim, Context(quick=True, seeds=1, work=tmp_path, overrides=[*TINY, *extra],
-                                      progress=lambda m: None))
-    assert result["verdict"] in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
-    assert result["verdict"] == verdict(claim.rules, result["metrics"])
-    assert {r.metric for r in claim.rules} <= set(result["metrics"])
-    return result
+    return quick_claim(claim_id, tmp_path, [*TINY, *extra])
 
 
 def test_collapse_claim_quick(tmp_path):
