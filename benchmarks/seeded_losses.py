@@ -5,6 +5,10 @@ package's internal layout), records every logged loss exactly (as the CSV's text
 exported backbone's tensors, and writes JSON. ``--compare OLD.json`` also reports, per preset, whether
 the losses and the backbone are bit-identical to an earlier recording (exit 1 if any differs).
 
+Bit-identity holds on one CPU kind only: oneDNN and ATen choose other kernels on AVX2, AVX-512 and AMX machines, so
+the last bits of float32 results differ between kinds. The JSON records the CPU kind; compared with a recording from
+another kind, the losses are compared with a relative tolerance of ``LOSS_RTOL`` and the digests are not compared.
+
     python benchmarks/seeded_losses.py --out benchmarks/results/seeded_losses.json
     python benchmarks/seeded_losses.py --compare benchmarks/results/seeded_losses_before.json
 """
@@ -26,6 +30,7 @@ PRESETS = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits
 TINY = ["data.batch_size=64", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
         "trainer.log_every_n_steps=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
         "trainer.devices=1"]
+LOSS_RTOL = 1e-4  # across CPU kinds only; after a few steps seeded losses agree to ~1e-6 there
 EXTRA = {  # repa needs a frozen encoder: the moco-v3 run of this script
     "repa-digits": lambda out: [f"method.encoder={out / 'moco-v3-vit-digits'}"],
 }
@@ -39,6 +44,28 @@ def digest(path: Path) -> str:
         h.update(key.encode())
         h.update(value.contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def cpu_kind() -> dict:
+    """The processor's name and the widest vector ISA it has (what decides the kernels oneDNN picks)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+
+    def line(key: str) -> str:
+        return next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith(key)), "")
+
+    flags = set(line("flags").split())
+    isa = next((name for name, flag in (("amx", "amx_tile"), ("avx512", "avx512f"), ("avx2", "avx2"))
+                if flag in flags), "other")
+    return {"model": line("model name"), "isa": isa}
+
+
+def same_run(old: dict, new: dict, exact: bool) -> bool:
+    if "error" in new or "error" in old:
+        return False
+    if exact:
+        return old == new
+    a, b = [float(x) for x in old["loss"]], [float(x) for x in new["loss"]]
+    return len(a) == len(b) and all(abs(x - y) <= LOSS_RTOL * abs(x) for x, y in zip(a, b))
 
 
 def record(preset: str, out: Path) -> dict:
@@ -62,11 +89,17 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = {p: record(p, Path(tmp)) for p in args.presets}
-    report = {"presets": runs, "overrides": TINY}
+    report = {"presets": runs, "overrides": TINY, "cpu": cpu_kind()}
     if args.compare:
-        old = json.loads(Path(args.compare).read_text())["presets"]
+        before = json.loads(Path(args.compare).read_text())
+        old = before["presets"]
+        exact = before.get("cpu", {}).get("isa") == report["cpu"]["isa"]
+        if not exact:
+            print(f"recorded on another CPU kind ({before.get('cpu', {}).get('isa', 'unknown')}, here "
+                  f"{report['cpu']['isa']}): losses compared within rtol {LOSS_RTOL}, digests not compared")
         report["identical_to"] = args.compare
-        report["identical"] = {p: p in old and old[p] == r and "error" not in r for p, r in runs.items()}
+        report["comparison"] = "bit-identical" if exact else f"losses within rtol {LOSS_RTOL}"
+        report["identical"] = {p: p in old and same_run(old[p], r, exact) for p, r in runs.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     for p, r in runs.items():

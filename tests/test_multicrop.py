@@ -22,28 +22,50 @@ MEAN3, STD3 = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
 
 # ----------------------------------------------------------------------------- two-branch results unchanged
+#
+# Which comparisons are exact, and why. The golden tensors were saved on one CPU kind (AVX-512); oneDNN and ATen
+# pick other kernels on AVX2-only and AMX machines (other vector widths, FMA contraction, GEMM reduction orders), so
+# a float32 result computed elsewhere differs in its last bits. Measured on an AMX Xeon against the saved tensors:
+# losses within 7e-6 relative, gradient |g| and g^2 sums within 1.1e-5, the signed gradient sum within 6e-5 of its
+# value (it cancels: 4e-7 of the |g| sum). Every comparison with a golden tensor uses a tolerance about 10x above
+# that. What one machine produces within one test is compared bit for bit: the view plan against the two-branch
+# augment it replaced (same kernels, same generator draws); so are resume and seeded reruns elsewhere.
+GOLDEN_RTOL = 1e-4  # losses, |g| and g^2 sums: kernel choice across CPU kinds
+VIEW_ATOL = 1e-5  # normalised views (values within +-3): elementwise kernels, bilinear and blur sums
+GRAD_SUM_ATOL = 1e-5  # signed gradient sum, as a fraction of the |g| sum (cancellation)
 
-def test_two_branch_views_and_steps_are_bit_identical_to_before_the_view_plan():
+
+def assert_golden(got: torch.Tensor, saved: torch.Tensor, name: str, **tol) -> None:
+    torch.testing.assert_close(got, saved, msg=lambda m: f"{name}: {m}", **tol)
+
+
+def test_two_branch_views_and_steps_match_the_code_before_the_view_plan():
     """Views (cropped on the device and decoded), and one step's loss and gradients of each two-view method,
     against tensors saved from the code before the view plan existed (commit fdf586f), fixed seeds, one thread
-    (conftest), on this project's CPU machines."""
+    (conftest); within the kernel tolerance above on any CPU kind, and the plan bit for bit equal to the augment."""
     golden = torch.load(GOLDEN)
     x = torch.randint(0, 256, (3, 3, 14, 14), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    view_tol = dict(rtol=0, atol=VIEW_ATOL)
     for recipe in ("moco_v3", "byol", "simsiam", "simclr"):
         aug = MultiViewAugment(recipe_branches(recipe), 12, MEAN3, STD3)
-        assert torch.equal(torch.stack(aug(x, torch.Generator().manual_seed(7))), golden[f"views/{recipe}"]), recipe
+        views = torch.stack(aug(x, torch.Generator().manual_seed(7)))
+        assert_golden(views, golden[f"views/{recipe}"], f"views/{recipe}", **view_tol)
         x5 = torch.randint(0, 256, (3, 2, 3, 12, 12), generator=torch.Generator().manual_seed(6), dtype=torch.uint8)
-        assert torch.equal(torch.stack(aug(x5, torch.Generator().manual_seed(8))), golden[f"decoded/{recipe}"])
+        decoded = torch.stack(aug(x5, torch.Generator().manual_seed(8)))
+        assert_golden(decoded, golden[f"decoded/{recipe}"], f"decoded/{recipe}", **view_tol)
         plan = MultiViewAugment.from_plan([CropGroup(b, 12) for b in recipe_branches(recipe)], 12, MEAN3, STD3)
-        assert torch.equal(torch.stack(plan(x, torch.Generator().manual_seed(7))), golden[f"views/{recipe}"])
+        assert torch.equal(torch.stack(plan(x, torch.Generator().manual_seed(7))), views), recipe  # same machine
     for name in ("moco_v3", "byol", "simclr", "simsiam"):
         torch.manual_seed(0)
         m = tiny_method(name)
         out = m.forward_views(random_views(8, seed=3))
         out["loss"].backward()
         g = torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]).double()
-        assert torch.equal(out["loss"].detach(), golden[f"loss/{name}"]), name
-        assert torch.equal(torch.stack([g.sum(), g.abs().sum(), g.pow(2).sum()]), golden[f"grad/{name}"]), name
+        assert_golden(out["loss"].detach(), golden[f"loss/{name}"], f"loss/{name}", rtol=GOLDEN_RTOL, atol=0)
+        saved = golden[f"grad/{name}"]
+        assert_golden(g.abs().sum(), saved[1], f"grad |g| sum/{name}", rtol=GOLDEN_RTOL, atol=0)
+        assert_golden(g.pow(2).sum(), saved[2], f"grad g^2 sum/{name}", rtol=GOLDEN_RTOL, atol=0)
+        assert_golden(g.sum(), saved[0], f"grad sum/{name}", rtol=0, atol=GRAD_SUM_ATOL * saved[1].item())
 
 
 # ----------------------------------------------------------------------------- the plan
