@@ -92,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("selfsup: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", None)  # engine.RunInterrupted: the checkpoint is written, the command printed
+        if signum is None:
+            print("selfsup: interrupted", file=sys.stderr)
+        return 128 + (signum or 2)
     except RuntimeError as e:
         if "Original Traceback" in str(e) and "UserError" in str(e):  # a UserError from a DataLoader worker
             print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)
