@@ -315,3 +315,38 @@ def test_two_processes_resume_exactly_across_epoch_boundaries(tmp_path):
     proc = run(tmp_path / "B", -1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_final_state(tmp_path / "A", tmp_path / "B", 9)
+
+
+# --------------------------------------------------------------------------- the instruments' files
+# the gradient norms read back every 4 steps and a sensitive spike detector (a short window, low k): the
+# checkpoint the run resumes from comes with norms buffered and a detector window full; byol with a linear predictor keeps the
+# predictor-alignment instrument's running F
+INSTRUMENTED = BOUNDARY + ["trainer.max_epochs=4", "trainer.checkpoint_every_n_steps=5",
+                           "instruments.every_n_steps=4", "instruments.spike_k=0.05", "instruments.spike_window=3",
+                           "instruments.spike_min_history=2", "instruments.rank_every_n_steps=3",
+                           "method.predictor=linear", "method.proj_hidden_dim=32", "method.pred_hidden_dim=32",
+                           "method.dim=16"]
+
+
+def metric_rows(run_dir: Path) -> dict[int, dict[str, str]]:
+    """metrics.csv as step → every non-empty value logged for it (however the rows were split when written)."""
+    rows: dict[int, dict[str, str]] = {}
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("step", "").isdigit():
+                rows.setdefault(int(r["step"]), {}).update({k: v for k, v in r.items() if v})
+    return rows
+
+
+def test_a_resumed_run_writes_the_same_events_and_metrics(tmp_path):
+    straight = engine.pretrain(load_run_config("byol-digits", INSTRUMENTED + [f"output_dir={tmp_path}", "name=A"]))
+    events = (straight / "events.jsonl").read_text().splitlines()
+    assert len(events) >= 3 and any(json.loads(e)["step"] > 7 for e in events)  # the test sees spikes to lose
+    forked_kill(load_run_config("byol-digits", INSTRUMENTED + [f"output_dir={tmp_path}", "name=B"]), 7)
+    assert ckpt_step(tmp_path / "B") == 6  # epoch 1's end: norms of steps 5 and 6 buffered, a window full
+    engine.pretrain(engine.load_run(tmp_path / "B"), resume=tmp_path / "B")
+    assert (tmp_path / "B" / "events.jsonl").read_text().splitlines() == events
+    a, b = metric_rows(straight), metric_rows(tmp_path / "B")
+    assert sorted(a) == sorted(b) == list(range(12))
+    assert a == b
+    assert any(k.startswith("instruments/pred_") for k in a[8]) and any(k.startswith("instruments/grad_") for k in a[8])

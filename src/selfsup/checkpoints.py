@@ -259,6 +259,10 @@ class RunCheckpoints(pl.Callback):
             raise NonFiniteWeights(f"the weights became non-finite by step {trainer.global_step - 1}; training "
                                    "stopped without writing them. Lower optim.base_lr, add warmup, or set "
                                    "trainer.gradient_clip_val")
+        for callback in trainer.callbacks:  # instruments that buffer: what they hold reaches their files first
+            before = getattr(callback, "before_checkpoint", None)
+            if callable(before):
+                before(trainer)
         flush_loggers(trainer, None if flush_all else trainer.global_step - 1)
         trainer.save_checkpoint(self.path(trainer), weights_only=False)
         self.saved_step = trainer.global_step
