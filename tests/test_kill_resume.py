@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -27,7 +26,7 @@ from safetensors.torch import load_file
 import selfsup.engine as engine
 from selfsup.config import load_run_config
 from selfsup.methods import METHODS
-from ssl_helpers import TINY
+from ssl_helpers import TINY, ckpt_step, forked_kill
 
 ROOT = Path(__file__).resolve().parents[1]
 # 3 batches per epoch, 2 epochs, warmup over the first: lr, momentum and EMA decay change every step
@@ -192,38 +191,6 @@ def random_vit(tmp_path: Path) -> Path:
     return path
 
 
-def forked_kill(cfg_or_run, step: int) -> None:
-    """``engine.pretrain`` of a config (a fresh run) or of a run folder (resumed) in a forked child that SIGKILLs
-    itself before training step ``step`` (after the checkpoint of ``step`` steps); cheap: no new interpreter."""
-    import selfsup.engine as engine
-
-    pid = os.fork()
-    if pid == 0:  # the child
-        try:
-            class Kill(pl.Callback):
-                def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-                    if trainer.global_step == step:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-            make = engine.make_trainer
-
-            def patched(cfg, run_dir):
-                trainer = make(cfg, run_dir)
-                trainer.callbacks.insert(0, Kill())
-                return trainer
-
-            engine.make_trainer = patched
-            os.environ.pop("SELFSUP_RUN_DIR", None)
-            if isinstance(cfg_or_run, Path):
-                engine.pretrain(engine.load_run(cfg_or_run), resume=cfg_or_run)
-            else:
-                engine.pretrain(cfg_or_run)
-        finally:
-            os._exit(3)  # never reached after the kill: training ended without it, or failed
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"child ended with status {status}"
-
-
 def assert_same_final_state(a: Path, b: Path, steps: int) -> None:
     """The same step count, weights, optimiser state, exported backbone and logged values, bit for bit."""
     ca, cb = (torch.load(r / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True) for r in (a, b))
@@ -257,10 +224,6 @@ def test_every_method_resumes_exactly_across_epoch_boundaries(name, tmp_path):
         assert ckpt_step(run_b) == step
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_same_final_state(straight, run_b, 9)
-
-
-def ckpt_step(run_dir: Path) -> int:
-    return int(torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"])
 
 
 DDP_CHILD = """
@@ -319,8 +282,8 @@ def test_two_processes_resume_exactly_across_epoch_boundaries(tmp_path):
 
 # --------------------------------------------------------------------------- the instruments' files
 # the gradient norms read back every 4 steps and a sensitive spike detector (a short window, low k): the
-# checkpoint the run resumes from comes with norms buffered and a detector window full; byol with a linear predictor keeps the
-# predictor-alignment instrument's running F
+# checkpoint the run resumes from comes with norms buffered and a detector window full; byol with a linear
+# predictor keeps the predictor-alignment instrument's running F
 INSTRUMENTED = BOUNDARY + ["trainer.max_epochs=4", "trainer.checkpoint_every_n_steps=5",
                            "instruments.every_n_steps=4", "instruments.spike_k=0.05", "instruments.spike_window=3",
                            "instruments.spike_min_history=2", "instruments.rank_every_n_steps=3",

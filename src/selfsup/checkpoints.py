@@ -179,6 +179,7 @@ class RunCheckpoints(pl.Callback):
         self.every_n_steps, self.every_n_minutes, self.max_steps = every_n_steps, every_n_minutes, max_steps
         self.saved_step: int | None = None  # global step of the newest checkpoint on disk (resumed: the loaded one)
         self.signal_received: int | None = None
+        self.started = False  # training began (a failure before it is a failed start)
         self._last_time = time.monotonic()
         self._handlers: dict = {}
         self._flag = False
@@ -195,6 +196,7 @@ class RunCheckpoints(pl.Callback):
         self.signal_received = signum
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self.started = True
         self.saved_step = trainer.global_step if trainer.ckpt_path else None
         self._last_time = time.monotonic()
         if self.max_steps > 0 and trainer.global_step >= self.max_steps:

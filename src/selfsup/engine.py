@@ -281,6 +281,7 @@ def quiet_lightning() -> None:
         ".*does not have many workers.*",  # in-memory datasets need no workers
         # the samplers resume mid-epoch themselves (PretrainData._consumed)
         ".*resuming from a checkpoint that ended before the epoch ended.*",
+        ".*is smaller than the logging interval.*",  # a run shorter than the interval logs every step (base.py)
     ):
         warnings.filterwarnings("ignore", message=pattern)
 
@@ -371,7 +372,7 @@ def _kept_checkpoint(run_dir: Path, saved_step: int | None) -> str:
 
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
     """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report.
-    A fresh run whose start fails (before its first optimiser step) leaves no folder behind."""
+    A fresh run whose start fails (before training begins) leaves no folder behind."""
     import shutil
 
     child = os.environ.get("LOCAL_RANK", "0") != "0" and "SELFSUP_RUN_DIR" in os.environ
@@ -381,8 +382,8 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     try:
         return _pretrain(cfg, run_dir, child, resume, state)
     except BaseException:
-        trainer = state.get("trainer")
-        if fresh and run_dir.exists() and (trainer is None or trainer.global_step == 0):
+        checkpoints = state.get("checkpoints")
+        if fresh and run_dir.exists() and (checkpoints is None or not checkpoints.started):
             shutil.rmtree(run_dir, ignore_errors=True)  # a failed start: nothing trained, nothing to keep
         raise
 
@@ -422,8 +423,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
         export_backbone(getattr(model, "eval_backbone", model.backbone), run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
-    state["trainer"] = trainer
-    checkpoints = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
+    checkpoints = state["checkpoints"] = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
     if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
         host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps
     if ckpt_path is not None:
