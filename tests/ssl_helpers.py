@@ -171,6 +171,46 @@ def ckpt(run_dir):
     return torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
+def forked_kill(cfg_or_run, step: int) -> None:
+    """``engine.pretrain`` of a config (a fresh run) or of a run folder (resumed) in a forked child that SIGKILLs
+    itself before training step ``step`` (after the checkpoint of ``step`` steps); cheap: no new interpreter."""
+    import os
+    import signal
+
+    import selfsup.engine as engine
+
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            class Kill(pl.Callback):
+                def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                    if trainer.global_step == step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            make = engine.make_trainer
+
+            def patched(cfg, run_dir):
+                trainer = make(cfg, run_dir)
+                trainer.callbacks.insert(0, Kill())
+                return trainer
+
+            engine.make_trainer = patched
+            os.environ.pop("SELFSUP_RUN_DIR", None)
+            if isinstance(cfg_or_run, Path):
+                engine.pretrain(engine.load_run(cfg_or_run), resume=cfg_or_run)
+            else:
+                engine.pretrain(cfg_or_run)
+        finally:
+            os._exit(3)  # never reached after the kill: training ended without it, or failed
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"child ended with status {status}"
+
+
+def ckpt_step(run_dir: Path) -> int:
+    """The global step of a run's last checkpoint."""
+    return int(torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"])
+
+
 def assert_same_run(a, b, momentum: bool = True):
     """Two 6-step runs (``RESUME``: MoCo v3) with the same weights, momentum encoder (``momentum``: the method
     has one), optimiser state, lr, exported backbone and logged losses."""

@@ -25,7 +25,8 @@ from safetensors.torch import load_file
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from ssl_helpers import TINY
+from selfsup.methods import METHODS
+from ssl_helpers import TINY, ckpt_step, forked_kill
 
 ROOT = Path(__file__).resolve().parents[1]
 # 3 batches per epoch, 2 epochs, warmup over the first: lr, momentum and EMA decay change every step
@@ -134,3 +135,181 @@ def test_sigkilled_run_resumes_bit_identical(case, tmp_path):
     assert torch.load(run_b / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_bit_identical(straight, run_b)
+
+
+# --------------------------------------------------------------------------- every method, at the epoch boundaries
+# 3 epochs of 3 batches. The kills land right after the checkpoint of an epoch's last batch (step 3), of the next
+# epoch's first batch (step 4, written by the session resumed from the last-batch checkpoint: Lightning once
+# restored that one as an unfinished epoch, and every checkpoint written after it sent the next resume back to
+# its epoch's start) and of that epoch's last batch (step 6, from a second resumed session); the last session
+# trains to the end. Every method of the registry, on its digits preset with narrow heads.
+BOUNDARY_KILLS = (3, 4, 6)
+BOUNDARY = ["data.batch_size=32", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false",
+            "trainer.max_epochs=3", "trainer.limit_train_batches=3", "trainer.checkpoint_every_n_steps=1",
+            "trainer.log_every_n_steps=1", "optim.warmup_epochs=1"]
+NARROW = {"proj_hidden_dim": 32, "pred_hidden_dim": 32, "dim": 16, "out_dim": 32, "hidden_dim": 32,
+          "bottleneck_dim": 16, "patch_out_dim": 32, "decoder_embed_dim": 16, "decoder_depth": 1,
+          "decoder_num_heads": 2, "ema_warmup_steps": 4, "rep_warmup_steps": 4, "warmup_teacher_temp_epochs": 2}
+
+
+def method_preset(name: str) -> str:
+    """The digits preset of method ``name`` (every registered method has one: the test fails for one without)."""
+    import yaml
+
+    from selfsup.config import PRESET_DIR
+
+    for path in sorted(PRESET_DIR.glob("*-digits.yaml")):
+        method = (yaml.safe_load(path.read_text()) or {}).get("method", {})
+        if method.get("name") == name:
+            return path.stem
+    raise AssertionError(f"method {name} has no *-digits preset: add one so the kill-and-resume tests cover it")
+
+
+def boundary_overrides(name: str, tmp_path: Path) -> list[str]:
+    import dataclasses
+
+    from selfsup.methods import METHODS
+
+    fields = {f.name for f in dataclasses.fields(METHODS[name].Config)}
+    out = BOUNDARY + [f"method.{k}={v}" for k, v in NARROW.items() if k in fields]
+    if "encoder" in fields:  # REPA: a frozen ViT encoder from a file
+        out.append(f"method.encoder={random_vit(tmp_path)}")
+    return out
+
+
+def random_vit(tmp_path: Path) -> Path:
+    from selfsup.export import export_backbone
+    from selfsup.models.backbones import build_backbone
+
+    path = tmp_path / "encoder.safetensors"
+    if not path.exists():
+        kwargs = dict(in_chans=1, image_size=8, patch_size=4)
+        torch.manual_seed(0)
+        meta = {"backbone": "vit_micro", "kwargs": kwargs, "image_size": 8, "in_chans": 1, "mean": [0.3],
+                "std": [0.3], "dataset": "digits", "method": "moco_v3"}
+        export_backbone(build_backbone("vit_micro", **kwargs), path, meta)
+    return path
+
+
+def assert_same_final_state(a: Path, b: Path, steps: int) -> None:
+    """The same step count, weights, optimiser state, exported backbone and logged values, bit for bit."""
+    ca, cb = (torch.load(r / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True) for r in (a, b))
+    assert ca["global_step"] == cb["global_step"] == steps, (ca["global_step"], cb["global_step"])
+    assert ca["epoch"] == cb["epoch"]
+    assert ca["state_dict"].keys() == cb["state_dict"].keys()
+    for k, v in ca["state_dict"].items():
+        assert torch.equal(v, cb["state_dict"][k]), f"checkpoint {k}: max |Δ| {(v - cb['state_dict'][k]).abs().max()}"
+    oa, ob = ca["optimizer_states"][0]["state"], cb["optimizer_states"][0]["state"]
+    assert oa.keys() == ob.keys()
+    for i in oa:
+        for name, value in oa[i].items():
+            assert torch.equal(value, ob[i][name]), f"optimizer state {i}.{name}"
+    ba, bb = load_file(str(a / "backbone.safetensors")), load_file(str(b / "backbone.safetensors"))
+    assert ba.keys() == bb.keys() and all(torch.equal(ba[k], bb[k]) for k in ba)
+    la, lb = logged(a), logged(b)
+    assert sorted(la) == list(range(steps)) and la == lb
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_resumes_exactly_across_epoch_boundaries(name, tmp_path):
+    preset = method_preset(name)
+    overrides = boundary_overrides(name, tmp_path)
+    straight = engine.pretrain(load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=A"]))
+    run_b = tmp_path / "B"
+    first, *later = BOUNDARY_KILLS
+    forked_kill(load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=B"]), first)
+    assert ckpt_step(run_b) == first
+    for step in later:
+        forked_kill(run_b, step)
+        assert ckpt_step(run_b) == step
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    assert_same_final_state(straight, run_b, 9)
+
+
+DDP_CHILD = """
+import json, os, signal, sys
+import lightning.pytorch as pl
+import selfsup.engine as engine
+from selfsup.config import load_run_config
+
+preset, overrides, resume, step = json.loads(sys.argv[1])
+
+class Kill(pl.Callback):  # every process kills itself at the same step boundary
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+make = engine.make_trainer
+def patched(cfg, run_dir):
+    trainer = make(cfg, run_dir)
+    trainer.callbacks.insert(0, Kill())
+    return trainer
+engine.make_trainer = patched
+if resume:
+    engine.pretrain(engine.load_run(resume), resume=resume)
+else:
+    engine.pretrain(load_run_config(preset, overrides))
+"""
+
+
+def test_two_processes_resume_exactly_across_epoch_boundaries(tmp_path):
+    """The same kills under 2 CPU processes (gloo DDP): every process SIGKILLs itself at the step boundary."""
+    script = tmp_path / "ddp_child.py"  # Lightning's DDP launcher re-runs the script: a file, not -c
+    script.write_text(DDP_CHILD)
+    overrides = boundary_overrides("moco_v3", tmp_path) + ["trainer.devices=2", "trainer.strategy=ddp"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("SELFSUP_RUN_DIR", None)
+
+    def run(resume, step, name="B"):
+        args = json.dumps(["moco-v3-vit-digits", overrides + [f"output_dir={tmp_path}", f"name={name}"],
+                           str(resume) if resume else None, step])
+        return subprocess.run([sys.executable, str(script), args], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+
+    straight = run(None, -1, "A")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first, *later = BOUNDARY_KILLS
+    proc = run(None, first)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    for step in later:
+        proc = run(tmp_path / "B", step)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+        assert ckpt_step(tmp_path / "B") == step
+    proc = run(tmp_path / "B", -1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_final_state(tmp_path / "A", tmp_path / "B", 9)
+
+
+# --------------------------------------------------------------------------- the instruments' files
+# the gradient norms read back every 4 steps and a sensitive spike detector (a short window, low k): the
+# checkpoint the run resumes from comes with norms buffered and a detector window full; byol with a linear
+# predictor keeps the predictor-alignment instrument's running F
+INSTRUMENTED = BOUNDARY + ["trainer.max_epochs=4", "trainer.checkpoint_every_n_steps=5",
+                           "instruments.every_n_steps=4", "instruments.spike_k=0.05", "instruments.spike_window=3",
+                           "instruments.spike_min_history=2", "instruments.rank_every_n_steps=3",
+                           "method.predictor=linear", "method.proj_hidden_dim=32", "method.pred_hidden_dim=32",
+                           "method.dim=16"]
+
+
+def metric_rows(run_dir: Path) -> dict[int, dict[str, str]]:
+    """metrics.csv as step → every non-empty value logged for it (however the rows were split when written)."""
+    rows: dict[int, dict[str, str]] = {}
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("step", "").isdigit():
+                rows.setdefault(int(r["step"]), {}).update({k: v for k, v in r.items() if v})
+    return rows
+
+
+def test_a_resumed_run_writes_the_same_events_and_metrics(tmp_path):
+    straight = engine.pretrain(load_run_config("byol-digits", INSTRUMENTED + [f"output_dir={tmp_path}", "name=A"]))
+    events = (straight / "events.jsonl").read_text().splitlines()
+    assert len(events) >= 3 and any(json.loads(e)["step"] > 7 for e in events)  # the test sees spikes to lose
+    forked_kill(load_run_config("byol-digits", INSTRUMENTED + [f"output_dir={tmp_path}", "name=B"]), 7)
+    assert ckpt_step(tmp_path / "B") == 6  # epoch 1's end: norms of steps 5 and 6 buffered, a window full
+    engine.pretrain(engine.load_run(tmp_path / "B"), resume=tmp_path / "B")
+    assert (tmp_path / "B" / "events.jsonl").read_text().splitlines() == events
+    a, b = metric_rows(straight), metric_rows(tmp_path / "B")
+    assert sorted(a) == sorted(b) == list(range(12))
+    assert a == b
+    assert any(k.startswith("instruments/pred_") for k in a[8]) and any(k.startswith("instruments/grad_") for k in a[8])

@@ -4,6 +4,7 @@ simulate (selfsup.simulate.cli)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,19 +23,70 @@ def cmd_presets(args) -> int:
     return 0
 
 
+# what --resume may change: how long the run trains (extending it) and when it writes checkpoints
+RESUME_MAY_CHANGE = ("trainer.max_epochs", "trainer.max_steps", "trainer.progress_bar",
+                     "trainer.checkpoint_every_n_steps", "trainer.checkpoint_every_n_minutes")
+
+
+def _flat(mapping: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_config(run: Path, preset: str | None, items: list[str]):
+    """The config a ``--resume`` continues with: the run's own config.yaml, with only ``RESUME_MAY_CHANGE`` keys
+    overridden; a preset or an override that contradicts the run is refused in one line."""
+    from selfsup.config import load_run_config, merge, parse_overrides, read_run_config, resolve, to_dict
+
+    raw = read_run_config(run)
+    current = _flat(to_dict(resolve(raw)))
+    if preset is not None:
+        given = _flat(to_dict(load_run_config(preset, items)))
+        for key, value in given.items():
+            if key not in RESUME_MAY_CHANGE and key not in ("output_dir", "name") and current.get(key) != value:
+                raise UserError(f"--resume {run} continues the run's own config.yaml, and preset {preset} sets "
+                                f"{key}={value} where the run has {current.get(key)}; drop the preset argument")
+    cfg = resolve(merge(raw, parse_overrides(items)))
+    for key, value in _flat(to_dict(cfg)).items():
+        if key not in RESUME_MAY_CHANGE and current.get(key) != value:
+            raise UserError(f"--resume {run} continues the run's own config.yaml: {key}={value} contradicts its "
+                            f"{key}={current.get(key)}; drop it (only {', '.join(RESUME_MAY_CHANGE[:2])} extend a "
+                            "run) or start a new run")
+    return cfg, {k: v for k, v in _flat(to_dict(cfg)).items() if current.get(k) != v}
+
+
 def cmd_pretrain(args) -> int:
-    """Pretrain a preset or YAML with overrides, or continue a run with --resume."""
-    from selfsup.config import load_run, load_run_config
-    from selfsup.engine import pretrain
+    """Pretrain a preset or YAML with overrides, or continue a run with --resume (extend it with
+    trainer.max_epochs=N or trainer.max_steps=N)."""
+    import yaml
+
+    from selfsup.config import load_run_config, to_dict
+    from selfsup.engine import pretrain, read_run_facts
 
     if args.resume:
-        # the run folder's own config.yaml is used; a preset name given too is ignored
-        overrides = ([args.preset] if args.preset and "=" in args.preset else []) + args.overrides
-        if overrides:
-            raise UserError("--resume continues a run with its own config.yaml; drop the overrides "
-                            f"({overrides[0]}) or start a new run")
-        cfg = load_run(Path(args.resume))
-        pretrain(cfg, resume=Path(args.resume))
+        run = Path(args.resume)
+        preset = args.preset if args.preset and "=" not in args.preset else None
+        items = ([args.preset] if args.preset and preset is None else []) + args.overrides
+        cfg, changed = resume_config(run, preset, items)
+        facts = read_run_facts(run)
+        t = cfg.trainer
+        longer = (t.max_steps > int(facts.get("global_step", 0)) if t.max_steps
+                  else t.max_epochs > int(facts.get("epochs", 0)))
+        if facts.get("status") == "finished" and not longer:
+            print(f"{run} is finished ({facts.get('global_step')} steps, {facts.get('epochs')} epochs); nothing to "
+                  f"train. Extend it with: selfsup pretrain --resume {run} trainer.max_epochs=N (or "
+                  "trainer.max_steps=N)")
+            return 0
+        if changed and os.environ.get("LOCAL_RANK", "0") == "0":
+            tmp = run / ".config.yaml.tmp"
+            tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            os.replace(tmp, run / "config.yaml")
+        pretrain(cfg, resume=run)
         return 0
     if not args.preset:
         raise UserError("selfsup pretrain needs a preset name or YAML file (see `selfsup presets`), "
@@ -61,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain", help="pretrain a backbone: selfsup pretrain PRESET_OR_YAML [dotted.key=value ...]")
     p.add_argument("preset", nargs="?", help="preset name (selfsup presets) or a YAML file")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.max_epochs=5 data.root=/data")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its last checkpoint (trainer.max_epochs=N or "
+                        "trainer.max_steps=N extend it)")
     p.set_defaults(func=cmd_pretrain)
     p = sub.add_parser("report",
                        help="plots + HTML of a run's training dynamics: selfsup report RUN [RUN ...] [--out DIR]")
@@ -92,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("selfsup: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", None)  # engine.RunInterrupted: the checkpoint is written, the command printed
+        if signum is None:
+            print("selfsup: interrupted", file=sys.stderr)
+        return 128 + (signum or 2)
     except RuntimeError as e:
         if "Original Traceback" in str(e) and "UserError" in str(e):  # a UserError from a DataLoader worker
             print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)

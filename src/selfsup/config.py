@@ -137,6 +137,7 @@ class TrainerConfig:
     """The Lightning Trainer: devices, precision, strategy, checkpoints, logging."""
 
     max_epochs: int = 100
+    max_steps: int = 0  # > 0: train this many optimiser steps (trainer.max_epochs is then not used); 0: max_epochs
     accelerator: str = "auto"  # auto | cpu | gpu
     devices: Any = "auto"  # int, list of ids, or "auto"
     num_nodes: int = 1
@@ -146,7 +147,8 @@ class TrainerConfig:
     gradient_clip_val: float | None = None
     accumulate_grad_batches: int = 1  # optimiser step every k batches of data.batch_size (schedules count steps)
     log_every_n_steps: int = 10
-    checkpoint_every_n_steps: int = 0  # 0: a checkpoint at each epoch end only
+    checkpoint_every_n_steps: int = 0  # also every N optimiser steps (0: off); a checkpoint at each epoch end always
+    checkpoint_every_n_minutes: float = 10.0  # also every N minutes of wall time (0: off)
     limit_train_batches: float | int = 1.0
     progress_bar: bool = True
     seed: int = 0
@@ -161,6 +163,13 @@ class TrainerConfig:
     def validate(self) -> None:
         if self.max_epochs < 1:
             raise UserError(f"trainer.max_epochs={self.max_epochs} must be >= 1")
+        if self.max_steps < 0:
+            raise UserError(f"trainer.max_steps={self.max_steps} must be >= 0 (0: train trainer.max_epochs epochs)")
+        if self.checkpoint_every_n_steps < 0:
+            raise UserError(f"trainer.checkpoint_every_n_steps={self.checkpoint_every_n_steps} must be >= 0 (0: off)")
+        if self.checkpoint_every_n_minutes < 0:
+            raise UserError(f"trainer.checkpoint_every_n_minutes={self.checkpoint_every_n_minutes} must be >= 0 "
+                            "(0: off)")
         if self.accumulate_grad_batches < 1:
             raise UserError(f"trainer.accumulate_grad_batches={self.accumulate_grad_batches} must be >= 1"
                             " (1: no accumulation)")

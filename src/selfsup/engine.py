@@ -22,7 +22,8 @@ import torch
 import yaml
 
 from selfsup import host
-from selfsup.checkpoints import load_checkpoint
+from selfsup.checkpoints import (AtomicCheckpointIO, NonFiniteWeights, RunCheckpoints, load_checkpoint,
+                                 remove_partial_writes)
 from selfsup.config import RunConfig, load_run, resolve, to_dict  # noqa: F401  (load_run: engine.load_run for callers)
 from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, StreamDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
@@ -122,13 +123,27 @@ def check_checkpoint(path: Path, model: SSLMethod) -> None:
 
 
 def keep_metrics(trainer: pl.Trainer, run_dir: Path, step: int) -> None:
-    """On resume: Lightning's CSVLogger deletes an existing metrics.csv; keep its rows from before ``step``."""
+    """On resume: Lightning's CSVLogger deletes an existing metrics.csv; keep its rows from before ``step``, and
+    the events of ``events.jsonl`` from before ``step`` (those after it are measured again)."""
     import csv
+    import json
 
     from lightning.pytorch.loggers import CSVLogger
 
+    if not trainer.is_global_zero:
+        return
+    events = run_dir / "events.jsonl"
+    if events.exists():
+        kept = []
+        for line in events.read_text().splitlines():
+            try:
+                if int(json.loads(line)["step"]) < step:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                continue
+        events.write_text("".join(kept))
     path = run_dir / "metrics.csv"
-    if not trainer.is_global_zero or not path.exists():
+    if not path.exists():
         return
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -264,6 +279,9 @@ def quiet_lightning() -> None:
         ".*Experiment logs directory .* exists and is not empty.*",  # the run folder holds config.yaml first
         ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
         ".*does not have many workers.*",  # in-memory datasets need no workers
+        # the samplers resume mid-epoch themselves (PretrainData._consumed)
+        ".*resuming from a checkpoint that ended before the epoch ended.*",
+        ".*is smaller than the logging interval.*",  # a run shorter than the interval logs every step (base.py)
     ):
         warnings.filterwarnings("ignore", message=pattern)
 
@@ -271,65 +289,115 @@ def quiet_lightning() -> None:
 def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     from selfsup.instruments import monitor_callbacks
 
     t = cfg.trainer
-    checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
-                                 every_n_train_steps=t.checkpoint_every_n_steps or None,
-                                 every_n_epochs=None if t.checkpoint_every_n_steps else 1)
+    checkpoint = RunCheckpoints(t.checkpoint_every_n_steps, t.checkpoint_every_n_minutes, t.max_steps)
     # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.
     on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
     sync_bn = t.sync_batchnorm and on_gpu
     loggers = run_loggers(cfg, run_dir)
     try:
         return pl.Trainer(
-            default_root_dir=run_dir, max_epochs=t.max_epochs, accelerator=t.accelerator, devices=t.devices,
+            # trainer.max_steps: epochs without end, stopped at that step by RunCheckpoints (Lightning's own
+            # max_steps would restore every checkpoint as a restart of an unfinished epoch)
+            default_root_dir=run_dir, max_epochs=-1 if t.max_steps else t.max_epochs, accelerator=t.accelerator,
+            devices=t.devices,
             num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=sync_bn,
             gradient_clip_val=t.gradient_clip_val, accumulate_grad_batches=t.accumulate_grad_batches,
             log_every_n_steps=t.log_every_n_steps,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
             enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg)], logger=loggers,
-            use_distributed_sampler=False,
+            enable_checkpointing=False, plugins=[AtomicCheckpointIO()], use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )
     except (ValueError, RuntimeError, TypeError) as e:  # Lightning's own messages for bad devices/strategy
         raise UserError(f"trainer: {str(e).splitlines()[0]}") from None
 
 
-def write_run_facts(trainer, run_dir: Path, seconds: float) -> None:
-    """``RUN/run.json``: what the config cannot say about a finished run (read by ``selfsup report``): steps and
-    epochs done, the devices it ran on, and the wall time of fit, summed over the sessions of a resumed run."""
+RUN_FACTS = "run.json"
+
+
+def read_run_facts(run_dir: Path) -> dict:
+    """``RUN/run.json`` as a mapping (empty when absent or unreadable)."""
     import json
 
-    path = run_dir / "run.json"
     try:
-        before = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        before = {}
+        facts = json.loads((Path(run_dir) / RUN_FACTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}
+
+
+def mark_run(run_dir: Path, drop: tuple[str, ...] = (), **facts) -> None:
+    """Update ``RUN/run.json`` with ``facts``, without the keys ``drop`` (written whole through a temp file)."""
+    import json
+
+    merged = {k: v for k, v in read_run_facts(run_dir).items() if k not in drop}
+    tmp = Path(run_dir) / f".{RUN_FACTS}.tmp"
+    tmp.write_text(json.dumps({**merged, **facts}, indent=2))
+    os.replace(tmp, Path(run_dir) / RUN_FACTS)
+
+
+def write_run_facts(trainer, run_dir: Path, seconds: float, status: str = "finished", **extra) -> None:
+    """``RUN/run.json``: what the config cannot say about a run (read by ``selfsup report``): how its last session
+    ended (``status``: running while it trains, so a killed run keeps that; finished, interrupted, nan, failed),
+    steps and epochs done, the devices it ran on, and the wall time of fit, summed over the sessions of a
+    resumed run."""
+    before = read_run_facts(run_dir)
     kind = type(trainer.accelerator).__name__.replace("Accelerator", "").lower()
     device = torch.cuda.get_device_name(trainer.strategy.root_device) if kind == "cuda" else kind
-    facts = {"global_step": int(trainer.global_step), "epochs": int(trainer.current_epoch),
+    facts = {"status": status, "global_step": int(trainer.global_step), "epochs": int(trainer.current_epoch),
              "fit_seconds": float(before.get("fit_seconds", 0.0)) + seconds,
              "sessions": int(before.get("sessions", 0)) + 1, "world_size": int(trainer.world_size),
              "num_nodes": int(trainer.num_nodes), "accelerator": kind, "device": device}
-    path.write_text(json.dumps(facts, indent=2))
+    mark_run(run_dir, drop=("signal", "stopped_at_step", "reason"), **facts, **extra)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT / SIGTERM after writing its checkpoint; the CLI exits with 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _kept_checkpoint(run_dir: Path, saved_step: int | None) -> str:
+    """What a stopped run says of its checkpoint."""
+    if saved_step is None:
+        return "no checkpoint was written before it (the run cannot be resumed)"
+    return (f"the last checkpoint, with finite weights, is step {saved_step}: {run_dir / 'checkpoints' / 'last.ckpt'}"
+            f" (selfsup pretrain --resume {run_dir} continues from it)")
 
 
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
-    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report."""
+    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report.
+    A fresh run whose start fails (before training begins) leaves no folder behind."""
+    import shutil
+
+    child = os.environ.get("LOCAL_RANK", "0") != "0" and "SELFSUP_RUN_DIR" in os.environ
+    run_dir = Path(os.environ["SELFSUP_RUN_DIR"]) if child else (Path(resume) if resume else new_run_dir(cfg, preset))
+    fresh = not child and not resume and not run_dir.exists()
+    state: dict = {}
+    try:
+        return _pretrain(cfg, run_dir, child, resume, state)
+    except BaseException:
+        checkpoints = state.get("checkpoints")
+        if fresh and run_dir.exists() and (checkpoints is None or not checkpoints.started):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a failed start: nothing trained, nothing to keep
+        raise
+
+
+def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, state: dict) -> Path:
     import copy
 
     from safetensors.torch import load_file
 
+    from selfsup.methods.base import NonFiniteLoss
+
     # Lightning's DDP launcher re-runs this command in one process per device: the children
     # (LOCAL_RANK > 0) join the run folder their parent made instead of making their own.
-    child = os.environ.get("LOCAL_RANK", "0") != "0" and "SELFSUP_RUN_DIR" in os.environ
-    if child:
-        run_dir = Path(os.environ["SELFSUP_RUN_DIR"])
-    else:
-        run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
+    if not child:
         os.environ["SELFSUP_RUN_DIR"] = str(run_dir)
     require_loggers(cfg)
     if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
@@ -344,6 +412,8 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
     meta = backbone_meta(cfg, info)
     ckpt_path = run_dir / "checkpoints" / "last.ckpt" if resume else None
     if ckpt_path is not None:
+        if not child:
+            remove_partial_writes(ckpt_path.parent)  # what a write killed midway left
         if not ckpt_path.exists():
             raise UserError(f"{run_dir} has no checkpoints/last.ckpt to resume from; start it again without --resume")
         resumed_step = check_checkpoint(ckpt_path, model)
@@ -353,25 +423,48 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
         export_backbone(getattr(model, "eval_backbone", model.backbone), run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
+    checkpoints = state["checkpoints"] = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
     if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
         host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps
     if ckpt_path is not None:
         keep_metrics(trainer, run_dir, resumed_step)
+    if trainer.is_global_zero:
+        mark_run(run_dir, status="running")
     failed = True
+    started = time.perf_counter()
     try:
         # Lightning reads the (already checked) file again: weights-only as well, where its fit() takes the switch.
         safe = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
-        started = time.perf_counter()
         trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path, **safe)
         failed = False
     except SystemExit:  # Lightning ends a Ctrl-C'd fit with sys.exit(1) after its graceful shutdown
         if not trainer.interrupted:
             raise
         if trainer.is_global_zero:
+            write_run_facts(trainer, run_dir, time.perf_counter() - started, "interrupted", signal="SIGINT")
             print(f"interrupted; continue with: selfsup pretrain --resume {run_dir}", file=sys.stderr)
         raise KeyboardInterrupt from None
+    except (NonFiniteLoss, NonFiniteWeights) as e:
+        if trainer.is_global_zero:
+            write_run_facts(trainer, run_dir, time.perf_counter() - started, "nan", reason=str(e),
+                            stopped_at_step=int(trainer.global_step))
+        raise type(e)(f"{e}; {_kept_checkpoint(run_dir, checkpoints.saved_step)}") from None
+    except BaseException as e:
+        if trainer.is_global_zero and run_dir.exists():
+            write_run_facts(trainer, run_dir, time.perf_counter() - started, "failed",
+                            reason=(str(e).splitlines() or [type(e).__name__])[0])
+        raise
     finally:
         finish_loggers(trainer, failed)
+    if checkpoints.signal_received is not None:
+        import signal as signals
+
+        name = signals.Signals(checkpoints.signal_received).name
+        if trainer.is_global_zero:
+            write_run_facts(trainer, run_dir, time.perf_counter() - started, "interrupted", signal=name)
+            print(f"selfsup: {name} received: stopped after step {trainer.global_step - 1}, checkpoint written; "
+                  f"continue with: selfsup pretrain --resume {run_dir}", file=sys.stderr)
+        raise RunInterrupted(checkpoints.signal_received)
     if not trainer.is_global_zero:
         return run_dir
     write_run_facts(trainer, run_dir, time.perf_counter() - started)

@@ -187,6 +187,24 @@ def backbone_label(run: Run) -> str:
     return f"{name}/{model['patch_size']}" if str(name).startswith("vit") and model.get("patch_size") else str(name)
 
 
+def ending(run: Run) -> str:
+    """How the run's last session ended (``run.json``'s status, written by the engine): finished, or why not."""
+    facts = run.facts
+    status, step = facts.get("status"), facts.get("global_step")
+    at = f" after {step} steps" if step is not None else ""
+    if status == "finished" or (status is None and facts):  # run.json of a version without status: written at the end
+        return "finished"
+    if status == "interrupted":
+        return (f"did not finish: interrupted by {facts.get('signal', 'a signal')}{at} (checkpoint written; "
+                f"selfsup pretrain --resume {run.path} continues it)")
+    if status == "nan":
+        return f"did not finish: stopped by a non-finite loss or weights ({facts.get('reason', '?')})"
+    if status == "failed":
+        return f"did not finish: failed ({facts.get('reason', '?')})"
+    return ("did not finish: killed (no end record; or still training), last checkpoint "
+            f"{'in checkpoints/last.ckpt' if (run.path / 'checkpoints' / 'last.ckpt').exists() else 'none'}")
+
+
 def run_facts(run: Run) -> list[tuple[str, str]]:
     """The header rows of one run: what was trained on what, for how long, where."""
     cfg, facts = run.config, run.facts
@@ -196,8 +214,10 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
     dataset = str(data.get("name") or run.meta.get("dataset") or "?")
     if size:
         dataset += f" ({size}×{size}" + (f"×{chans})" if chans else ")")
-    steps = facts.get("global_step", last_step(run) + 1)
-    epochs = facts.get("epochs", (run.last_epoch + 1) if run.last_epoch is not None else None)
+    ended = facts.get("status") != "running"  # a killed session left its start record: count from metrics.csv
+    steps = facts["global_step"] if ended and "global_step" in facts else last_step(run) + 1
+    epochs = (facts["epochs"] if ended and "epochs" in facts
+              else (run.last_epoch + 1) if run.last_epoch is not None else None)
     max_epochs = trainer.get("max_epochs")
     epoch_text = "–" if epochs is None else (f"{epochs} of {max_epochs}" if max_epochs else str(epochs))
     if facts.get("world_size"):
@@ -210,7 +230,7 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
     if facts.get("sessions", 1) > 1:
         wall += f" over {facts['sessions']} sessions (resumed)"
     return [("method", run.method), ("dataset", dataset), ("backbone", backbone_label(run)),
-            ("steps", _fmt(steps)), ("epochs", epoch_text),
+            ("steps", _fmt(steps)), ("epochs", epoch_text), ("ended", ending(run)),
             ("batch", _fmt(data.get("batch_size")) + (f", {optim['name']}" if optim.get("name") else "")),
             ("wall time", wall), ("devices", devices), ("seed", _fmt(trainer.get("seed"))), ("folder", str(run.path))]
 

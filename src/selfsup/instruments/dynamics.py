@@ -46,6 +46,12 @@ class EmbeddingNorms(pl.Callback):
                     values[f"norm_{key}_q{int(q * 100)}"] = v
         log_metrics(trainer, values, measured_step(trainer))
 
+    def state_dict(self) -> dict:
+        return {"last": {k: v.detach().cpu() for k, v in self.last.items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.last = dict(state_dict.get("last", {}))
+
     def on_fit_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero and self.last:
             path = Path(self.run_dir or trainer.default_root_dir) / "embedding_norms.pt"
@@ -91,6 +97,7 @@ class GradientNorms(pl.Callback):
         self.groups: dict[str, list[nn.Parameter]] | None = None
         self.detectors: dict[str, SpikeDetector] = {}
         self._pending_state: dict | None = None
+        self._pending_buffer: list[tuple[int, Tensor]] = []  # restored from a checkpoint, until the first step
         self.buffer: list[tuple[int, Tensor]] = []
         self.events: list[dict] = []
         self._last_spike: dict[str, int] = {}  # per group: the step of the last spike (console lines name a run once)
@@ -121,6 +128,9 @@ class GradientNorms(pl.Callback):
                 for g, s in self._pending_state.items():
                     if g in self.detectors:
                         self.detectors[g].load_state_dict(s)
+            device = self.groups["all"][0].device
+            self.buffer = [(s, v.to(device)) for s, v in self._pending_buffer] + self.buffer
+            self._pending_buffer = []
         step = trainer.global_step
         norms = self._norms()
         self.buffer.append((step, norms[:, 0]))
@@ -156,11 +166,25 @@ class GradientNorms(pl.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self.flush(trainer)
 
+    def before_checkpoint(self, trainer) -> None:
+        """Called by ``RunCheckpoints`` before each write: the buffered norms are read and detected first, so the
+        events of the steps a checkpoint holds are in events.jsonl when it is (a resume truncates the file at its
+        step)."""
+        self.flush(trainer)
+
     def state_dict(self) -> dict:
-        return {g: d.state_dict() for g, d in self.detectors.items()}
+        """The detectors' windows and the norms buffered since the last read (a resumed run reads them at the
+        same step as an uninterrupted one, so events.jsonl and metrics.csv are the same)."""
+        return {"detectors": {g: d.state_dict() for g, d in self.detectors.items()},
+                "buffer": [(int(s), v.detach().cpu()) for s, v in self.buffer],
+                "last_spike": dict(self._last_spike)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self._pending_state = state_dict
+        if "detectors" not in state_dict:  # a checkpoint of an earlier version: the detectors only
+            state_dict = {"detectors": state_dict}
+        self._pending_state = state_dict["detectors"]
+        self._pending_buffer = list(state_dict.get("buffer", []))
+        self._last_spike = dict(state_dict.get("last_spike", {}))
 
 
 class Alignment(pl.Callback):
@@ -305,3 +329,15 @@ class PredictorAlignment(pl.Callback):
             return
         values = predictor_alignment(weight, corr, min(self.top_k, weight.shape[0]))
         log_metrics(trainer, {f"pred_{k}": v for k, v in values.items()}, measured_step(trainer))
+
+    def state_dict(self) -> dict:
+        """Its running F (kept when the predictor has none of its own)."""
+        return {"correlation": self.correlation.detach().cpu()} if self.correlation is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._pending = state_dict.get("correlation")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if getattr(self, "_pending", None) is not None:
+            self.correlation = self._pending.to(pl_module.device)
+            self._pending = None

@@ -46,7 +46,7 @@ class DataInfo:
 
 
 class NonFiniteLoss(UserError):
-    """The loss became NaN or Inf: training stops and the last good checkpoint stays as it was."""
+    """The loss became NaN or Inf: training stops and the last checkpoint stays as it was (the engine names it)."""
 
 
 class FiniteLossWatch:
@@ -70,8 +70,8 @@ class FiniteLossWatch:
     def check(self) -> None:
         if self.step is not None and int(self.step) >= 0:
             raise NonFiniteLoss(
-                f"the loss became {float(self.value)} at step {int(self.step)}; training stopped and the last "
-                "good checkpoint is kept. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
+                f"the loss became {float(self.value)} at step {int(self.step)}; training stopped without "
+                "writing a checkpoint. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
 
 
 def check_momentum(cfg) -> None:
@@ -287,8 +287,16 @@ class TrainingBase(pl.LightningModule):
     def on_fit_start(self) -> None:
         if self.cfg.trainer.compile:
             compile_step_modules(self, self.cfg.trainer.compile_backend)
-        self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
-        self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
+        t = self.trainer
+        if self.cfg.trainer.max_steps:  # the run's length in steps; Lightning runs epochs until the stop at it
+            t.fit_loop.setup_data()
+            self.total_steps = self.cfg.trainer.max_steps
+            self.steps_per_epoch = max(-(-int(t.num_training_batches) // t.accumulate_grad_batches), 1)
+        else:
+            self.total_steps = max(int(t.estimated_stepping_batches), 1)
+            self.steps_per_epoch = max(self.total_steps // t.max_epochs, 1)
+        if t.log_every_n_steps > self.total_steps:  # a run shorter than the logging interval logs every step
+            t.log_every_n_steps = 1
         self._ema_params = None
 
     def scheduled_lr(self, step: int) -> float:
