@@ -51,7 +51,7 @@ def fake_run(path, keys=KEYS, scale=1.0, events=True, evals=False):
     if evals:
         ev = path / "eval"
         ev.mkdir()
-        head = {"backbone": "vit_micro", "method": "moco_v3", "dataset": "digits"}
+        head = {"backbone": "vit_micro", "method": "moco_v3", "dataset": "digits", "weights": "trained"}
         files = {
             "knn": {**head, "voting": "T=0.07", "results": {"k=20": {"top1": 80.5, "top5": 99.7},
                                                             "k=200": {"top1": 67.7, "top5": 99.2}}},
@@ -59,6 +59,13 @@ def fake_run(path, keys=KEYS, scale=1.0, events=True, evals=False):
             "finetune": {**head, "epochs": 1, "recipe": "plain", "test": {"top1": 24.51, "top5": 66.6}},
             "rankme": {**head, "rankme": 3.49, "effective_rank_99": 25, "dim": 128, "samples": 1438},
             "norms-ood-classes-8-9": {**head, "ood": "classes:8,9", "auroc": 0.4212, "in_size": 289, "ood_size": 70},
+            # the random init's kNN (selfsup eval knn RUN/backbone_init.safetensors), written before results carried
+            # their weights: told apart by its source
+            "knn.init": {**{k: v for k, v in head.items() if k != "weights"},
+                         "source": str(path / "backbone_init.safetensors"), "voting": "T=0.07",
+                         "results": {"k=20": {"top1": 63.8, "top5": 95.0}}},
+            "rankme-projector.step40": {**head, "weights": "checkpoint at step 40", "embedding": "projector",
+                                        "rankme": 7.5, "effective_rank_99": 30, "dim": 128, "samples": 1438},
         }
         for name, data in files.items():
             (ev / f"{name}.json").write_text(json.dumps(data))
@@ -135,9 +142,11 @@ def test_a_run_with_evaluations_and_events_has_every_section_in_both_renderings(
                   ["devices", "2 × NVIDIA H200"], ["seed", "0"]):
         assert f"| {words[0]} | {words[1]} |" in md, words
     for row in ("| kNN top-1, trained | 81.62% |", "| kNN top-1, random init (floor) | 58.50% |",
-                "| gain over the floor | +23.12 points |", "| eval kNN top-1 (k=20) | 80.50% |",
-                "| linear probe top-1 | 91.92% |", "| fine-tuning top-1 | 24.51% |", "| RankMe | 3.49 |",
-                "| effective rank (99%) | 25 |", "| norm OOD AUROC (classes:8,9) | 0.4212 |"):
+                "| gain over the floor | +23.12 points |", "| eval kNN top-1 (k=20) [trained] | 80.50% |",
+                "| eval kNN top-1 (k=20) [random init] | 63.80% |",
+                "| linear probe top-1 [trained] | 91.92% |", "| fine-tuning top-1 [trained] | 24.51% |",
+                "| RankMe [trained] | 3.49 |", "| RankMe [checkpoint at step 40, projector] | 7.5 |",
+                "| effective rank (99%) [trained] | 25 |", "| norm OOD AUROC (classes:8,9) [trained] | 0.4212 |"):
         assert row in md, row
     assert "2 events: grad_spike × 1, knn_dip × 1." in md
     assert "| 20 | grad_spike | first_block | 9 | 1 | 9 |" in md and "| 40 | knn_dip |  | 0.5 | 1.9 | 0.263 |" in md

@@ -234,7 +234,7 @@ def headline_rows(run: Run) -> list[tuple[str, str, str]]:
             and isinstance(floor.get("top1"), (int, float))):
         rows.append(("gain over the floor", f"{trained['top1'] - floor['top1']:+.2f} points", ""))
     order = ("knn", "linear", "finetune", "rankme", "norms", "generation")
-    named = sorted(run.evals.items(), key=lambda kv: (order.index(kv[0].split("-")[0]) if kv[0].split("-")[0] in order
+    named = sorted(run.evals.items(), key=lambda kv: (order.index(_kind(kv[0])) if _kind(kv[0]) in order
                                                       else len(order), kv[0]))
     for name, ev in named:
         rows.extend(_eval_rows(name, ev))
@@ -245,9 +245,31 @@ def _epochs(n) -> str:
     return f"{n} epoch" + ("" if n == 1 else "s")
 
 
+def _kind(name: str) -> str:
+    """The protocol of ``eval/<protocol>[-<embedding>][.<weights>].json``."""
+    return name.split(".")[0].split("-")[0]
+
+
+def evaluated(ev: dict) -> str:
+    """What an evaluation evaluated: its ``weights`` (trained, random init, checkpoint at step N, a file name),
+    from the source path for results written before they carried it, and the embedding where not the backbone."""
+    what = ev.get("weights")
+    if not isinstance(what, str):
+        source = Path(str(ev.get("source", "")))
+        what = {"backbone.safetensors": "trained", "backbone_init.safetensors": "random init"}.get(
+            source.name, "checkpoint" if source.suffix == ".ckpt" else source.name or "?")
+    embedding = ev.get("embedding")
+    return what + (f", {embedding}" if isinstance(embedding, str) and embedding != "backbone" else "")
+
+
 def _eval_rows(name: str, ev: dict) -> list[tuple[str, str, str]]:
-    """The headline of one ``eval/<name>.json`` (``all`` repeats the others and is skipped when they exist)."""
-    kind = name.split("-")[0]
+    """The headline of one ``eval/<name>.json``, each measure labelled with what it evaluated (``all`` repeats the
+    others and is skipped)."""
+    what = evaluated(ev)
+    return [(f"{measure} [{what}]", value, how) for measure, value, how in _eval_values(_kind(name), ev)]
+
+
+def _eval_values(kind: str, ev: dict) -> list[tuple[str, str, str]]:
     where = ev.get("dataset", "")
     if kind == "knn" and isinstance(ev.get("results"), dict):
         results = {k: r["top1"] for k, r in ev["results"].items() if isinstance(r, dict) and "top1" in r}

@@ -153,11 +153,13 @@ class EvalSession:
     def header(self) -> dict:
         return {"source": str(self.source.weights), "backbone": self.source.meta["backbone"],
                 "method": self.source.meta.get("method"), "dataset": self.data_cfg.name,
-                "embedding": self.source.embedding}
+                "embedding": self.source.embedding, "weights": self.source.weights_label}
 
     def suffix(self) -> str:
-        """File-name suffix of results on an embedding other than the backbone's."""
-        return "" if self.source.embedding == "backbone" else f"-{self.source.embedding}"
+        """File-name suffix of the results: ``-<embedding>`` other than the backbone's, ``.<tag>`` of weights other
+        than the run's trained backbone (``eval.source.weights_identity``: ``.init``, ``.step<N>``)."""
+        embedding = "" if self.source.embedding == "backbone" else f"-{self.source.embedding}"
+        return embedding + (f".{self.source.weights_tag}" if self.source.weights_tag else "")
 
     def run_hflip(self, default: float = 0.5) -> float:
         """The run's flip probability (0 where flips change the class), else ``default``."""
