@@ -204,6 +204,7 @@ class TrainingBase(pl.LightningModule):
     Config: ClassVar[type]
     family: ClassVar[str]
     uses_momentum: ClassVar[bool] = False
+    scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -291,13 +292,21 @@ class TrainingBase(pl.LightningModule):
         self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
         self._ema_params = None
 
+    def final_lr(self) -> float:
+        """The lr the cosine ends at: ``optim.min_lr`` scaled by ``optim.lr_scaling`` as the peak where the method's
+        official code scales it (``scales_min_lr``; Barlow Twins' end lr is 0.001 × the scaled peak), as given
+        where it does not (DINO, iBOT, MAE); ``optim.scale_min_lr`` true / false overrides the method's rule."""
+        o = self.cfg.optim
+        scale = self.scales_min_lr if o.scale_min_lr is None else o.scale_min_lr
+        return scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling) if scale else o.min_lr
+
     def scheduled_lr(self, step: int) -> float:
-        """Warmup then cosine from the peak to ``optim.min_lr`` (both scaled by ``optim.lr_scaling``), at each
-        iteration (``optim.lr_schedule_unit=iteration``) or at each epoch's start (``epoch``: SimSiam's
+        """Warmup then cosine from the peak (``optim.base_lr`` scaled by ``optim.lr_scaling``) to ``final_lr``, at
+        each iteration (``optim.lr_schedule_unit=iteration``) or at each epoch's start (``epoch``: SimSiam's
         main_simsiam.py ``adjust_learning_rate``, called once per epoch with ``epoch / epochs``)."""
         o, spe = self.cfg.optim, self.steps_per_epoch
         peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
+        final = self.final_lr()
         if o.lr_schedule_unit == "epoch":
             return warmup_cosine(step // spe, max(self.total_steps // spe, 1), o.warmup_epochs, peak, final)
         return warmup_cosine(step, self.total_steps, int(round(o.warmup_epochs * spe)), peak, final)
