@@ -271,6 +271,7 @@ def quiet_lightning() -> None:
 def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from selfsup.instruments import monitor_callbacks
@@ -294,7 +295,7 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
             use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )
-    except (ValueError, RuntimeError, TypeError) as e:  # Lightning's own messages for bad devices/strategy
+    except (ValueError, RuntimeError, TypeError, MisconfigurationException) as e:  # Lightning's: devices, strategy
         raise UserError(f"trainer: {str(e).splitlines()[0]}") from None
 
 
@@ -317,6 +318,25 @@ def write_run_facts(trainer, run_dir: Path, seconds: float) -> None:
     path.write_text(json.dumps(facts, indent=2))
 
 
+def preflight(cfg: RunConfig, resume: Path | None) -> None:
+    """What can be refused before anything is built: the devices against this machine
+    (``distributed.check_devices``) and, for a new run, an ``output_dir`` that cannot be made or written."""
+    import tempfile
+
+    from selfsup.distributed import check_devices
+
+    check_devices(cfg.trainer)
+    if resume is None:
+        out = Path(cfg.output_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=out):
+                pass
+        except OSError as e:
+            raise UserError(f"output_dir={cfg.output_dir} cannot hold run folders ({e.strerror or type(e).__name__}); "
+                            "set output_dir to a folder you can write") from None
+
+
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
     """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report."""
     import copy
@@ -332,6 +352,8 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
         run_dir = Path(resume) if resume else new_run_dir(cfg, preset)
         os.environ["SELFSUP_RUN_DIR"] = str(run_dir)
     require_loggers(cfg)
+    if not child:
+        preflight(cfg, resume)
     if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
         raise UserError(f"eval.knn_every_n_steps and eval.online_probe need labels, and data.name={cfg.data.name} has "
                         "none; set eval.knn_every_n_steps=0 eval.online_probe=false")

@@ -137,6 +137,7 @@ class EvalSession:
         if key not in self._splits:
             full = load_split(cfg, name, self.source.meta, self.resize if resize is None else resize, flag)
             self._splits[key] = full.subset(limit)
+            self._splits[(self.data_key(cfg, limit), name)] = self._splits[key]  # an image size inferred on loading
         return self._splits[key]
 
     def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",

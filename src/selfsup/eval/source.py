@@ -138,6 +138,11 @@ def load_source(location: str | Path) -> EvalSource:
             return _from_exported(path / "backbone.safetensors", path)
         if (path / "checkpoints" / "last.ckpt").exists():
             return _from_checkpoint(path / "checkpoints" / "last.ckpt")
+        if (path / "config.yaml").exists():  # a run killed or failed before its first checkpoint
+            init = f"; evaluate its random init {path / INIT_FILE}" if (path / INIT_FILE).exists() else ""
+            raise UserError(f"{path} is a selfsup run that stopped before its first checkpoint (no "
+                            f"checkpoints/last.ckpt, no backbone.safetensors): nothing trained to evaluate; "
+                            f"train it again{init}")
         raise UserError(f"{path} is not a selfsup run folder "
                         f"(no backbone.safetensors or checkpoints/last.ckpt); {WHAT}")
     if path.suffix == ".safetensors":

@@ -418,8 +418,15 @@ class SSLMethod(TrainingBase):
             self.backbone = build_backbone(cfg.model.backbone, **backbone_kwargs(cfg, info))
         except ValueError as e:
             raise UserError(f"model: {e}") from None
-        self.augment = MultiViewAugment.from_plan(build_view_plan(cfg.augment, self.recipe, info.image_size),
-                                                  info.image_size, info.mean, info.std)
+        plan = build_view_plan(cfg.augment, self.recipe, info.image_size)
+        patch = getattr(self.backbone, "patch_size", None)
+        for group in plan[2:]:  # the local crops (the global ones are at the model size, checked by the backbone)
+            if isinstance(patch, int) and group.size % patch:
+                default = "" if cfg.augment.local_crops_size else " (its default, 96/224 of the model size)"
+                raise UserError(f"augment.local_crops_size={group.size}{default} is not divisible by the ViT patch "
+                                f"model.patch_size={patch}; use a multiple of {patch}, "
+                                f"e.g. {max(patch, group.size // patch * patch)}")
+        self.augment = MultiViewAugment.from_plan(plan, info.image_size, info.mean, info.std)
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
 
     # ----------------------------------------------------------------- to write in a method
