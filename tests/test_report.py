@@ -240,9 +240,39 @@ def test_overlay_of_two_runs_shares_axes_and_tells_every_line_apart(tmp_path, mo
     assert "## The runs" in md and "|  | default | cut-init |" in md and "| measure | default | cut-init |" in md
     assert "| run | step | kind |" in md and "| cut-init | 20 | grad_spike |" in md
     assert "| default | 40 | knn_dip |" in md
-    assert md.count("| metric | first | last |") == 2
+    # the metrics side by side: one table, a column per run (last value and range); a run's missing metric: –
+    assert md.count("| metric | first | last |") == 0 and md.count("| metric | default | cut-init |") == 1
+    row = next(line for line in md.splitlines() if line.startswith("| instruments/grad_l2_a |"))
+    assert row.endswith("| – |")  # run b has no such group
+    row = next(line for line in md.splitlines() if line.startswith("| train/loss |"))
+    assert row.count("(") == 2 and row.count("…") == 2  # both runs log the loss
+    # legends beside the axes, never over a curve
+    for name in ("grad_norms", "loss"):
+        fig = figs[name]
+        fig.canvas.draw()
+        legend, axes = fig.axes[0].get_legend().get_window_extent(), fig.axes[0].get_window_extent()
+        assert legend.x0 >= axes.x1, name
     assert non_blank(tmp_path / "cmp" / "loss.png") and non_blank(tmp_path / "cmp" / "grad_norms.png")
     assert markdown_items(md) == html_items((tmp_path / "cmp" / "report.html").read_text())
+
+
+def test_an_overlay_opens_with_the_settings_that_differ(tmp_path):
+    a = fake_run(tmp_path / "a", events=False)
+    b = fake_run(tmp_path / "b", events=False)
+    cfg = yaml.safe_load((b / "config.yaml").read_text())
+    cfg["optim"]["base_lr"], cfg["interventions"]["cut_init"] = 0.5, 3.0
+    del cfg["data"]["imbalance"]
+    (b / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    sections = build_report([load_run(a), load_run(b)], tmp_path)
+    assert sections[0].title == "Settings that differ" and sections[1].title == "The runs"
+    (table,) = sections[0].blocks
+    base_lr = load_run_config("moco-v3-vit-digits").optim.base_lr
+    assert table.header == ["setting", "a", "b"]
+    assert table.rows == [["data.imbalance", "1", "–"], ["optim.base_lr", report._fmt(base_lr), "0.5"],
+                          ["interventions.cut_init", "1", "3"]]  # name and output_dir differ too, but say nothing
+    same = build_report([load_run(a), load_run(a)], tmp_path)[0]
+    assert same.blocks == ["The runs' configs are the same (name and output_dir aside)."]
+    assert build_report([load_run(a)], tmp_path)[0].title == "The run"  # one run: no such section
 
 
 def test_report_errors_exit_2_with_one_line(tmp_path):
