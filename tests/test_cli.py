@@ -164,6 +164,13 @@ def test_a_run_killed_before_its_first_checkpoint_is_called_so(tmp_path):
     (run / "backbone_init.safetensors").write_bytes(b"")
     code, _, err = run_cli("eval", "knn", str(run))
     assert_user_error(code, err, "stopped before its first checkpoint", "backbone_init.safetensors", "train it again")
+    (run / "config.yaml").unlink()
+    (run / "metrics.csv").write_text("epoch,step,train/loss\n0,0,1.0\n")
+    from selfsup.config import read_run_config
+    from selfsup.errors import UserError
+
+    with pytest.raises(UserError, match="holds a run's metrics.csv but no config.yaml"):
+        read_run_config(run)
 
 
 def test_image_size_and_channels_of_a_grayscale_folder(tmp_path):

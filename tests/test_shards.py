@@ -108,6 +108,8 @@ def test_streamed_urls_need_a_sample_count_and_shards_name_their_mistakes(tmp_pa
     url = f"pipe:cat {folder}/shard-{{000000..000001}}.tar"  # any URL the webdataset library opens
     with pytest.raises(UserError, match="set data.num_samples"):
         shards(url)
+    with pytest.raises(UserError, match="data.image_size is unset and no image size can be read from pipe:cat"):
+        load_dataset(DataConfig(name="webdataset", root=url, num_samples=8), "train")  # a stream: no header to read
     ds = shards(url, num_samples=8)
     labels = sorted(torch.cat([b[1] for b in epoch_batches(ds, 0, 0, 1, 2, 0, buffer=0)]).tolist())
     assert labels == list(range(8))

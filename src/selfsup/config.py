@@ -502,6 +502,10 @@ def read_run_config(run_dir: str | Path) -> dict:
     """The ``config.yaml`` of a run folder as a plain mapping (not resolved: no method is imported)."""
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
+        left = [n for n in ("checkpoints", "metrics.csv", "backbone_init.safetensors") if (Path(run_dir) / n).exists()]
+        if left:  # a run's files without its config: removed, or the start was cut off
+            raise UserError(f"{run_dir} holds a run's {left[0]} but no config.yaml (removed, or the run was cut off "
+                            "while starting); restore its config.yaml or start the run again")
         raise UserError(f"{run_dir} is not a selfsup run folder (no config.yaml); pass the folder a pretrain run made")
     try:
         raw = yaml.safe_load(path.read_text())
