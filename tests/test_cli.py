@@ -119,6 +119,79 @@ def test_config_mistakes_exit_2_with_one_line(args, words):
     assert_user_error(code, err, *words)
 
 
+DINO_TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.progress_bar=false",
+             "trainer.accelerator=cpu", "trainer.devices=1", "data.batch_size=16", "method.out_dim=64",
+             "method.hidden_dim=32", "method.bottleneck_dim=16"]
+
+
+@pytest.mark.parametrize("preset, args, words", [
+    # each names the key the user typed and its fix (issue 22: these were tracebacks, hangs or other keys)
+    (PRESET, ["trainer.accelerator=gpu"], ["trainer.accelerator=gpu", "no CUDA GPU", "trainer.accelerator=cpu"]),
+    (PRESET, ["trainer.accelerator=cpu", "trainer.devices=4096"], ["trainer.devices=4096", "CPU cores", "or fewer"]),
+    (PRESET, ["trainer.accelerator=cpu", "trainer.devices=0"], ["trainer.devices=0", ">= 1"]),
+    (PRESET, ["data.num_workers=-2"], ["data.num_workers=-2", ">= 0"]),
+    (PRESET, ["data.channels=3"], ["data.channels=3", "leave data.channels unset"]),
+    (PRESET, ["data.channels=2"], ["data.channels=2", "1 (grayscale) or 3 (RGB)"]),
+    ("dino-digits", ["augment.local_crops_size=5"], ["augment.local_crops_size=5", "model.patch_size=2", "e.g. 4"]),
+    ("dino-digits", ["augment.global_crops_scale=[0.9,0.2]"], ["augment.global_crops_scale=[0.9, 0.2]", "min first"]),
+    ("dino-digits", ["augment.local_crops_scale=[0.5,0.1]"], ["augment.local_crops_scale=[0.5, 0.1]"]),
+    (PRESET, ["augment.branch2.crop_min=0.9", "augment.branch2.crop_max=0.2"], ["augment.branch2.crop_min"]),
+    (PRESET, ["data.name=webdataset", "data.root=/nonexistent/train-*.tar"],
+     ["no file matches data.root=/nonexistent/train-*.tar", "brace pattern"]),
+    (PRESET, ["data.name=webdataset", "data.root=/nonexistent/train-{0..3}.tar"],
+     ["no file matches data.root=/nonexistent/train-{0..3}.tar"]),
+])
+def test_edge_mistakes_exit_2_with_one_line(preset, args, words, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a machine with a GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    tiny = TINY if preset == PRESET else DINO_TINY
+    code, _, err = run_cli("pretrain", preset, *tiny, *args, f"output_dir={tmp_path}", "name=r")
+    assert_user_error(code, err, *words)
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    code, _, err = run_cli("pretrain", PRESET, *TINY, f"output_dir={tmp_path / 'file' / 'runs'}", "name=r")
+    assert_user_error(code, err, f"output_dir={tmp_path / 'file' / 'runs'}", "cannot hold run folders",
+                      "set output_dir")
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_called_so(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("method:\n  name: moco_v3\n")
+    (run / "backbone_init.safetensors").write_bytes(b"")
+    code, _, err = run_cli("eval", "knn", str(run))
+    assert_user_error(code, err, "stopped before its first checkpoint", "backbone_init.safetensors", "train it again")
+    (run / "config.yaml").unlink()
+    (run / "metrics.csv").write_text("epoch,step,train/loss\n0,0,1.0\n")
+    from selfsup.config import read_run_config
+    from selfsup.errors import UserError
+
+    with pytest.raises(UserError, match="holds a run's metrics.csv but no config.yaml"):
+        read_run_config(run)
+
+
+def test_image_size_and_channels_of_a_grayscale_folder(tmp_path):
+    """data.image_size unset: the first images' size (28 px), printed and recorded in config.yaml; data.channels=1
+    decodes them to one channel, with the luma of ImageNet's statistics."""
+    root = tmp_path / "gray"
+    root.mkdir()
+    for i in range(8):
+        Image.new("L", (28, 28), 30 * i).save(root / f"{i}.png")
+    code, out, err = run_cli("pretrain", PRESET, *TINY, "data.name=images", f"data.root={root}", "data.channels=1",
+                             "data.batch_size=4", "model.patch_size=7", f"output_dir={tmp_path}", "name=r")
+    assert code == 0, err
+    assert "data.image_size unset: using 28 px" in err
+    cfg = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert cfg["data"]["image_size"] == 28 and cfg["data"]["channels"] == 1
+    from selfsup.export import read_meta
+
+    meta = read_meta(tmp_path / "r" / "backbone.safetensors")
+    assert (meta["image_size"], meta["in_chans"], meta["mean"], meta["std"]) == (28, 1, [0.459], [0.2256])
+
+
 def test_data_root_without_the_dataset(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

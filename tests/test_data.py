@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from selfsup.config import DataConfig
-from selfsup.data.datasets import fashion_mnist_default, load_dataset
+from selfsup.data.datasets import IMAGENET_MEAN, fashion_mnist_default, load_dataset
 from selfsup.data.loader import EpochBatchSampler, batch_loader
 from selfsup.errors import UserError, clean_message
 
@@ -187,6 +187,28 @@ def test_imagefolder_corrupt_file_names_it(tmp_path):
     with pytest.raises(Exception) as e:
         list(loader)
     assert str(bad) in clean_message(e.value) and "\n" not in clean_message(e.value)
+
+
+def test_imagefolder_size_from_its_first_images_and_one_grayscale_channel(tmp_path, capsys):
+    """data.image_size unset: the shorter side of the first train images (also when the test split is loaded
+    first, as evaluation does), printed, at most 224; data.channels=1: PIL's luma, ImageNet's statistics' luma."""
+    make_folder(tmp_path / "f", {"train": {"a": 2, "b": 2}, "val": {"a": 1}}, size=(20, 12))
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path / "f"))
+    val = load_dataset(cfg, "test")
+    assert val.image_size == 12 and cfg.image_size == 12 and val.images.shape == (1, 3, 12, 12)
+    assert "data.image_size unset: using 12 px (the shorter side of the first 4 image(s)" in capsys.readouterr().err
+    gray = DataConfig(name="imagefolder", root=str(tmp_path / "f"), image_size=8, channels=1)
+    train = load_dataset(gray, "train")
+    images, _ = train[torch.tensor([0, 2])]
+    assert images.shape == (2, 1, 8, 8) and train.channels == 1
+    assert images[:, 0, 4, 4].tolist() == [round(7 * 0.587 + 200 * 0.114), round(10 * 0.299 + 7 * 0.587 + 200 * 0.114)]
+    assert train.mean == (0.459,) and train.std == (0.2256,) and load_dataset(cfg, "train").mean == IMAGENET_MEAN
+    crops = train.images.train_crops([(0.5, 1.0)] * 2, seed=0).crops(torch.tensor([1]), 0)
+    assert crops.shape == (1, 2, 1, 8, 8)  # the decode-time training crops are grayscale too
+    make_folder(tmp_path / "big", {"train": {"a": 1}}, size=(300, 260))
+    big = DataConfig(name="imagefolder", root=str(tmp_path / "big"))
+    assert load_dataset(big, "train").image_size == 224 and "224, their shorter sides being 260 px" in \
+        capsys.readouterr().err
 
 
 def test_imagefolder_without_folders_or_images(tmp_path):

@@ -115,8 +115,8 @@ def test_augmented_probe_on_a_folder_crops_the_whole_image(tmp_path, monkeypatch
     train = ImageDataset("imagefolder", FolderImages(files, 8), torch.arange(4) % 2, 2, (0.5,) * 3, (0.25,) * 3)
     seen = []
     real = decode.decode_crops
-    monkeypatch.setattr(decode, "decode_crops", lambda path, boxes_of, size, draft=True: seen.append(
-        boxes_of(48, 96)) or real(path, boxes_of, size, draft))
+    monkeypatch.setattr(decode, "decode_crops", lambda path, boxes_of, size, draft=True, channels=3: seen.append(
+        boxes_of(48, 96)) or real(path, boxes_of, size, draft, channels))
     backbone = build_backbone("vit_micro", in_chans=3, image_size=8, patch_size=2)
     probe_augmented(backbone, train, train, {"image_size": 8, "mean": [0.5] * 3, "std": [0.25] * 3},
                     ProbeConfig(epochs=2, batch_size=4, val_fraction=0.0), base_lr=0.1)

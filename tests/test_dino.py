@@ -249,7 +249,7 @@ def test_schedules_as_applied_in_training(fitted):
     cfg, rows, _ = fitted
     assert len(rows) == 6
     peak = cfg.optim.base_lr * cfg.data.batch_size / 256
-    lr = official_cosine(peak, 1e-5 * cfg.data.batch_size / 256, 3, 2, warmup_epochs=1)
+    lr = official_cosine(peak, 1e-5, 3, 2, warmup_epochs=1)  # min_lr as given (main_dino.py:238-243)
     wd = official_cosine(0.04, 0.3, 3, 2)
     mom = official_cosine(0.9, 1.0, 3, 2)
     for step, row in enumerate(rows):

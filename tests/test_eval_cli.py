@@ -70,9 +70,47 @@ def test_knn_writes_json_and_reuses_feature_cache(run, capsys):
 def test_knn_from_checkpoint_and_exported_file_agree(run, capsys, tmp_path):
     ok(capsys, "knn", run / "checkpoints" / "last.ckpt", "--k", "20", "--out", tmp_path / "a")
     ok(capsys, "knn", run / "backbone.safetensors", "--k", "20", "--out", tmp_path / "b")
-    a = json.loads((tmp_path / "a" / "knn.json").read_text())["results"]
-    b = json.loads((tmp_path / "b" / "knn.json").read_text())["results"]
-    assert a == b
+    a = json.loads((tmp_path / "a" / "knn.step0.json").read_text())  # keyed by the checkpoint's step
+    b = json.loads((tmp_path / "b" / "knn.json").read_text())
+    assert a["results"] == b["results"]
+    assert (a["weights"], b["weights"]) == ("checkpoint at step 0", "trained")
+
+
+def test_results_are_keyed_by_the_weights_they_evaluated(run, capsys, tmp_path):
+    """The random init's results never replace the trained backbone's: knn.init.json beside knn.json, each saying
+    what it evaluated, and the report labels each."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from selfsup.export import export_backbone, read_meta
+    from selfsup.models.backbones import build_backbone
+    from selfsup.report import headline_rows, load_run
+
+    folder = tmp_path / "r"
+    shutil.copytree(run, folder, ignore=shutil.ignore_patterns("eval"))
+    meta = read_meta(folder / "backbone.safetensors")  # a trained backbone that differs from its init
+    trained = build_backbone(meta["backbone"], **meta["kwargs"])
+    trained.load_state_dict({k: v + 0.5 * torch.randn_like(v) if v.is_floating_point() else v
+                             for k, v in load_file(str(folder / "backbone.safetensors")).items()})
+    export_backbone(trained, folder / "backbone.safetensors", {k: v for k, v in meta.items() if k != "format"})
+    ok(capsys, "knn", folder, "--k", "20")
+    before = (folder / "eval" / "knn.json").read_text()
+    ok(capsys, "knn", folder / "backbone_init.safetensors", "--k", "20")
+    ok(capsys, "rankme", folder / "backbone_init.safetensors")
+    assert (folder / "eval" / "knn.json").read_text() == before  # the trained result is intact
+    init = json.loads((folder / "eval" / "knn.init.json").read_text())
+    assert init["weights"] == "random init" and json.loads(before)["weights"] == "trained"
+    assert init["results"] != json.loads(before)["results"]
+    assert json.loads((folder / "eval" / "rankme.init.json").read_text())["weights"] == "random init"
+    assert not (folder / "eval" / "rankme.json").exists()
+    # the heads in last.ckpt are not the init's: refused, and the loss-side default falls back to the backbone
+    assert "--embedding backbone" in bad("rankme", folder / "backbone_init.safetensors", "--embedding", "projector")
+    (folder / "metrics.csv").write_text("epoch,step,train/loss\n0,0,1.0\n")
+    measures = {m: v for m, v, _ in headline_rows(load_run(folder))}
+    assert measures["eval kNN top-1 (k=20) [trained]"] == f"{json.loads(before)['results']['k=20']['top1']:.2f}%"
+    assert measures["eval kNN top-1 (k=20) [random init]"] == f"{init['results']['k=20']['top1']:.2f}%"
+    assert "RankMe [random init]" in measures and "RankMe [trained]" not in measures
 
 
 def test_linear_rankme_norms_all(run, capsys):

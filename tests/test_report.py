@@ -51,7 +51,7 @@ def fake_run(path, keys=KEYS, scale=1.0, events=True, evals=False):
     if evals:
         ev = path / "eval"
         ev.mkdir()
-        head = {"backbone": "vit_micro", "method": "moco_v3", "dataset": "digits"}
+        head = {"backbone": "vit_micro", "method": "moco_v3", "dataset": "digits", "weights": "trained"}
         files = {
             "knn": {**head, "voting": "T=0.07", "results": {"k=20": {"top1": 80.5, "top5": 99.7},
                                                             "k=200": {"top1": 67.7, "top5": 99.2}}},
@@ -59,6 +59,13 @@ def fake_run(path, keys=KEYS, scale=1.0, events=True, evals=False):
             "finetune": {**head, "epochs": 1, "recipe": "plain", "test": {"top1": 24.51, "top5": 66.6}},
             "rankme": {**head, "rankme": 3.49, "effective_rank_99": 25, "dim": 128, "samples": 1438},
             "norms-ood-classes-8-9": {**head, "ood": "classes:8,9", "auroc": 0.4212, "in_size": 289, "ood_size": 70},
+            # the random init's kNN (selfsup eval knn RUN/backbone_init.safetensors), written before results carried
+            # their weights: told apart by its source
+            "knn.init": {**{k: v for k, v in head.items() if k != "weights"},
+                         "source": str(path / "backbone_init.safetensors"), "voting": "T=0.07",
+                         "results": {"k=20": {"top1": 63.8, "top5": 95.0}}},
+            "rankme-projector.step40": {**head, "weights": "checkpoint at step 40", "embedding": "projector",
+                                        "rankme": 7.5, "effective_rank_99": 30, "dim": 128, "samples": 1438},
         }
         for name, data in files.items():
             (ev / f"{name}.json").write_text(json.dumps(data))
@@ -135,9 +142,11 @@ def test_a_run_with_evaluations_and_events_has_every_section_in_both_renderings(
                   ["devices", "2 × NVIDIA H200"], ["seed", "0"]):
         assert f"| {words[0]} | {words[1]} |" in md, words
     for row in ("| kNN top-1, trained | 81.62% |", "| kNN top-1, random init (floor) | 58.50% |",
-                "| gain over the floor | +23.12 points |", "| eval kNN top-1 (k=20) | 80.50% |",
-                "| linear probe top-1 | 91.92% |", "| fine-tuning top-1 | 24.51% |", "| RankMe | 3.49 |",
-                "| effective rank (99%) | 25 |", "| norm OOD AUROC (classes:8,9) | 0.4212 |"):
+                "| gain over the floor | +23.12 points |", "| eval kNN top-1 (k=20) [trained] | 80.50% |",
+                "| eval kNN top-1 (k=20) [random init] | 63.80% |",
+                "| linear probe top-1 [trained] | 91.92% |", "| fine-tuning top-1 [trained] | 24.51% |",
+                "| RankMe [trained] | 3.49 |", "| RankMe [checkpoint at step 40, projector] | 7.5 |",
+                "| effective rank (99%) [trained] | 25 |", "| norm OOD AUROC (classes:8,9) [trained] | 0.4212 |"):
         assert row in md, row
     assert "2 events: grad_spike × 1, knn_dip × 1." in md
     assert "| 20 | grad_spike | first_block | 9 | 1 | 9 |" in md and "| 40 | knn_dip |  | 0.5 | 1.9 | 0.263 |" in md
@@ -231,9 +240,39 @@ def test_overlay_of_two_runs_shares_axes_and_tells_every_line_apart(tmp_path, mo
     assert "## The runs" in md and "|  | default | cut-init |" in md and "| measure | default | cut-init |" in md
     assert "| run | step | kind |" in md and "| cut-init | 20 | grad_spike |" in md
     assert "| default | 40 | knn_dip |" in md
-    assert md.count("| metric | first | last |") == 2
+    # the metrics side by side: one table, a column per run (last value and range); a run's missing metric: –
+    assert md.count("| metric | first | last |") == 0 and md.count("| metric | default | cut-init |") == 1
+    row = next(line for line in md.splitlines() if line.startswith("| instruments/grad_l2_a |"))
+    assert row.endswith("| – |")  # run b has no such group
+    row = next(line for line in md.splitlines() if line.startswith("| train/loss |"))
+    assert row.count("(") == 2 and row.count("…") == 2  # both runs log the loss
+    # legends beside the axes, never over a curve
+    for name in ("grad_norms", "loss"):
+        fig = figs[name]
+        fig.canvas.draw()
+        legend, axes = fig.axes[0].get_legend().get_window_extent(), fig.axes[0].get_window_extent()
+        assert legend.x0 >= axes.x1, name
     assert non_blank(tmp_path / "cmp" / "loss.png") and non_blank(tmp_path / "cmp" / "grad_norms.png")
     assert markdown_items(md) == html_items((tmp_path / "cmp" / "report.html").read_text())
+
+
+def test_an_overlay_opens_with_the_settings_that_differ(tmp_path):
+    a = fake_run(tmp_path / "a", events=False)
+    b = fake_run(tmp_path / "b", events=False)
+    cfg = yaml.safe_load((b / "config.yaml").read_text())
+    cfg["optim"]["base_lr"], cfg["interventions"]["cut_init"] = 0.5, 3.0
+    del cfg["data"]["imbalance"]
+    (b / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    sections = build_report([load_run(a), load_run(b)], tmp_path)
+    assert sections[0].title == "Settings that differ" and sections[1].title == "The runs"
+    (table,) = sections[0].blocks
+    base_lr = load_run_config("moco-v3-vit-digits").optim.base_lr
+    assert table.header == ["setting", "a", "b"]
+    assert table.rows == [["data.imbalance", "1", "–"], ["optim.base_lr", report._fmt(base_lr), "0.5"],
+                          ["interventions.cut_init", "1", "3"]]  # name and output_dir differ too, but say nothing
+    same = build_report([load_run(a), load_run(a)], tmp_path)[0]
+    assert same.blocks == ["The runs' configs are the same (name and output_dir aside)."]
+    assert build_report([load_run(a)], tmp_path)[0].title == "The run"  # one run: no such section
 
 
 def test_report_errors_exit_2_with_one_line(tmp_path):

@@ -89,11 +89,27 @@ def test_corrupt_image_is_replaced_in_its_batch_and_counted(tmp_path, capsys):
     assert "corrupt image" in err and "00005.png" in err and "1 so far" in err
 
 
+def test_a_glob_of_shards_their_inferred_size_and_one_channel(tmp_path, capsys):
+    folder = write_shards(tmp_path / "s", [5, 3])
+    ds = load_dataset(DataConfig(name="webdataset", root=f"{folder}/shard-*.tar", channels=1), "train")
+    assert len(ds) == 8 and ds.channels == 1 and ds.mean == (0.459,)
+    from selfsup.data.shards import first_image_sizes
+
+    size = min(min(wh) for wh in first_image_sizes(ds.images.urls, 16))
+    assert ds.image_size == size and f"data.image_size unset: using {size} px" in capsys.readouterr().err
+    crops = ShardCrops(ds.images, SCALES, seed=3, rank=0, world=1, batch=2, streams=1)[(0, 0, 0)][0]
+    assert crops.shape == (2, 2, 1, size, size) and ds.head(3).images.shape == (3, 1, size, size)
+    with pytest.raises(UserError, match="1 of its 3 shards do not exist"):
+        shards(f"{folder}/shard-{{000000..000002}}.tar")
+
+
 def test_streamed_urls_need_a_sample_count_and_shards_name_their_mistakes(tmp_path):
     folder = write_shards(tmp_path / "s", [4, 4])
     url = f"pipe:cat {folder}/shard-{{000000..000001}}.tar"  # any URL the webdataset library opens
     with pytest.raises(UserError, match="set data.num_samples"):
         shards(url)
+    with pytest.raises(UserError, match="data.image_size is unset and no image size can be read from pipe:cat"):
+        load_dataset(DataConfig(name="webdataset", root=url, num_samples=8), "train")  # a stream: no header to read
     ds = shards(url, num_samples=8)
     labels = sorted(torch.cat([b[1] for b in epoch_batches(ds, 0, 0, 1, 2, 0, buffer=0)]).tolist())
     assert labels == list(range(8))

@@ -32,7 +32,9 @@ class DataConfig:
     # | webdataset (tar shards) | latents (precomputed, float)
     name: str = "digits"
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
-    image_size: int | None = None  # None: the dataset's native size
+    # None: the dataset's native size; image folders and shards: their first images' (at most 224), printed
+    image_size: int | None = None
+    channels: int | None = None  # image folders and shards: 3 (RGB, the default) or 1 (decoded to grayscale)
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
     # decoding workers (imagefolder, images, webdataset: one shard stream each); in-memory datasets need none
     num_workers: int = 0
@@ -64,6 +66,10 @@ class DataConfig:
             raise UserError(f"data.shuffle_buffer={self.shuffle_buffer} must be >= 0 (0: shard order)")
         if self.image_size is not None and self.image_size < 4:
             raise UserError(f"data.image_size={self.image_size} is too small; use >= 4")
+        if self.channels not in (None, 1, 3):
+            raise UserError(f"data.channels={self.channels} must be 1 (grayscale) or 3 (RGB)")
+        if self.num_workers < 0:
+            raise UserError(f"data.num_workers={self.num_workers} must be >= 0 (0: decode in the main process)")
         if any(c < 0 for c in self.exclude_classes) or len(set(self.exclude_classes)) < len(self.exclude_classes):
             raise UserError(f"data.exclude_classes={self.exclude_classes} must list distinct class indices >= 0, "
                             "e.g. [8, 9]")
@@ -505,6 +511,10 @@ def read_run_config(run_dir: str | Path) -> dict:
     """The ``config.yaml`` of a run folder as a plain mapping (not resolved: no method is imported)."""
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
+        left = [n for n in ("checkpoints", "metrics.csv", "backbone_init.safetensors") if (Path(run_dir) / n).exists()]
+        if left:  # a run's files without its config: removed, or the start was cut off
+            raise UserError(f"{run_dir} holds a run's {left[0]} but no config.yaml (removed, or the run was cut off "
+                            "while starting); restore its config.yaml or start the run again")
         raise UserError(f"{run_dir} is not a selfsup run folder (no config.yaml); pass the folder a pretrain run made")
     try:
         raw = yaml.safe_load(path.read_text())

@@ -1,6 +1,9 @@
-"""Gathers across processes, with and without gradient; identity in a single process."""
+"""Gathers across processes, with and without gradient; identity in a single process. And the check of the
+devices a run asks for against the machine (``check_devices``)."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -82,3 +85,45 @@ def all_reduce_sum(x: Tensor) -> Tensor:
     out = x.detach().clone()
     dist.all_reduce(out)
     return out
+
+
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_devices(trainer) -> None:
+    """``trainer.accelerator`` and ``trainer.devices`` (the TrainerConfig) against this machine, before anything
+    starts: a GPU asked for without one, or more processes than the CPU cores or GPUs present, is a one-line
+    UserError naming the key (Lightning would raise a traceback, or start every process and hang)."""
+    from selfsup.errors import UserError
+
+    accelerator, devices = str(trainer.accelerator).lower(), trainer.devices
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if accelerator in ("gpu", "cuda") and not gpus:
+        raise UserError(f"trainer.accelerator={trainer.accelerator} but this machine has no CUDA GPU; "
+                        "set trainer.accelerator=cpu (or auto)")
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpus > 0)
+    if accelerator not in ("gpu", "cuda", "cpu", "auto"):
+        return  # mps, tpu, ...: Lightning checks its own
+    present, what = (gpus, "GPU(s)") if on_gpu else (_cpu_cores(), "CPU cores")
+    if isinstance(devices, str) and devices.strip() not in ("auto", "-1"):
+        text = devices.strip()
+        devices = [int(x) for x in text.split(",") if x.strip().isdigit()] if "," in text else \
+            (int(text) if text.lstrip("-").isdigit() else devices)
+    if isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
+        return  # "auto", "-1" or a form Lightning reports itself
+    if isinstance(devices, int):
+        if devices == 0 or devices < -1:
+            raise UserError(f"trainer.devices={trainer.devices} must be >= 1 (or -1 / auto: all {present} {what})")
+        if devices > present:
+            raise UserError(f"trainer.devices={trainer.devices} asks for more processes than the {present} {what} "
+                            f"of this machine; use trainer.devices={present} or fewer")
+    elif on_gpu and any(not isinstance(i, int) or not 0 <= i < gpus for i in devices):
+        raise UserError(f"trainer.devices={trainer.devices} names a GPU this machine does not have "
+                        f"(ids 0..{gpus - 1}); list ids in that range")
+    elif not on_gpu and len(devices) > present:
+        raise UserError(f"trainer.devices={trainer.devices} asks for more processes than the {present} {what} "
+                        f"of this machine; use trainer.devices={present} or fewer")

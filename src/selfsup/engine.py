@@ -289,6 +289,8 @@ def quiet_lightning() -> None:
 def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
     from selfsup.instruments import monitor_callbacks
 
     t = cfg.trainer
@@ -311,7 +313,7 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
             enable_checkpointing=False, plugins=[AtomicCheckpointIO()], use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )
-    except (ValueError, RuntimeError, TypeError) as e:  # Lightning's own messages for bad devices/strategy
+    except (ValueError, RuntimeError, TypeError, MisconfigurationException) as e:  # Lightning's: devices, strategy
         raise UserError(f"trainer: {str(e).splitlines()[0]}") from None
 
 
@@ -370,6 +372,25 @@ def _kept_checkpoint(run_dir: Path, saved_step: int | None) -> str:
             f" (selfsup pretrain --resume {run_dir} continues from it)")
 
 
+def preflight(cfg: RunConfig, resume: Path | None) -> None:
+    """What can be refused before anything is built: the devices against this machine
+    (``distributed.check_devices``) and, for a new run, an ``output_dir`` that cannot be made or written."""
+    import tempfile
+
+    from selfsup.distributed import check_devices
+
+    check_devices(cfg.trainer)
+    if resume is None:
+        out = Path(cfg.output_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=out):
+                pass
+        except OSError as e:
+            raise UserError(f"output_dir={cfg.output_dir} cannot hold run folders ({e.strerror or type(e).__name__}); "
+                            "set output_dir to a folder you can write") from None
+
+
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
     """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report.
     A fresh run whose start fails (before training begins) leaves no folder behind."""
@@ -400,6 +421,8 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     if not child:
         os.environ["SELFSUP_RUN_DIR"] = str(run_dir)
     require_loggers(cfg)
+    if not child:
+        preflight(cfg, resume)
     if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
         raise UserError(f"eval.knn_every_n_steps and eval.online_probe need labels, and data.name={cfg.data.name} has "
                         "none; set eval.knn_every_n_steps=0 eval.online_probe=false")

@@ -62,6 +62,7 @@ class OptimConfig:
     trust_coefficient: float = 0.001  # LARS
     warmup_epochs: float = 0.0
     min_lr: float = 0.0
+    scale_min_lr: bool | None = None  # None: the method's official rule (scaled as base_lr; DINO, iBOT, MAE: as given)
     decay_1d: bool = True  # AdamW/SGD: decay biases and norm weights too (the official MoCo v3 / SimSiam code does)
     lr_scaling: str = "linear"  # linear: base_lr * batch/256 | sqrt: base_lr * sqrt(batch/256) (cookbook §3.5)
     predictor_lr_mult: float = 1.0  # predictor lr = mult × scheduled lr (DirectPred studies 1–10×)

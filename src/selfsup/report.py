@@ -254,7 +254,7 @@ def headline_rows(run: Run) -> list[tuple[str, str, str]]:
             and isinstance(floor.get("top1"), (int, float))):
         rows.append(("gain over the floor", f"{trained['top1'] - floor['top1']:+.2f} points", ""))
     order = ("knn", "linear", "finetune", "rankme", "norms", "generation")
-    named = sorted(run.evals.items(), key=lambda kv: (order.index(kv[0].split("-")[0]) if kv[0].split("-")[0] in order
+    named = sorted(run.evals.items(), key=lambda kv: (order.index(_kind(kv[0])) if _kind(kv[0]) in order
                                                       else len(order), kv[0]))
     for name, ev in named:
         rows.extend(_eval_rows(name, ev))
@@ -265,9 +265,31 @@ def _epochs(n) -> str:
     return f"{n} epoch" + ("" if n == 1 else "s")
 
 
+def _kind(name: str) -> str:
+    """The protocol of ``eval/<protocol>[-<embedding>][.<weights>].json``."""
+    return name.split(".")[0].split("-")[0]
+
+
+def evaluated(ev: dict) -> str:
+    """What an evaluation evaluated: its ``weights`` (trained, random init, checkpoint at step N, a file name),
+    from the source path for results written before they carried it, and the embedding where not the backbone."""
+    what = ev.get("weights")
+    if not isinstance(what, str):
+        source = Path(str(ev.get("source", "")))
+        what = {"backbone.safetensors": "trained", "backbone_init.safetensors": "random init"}.get(
+            source.name, "checkpoint" if source.suffix == ".ckpt" else source.name or "?")
+    embedding = ev.get("embedding")
+    return what + (f", {embedding}" if isinstance(embedding, str) and embedding != "backbone" else "")
+
+
 def _eval_rows(name: str, ev: dict) -> list[tuple[str, str, str]]:
-    """The headline of one ``eval/<name>.json`` (``all`` repeats the others and is skipped when they exist)."""
-    kind = name.split("-")[0]
+    """The headline of one ``eval/<name>.json``, each measure labelled with what it evaluated (``all`` repeats the
+    others and is skipped)."""
+    what = evaluated(ev)
+    return [(f"{measure} [{what}]", value, how) for measure, value, how in _eval_values(_kind(name), ev)]
+
+
+def _eval_values(kind: str, ev: dict) -> list[tuple[str, str, str]]:
     where = ev.get("dataset", "")
     if kind == "knn" and isinstance(ev.get("results"), dict):
         results = {k: r["top1"] for k, r in ev["results"].items() if isinstance(r, dict) and "top1" in r}
@@ -329,27 +351,65 @@ def events_section(runs: list[Run]) -> Section:
     return Section("events", "Events", [f"{count}: {summary}.", Table(header, rows, note)])
 
 
+def _summary(points: list[tuple[int, float]]) -> tuple[float, float, float, float]:
+    """(first, last, min, max) of a series; min and max over its finite values."""
+    values = [v for _, v in points]
+    finite = [v for v in values if math.isfinite(v)] or [float("nan")]
+    return values[0], values[-1], min(finite), max(finite)
+
+
 def summary_rows(run: Run) -> list[list[str]]:
     """One row per metric: first, last, min, max and the step of the last value."""
-    rows = []
-    for key in sorted(run.series):
-        values = [v for _, v in run.series[key]]
-        finite = [v for v in values if math.isfinite(v)] or [float("nan")]
-        rows.append([key, _fmt(values[0]), _fmt(values[-1]), _fmt(min(finite)), _fmt(max(finite)),
-                     str(run.series[key][-1][0])])
-    return rows
+    return [[key, *map(_fmt, _summary(run.series[key])), str(run.series[key][-1][0])] for key in sorted(run.series)]
 
 
 HEADER = ["metric", "first", "last", "min", "max", "last step"]
+OVERLAY_NOTE = "each cell: the last value (min … max over the run); – where the run has no such metric"
 
 
 def metrics_section(runs: list[Run]) -> Section:
-    blocks: list = []
-    for run in runs:
-        if len(runs) > 1:
-            blocks.append(f"{run.name}:")
-        blocks.append(Table(HEADER, summary_rows(run)))
-    return Section("metrics", "Every metric", blocks)
+    """One run: first, last, min, max, last step of each metric. Several: one table side by side, a column per
+    run holding the last value and the range."""
+    if len(runs) == 1:
+        return Section("metrics", "Every metric", [Table(HEADER, summary_rows(runs[0]))])
+    rows = []
+    for key in sorted({k for r in runs for k in r.series}):
+        cells = []
+        for run in runs:
+            if run.series.get(key):
+                _, last, lo, hi = _summary(run.series[key])
+                cells.append(f"{_fmt(last)} ({_fmt(lo)} … {_fmt(hi)})")
+            else:
+                cells.append("–")
+        rows.append([key, *cells])
+    return Section("metrics", "Every metric", [Table(["metric", *[r.name for r in runs]], rows, OVERLAY_NOTE)])
+
+
+NOT_SETTINGS = ("name", "output_dir", "description")  # differ between any two runs, or say nothing of training
+
+
+def _flatten(mapping: dict, prefix: str = "") -> dict:
+    """A nested config as ``dotted.key`` → value (lists and empty mappings kept whole)."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def settings_section(runs: list[Run]) -> Section:
+    """The config settings that differ between overlaid runs (``dotted.key``: each run's value; – not set)."""
+    flat = [_flatten(r.config) for r in runs]
+    keys = [k for k in dict.fromkeys(k for f in flat for k in f) if k not in NOT_SETTINGS]
+    missing = object()
+    rows = [[key, *("–" if f.get(key, missing) is missing else _fmt(f[key]) for f in flat)] for key in keys
+            if len({json.dumps(f.get(key, "<unset>"), sort_keys=True, default=str) for f in flat}) > 1]
+    if not rows:
+        return Section("settings", "Settings that differ",
+                       ["The runs' configs are the same (name and output_dir aside)."])
+    return Section("settings", "Settings that differ", [Table(["setting", *[r.name for r in runs]], rows)])
 
 
 # --------------------------------------------------------------------------- plots
@@ -481,13 +541,26 @@ def _figure(plot: Plot, runs: list[Run], out: Path) -> Figure | None:
     ax.set_xlim(-0.02 * end, 1.02 * end)  # every plot on the same step axis
     ax.set_title(plot.title, fontsize=10)
     ax.grid(alpha=0.3)
-    labels = [line.get_label() for line in lines]
-    ax.legend(lines, labels, fontsize=7, loc="best", ncol=2 if len(lines) > 6 else 1)
+    _legend(ax, lines, outside=len(runs) > 1 or len(lines) > LEGEND_INSIDE, right_axis=bool(keys and right))
     fig.tight_layout()
     path = out / f"{plot.name}.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return Figure(path, plot.title)
+
+
+LEGEND_INSIDE = 4  # a legend of more entries (or of several runs) goes beside the axes, where it covers no curve
+
+
+def _legend(ax, lines: list, outside: bool, right_axis: bool = False) -> None:
+    """The plot's legend: beside the axes (right of them, past a second axis' labels) for overlays and long
+    legends, else at matplotlib's ``best`` place inside (where the lines cross it least)."""
+    labels = [line.get_label() for line in lines]
+    if outside:
+        ax.legend(lines, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.18 if right_axis else 1.02, 1.0),
+                  borderaxespad=0.0, ncol=2 if len(lines) > 14 else 1)
+    else:
+        ax.legend(lines, labels, fontsize=7, loc="best")
 
 
 def _histogram(runs: list[Run], out: Path) -> Figure | None:
@@ -505,10 +578,10 @@ def _histogram(runs: list[Run], out: Path) -> Figure | None:
             ax.hist(values, bins=30, range=(lo - pad, hi + pad), alpha=0.55, label=run.name)
         ax.set_title(f"final ‖{key}‖", fontsize=10)
         ax.set(xlabel="norm", ylabel="samples")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.22), borderaxespad=0.0)  # below: no bar hidden
     fig.tight_layout()
     path = out / "norm_histogram.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return Figure(path, "Final embedding norms")
 
@@ -526,9 +599,11 @@ def plots_section(runs: list[Run], out: Path) -> Section:
 
 
 def build_report(runs: list[Run], out: Path) -> list[Section]:
-    """The report's model: header, headline numbers, events, plots, every metric."""
-    return [header_section(runs), headline_section(runs), events_section(runs), plots_section(runs, out),
-            metrics_section(runs)]
+    """The report's model: (overlays: the settings that differ,) header, headline numbers, events, plots, every
+    metric."""
+    return ([settings_section(runs)] if len(runs) > 1 else []) + [
+        header_section(runs), headline_section(runs), events_section(runs), plots_section(runs, out),
+        metrics_section(runs)]
 
 
 def title(runs: list[Run]) -> str:

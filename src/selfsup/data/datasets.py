@@ -5,7 +5,9 @@ tensor, so a batch is one indexing operation. ``imagefolder`` (classes from fold
 (an unlabelled folder at any depth, pretraining only) decode files lazily in DataLoader
 workers (``selfsup.data.decode``): for evaluation, resize the shorter side to ``load_size`` and take the
 central ``image_size`` square; for pretraining, each view a random resized crop of the whole image at
-the output size. Augmentation then runs batched on the device.
+the output size. Augmentation then runs batched on the device. Without ``data.image_size`` the folders and shards
+take the size of their first images (``infer_image_size``, printed); ``data.channels=1`` decodes them to one
+grayscale channel.
 """
 
 from __future__ import annotations
@@ -31,6 +33,54 @@ FASHION_MNIST_FILES = {
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+LUMA = (0.299, 0.587, 0.114)  # PIL's L = R 299/1000 + G 587/1000 + B 114/1000 (ITU-R 601-2)
+# one grayscale channel: the luma of the ImageNet mean (exact for the mean) and of its std (an upper bound, reached
+# when the three channels move together, as they nearly do in natural images)
+IMAGENET_GRAY_MEAN = (round(sum(w * m for w, m in zip(LUMA, IMAGENET_MEAN)), 4),)
+IMAGENET_GRAY_STD = (round(sum(w * s for w, s in zip(LUMA, IMAGENET_STD)), 4),)
+DEFAULT_SIZE = 224  # the model size of larger images when data.image_size is unset (ImageNet's crop)
+SIZE_PROBE = 16  # the first images whose size data.image_size defaults to
+
+
+def folder_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Normalisation of decoded folders and shards: ImageNet's, or its luma for one channel."""
+    return (IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD) if channels == 1 else (IMAGENET_MEAN, IMAGENET_STD)
+
+
+def infer_image_size(cfg, sizes: list[tuple[int, int]], where: str) -> int:
+    """``data.image_size`` when set, else the shorter side of the smallest of the first images (``sizes``: their
+    (width, height)), at most 224 (larger photos: ImageNet's crop), printed once; written into ``cfg`` so the
+    run's config.yaml records it. A UserError naming the key when there is no usable size."""
+    if cfg.image_size is not None:
+        return cfg.image_size
+    if not sizes:
+        raise UserError(f"data.image_size is unset and no image size can be read from {where}; set data.image_size")
+    short = min(min(w, h) for w, h in sizes)
+    if short < 4:
+        raise UserError(f"the first images of {where} are {short} px on their shorter side; set data.image_size "
+                        "(>= 4) to the size to train at")
+    size = min(short, DEFAULT_SIZE)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        why = f"the shorter side of the first {len(sizes)} image(s)" if size == short else \
+            f"{DEFAULT_SIZE}, their shorter sides being {short} px or more"
+        print(f"selfsup: data.image_size unset: using {size} px ({why} of {where}); set data.image_size to choose",
+              file=sys.stderr)
+    cfg.image_size = size
+    return size
+
+
+def _header_sizes(files: list[Path]) -> list[tuple[int, int]]:
+    """(width, height) of the first readable files, from their headers (nothing decoded)."""
+    from PIL import Image
+
+    sizes = []
+    for f in files[:SIZE_PROBE]:
+        try:
+            with Image.open(f) as im:
+                sizes.append(im.size)
+        except Exception:  # a damaged file: the size comes from the others
+            continue
+    return sizes
 
 
 @dataclass
@@ -188,32 +238,33 @@ def _torchvision_dataset(name: str, split: str, root: str | None, download: bool
 
 class FolderImages:
     """Lazily decoded image files for evaluation: shorter side resized to ``resize`` (default size / 0.875),
-    centre ``size`` crop (torchvision Resize + CenterCrop), as uint8 C×size×size."""
+    centre ``size`` crop (torchvision Resize + CenterCrop), as uint8 C×size×size (``channels``: 3 RGB, 1 gray)."""
 
-    def __init__(self, files: list[Path], size: int, resize: int | None = None):
+    def __init__(self, files: list[Path], size: int, resize: int | None = None, channels: int = 3):
         self.files, self.size, self.resize = files, size, resize or eval_resize(size)
+        self.channels = channels
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (len(self.files), 3, self.size, self.size)
+        return (len(self.files), self.channels, self.size, self.size)
 
     def __len__(self) -> int:
         return len(self.files)
 
     def open(self, i: int):
-        """File ``i`` decoded whole as an RGB PIL image (a UserError naming a corrupt file)."""
+        """File ``i`` decoded whole as an RGB (or L) PIL image (a UserError naming a corrupt file)."""
         from selfsup.data.decode import _decoded, _open
 
         with _open(self.files[i]) as f:
-            return _decoded(f, self.files[i])
+            return _decoded(f, self.files[i], self.channels)
 
     def load(self, i: int) -> Tensor:
-        return resize_center_crop(self.files[i], self.size, self.resize)
+        return resize_center_crop(self.files[i], self.size, self.resize, self.channels)
 
     def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None) -> FolderCrops:
         """The same files as training views: one random resized crop per scale in ``scales``, per image
         (at ``sizes``, one per view, for a multi-crop plan; default: all at the model size)."""
-        return FolderCrops(self.files, self.size, scales, seed, ratio, sizes=sizes)
+        return FolderCrops(self.files, self.size, scales, seed, ratio, sizes=sizes, channels=self.channels)
 
     def __getitem__(self, index) -> Tensor:
         if isinstance(index, Tensor):
@@ -226,8 +277,10 @@ class FolderImages:
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
-def load_imagefolder(split: str, root: str | None, size: int, resize: int | None = None) -> ImageDataset:
-    """``root/{train,val|test}/<class>/<image>`` (torchvision ImageFolder layout); classes sorted by name."""
+def load_imagefolder(split: str, cfg) -> ImageDataset:
+    """``root/{train,val|test}/<class>/<image>`` (torchvision ImageFolder layout); classes sorted by name; the size
+    ``data.image_size``, else the train images' (``infer_image_size``)."""
+    root = cfg.root
     if not root:
         raise UserError("data.name=imagefolder needs data.root=<folder with train/ and val/ subfolders>")
     base = Path(root)
@@ -245,8 +298,20 @@ def load_imagefolder(split: str, root: str | None, size: int, resize: int | None
                 labels.append(label)
     if not files:
         raise UserError(f"no image files in {folder}/<class>/; an imagefolder root holds train/<class>/*.jpg")
-    return ImageDataset("imagefolder", FolderImages(files, size, resize), torch.tensor(labels), len(classes),
-                        IMAGENET_MEAN, IMAGENET_STD)
+    if cfg.image_size is None:  # the train split's first images decide, whichever split is loaded first
+        train = folder if split == "train" else base / "train"
+        probe = files if split == "train" or not train.is_dir() else \
+            [f for d in sorted(p for p in train.iterdir() if p.is_dir()) for f in sorted(d.rglob("*"))
+             if f.suffix.lower() in IMAGE_SUFFIXES][:SIZE_PROBE]
+        infer_image_size(cfg, _header_sizes(_spread(probe)), train)
+    return ImageDataset("imagefolder", FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3),
+                        torch.tensor(labels), len(classes), *folder_stats(cfg.channels or 3))
+
+
+def _spread(files: list[Path]) -> list[Path]:
+    """``SIZE_PROBE`` files spread over the list (every class of a sorted folder, not only the first)."""
+    step = max(1, len(files) // SIZE_PROBE)
+    return files[::step][:SIZE_PROBE]
 
 
 UNLABELLED = ("images", "webdataset")  # pretraining-only data: no labels, no test split
@@ -280,9 +345,11 @@ def _readable(path: Path) -> bool:
         return False
 
 
-def load_images(split: str, root: str | None, size: int, resize: int | None = None) -> ImageDataset:
+def load_images(split: str, cfg) -> ImageDataset:
     """An unlabelled folder of images, flat or nested at any depth, for pretraining: ``root/**/*.{jpg,png,...}``.
-    Files that do not open as images are skipped, and their count printed; labels −1, 0 classes."""
+    Files that do not open as images are skipped, and their count printed; labels −1, 0 classes; the size
+    ``data.image_size``, else the first images' (``infer_image_size``)."""
+    root = cfg.root
     if split != "train":
         raise needs_labels("images")
     if not root:
@@ -303,8 +370,9 @@ def load_images(split: str, root: str | None, size: int, resize: int | None = No
     if not files:
         suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
         raise UserError(f"no readable image files under {base} (looked for {suffixes} at any depth)")
-    return ImageDataset("images", FolderImages(files, size, resize), torch.full((len(files),), -1), 0,
-                        IMAGENET_MEAN, IMAGENET_STD)
+    infer_image_size(cfg, _header_sizes(_spread(files)), base)
+    return ImageDataset("images", FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3),
+                        torch.full((len(files),), -1), 0, *folder_stats(cfg.channels or 3))
 
 
 @dataclass
@@ -332,8 +400,12 @@ def load_webdataset(split: str, cfg) -> StreamDataset:
     n = cfg.num_samples if cfg.num_samples is not None else count_samples(urls)
     if n < 1:
         raise UserError(f"the shards {urls[0]} ... hold no image samples (members named <key>.jpg, <key>.png, ...)")
-    images = ShardImages(urls, n, cfg.image_size or 224, cfg.load_size, cfg.shuffle_buffer)
-    return StreamDataset("webdataset", images, torch.zeros(0, dtype=torch.long), 0, IMAGENET_MEAN, IMAGENET_STD)
+    if cfg.image_size is None:
+        from selfsup.data.shards import first_image_sizes
+
+        infer_image_size(cfg, first_image_sizes(urls, SIZE_PROBE), urls[0])
+    images = ShardImages(urls, n, cfg.image_size, cfg.load_size, cfg.shuffle_buffer, cfg.channels or 3)
+    return StreamDataset("webdataset", images, torch.zeros(0, dtype=torch.long), 0, *folder_stats(cfg.channels or 3))
 
 
 LATENT_SUFFIXES = (".pt", ".npz", ".npy")
@@ -391,13 +463,14 @@ def load_latents(split: str, root: str | None) -> ImageDataset:
 
 
 DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "images", "webdataset", "latents")
+DECODED = ("imagefolder", "images", "webdataset")  # decoded from image files: data.image_size and data.channels apply
 
 
 def _take(dataset: ImageDataset, index: Tensor) -> ImageDataset:
     """The samples at ``index`` (sorted); lazily decoded folders stay lazy (their file list is cut)."""
     if isinstance(dataset.images, FolderImages):
         f = dataset.images
-        images = FolderImages([f.files[i] for i in index.tolist()], f.size, f.resize)
+        images = FolderImages([f.files[i] for i in index.tolist()], f.size, f.resize, f.channels)
         return ImageDataset(dataset.name, images, dataset.labels[index], dataset.num_classes, dataset.mean,
                             dataset.std)
     return dataset.select(index)
@@ -443,6 +516,9 @@ def load_dataset(cfg, split: str) -> ImageDataset:
 def _load_dataset(cfg, split: str) -> ImageDataset:
     if split not in ("train", "test"):
         raise ValueError(f"split must be train or test, got {split!r}")
+    if getattr(cfg, "channels", None) is not None and cfg.name not in DECODED:
+        raise UserError(f"data.channels={cfg.channels} applies to the decoded image files ({', '.join(DECODED)}); "
+                        f"{cfg.name} keeps its own channels: leave data.channels unset")
     if cfg.name == "digits":
         return load_digits(split)
     if cfg.name == "fashion-mnist":
@@ -450,9 +526,9 @@ def _load_dataset(cfg, split: str) -> ImageDataset:
     if cfg.name in ("cifar10", "cifar100", "stl10"):
         return _torchvision_dataset(cfg.name, split, cfg.root, cfg.download, cfg.unlabeled)
     if cfg.name == "imagefolder":
-        return load_imagefolder(split, cfg.root, cfg.image_size or 224, cfg.load_size)
+        return load_imagefolder(split, cfg)
     if cfg.name == "images":
-        return load_images(split, cfg.root, cfg.image_size or 224, cfg.load_size)
+        return load_images(split, cfg)
     if cfg.name == "webdataset":
         return load_webdataset(split, cfg)
     if cfg.name == "latents":

@@ -11,6 +11,9 @@ at least the output size (``PIL.Image.draft``), which is most of the saving over
 
 Evaluation (``resize_center_crop``): resize the shorter side to ``resize`` (default size / 0.875:
 256 for 224), then the central ``size`` square, exactly as torchvision's Resize + CenterCrop on PIL.
+
+Images are decoded to RGB, or to one grayscale channel (``channels=1``, ``data.channels``: PIL's ``L``, ITU-R
+601-2 luma), before any crop.
 """
 
 from __future__ import annotations
@@ -41,24 +44,29 @@ def _open(path: Path):
         raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
 
 
-def _decoded(im, path: Path):
+MODES = {1: "L", 3: "RGB"}  # data.channels → the PIL mode images are decoded to
+
+
+def _decoded(im, path: Path, channels: int = 3):
     try:
-        return im.convert("RGB")
+        return im.convert(MODES[channels])
     except (OSError, SyntaxError, ValueError) as e:
         raise UserError(f"corrupt or unreadable image file {path} ({type(e).__name__}); remove or replace it") from None
 
 
 def _to_tensor(im) -> Tensor:
-    return torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1)
+    """A PIL image as uint8 (C, H, W): RGB 3 channels, L one."""
+    a = np.asarray(im, dtype=np.uint8).copy()
+    return torch.from_numpy(a[..., None] if a.ndim == 2 else a).permute(2, 0, 1)
 
 
-def resize_center_crop(path: Path, size: int, resize: int | None = None) -> Tensor:
-    """torchvision ``Resize(resize)`` (shorter side, PIL bilinear) + ``CenterCrop(size)`` as uint8 (3, size, size)."""
+def resize_center_crop(path: Path, size: int, resize: int | None = None, channels: int = 3) -> Tensor:
+    """torchvision ``Resize(resize)`` (shorter side, PIL bilinear) + ``CenterCrop(size)`` as uint8 (C, size, size)."""
     from PIL import Image
 
     resize = resize or eval_resize(size)
     with _open(path) as f:
-        im = _decoded(f, path)
+        im = _decoded(f, path, channels)
     w, h = im.size
     short, long = (w, h) if w <= h else (h, w)
     new_short, new_long = resize, int(resize * long / short)
@@ -85,8 +93,8 @@ def crop_boxes(seed: int, epoch: int, index: int, height: int, width: int, scale
     return boxes
 
 
-def decode_crops(path: Path, boxes_of, size, draft: bool = True) -> Tensor | list[Tensor]:
-    """The views of one file as uint8 (V, 3, size, size); ``boxes_of(height, width)`` gives the crop boxes
+def decode_crops(path: Path, boxes_of, size, draft: bool = True, channels: int = 3) -> Tensor | list[Tensor]:
+    """The views of one file as uint8 (V, C, size, size); ``boxes_of(height, width)`` gives the crop boxes
     in full-resolution pixels (the header's size, read before decoding). ``size`` may be one output size per
     view: the views then come as a list of uint8 (3, s, s)."""
     from PIL import Image
@@ -102,9 +110,9 @@ def decode_crops(path: Path, boxes_of, size, draft: bool = True) -> Tensor | lis
             # the largest DCT reduction that keeps every crop at least its output size on each side
             r = max(max(s / h, s / w) for (_, _, h, w), s in zip(boxes, out_sizes))
             if r < 1:
-                f.draft("RGB", (math.ceil(width * r), math.ceil(height * r)))
+                f.draft(MODES[channels], (math.ceil(width * r), math.ceil(height * r)))
                 sx, sy = f.size[0] / width, f.size[1] / height
-        im = _decoded(f, path)
+        im = _decoded(f, path, channels)
     views = []
     for (top, left, h, w), s in zip(boxes, out_sizes):
         box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
@@ -114,12 +122,12 @@ def decode_crops(path: Path, boxes_of, size, draft: bool = True) -> Tensor | lis
 
 class FolderCrops:
     """Training views of image files, decoded and cropped per (epoch, index): ``crops(indices, epoch)`` →
-    uint8 (B, V, 3, size, size), view v a RandomResizedCrop with ``scales[v]``; with ``sizes`` (one output
-    size per view, a multi-crop plan) a tuple of uint8 (B, V_r, 3, s_r, s_r), one per run of equal sizes."""
+    uint8 (B, V, C, size, size), view v a RandomResizedCrop with ``scales[v]``; with ``sizes`` (one output
+    size per view, a multi-crop plan) a tuple of uint8 (B, V_r, C, s_r, s_r), one per run of equal sizes."""
 
     def __init__(self, files: list[Path], size: int, scales, seed: int, ratio=(3 / 4, 4 / 3), draft: bool = True,
-                 sizes=None):
-        self.files, self.size, self.scales = files, size, [tuple(s) for s in scales]
+                 sizes=None, channels: int = 3):
+        self.files, self.size, self.scales, self.channels = files, size, [tuple(s) for s in scales], channels
         self.seed, self.ratio, self.draft = seed, tuple(ratio), draft
         sizes = [int(s) for s in sizes] if sizes is not None else None
         if sizes is not None and len(sizes) != len(self.scales):
@@ -128,14 +136,14 @@ class FolderCrops:
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (len(self.files), 3, self.size, self.size)
+        return (len(self.files), self.channels, self.size, self.size)
 
     def __len__(self) -> int:
         return len(self.files)
 
     def crop(self, i: int, epoch: int):
         return decode_crops(self.files[i], lambda h, w: crop_boxes(self.seed, epoch, i, h, w, self.scales, self.ratio),
-                            self.sizes or self.size, self.draft)
+                            self.sizes or self.size, self.draft, self.channels)
 
     def crops(self, index: Tensor, epoch: int):
         if self.sizes is None:

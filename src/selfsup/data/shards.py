@@ -4,7 +4,8 @@ decode time.
 A shard is a tar file whose members sharing a key (``0001.jpg``, ``0001.cls``) form one sample (the webdataset
 convention); a sample's image is its first member with an image extension, its label an optional ``.cls``.
 ``data.root`` names the shards: a folder of ``.tar`` files, a brace pattern (``/data/train-{000000..000099}.tar``),
-or anything the webdataset library opens (``pipe:curl -s https://...``, ``http(s)://``, ``::``-separated lists).
+a glob pattern of local files (``/data/train-*.tar``), or anything the webdataset library opens
+(``pipe:curl -s https://...``, ``http(s)://``, ``::``-separated lists). A pattern that matches no file says so.
 
 Each epoch (selfsup's rule, the same in every process):
 
@@ -72,7 +73,26 @@ def shard_urls(root: str | None) -> list[str]:
         if not urls:
             raise UserError(f"no .tar shards in {base}; data.name=webdataset reads webdataset tar files")
         return urls
-    return _webdataset().shardlists.expand_urls(root)
+    if _is_local(root) and any(c in root for c in "*?["):
+        import glob
+
+        urls = sorted(glob.glob(root.removeprefix("file:")))
+    else:
+        urls = _webdataset().shardlists.expand_urls(root)
+    local = [u for u in urls if _is_local(u)]
+    missing = [u for u in local if _local_path(u) is None]
+    if not urls or (local and len(missing) == len(urls)):
+        raise UserError(f"no file matches data.root={root}; point it at existing shards (a folder of .tar files, "
+                        "a brace pattern like /data/train-{000000..000099}.tar, or a glob like /data/train-*.tar)")
+    if missing:
+        raise UserError(f"data.root={root}: {len(missing)} of its {len(urls)} shards do not exist "
+                        f"(first: {missing[0]}); fix the pattern or the files")
+    return urls
+
+
+def _is_local(url: str) -> bool:
+    """A path on this machine (or ``file:``), not a URL or ``pipe:`` command."""
+    return "://" not in url and not url.startswith("pipe:")
 
 
 def _local_path(url: str) -> Path | None:
@@ -103,6 +123,31 @@ def count_samples(urls: list[str]) -> int:
                             "remove or rewrite it") from None
         total += len(keys - {None})
     return total
+
+
+def first_image_sizes(urls: list[str], n: int) -> list[tuple[int, int]]:
+    """(width, height) of the first ``n`` images of the first local shard, from their headers; [] for a stream
+    (the caller then asks for data.image_size)."""
+    from PIL import Image
+
+    path = next((p for p in map(_local_path, urls) if p is not None), None)
+    sizes: list[tuple[int, int]] = []
+    if path is None:
+        return sizes
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.isreg() and _key_ext(member.name)[1] in IMAGE_EXTS:
+                    try:
+                        with Image.open(tar.extractfile(member)) as im:
+                            sizes.append(im.size)
+                    except Exception:  # a damaged image: the size comes from the others
+                        continue
+                    if len(sizes) == n:
+                        break
+    except (tarfile.TarError, OSError) as e:
+        raise UserError(f"shard {path} is not a readable tar file ({type(e).__name__}); remove or rewrite it") from None
+    return sizes
 
 
 class _Named(io.BytesIO):
@@ -149,13 +194,13 @@ class ShardImages:
     ``(sample id, sample dict)`` for stream ``s``; ``head(n)`` the first ``n`` images as evaluation crops."""
 
     def __init__(self, urls: list[str], num_samples: int, size: int, resize: int | None = None,
-                 shuffle_buffer: int = 1000):
+                 shuffle_buffer: int = 1000, channels: int = 3):
         self.urls, self.num_samples, self.size, self.resize = list(urls), num_samples, size, resize
-        self.shuffle_buffer = shuffle_buffer
+        self.shuffle_buffer, self.channels = shuffle_buffer, channels
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (self.num_samples, 3, self.size, self.size)
+        return (self.num_samples, self.channels, self.size, self.size)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -212,7 +257,7 @@ class ShardImages:
                 ext, data = _image(sample)
                 try:
                     images.append(resize_center_crop(_Named(data, f"{sample['__url__']}:{sample['__key__']}.{ext}"),
-                                                     self.size, self.resize))
+                                                     self.size, self.resize, self.channels))
                 except UserError:
                     continue
                 labels.append(_label(sample))
@@ -255,7 +300,7 @@ class ShardCrops:
         try:
             return decode_crops(_Named(data, name),
                                 lambda h, w: crop_boxes(self.seed, epoch, sid, h, w, self.scales, self.ratio),
-                                self.images.size)
+                                self.images.size, channels=self.images.channels)
         except UserError:
             self.corrupt += 1
             print(f"selfsup: webdataset: corrupt image {name}, replaced by another sample of its batch "

@@ -113,18 +113,22 @@ def build_view_plan(section, default_recipe: str, image_size: int) -> list[CropG
         shared.update(crop_min=float(scale[0]), crop_max=float(scale[1]))
     fields = set(AugmentConfig.__dataclass_fields__)
 
-    def make(base: AugmentConfig, extra: dict, key: str, common: dict) -> AugmentConfig:
+    def make(base: AugmentConfig, extra: dict, key: str, common: dict, scale_key: str | None = None) -> AugmentConfig:
         unknown = set(extra) - fields
         if unknown:
             raise UserError(f"unknown config key 'augment.{key}.{sorted(unknown)[0]}'; "
                             f"valid: {', '.join(sorted(fields))}")
         cfg = AugmentConfig(**{**base.__dict__, **common, **extra})
         if not 0 < cfg.crop_min <= cfg.crop_max <= 1:
-            raise UserError(f"augment.{key}: crop scale ({cfg.crop_min}, {cfg.crop_max}) must satisfy "
-                            "0 < min <= max <= 1")
+            # the key the user typed: a per-branch override, else the section's scale, else crop_min
+            typed = next((f"augment.{key}.{k}" for k in ("crop_min", "crop_max") if k in extra and key != "local"),
+                         None) or scale_key or ("augment.crop_min" if a.crop_min is not None else f"augment.{key}")
+            raise UserError(f"{typed}: crop scale ({cfg.crop_min}, {cfg.crop_max}) must satisfy "
+                            "0 < min <= max <= 1, e.g. [0.4, 1.0] (min first)")
         return cfg
 
-    plan = [CropGroup(make(b, extra, f"branch{i}", shared), int(image_size))
+    global_key = f"augment.global_crops_scale={list(scale)}" if scale is not None else None
+    plan = [CropGroup(make(b, extra, f"branch{i}", shared, global_key), int(image_size))
             for i, (b, extra) in enumerate(zip(branches, (a.branch1, a.branch2)), start=1)]
     n_local = getattr(a, "local_crops_number", 0)
     if n_local < 0:
@@ -135,8 +139,10 @@ def build_view_plan(section, default_recipe: str, image_size: int) -> list[CropG
             raise UserError(f"augment.local_crops_size={size} must be in [1, the model size {image_size}]")
         lo, hi = a.local_crops_scale
         local_shared = {k: v for k, v in shared.items() if k not in ("crop_min", "crop_max", "blur_p", "solarize_p")}
+        local_key = ("augment.local" if {"crop_min", "crop_max"} & set(a.local)
+                     else f"augment.local_crops_scale={list(a.local_crops_scale)}")
         local = make(local_recipe(recipe), {"crop_min": float(lo), "crop_max": float(hi), **a.local},
-                     "local", local_shared)
+                     "local", local_shared, local_key)
         plan.append(CropGroup(local, int(size), int(n_local)))
     return plan
 

@@ -263,9 +263,9 @@ def run_finetune(session: EvalSession, cfg: FinetuneConfig) -> dict:
            "weight_decay": cfg.weight_decay, "min_lr": cfg.min_lr, "head_init_std": cfg.head_init_std,
            "pool": kwargs.get("pool"), "train_pos_embed": cfg.train_pos_embed,
            "recipe": dataclasses.asdict(recipe) if recipe else "plain", **res, "seconds": time.perf_counter() - t0}
-    export_backbone(backbone.cpu(), session.out_dir / "finetuned_backbone.safetensors",
+    export_backbone(backbone.cpu(), session.out_dir / f"finetuned_backbone{session.suffix()}.safetensors",
                     {k: v for k, v in meta.items() if k != "format"} | {"kwargs": kwargs})
-    write_json(session.out_dir, "finetune", out)
+    write_json(session.out_dir, f"finetune{session.suffix()}", out)
     print_table(f"fine-tuning ({cfg.epochs} epochs, {'MAE recipe' if recipe else 'plain crop + flip'}, "
                 f"{'pool ' + kwargs['pool'] + ', ' if 'pool' in kwargs else ''}"
                 f"layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
@@ -385,7 +385,7 @@ def cmd_all(args) -> int:
         summary["norms_ood_auroc"] = run_norms_ood(session, ood_config(args))["auroc"]
     else:
         print("(norm OOD scoring skipped: pass --ood DATASET or --ood classes:8,9)")
-    write_json(session.out_dir, "all", summary)
+    write_json(session.out_dir, f"all{session.suffix()}", summary)
     return 0
 
 

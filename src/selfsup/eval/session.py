@@ -137,6 +137,7 @@ class EvalSession:
         if key not in self._splits:
             full = load_split(cfg, name, self.source.meta, self.resize if resize is None else resize, flag)
             self._splits[key] = full.subset(limit)
+            self._splits[(self.data_key(cfg, limit), name)] = self._splits[key]  # an image size inferred on loading
         return self._splits[key]
 
     def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",
@@ -153,11 +154,13 @@ class EvalSession:
     def header(self) -> dict:
         return {"source": str(self.source.weights), "backbone": self.source.meta["backbone"],
                 "method": self.source.meta.get("method"), "dataset": self.data_cfg.name,
-                "embedding": self.source.embedding}
+                "embedding": self.source.embedding, "weights": self.source.weights_label}
 
     def suffix(self) -> str:
-        """File-name suffix of results on an embedding other than the backbone's."""
-        return "" if self.source.embedding == "backbone" else f"-{self.source.embedding}"
+        """File-name suffix of the results: ``-<embedding>`` other than the backbone's, ``.<tag>`` of weights other
+        than the run's trained backbone (``eval.source.weights_identity``: ``.init``, ``.step<N>``)."""
+        embedding = "" if self.source.embedding == "backbone" else f"-{self.source.embedding}"
+        return embedding + (f".{self.source.weights_tag}" if self.source.weights_tag else "")
 
     def run_hflip(self, default: float = 0.5) -> float:
         """The run's flip probability (0 where flips change the class), else ``default``."""

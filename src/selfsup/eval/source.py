@@ -2,12 +2,15 @@
 and a flow run folder → its EMA model for sampling (``load_flow_run``).
 
 A run folder gives its ``backbone.safetensors``, else ``checkpoints/last.ckpt`` rebuilt with its
-``config.yaml``. Results go to ``RUN/eval/`` (an exported file outside a run: ``<file>-eval/``).
+``config.yaml``. Results go to ``RUN/eval/`` (an exported file outside a run: ``<file>-eval/``), keyed by the
+weights they evaluated (``weights_identity``): the run's trained backbone ``knn.json``, its random init
+``knn.init.json``, a checkpoint ``knn.step<N>.json``, so no evaluation overwrites the result of other weights.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +35,8 @@ class EvalSource:
     out_dir: Path
     run_cfg: object | None = None  # the run's data and augment sections (``_run_cfg``), when there is a run
     embedding: str = "backbone"  # backbone | projector | predictor (the backbone followed by the method's heads)
+    weights_tag: str = ""  # the results' file-name key of these weights ("" the run's trained backbone)
+    weights_label: str = "trained"  # what was evaluated, as the results and the report name it
 
     @property
     def fingerprint(self) -> str:
@@ -39,6 +44,27 @@ class EvalSource:
         st = self.weights.stat()
         raw = f"{self.weights.resolve()}|{st.st_size}|{st.st_mtime_ns}|{self.embedding}"
         return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+INIT_FILE = "backbone_init.safetensors"  # the engine's export of the evaluated backbone at init
+
+
+def weights_identity(path: Path, run_dir: Path | None, step: int | None = None) -> tuple[str, str]:
+    """(tag, label) of the weights in ``path``: results are written as ``<protocol>[.<tag>].json``.
+
+    The run's ``backbone.safetensors``: ("", "trained"); its ``backbone_init.safetensors``: ("init", "random
+    init"); a checkpoint: ("step<N>", "checkpoint at step N"); another file in a run folder: (its stem, its
+    name); an exported file outside a run: ("", its name), its results have their own ``<file>-eval/`` folder.
+    """
+    if path.suffix == ".ckpt":
+        return (f"step{step}", f"checkpoint at step {step}") if step is not None else (path.stem, path.name)
+    if run_dir is None:
+        return "", path.name
+    if path.name == "backbone.safetensors":
+        return "", "trained"
+    if path.name == INIT_FILE:
+        return "init", "random init"
+    return re.sub(r"[^\w-]+", "_", path.stem), path.name
 
 
 def _run_cfg(run_dir: Path | None):
@@ -63,7 +89,8 @@ def _from_exported(path: Path, run_dir: Path | None) -> EvalSource:
 
     backbone, meta = load_exported(path)
     out = run_dir / "eval" if run_dir else path.with_name(f"{path.stem}-eval")
-    return EvalSource(backbone, meta, path, run_dir, out, _run_cfg(run_dir))
+    tag, label = weights_identity(path, run_dir)
+    return EvalSource(backbone, meta, path, run_dir, out, _run_cfg(run_dir), weights_tag=tag, weights_label=label)
 
 
 def _from_checkpoint(path: Path) -> EvalSource:
@@ -77,7 +104,7 @@ def _from_checkpoint(path: Path) -> EvalSource:
     if run_dir is None:
         raise UserError(f"{path} is not inside a selfsup run folder (no config.yaml next to checkpoints/); {WHAT}")
     cfg = _run_cfg(run_dir)
-    init = run_dir / "backbone_init.safetensors"
+    init = run_dir / INIT_FILE
     if init.exists():
         meta = read_meta(init)
     else:
@@ -96,7 +123,9 @@ def _from_checkpoint(path: Path) -> EvalSource:
         backbone.load_state_dict(state)
     except RuntimeError as e:
         raise UserError(f"{path}: weights do not fit the run's {meta['backbone']} ({str(e).splitlines()[0]})") from None
-    return EvalSource(backbone, meta, path, run_dir, run_dir / "eval", cfg)
+    step = ckpt.get("global_step")
+    tag, label = weights_identity(path, run_dir, step if isinstance(step, int) else None)
+    return EvalSource(backbone, meta, path, run_dir, run_dir / "eval", cfg, weights_tag=tag, weights_label=label)
 
 
 def load_source(location: str | Path) -> EvalSource:
@@ -109,6 +138,11 @@ def load_source(location: str | Path) -> EvalSource:
             return _from_exported(path / "backbone.safetensors", path)
         if (path / "checkpoints" / "last.ckpt").exists():
             return _from_checkpoint(path / "checkpoints" / "last.ckpt")
+        if (path / "config.yaml").exists():  # a run killed or failed before its first checkpoint
+            init = f"; evaluate its random init {path / INIT_FILE}" if (path / INIT_FILE).exists() else ""
+            raise UserError(f"{path} is a selfsup run that stopped before its first checkpoint (no "
+                            f"checkpoints/last.ckpt, no backbone.safetensors): nothing trained to evaluate; "
+                            f"train it again{init}")
         raise UserError(f"{path} is not a selfsup run folder "
                         f"(no backbone.safetensors or checkpoints/last.ckpt); {WHAT}")
     if path.suffix == ".safetensors":
@@ -130,7 +164,7 @@ def loss_embedding(source: EvalSource) -> str:
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
     method = METHODS.get(source.meta.get("method"))
     heads = tuple(getattr(method, "loss_embedding", ()))
-    if ckpt is None or not ckpt.exists() or not heads:
+    if ckpt is None or not ckpt.exists() or not heads or not _heads_fit(source, ckpt):
         return "backbone"
     return next((name for name, chain in HEADS.items() if chain == heads), "backbone")
 
@@ -150,6 +184,9 @@ def with_heads(source: EvalSource, embedding: str) -> EvalSource:
     if ckpt is None or not ckpt.exists():
         raise UserError(f"--embedding {embedding} needs the run's checkpoints/last.ckpt (it holds the heads); "
                         "pass the run folder")
+    if not _heads_fit(source, ckpt):
+        raise UserError(f"--embedding {embedding} evaluates the backbone and heads of the run's checkpoints/last.ckpt, "
+                        f"not {source.weights.name} (no heads are saved with it); use --embedding backbone")
     m = source.meta
     model = build_method(resolve(read_run_config(source.run_dir)),
                          DataInfo(m["in_chans"], m["image_size"], tuple(m["mean"]), tuple(m["std"])))
@@ -157,13 +194,34 @@ def with_heads(source: EvalSource, embedding: str) -> EvalSource:
     if missing:
         raise UserError(f"--embedding {embedding}: a {m.get('method')} run has no {missing[0]}; "
                         "use --embedding backbone")
-    state = load_checkpoint(ckpt, WHAT)["state_dict"]
+    saved = load_checkpoint(ckpt, WHAT)
     try:
-        model.load_state_dict(state)
+        model.load_state_dict(saved["state_dict"])
     except Exception as e:
         raise UserError(f"{ckpt} does not fit the run's model ({type(e).__name__}); {WHAT}") from None
     chain = nn.Sequential(model.backbone, *(getattr(model, name) for name in HEADS[embedding])).eval()
-    return EvalSource(chain, m, ckpt, source.run_dir, source.out_dir, source.run_cfg, embedding=embedding)
+    step = saved.get("global_step") if source.weights.suffix != ".ckpt" else None
+    tag, label = source.weights_tag, source.weights_label
+    final = _final_step(source.run_dir)
+    if step is not None and final is not None and step != final:  # the checkpoint is not the exported backbone's
+        tag, label = weights_identity(ckpt, source.run_dir, step)
+    return EvalSource(chain, m, ckpt, source.run_dir, source.out_dir, source.run_cfg, embedding=embedding,
+                      weights_tag=tag, weights_label=label)
+
+
+def _heads_fit(source: EvalSource, ckpt: Path) -> bool:
+    """The run's heads (in ``last.ckpt``) belong to the evaluated weights: the trained backbone or that checkpoint."""
+    return source.weights.resolve() in (ckpt.resolve(), (source.run_dir / "backbone.safetensors").resolve())
+
+
+def _final_step(run_dir: Path) -> int | None:
+    """The step the run ended at (``run.json``), None when it has not finished."""
+    import json
+
+    try:
+        return int(json.loads((run_dir / "run.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def with_projector(source: EvalSource) -> EvalSource:

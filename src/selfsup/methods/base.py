@@ -204,6 +204,7 @@ class TrainingBase(pl.LightningModule):
     Config: ClassVar[type]
     family: ClassVar[str]
     uses_momentum: ClassVar[bool] = False
+    scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -299,13 +300,21 @@ class TrainingBase(pl.LightningModule):
             t.log_every_n_steps = 1
         self._ema_params = None
 
+    def final_lr(self) -> float:
+        """The lr the cosine ends at: ``optim.min_lr`` scaled by ``optim.lr_scaling`` as the peak where the method's
+        official code scales it (``scales_min_lr``; Barlow Twins' end lr is 0.001 × the scaled peak), as given
+        where it does not (DINO, iBOT, MAE); ``optim.scale_min_lr`` true / false overrides the method's rule."""
+        o = self.cfg.optim
+        scale = self.scales_min_lr if o.scale_min_lr is None else o.scale_min_lr
+        return scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling) if scale else o.min_lr
+
     def scheduled_lr(self, step: int) -> float:
-        """Warmup then cosine from the peak to ``optim.min_lr`` (both scaled by ``optim.lr_scaling``), at each
-        iteration (``optim.lr_schedule_unit=iteration``) or at each epoch's start (``epoch``: SimSiam's
+        """Warmup then cosine from the peak (``optim.base_lr`` scaled by ``optim.lr_scaling``) to ``final_lr``, at
+        each iteration (``optim.lr_schedule_unit=iteration``) or at each epoch's start (``epoch``: SimSiam's
         main_simsiam.py ``adjust_learning_rate``, called once per epoch with ``epoch / epochs``)."""
         o, spe = self.cfg.optim, self.steps_per_epoch
         peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
+        final = self.final_lr()
         if o.lr_schedule_unit == "epoch":
             return warmup_cosine(step // spe, max(self.total_steps // spe, 1), o.warmup_epochs, peak, final)
         return warmup_cosine(step, self.total_steps, int(round(o.warmup_epochs * spe)), peak, final)
@@ -417,8 +426,15 @@ class SSLMethod(TrainingBase):
             self.backbone = build_backbone(cfg.model.backbone, **backbone_kwargs(cfg, info))
         except ValueError as e:
             raise UserError(f"model: {e}") from None
-        self.augment = MultiViewAugment.from_plan(build_view_plan(cfg.augment, self.recipe, info.image_size),
-                                                  info.image_size, info.mean, info.std)
+        plan = build_view_plan(cfg.augment, self.recipe, info.image_size)
+        patch = getattr(self.backbone, "patch_size", None)
+        for group in plan[2:]:  # the local crops (the global ones are at the model size, checked by the backbone)
+            if isinstance(patch, int) and group.size % patch:
+                default = "" if cfg.augment.local_crops_size else " (its default, 96/224 of the model size)"
+                raise UserError(f"augment.local_crops_size={group.size}{default} is not divisible by the ViT patch "
+                                f"model.patch_size={patch}; use a multiple of {patch}, "
+                                f"e.g. {max(patch, group.size // patch * patch)}")
+        self.augment = MultiViewAugment.from_plan(plan, info.image_size, info.mean, info.std)
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
 
     # ----------------------------------------------------------------- to write in a method

@@ -89,6 +89,7 @@ class DINO(SSLMethod):
     recipe = "dino"
     eval_backbone_name = "teacher_backbone"  # the official kNN and the released weights are the teacher's
     uses_momentum = True
+    scales_min_lr = False  # main_dino.py:238-243 cosine_scheduler(lr × batch/256, args.min_lr, ...): as given
     n_global = 2
 
     def __init__(self, cfg, info):
@@ -148,7 +149,7 @@ class DINO(SSLMethod):
         step, o, c = self.trainer.global_step, self.cfg.optim, self.cfg.method
         total = self.total_steps
         peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
+        final = self.final_lr()
         self.lr = dino_cosine(step, total, int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
         self.weight_decay = dino_cosine(step, total, 0, o.weight_decay, c.weight_decay_end)
         for group in self.trainer.optimizers[0].param_groups:

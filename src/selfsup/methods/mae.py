@@ -52,6 +52,7 @@ class MAE(SSLMethod):
 
     Config = MAEConfig
     recipe = "mae"
+    scales_min_lr = False  # util/lr_sched.py: args.min_lr + (args.lr − args.min_lr) · cosine; min_lr as given
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
