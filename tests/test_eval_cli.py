@@ -208,8 +208,13 @@ def test_bad_inputs(run, capsys, tmp_path):
     for split in ("train", "val"):
         (tmp_path / "rgb" / split / "a").mkdir(parents=True)
         Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "rgb" / split / "a" / "x.png")
-    assert "channel" in bad("knn", run, "--data", "imagefolder", "--root", tmp_path / "rgb", "--resize")
-    assert "channel" in bad("norms-ood", run, "--ood", "imagefolder", "--ood-root", tmp_path / "rgb")
+    # (the folder's size, unset, comes from its first images and is said on the line before)
+    for argv in (("knn", run, "--data", "imagefolder", "--root", tmp_path / "rgb", "--resize"),
+                 ("norms-ood", run, "--ood", "imagefolder", "--ood-root", tmp_path / "rgb")):
+        code, _, err = run_cli("eval", *argv)
+        assert_user_error(code, err, "channel", only_line=False)
+        lines = err.splitlines()
+        assert lines[0].startswith("selfsup: data.image_size unset: using 8 px") and len(lines) == 2
 
 
 def test_exit_code_and_single_line_in_a_real_process(tmp_path):
