@@ -50,8 +50,9 @@ def main() -> None:
             sh("eval", "all", str(source), "--out", str(out.parent / f"all_{out.name[3:]}"))
     report = {"preset": args.preset, "run": str(run), "finetune_flags": ft, "results": {}}
     for side, (_, out) in sides.items():
-        finetune = json.loads((out / "finetune.json").read_text())
-        every = json.loads((out.parent / f"all_{out.name[3:]}" / "all.json").read_text())
+        tag = ".init" if side == "random_init" else ""  # selfsup eval keys results by the weights they evaluated
+        finetune = json.loads((out / f"finetune{tag}.json").read_text())
+        every = json.loads((out.parent / f"all_{out.name[3:]}" / f"all{tag}.json").read_text())
         report["results"][side] = {
             "finetune_top1": finetune["test"]["top1"], "finetune_epochs": finetune["epochs"],
             "knn20_top1": every["knn"]["k=20"]["top1"], "linear_top1": every["linear"]["top1"],

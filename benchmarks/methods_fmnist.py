@@ -66,7 +66,8 @@ def eval_cli(args, *argv: str) -> dict:
         raise RuntimeError(f"selfsup eval {command} {source} exited {rc}")
     if args.verbose:
         print(buf.getvalue(), flush=True)
-    return json.loads((out / f"{command}.json").read_text())
+    init = Path(source).name == "backbone_init.safetensors"  # results keyed by the weights: the random init's .init
+    return json.loads((out / f"{command}{'.init' if init else ''}.json").read_text())
 
 
 def evaluate(backbone_file: Path, out: Path, args, finetune: bool) -> dict:

@@ -196,7 +196,7 @@ def test_imagefolder_size_from_its_first_images_and_one_grayscale_channel(tmp_pa
     cfg = DataConfig(name="imagefolder", root=str(tmp_path / "f"))
     val = load_dataset(cfg, "test")
     assert val.image_size == 12 and cfg.image_size == 12 and val.images.shape == (1, 3, 12, 12)
-    assert "data.image_size unset: using 12 px (the shorter side of the first 4 image(s)" in capsys.readouterr().err
+    assert "data.image_size unset: using 12 px (the shortest side of 4 image(s)" in capsys.readouterr().err
     gray = DataConfig(name="imagefolder", root=str(tmp_path / "f"), image_size=8, channels=1)
     train = load_dataset(gray, "train")
     images, _ = train[torch.tensor([0, 2])]

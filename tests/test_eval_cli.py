@@ -208,8 +208,13 @@ def test_bad_inputs(run, capsys, tmp_path):
     for split in ("train", "val"):
         (tmp_path / "rgb" / split / "a").mkdir(parents=True)
         Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "rgb" / split / "a" / "x.png")
-    assert "channel" in bad("knn", run, "--data", "imagefolder", "--root", tmp_path / "rgb", "--resize")
-    assert "channel" in bad("norms-ood", run, "--ood", "imagefolder", "--ood-root", tmp_path / "rgb")
+    # (the folder's size, unset, comes from its first images and is said on the line before)
+    for argv in (("knn", run, "--data", "imagefolder", "--root", tmp_path / "rgb", "--resize"),
+                 ("norms-ood", run, "--ood", "imagefolder", "--ood-root", tmp_path / "rgb")):
+        code, _, err = run_cli("eval", *argv)
+        assert_user_error(code, err, "channel", only_line=False)
+        lines = err.splitlines()
+        assert lines[0].startswith("selfsup: data.image_size unset: using 8 px") and len(lines) == 2
 
 
 def test_exit_code_and_single_line_in_a_real_process(tmp_path):
@@ -255,3 +260,18 @@ def test_load_backbone_reads_a_run_folder_or_its_file(run, tmp_path):
         load_backbone(run / "checkpoints" / "last.ckpt")
     with pytest.raises(UserError, match="does not exist"):
         load_backbone(tmp_path / "missing.safetensors")
+
+
+def test_an_image_folder_run_is_evaluated_at_the_size_it_trained_at(tmp_path):
+    """A run's own image folder without data.image_size (made before the size was recorded) is evaluated at the
+    backbone's input size; another folder at its first images' size."""
+    from types import SimpleNamespace
+
+    from selfsup.config import DataConfig
+    from selfsup.eval.session import data_config
+
+    run_cfg = SimpleNamespace(data=DataConfig(name="imagefolder", root=str(tmp_path)))
+    source = SimpleNamespace(run_cfg=run_cfg, meta={"image_size": 16, "dataset": "imagefolder"})
+    assert data_config(source).image_size == 16 and run_cfg.data.image_size is None
+    digits_run = SimpleNamespace(run_cfg=SimpleNamespace(data=DataConfig()), meta={"image_size": 8})
+    assert data_config(digits_run, "imagefolder", str(tmp_path)).image_size is None  # another: inferred on loading

@@ -39,7 +39,7 @@ LUMA = (0.299, 0.587, 0.114)  # PIL's L = R 299/1000 + G 587/1000 + B 114/1000 (
 IMAGENET_GRAY_MEAN = (round(sum(w * m for w, m in zip(LUMA, IMAGENET_MEAN)), 4),)
 IMAGENET_GRAY_STD = (round(sum(w * s for w, s in zip(LUMA, IMAGENET_STD)), 4),)
 DEFAULT_SIZE = 224  # the model size of larger images when data.image_size is unset (ImageNet's crop)
-SIZE_PROBE = 16  # the first images whose size data.image_size defaults to
+SIZE_PROBE = 16  # the images (spread over the sorted files: every class) whose size data.image_size defaults to
 
 
 def folder_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -48,7 +48,7 @@ def folder_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 def infer_image_size(cfg, sizes: list[tuple[int, int]], where: str) -> int:
-    """``data.image_size`` when set, else the shorter side of the smallest of the first images (``sizes``: their
+    """``data.image_size`` when set, else the shorter side of the smallest of a few images (``sizes``: their
     (width, height)), at most 224 (larger photos: ImageNet's crop), printed once; written into ``cfg`` so the
     run's config.yaml records it. A UserError naming the key when there is no usable size."""
     if cfg.image_size is not None:
@@ -57,11 +57,11 @@ def infer_image_size(cfg, sizes: list[tuple[int, int]], where: str) -> int:
         raise UserError(f"data.image_size is unset and no image size can be read from {where}; set data.image_size")
     short = min(min(w, h) for w, h in sizes)
     if short < 4:
-        raise UserError(f"the first images of {where} are {short} px on their shorter side; set data.image_size "
+        raise UserError(f"images of {where} are {short} px on their shorter side; set data.image_size "
                         "(>= 4) to the size to train at")
     size = min(short, DEFAULT_SIZE)
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        why = f"the shorter side of the first {len(sizes)} image(s)" if size == short else \
+        why = f"the shortest side of {len(sizes)} image(s)" if size == short else \
             f"{DEFAULT_SIZE}, their shorter sides being {short} px or more"
         print(f"selfsup: data.image_size unset: using {size} px ({why} of {where}); set data.image_size to choose",
               file=sys.stderr)

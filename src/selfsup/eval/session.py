@@ -12,16 +12,20 @@ from pathlib import Path
 import torch
 
 from selfsup.config import DataConfig
-from selfsup.data.datasets import UNLABELLED, ImageDataset, load_dataset, needs_labels
+from selfsup.data.datasets import DECODED, UNLABELLED, ImageDataset, load_dataset, needs_labels
 from selfsup.errors import UserError
 
 FEATURE_BATCH = 512  # images per feature-extraction forward
 
 
 def data_config(source, name: str | None = None, root: str | None = None) -> DataConfig:
-    """The run's DataConfig (or one for the backbone's training dataset) with ``name`` / ``root`` overrides."""
+    """The run's DataConfig (or one for the backbone's training dataset) with ``name`` / ``root`` overrides.
+    Image files without ``data.image_size``: the run's own at the size it trained at (a run made before the size was
+    recorded), another dataset at its first images' size (``datasets.infer_image_size``)."""
     run_cfg = getattr(source, "run_cfg", None)
     base = copy.deepcopy(run_cfg.data) if run_cfg is not None else DataConfig(name=source.meta.get("dataset", "digits"))
+    if base.name in DECODED and base.image_size is None and run_cfg is not None:
+        base.image_size = source.meta.get("image_size")
     if name and name != base.name:
         base = DataConfig(name=name)  # another dataset: none of the run's root / layout settings apply
     if base.name in UNLABELLED:
