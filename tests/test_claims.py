@@ -136,3 +136,39 @@ def test_rejudge_recomputes_an_old_result_without_training(tmp_path, capsys):
     assert s["underpowered"] is True and s["paper_effect"] == pytest.approx(2.2)  # MDE 3.26 > 2.2
     assert new["ours"].endswith("(default − ablation +2.00 [-0.48, +4.48] points)")
     assert (tmp_path / "moco-v3-momentum.png").exists()
+
+
+def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical(tmp_path, monkeypatch):
+    """Two arms of one seed (same init): under shared_datasets each split is read once and the second run reuses
+    the first's random-init kNN; every result equals that of runs that share nothing."""
+    from selfsup.claims import suite
+    from selfsup.data import datasets
+    from selfsup.eval import features
+    from selfsup.methods import base
+    from ssl_helpers import TINY as TINY_RUN
+
+    reads, passes = [], []
+    read, extract = datasets._load_dataset, features.extract_features
+    monkeypatch.setattr(datasets, "_load_dataset", lambda cfg, split: reads.append(split) or read(cfg, split))
+    monkeypatch.setattr(features, "extract_features", lambda *a, **k: passes.append(len(a[1])) or extract(*a, **k))
+    monkeypatch.setattr(suite, "_SPLITS", {})
+    monkeypatch.setattr(base, "_INIT_KNN", {})
+    ctx = suite.Context(quick=True, seeds=1, work=tmp_path, progress=lambda m: None)
+    arms = (("a", []), ("b", ["optim.base_lr=1e-4"]))
+
+    def runs(tag):
+        return [json.loads((suite.pretrain_run(ctx, "byol-digits", f"{tag}-{arm}", ["trainer.seed=0", *TINY_RUN,
+                                                                                   *o]) / "knn.json").read_text())
+                for arm, o in arms]
+
+    with suite.shared_datasets():
+        shared = runs("shared")
+    assert datasets._load_dataset.__name__ == "<lambda>"  # restored on leaving
+    assert sorted(reads) == ["test", "train"]  # each split once for both runs
+    # the kNN's passes over whole splits (the instruments pass a fixed batch): run a the trained and the init
+    # backbone over train and test, run b its trained one only
+    assert sorted(n for n in passes if n in (1438, 359)) == [359] * 3 + [1438] * 3
+    assert shared[0]["random_init"] == shared[1]["random_init"]
+    base._INIT_KNN.clear()
+    alone = runs("alone")
+    assert alone == shared  # kNN of the trained and the random-init backbones, bit for bit
