@@ -54,14 +54,16 @@ def test_unknown_claim_is_one_line_exit_2(capsys):
 
 def test_committed_results_ship_with_the_package_and_list_reads_them_anywhere(tmp_path, monkeypatch, capsys):
     assert RESULTS.parent.name == "claims" and RESULTS.parent.parent.name == "selfsup"  # package data
-    assert {p.stem for p in RESULTS.glob("*.json")} == set(CLAIMS)
+    assert {p.stem for p in RESULTS.glob("*.json")} <= set(CLAIMS)
+    assert len(list(RESULTS.glob("*.json"))) >= 26
     for p in RESULTS.glob("*.json"):  # every committed result judged by the current statistics
         result = json.loads(p.read_text())
         assert [s["rule"] for s in result["statistics"]] == [str(r) for r in CLAIMS[result["id"]].rules], p.name
     monkeypatch.chdir(tmp_path)  # outside the checkout
     assert main(["claims", "list"]) == 0
     out = capsys.readouterr().out
-    assert "not run yet" not in out and "last: reproduced" in out
+    unrun = [c for c in CLAIMS if not (RESULTS / f"{c}.json").exists()]
+    assert out.count("last: not run yet") == len(unrun) < len(CLAIMS) and "last: reproduced" in out
     assert "An Empirical Study of Training Self-Supervised Vision Transformers (MoCo v3)" in out  # the paper's name
 
 
@@ -172,3 +174,12 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
     base._INIT_KNN.clear()
     alone = runs("alone")
     assert alone == shared  # kNN of the trained and the random-init backbones, bit for bit
+
+
+def test_readme_tally_is_the_committed_results():
+    from pathlib import Path
+
+    from selfsup.claims.cli import tally_text
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"Today {tally_text()}, at CPU scale" in " ".join(readme.split())

@@ -208,7 +208,8 @@ def paragraph(c: Claim, last: dict) -> str:
                          + (f" ({s['why']})" if s["why"] else "") + ".")
     needed = [s["seeds_needed"] for s in last["statistics"] if s["verdict"] == INCONCLUSIVE and s["seeds_needed"]]
     if needed:
-        lines.append(f"At the measured spread, {max(needed)} seeds would decide every inconclusive rule.")
+        lines.append(f"Seeds needed at the measured spread (to detect the paper's effect, or the observed one where "
+                     f"the paper states none in these units): up to {max(needed)}.")
     if c.decide:
         lines.append(c.decide)
     return " ".join(lines)
@@ -239,6 +240,8 @@ def table(results: Path) -> str:
                      f"{c.why_different} |")
         if last and "statistics" in last and last["verdict"] != "reproduced":
             open_.append(paragraph(c, last))
+        elif not last:
+            open_.append(f"**`{c.id}`** — not run yet. Budget: {c.why_different}. {c.decide}".rstrip())
     lines += ["", f"Tally: {tally_text(results)}.", ""]
     if open_:
         lines += ["## Not reproduced or inconclusive: what was tried, and what would decide it", "",

@@ -173,7 +173,9 @@ CLAIMS = (
           "starts ≈ 1, < 0.1 within a few iterations, keeps falling",
           (Rule("first", ">", 0.8, paper=1.0), Rule("min_early", "<", 0.1), Rule("late_over_early", "<", 1.0)),
           measure_self_flow_alignment,
-          "micro SiT on 8×8 digits for 40 epochs (~440 steps), not SiT-XL/2 on ImageNet latents"),
+          "micro SiT on 8×8 digits for 40 epochs (~440 steps), not SiT-XL/2 on ImageNet latents",
+          decide="Deciding needs 3 training seeds at this budget; the thread's curve is SiT-XL/2 over 100K "
+                 "iterations, so the 0.1 level within a few iterations may need more than the micro SiT."),
     Claim("self-flow-generation-quality", "000_c0eb5cef7d50dfe6.txt", "Table 1 and the ablations",
           "Self-Flow's generation quality is at least REPA's and plain flow matching's at equal steps.",
           "SiT-XL/2 ImageNet 256: Self-Flow FID below REPA's and flow matching's at equal steps; removing the "
@@ -181,11 +183,16 @@ CLAIMS = (
           (Rule("fd_gain_vs_flow_matching", ">", 0.0), Rule("fd_gain_vs_repa", ">", 0.0)),
           measure_generation_quality,
           "micro SiT on 8×8 digits for 110 steps, a supervised CNN's features in place of "
-          "Inception's, a 50-step MoCo v3 ViT as REPA's encoder; the ablations are self-flow-ablations"),
+          "Inception's, a 50-step MoCo v3 ViT as REPA's encoder; the ablations are self-flow-ablations",
+          decide="The encoder FD of 2 × 500 samples varies across training seeds by more than the gains; deciding "
+                 "needs a lower-noise primary metric (the held-out velocity error, already stored per seed) or "
+                 "many more samples per FD."),
     Claim("self-flow-ablations", "000_c0eb5cef7d50dfe6.txt", "the ablations",
           "Removing Self-Flow's representation loss, or its masking, worsens its generation quality.",
           "SiT ImageNet 256: without the representation loss about +4 FID, without the masking about +1",
           (Rule("fd_cost_no_rep", ">", 0.0), Rule("fd_cost_no_mask", ">", 0.0)), measure_self_flow_ablations,
           "micro SiT on 8×8 digits for 110 steps (the representation weight ramped over the first 28), "
-          "claim 20's supervised CNN feature space in place of Inception's"),
+          "claim 20's supervised CNN feature space in place of Inception's",
+          decide="As self-flow-generation-quality: at least 3 training seeds and the held-out velocity error as "
+                 "the primary metric where the FD's interval is wider than the effect."),
 )
