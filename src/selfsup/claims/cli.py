@@ -225,7 +225,10 @@ def table(results: Path) -> str:
              "(Student t, n − 1 dof) and the minimum detectable effect (MDE) at 80% power for that n and spread. A "
              "rule holds when the whole interval lies on the claimed side, fails when it lies wholly on the other, "
              "and is *inconclusive* otherwise; a training claim with fewer than 3 seeds is inconclusive. Only the "
-             "simulators are judged on one run. *(quick)* marks a verdict of the quick budget.", "",
+             "simulators are judged on one run. *(quick)* marks a verdict of the quick budget. Each JSON stores "
+             "`code_hash` (`definition_hash`: the claim's definition, the source of its seed module, of `suite.py`, "
+             "`stats.py` and the modules it imports, and the presets it names); `claims run --all --resume` skips a "
+             "claim whose hash still matches.", "",
              "| claim | source | statement | paper | ours | rules: mean [95% interval], n, MDE | verdict | command | "
              "why it may differ |",
              "|---|---|---|---|---|---|---|---|---|"]

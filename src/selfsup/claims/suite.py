@@ -48,13 +48,15 @@ class Rule:
 
     ``paper``: the paper's value of the metric where it states one, in the metric's units (its distance from the
     threshold is the paper's effect, which decides whether an inconclusive rule was underpowered); ``arms``: the
-    metrics holding the kNN accuracies (in %) that the metric is made of, each on the claim's test split."""
+    metrics holding the kNN accuracies (in %) that the metric is made of, each on the claim's test split;
+    ``accuracy``: the metric is in kNN points where the arms' accuracies are not stored."""
 
     metric: str
     op: str  # ">" | "<" | "within"
     threshold: float
     paper: float | None = None
     arms: tuple[str, ...] = ()
+    accuracy: bool = False  # in kNN points on the claim's test split (implied by arms)
 
     def __str__(self) -> str:
         if self.op == "within":
@@ -118,8 +120,9 @@ class Rule:
         if sd is None or out["mde"] is None:
             return ""
         effect = self.paper_effect
-        target, whose = (effect, "the paper's effect") if effect else (abs(mean - self.threshold), "the observed "
-                                                                      "distance from the threshold")
+        whose = "the margin" if self.op == "within" else "the paper's effect"  # TOST: a margin the MDE must fit
+        target, whose = (effect, whose) if effect else (abs(mean - self.threshold), "the observed distance from the "
+                                                                                    "threshold")
         need = stats.seeds_needed(sd, target)
         out["seeds_needed"] = need
         need_text = (f"{need} seeds at this spread would detect" if need else
@@ -130,6 +133,7 @@ class Rule:
                     f"{'>' if out['underpowered'] else '≤'} {whose} {effect:.3g}; {need_text} it")
         return f"; MDE {out['mde']:.3g} (no paper effect in these units); {need_text} {whose}, {target:.3g}"
 
+
 def judge(rules: tuple[Rule, ...], metrics: dict[str, list[float]], deterministic: bool = False,
           test_images: int | None = None) -> tuple[str, list[dict]]:
     """Every rule holds: reproduced; any fails: not reproduced; otherwise inconclusive. With each rule's stats
@@ -137,7 +141,7 @@ def judge(rules: tuple[Rule, ...], metrics: dict[str, list[float]], deterministi
     judged = []
     for rule in rules:
         s = rule.stats(metrics[rule.metric], deterministic)
-        if rule.arms:
+        if rule.arms or rule.accuracy:
             s["test_images"] = test_images
             s["binomial_sd"] = {arm: binomial_sd(statistics.fmean(metrics[arm]), test_images)
                                 for arm in rule.arms if metrics.get(arm)}
