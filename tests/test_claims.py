@@ -176,10 +176,11 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
     assert alone == shared  # kNN of the trained and the random-init backbones, bit for bit
 
 
-def test_readme_tally_is_the_committed_results():
+def test_readme_tally_and_docs_table_are_the_committed_results():
     from pathlib import Path
 
     from selfsup.claims.cli import tally_text
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert f"Today {tally_text()}, at CPU scale" in " ".join(readme.split())
+    root = Path(__file__).resolve().parents[1]
+    assert f"Today {tally_text()}, at CPU scale" in " ".join((root / "README.md").read_text().split())
+    assert (root / "docs" / "CLAIMS.md").read_text() == table(RESULTS)  # selfsup claims table --write docs/CLAIMS.md
