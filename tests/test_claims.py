@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from selfsup.claims.cli import table
-from selfsup.claims.registry import CLAIMS
-from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Rule, plot_result, verdict)
+from selfsup.claims.cli import RESULTS, table
+from selfsup.claims.registry import CLAIMS, PAPERS
+from selfsup.claims.suite import MIN_SEEDS, REPRODUCED, plot_result
 from selfsup.cli import main
 from ssl_helpers import quick_claim
 
@@ -16,32 +16,13 @@ TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_siz
         "eval.knn_every_n_steps=0"]
 
 
-def test_rule_uses_mean_and_spread_over_seeds():
-    gain = Rule("gain", ">", 0.0)
-    assert gain.judge([1.0]) == REPRODUCED and gain.judge([-1.0]) == NOT_REPRODUCED
-    assert gain.judge([0.0]) == NOT_REPRODUCED  # the threshold itself does not pass a strict ">"
-    # mean 1, std 1 (sample): mean - std = 0 is not above 0, mean + std = 2 is: inside the spread
-    assert gain.judge([0.0, 1.0, 2.0]) == INCONCLUSIVE
-    assert gain.judge([2.0, 3.0, 4.0]) == REPRODUCED  # 3 - 1 > 0
-    assert gain.judge([-4.0, -3.0, -2.0]) == NOT_REPRODUCED
-    below = Rule("x", "<", 0.1)
-    assert below.judge([0.05]) == REPRODUCED and below.judge([0.2]) == NOT_REPRODUCED
-    assert below.judge([0.0, 0.1, 0.2]) == INCONCLUSIVE
-
-
-def test_verdict_needs_every_rule():
-    rules = (Rule("a", ">", 0.0), Rule("b", "<", 1.0))
-    assert verdict(rules, {"a": [1.0], "b": [0.5]}) == REPRODUCED
-    assert verdict(rules, {"a": [1.0], "b": [2.0]}) == NOT_REPRODUCED
-    assert verdict(rules, {"a": [0.0, 1.0, 2.0], "b": [0.5]}) == INCONCLUSIVE
-    assert verdict(rules, {"a": [0.0, 1.0, 2.0], "b": [2.0]}) == NOT_REPRODUCED
-
-
 def test_every_claim_is_stated_before_it_runs():
     seeds = {c.seed[:3] for c in CLAIMS.values()}
     assert seeds == {"000", "001", "002", "003", "004"}
     for c in CLAIMS.values():
-        assert c.statement and c.paper and c.rules and c.why_different
+        assert c.statement and c.paper and c.rules and c.why_different and PAPERS[c.seed]
+        assert c.deterministic or c.default_seeds >= MIN_SEEDS, c.id  # every training claim at least 3 seeds
+    assert {c.id for c in CLAIMS.values() if c.deterministic} == {"byol-ode", "norm-convergence-quadratic"}
 
 
 @pytest.mark.parametrize("claim_id", ["self-flow-alignment-curve", "norm-convergence-quadratic",
@@ -58,7 +39,7 @@ def test_cli_run_writes_json_png_and_verdict_and_table(tmp_path, capsys):
                  "--work", str(tmp_path / "runs")]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads((tmp_path / "norm-convergence-quadratic.json").read_text())
-    assert line.startswith(f"norm-convergence-quadratic: {result['verdict']} — ours: steps ∝ r^")
+    assert line.startswith(f"norm-convergence-quadratic: {result['verdict']} (quick) — ours: steps ∝ r^")
     assert 1.8 < result["metrics"]["exponent"][0] < 2.2 and result["verdict"] == REPRODUCED
     assert (tmp_path / "norm-convergence-quadratic.png").exists()
     md = table(tmp_path)
@@ -69,3 +50,137 @@ def test_unknown_claim_is_one_line_exit_2(capsys):
     assert main(["claims", "run", "no-such-claim", "--out", "/tmp/unused"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "selfsup claims list" in err
+
+
+def test_committed_results_ship_with_the_package_and_list_reads_them_anywhere(tmp_path, monkeypatch, capsys):
+    assert RESULTS.parent.name == "claims" and RESULTS.parent.parent.name == "selfsup"  # package data
+    assert {p.stem for p in RESULTS.glob("*.json")} <= set(CLAIMS)
+    assert len(list(RESULTS.glob("*.json"))) >= 26
+    for p in RESULTS.glob("*.json"):  # every committed result judged by the current statistics
+        result = json.loads(p.read_text())
+        assert [s["rule"] for s in result["statistics"]] == [str(r) for r in CLAIMS[result["id"]].rules], p.name
+    monkeypatch.chdir(tmp_path)  # outside the checkout
+    assert main(["claims", "list"]) == 0
+    out = capsys.readouterr().out
+    unrun = [c for c in CLAIMS if not (RESULTS / f"{c}.json").exists()]
+    assert out.count("last: not run yet") == len(unrun) < len(CLAIMS) and "last: reproduced" in out
+    assert "An Empirical Study of Training Self-Supervised Vision Transformers (MoCo v3)" in out  # the paper's name
+
+
+def test_table_prints_unless_write_says_where(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["claims", "table"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("# The seeds' claims") and list(tmp_path.iterdir()) == []
+    assert "95% interval" in md and " ± " not in md.split("## Not reproduced")[0].split("| claim |")[1]
+    assert main(["claims", "table", "--write", "sub/CLAIMS.md"]) == 0
+    assert (tmp_path / "sub" / "CLAIMS.md").read_text() == md
+
+
+def test_run_needs_out_and_ids_or_all(capsys):
+    assert main(["claims", "run", "byol-ode"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out DIR" in err
+    assert main(["claims", "run", "--out", "/tmp/unused"]) == 2
+    assert "--all" in capsys.readouterr().err
+
+
+def test_definition_hash_follows_the_definition(tmp_path):
+    from dataclasses import replace
+
+    from selfsup.claims.suite import Rule, definition_hash
+
+    claim = CLAIMS["moco-v3-momentum"]
+    h = definition_hash(claim)
+    assert len(h) == 64 and definition_hash(claim) == h
+    assert definition_hash(replace(claim, rules=(Rule("gain", ">", 0.5),))) != h
+    assert definition_hash(replace(claim, default_seeds=5)) != h
+    assert definition_hash(replace(claim, decide="a longer run")) == h  # documentation only
+    assert definition_hash(CLAIMS["moco-v3-predictor"]) != h
+
+
+def test_run_all_resume_skips_results_that_match_and_runs_the_rest(tmp_path, capsys):
+    from selfsup.claims.suite import definition_hash
+
+    out = tmp_path / "out"
+    out.mkdir()
+    todo = {"norm-convergence-quadratic", "byol-ode"}
+    for c in CLAIMS.values():
+        if c.id in todo:
+            continue
+        (out / f"{c.id}.json").write_text(json.dumps({"id": c.id, "quick": True, "seeds": c.default_seeds,
+                                                      "verdict": "reproduced", "code_hash": definition_hash(c)}))
+    stale = {"id": "byol-ode", "quick": True, "seeds": 1, "verdict": "reproduced", "code_hash": "0" * 64}
+    (out / "byol-ode.json").write_text(json.dumps(stale))  # another definition's result: run again
+    assert main(["claims", "run", "--all", "--resume", "--quick", "--out", str(out), "--work",
+                 str(tmp_path / "runs")]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert sum("skipped" in line for line in lines) == len(CLAIMS) - len(todo)
+    assert {line.split(":")[0] for line in lines if "skipped" not in line} == todo
+    assert "claim 1/2" in captured.err and "claim 2/2" in captured.err and "expected remaining" in captured.err
+    for claim_id in todo:
+        assert json.loads((out / f"{claim_id}.json").read_text())["code_hash"] == definition_hash(CLAIMS[claim_id])
+
+
+def test_rejudge_recomputes_an_old_result_without_training(tmp_path, capsys):
+    old = {"id": "moco-v3-momentum", "seed": CLAIMS["moco-v3-momentum"].seed, "quick": False, "seeds": 3,
+           "rules": ["gain > 0"], "verdict": "reproduced", "series": {}, "plot": {},
+           "metrics": {"default": [70.0, 72.0, 74.0], "m_0": [69.0, 70.0, 71.0], "gain": [1.0, 2.0, 3.0]},
+           "ours": "kNN top-1 default 72.0% vs m 0 70.0% (default − ablation +2.00 ± 1.00 points)"}
+    (tmp_path / "moco-v3-momentum.json").write_text(json.dumps(old))
+    assert main(["claims", "rejudge", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == "moco-v3-momentum: reproduced → inconclusive"  # 2 ± 2.48
+    new = json.loads((tmp_path / "moco-v3-momentum.json").read_text())
+    (s,) = new["statistics"]
+    assert s["n"] == 3 and s["interval"] == pytest.approx([2 - 2.484137711750, 2 + 2.484137711750])
+    assert s["test_images"] == 359 and set(s["binomial_sd"]) == {"default", "m_0"}
+    assert s["underpowered"] is True and s["paper_effect"] == pytest.approx(2.2)  # MDE 3.26 > 2.2
+    assert new["ours"].endswith("(default − ablation +2.00 [-0.48, +4.48] points)")
+    assert (tmp_path / "moco-v3-momentum.png").exists()
+
+
+def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical(tmp_path, monkeypatch):
+    """Two arms of one seed (same init): under shared_datasets each split is read once and the second run reuses
+    the first's random-init kNN; every result equals that of runs that share nothing."""
+    from selfsup.claims import suite
+    from selfsup.data import datasets
+    from selfsup.eval import features
+    from selfsup.methods import base
+    from ssl_helpers import TINY as TINY_RUN
+
+    reads, passes = [], []
+    read, extract = datasets._load_dataset, features.extract_features
+    monkeypatch.setattr(datasets, "_load_dataset", lambda cfg, split: reads.append(split) or read(cfg, split))
+    monkeypatch.setattr(features, "extract_features", lambda *a, **k: passes.append(len(a[1])) or extract(*a, **k))
+    monkeypatch.setattr(suite, "_SPLITS", {})
+    monkeypatch.setattr(base, "_INIT_KNN", {})
+    ctx = suite.Context(quick=True, seeds=1, work=tmp_path, progress=lambda m: None)
+    arms = (("a", []), ("b", ["optim.base_lr=1e-4"]))
+
+    def runs(tag):
+        return [json.loads((suite.pretrain_run(ctx, "byol-digits", f"{tag}-{arm}", ["trainer.seed=0", *TINY_RUN,
+                                                                                   *o]) / "knn.json").read_text())
+                for arm, o in arms]
+
+    with suite.shared_datasets():
+        shared = runs("shared")
+    assert datasets._load_dataset.__name__ == "<lambda>"  # restored on leaving
+    assert sorted(reads) == ["test", "train"]  # each split once for both runs
+    # the kNN's passes over whole splits (the instruments pass a fixed batch): run a the trained and the init
+    # backbone over train and test, run b its trained one only
+    assert sorted(n for n in passes if n in (1438, 359)) == [359] * 3 + [1438] * 3
+    assert shared[0]["random_init"] == shared[1]["random_init"]
+    base._INIT_KNN.clear()
+    alone = runs("alone")
+    assert alone == shared  # kNN of the trained and the random-init backbones, bit for bit
+
+
+def test_readme_tally_and_docs_table_are_the_committed_results():
+    from pathlib import Path
+
+    from selfsup.claims.cli import tally_text
+
+    root = Path(__file__).resolve().parents[1]
+    assert f"Today {tally_text()}, at CPU scale" in " ".join((root / "README.md").read_text().split())
+    assert (root / "docs" / "CLAIMS.md").read_text() == table(RESULTS)  # selfsup claims table --write docs/CLAIMS.md

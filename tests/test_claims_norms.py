@@ -52,3 +52,25 @@ def test_each_claim_runs_in_quick_mode(claim_id, tmp_path):
     assert all(len(v) == 1 for v in result["metrics"].values())
     plot_result(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 5000
+
+
+def test_cut_init_byol_moco_claim_pairs_each_method_with_its_cut(tmp_path):
+    """The rebuttal's BYOL / MoCo v3 result: per seed the cut and the default run of each method, same seed, the
+    gain their kNN difference; BYOL on the BN ConvNet, MoCo v3 on the micro ViT."""
+    import json
+
+    import yaml
+
+    assert CLAIMS["cut-init-helps-byol-moco-v3"].seed.startswith("001")
+    result = quick_claim("cut-init-helps-byol-moco-v3", tmp_path, [*TINY, "trainer.limit_train_batches=1"])
+    m = result["metrics"]
+    for method, backbone in (("byol", "bn_cnn_micro"), ("moco_v3", "vit_micro")):
+        assert m[f"knn_gain_{method}"] == [m[f"{method}_cut"][0] - m[f"{method}_default"][0]]
+        for arm, cut in (("cut", 3.0), ("default", 1.0)):
+            run = tmp_path / f"{method}_{arm}-s0"
+            cfg = yaml.safe_load((run / "config.yaml").read_text())
+            assert cfg["model"]["backbone"] == backbone and float(cfg["interventions"]["cut_init"]) == cut
+            assert cfg["trainer"]["seed"] == 0
+            assert json.loads((run / "knn.json").read_text())["pretrained"]["top1"] == m[f"{method}_{arm}"][0]
+    assert {s["rule"] for s in result["statistics"]} == {"knn_gain_byol > 0", "knn_gain_moco_v3 > 0"}
+    assert [s["paper_effect"] for s in result["statistics"]] == [28.0, 4.0]

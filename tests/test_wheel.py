@@ -12,6 +12,7 @@ never touches a selfsup it sees on those paths) and ``pip check`` confirms the w
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,8 @@ def test_the_wheel_installs_into_a_fresh_venv_and_pretrains_one_step(tmp_path):
     selfsup = venv / "bin" / "selfsup"
     presets = run([selfsup, "presets"], work)
     assert "moco-v3-vit-digits" in presets and "byol-r50-imagenet" in presets
+    claims = run([selfsup, "claims", "list"], work)  # the committed verdicts are package data
+    assert re.search(r"last: (reproduced|not reproduced|inconclusive)", claims), claims[:2000]
     out = run([selfsup, "pretrain", "moco-v3-vit-digits", *ONE_STEP, f"output_dir={work}", "name=r"], work)
     assert f"run folder: {work / 'r'}" in out
     assert torch.load(work / "r" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1

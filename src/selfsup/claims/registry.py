@@ -1,4 +1,4 @@
-"""Every claim, by id, gathered from the per-seed modules in the seeds' order."""
+"""Every claim, by id, gathered from the per-seed modules in the seeds' order; and the document each seed is."""
 
 from __future__ import annotations
 
@@ -7,3 +7,13 @@ from selfsup.claims.suite import Claim
 
 CLAIMS: dict[str, Claim] = {c.id: c for module in (self_flow, embedding_norms, cookbook, directpred, moco_v3)
                             for c in module.CLAIMS}
+
+# the paper (or thread) each seed file is; the files are in the project's seeds folder (seeds/README.md)
+PAPERS: dict[str, str] = {
+    "000_c0eb5cef7d50dfe6.txt": "Self-Flow: self-supervised flow matching (public issue thread on its alignment loss)",
+    "001_83bb0da94ad51f7b.txt": "On the Importance of Embedding Norms in Self-Supervised Learning (author rebuttal)",
+    "002_010407c8532905bc.txt": "A Cookbook of Self-Supervised Learning (part 5)",
+    "003_7eb28182f9835575.txt": "Understanding Self-Supervised Learning Dynamics without Contrastive Pairs "
+                                "(DirectPred)",
+    "004_128fc6c8941a5b31.txt": "An Empirical Study of Training Self-Supervised Vision Transformers (MoCo v3)",
+}

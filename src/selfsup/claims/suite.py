@@ -2,11 +2,18 @@
 stated before the run.
 
 A claim's ``measure(ctx)`` returns ``{"metrics": {name: [value per seed]}, "ours": text, "series": {label:
-[[x, y], ...]}}``. Its ``rules`` decide the verdict from the metrics alone:
+[[x, y], ...]}}``. Each metric is a per-seed value; an effect is *paired*: each seed runs every arm with the same
+init, data order and augmentation stream where the arm allows, and the metric is the per-seed difference. Its
+``rules`` decide the verdict from the metrics alone (``stats``):
 
-* each rule compares one metric's mean over seeds with a threshold (``>`` or ``<``);
-* with two or more seeds the rule holds only if mean ± std lies wholly on the passing side, fails only if it
-  lies wholly on the failing side, and is *inside the spread* otherwise;
+* a rule compares one metric's mean over seeds with a threshold (``>`` or ``<``): it *holds* when the whole 95%
+  confidence interval of the mean (Student t, n − 1 dof) lies on the claimed side, *fails* when it lies wholly on
+  the other side, and is inconclusive otherwise; an equivalence rule (``within``, "comparable") holds when the
+  interval lies inside ± its margin (two one-sided tests) and fails when it lies wholly outside;
+* one seed is judged without a spread only where the measurement is deterministic (the simulators); a training
+  claim with fewer than ``MIN_SEEDS`` seeds is inconclusive, saying so;
+* an inconclusive rule says its minimum detectable effect at 80% power, whether that is larger than the paper's
+  effect (underpowered), and how many seeds would detect it at the observed spread;
 * the claim is *reproduced* when every rule holds, *not reproduced* when any rule fails, and *inconclusive*
   otherwise.
 
@@ -17,41 +24,144 @@ The claims themselves live in one module per seed (``self_flow``, ``embedding_no
 from __future__ import annotations
 
 import csv
+import hashlib
+import inspect
 import json
+import math
 import statistics
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from selfsup.claims import stats
+
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+MIN_SEEDS = 3  # every training claim
+TEST_IMAGES = {"digits": 359, "fashion-mnist": 10_000}  # the test split behind each kNN accuracy
 
 
 @dataclass(frozen=True)
 class Rule:
-    """``mean(metric) op threshold`` over seeds, e.g. ``Rule("knn_gain", ">", 0.0)``."""
+    """``mean(metric) op threshold`` over seeds, e.g. ``Rule("knn_gain", ">", 0.0, paper=1.7)``; ``op="within"``
+    reads "comparable": ``|mean(metric)| < threshold`` (the margin).
+
+    ``paper``: the paper's value of the metric where it states one, in the metric's units (its distance from the
+    threshold is the paper's effect, which decides whether an inconclusive rule was underpowered); ``arms``: the
+    metrics holding the kNN accuracies (in %) that the metric is made of, each on the claim's test split;
+    ``accuracy``: the metric is in kNN points where the arms' accuracies are not stored."""
 
     metric: str
-    op: str  # ">" | "<"
+    op: str  # ">" | "<" | "within"
     threshold: float
+    paper: float | None = None
+    arms: tuple[str, ...] = ()
+    accuracy: bool = False  # in kNN points on the claim's test split (implied by arms)
 
     def __str__(self) -> str:
+        if self.op == "within":
+            return f"{self.metric} within ±{self.threshold:g}"
         return f"{self.metric} {self.op} {self.threshold:g}"
 
-    def judge(self, values: list[float]) -> str:
-        mean = statistics.fmean(values)
-        spread = statistics.stdev(values) if len(values) > 1 else 0.0
-        lo, hi = mean - spread, mean + spread
-        holds, fails = (lo > self.threshold, hi <= self.threshold) if self.op == ">" else \
-            (hi < self.threshold, lo >= self.threshold)
+    @property
+    def paper_effect(self) -> float | None:
+        if self.op == "within":
+            return self.threshold
+        return None if self.paper is None else abs(self.paper - self.threshold)
+
+    def stats(self, values: list[float], deterministic: bool = False) -> dict:
+        """n, mean, sd, the 95% interval, the MDE and the verdict of this rule on the per-seed ``values``, with
+        the reason of an inconclusive verdict."""
+        out = {"rule": str(self), "n": len(values), "mean": None, "sd": None, "interval": None, "mde": None,
+               "paper_effect": self.paper_effect, "underpowered": None, "seeds_needed": None}
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        if not values or len(finite) < len(values):
+            return {**out, "verdict": INCONCLUSIVE,
+                    "why": f"undefined for {len(values) - len(finite)} of {len(values)} seed(s)"}
+        n, mean, sd = stats.summary(finite)
+        out.update(mean=mean, sd=sd)
+        if n == 1 and deterministic:
+            lo = hi = mean
+        elif n == 1:
+            return {**out, "verdict": INCONCLUSIVE, "why": f"1 seed; a training claim needs at least {MIN_SEEDS}"}
+        else:
+            lo, hi = stats.interval(mean, sd, n)
+            out.update(interval=[lo, hi], mde=stats.mde(sd, n))
+        verdict = self._side(lo, hi)
+        if n < MIN_SEEDS and not deterministic:
+            why = f"{n} seeds; a training claim needs at least {MIN_SEEDS}" + (
+                f" (the interval is on the {'claimed' if verdict == REPRODUCED else 'other'} side)"
+                if verdict != INCONCLUSIVE else "")
+        elif verdict != INCONCLUSIVE:
+            return {**out, "verdict": verdict, "why": ""}
+        else:
+            why = ("the interval overlaps the margin's edge" if self.op == "within" else
+                   "the interval contains the threshold")
+        why += self._power(out, mean, sd)  # fills out's underpowered / seeds_needed
+        return {**out, "verdict": INCONCLUSIVE, "why": why}
+
+    def judge(self, values: list[float], deterministic: bool = False) -> str:
+        return self.stats(values, deterministic)["verdict"]
+
+    def _side(self, lo: float, hi: float) -> str:
+        t = self.threshold
+        if self.op == "within":
+            holds, fails = -t < lo and hi < t, hi <= -t or lo >= t
+        elif self.op == ">":
+            holds, fails = lo > t, hi <= t
+        elif self.op == "<":
+            holds, fails = hi < t, lo >= t
+        else:
+            raise ValueError(f"rule op must be >, < or within, got {self.op!r}")
         return REPRODUCED if holds else NOT_REPRODUCED if fails else INCONCLUSIVE
 
+    def _power(self, out: dict, mean: float, sd: float | None) -> str:
+        """Fills ``underpowered`` / ``seeds_needed``; the sentence saying them."""
+        if sd is None or out["mde"] is None:
+            return ""
+        effect = self.paper_effect
+        whose = "the margin" if self.op == "within" else "the paper's effect"  # TOST: a margin the MDE must fit
+        target, whose = (effect, whose) if effect else (abs(mean - self.threshold), "the observed distance from the "
+                                                                                    "threshold")
+        need = stats.seeds_needed(sd, target)
+        out["seeds_needed"] = need
+        need_text = (f"{need} seeds at this spread would detect" if need else
+                     f"more than {stats.MAX_SEEDS} seeds would be needed to detect")
+        if effect:
+            out["underpowered"] = out["mde"] > effect
+            return (f"; {'underpowered' if out['underpowered'] else 'not underpowered'}: MDE {out['mde']:.3g} "
+                    f"{'>' if out['underpowered'] else '≤'} {whose} {effect:.3g}; {need_text} it")
+        return f"; MDE {out['mde']:.3g} (no paper effect in these units); {need_text} {whose}, {target:.3g}"
 
-def verdict(rules: tuple[Rule, ...], metrics: dict[str, list[float]]) -> str:
-    """Every rule holds: reproduced; any fails: not reproduced; otherwise inconclusive."""
-    judged = [rule.judge(metrics[rule.metric]) for rule in rules]
-    if NOT_REPRODUCED in judged:
-        return NOT_REPRODUCED
-    return REPRODUCED if all(j == REPRODUCED for j in judged) else INCONCLUSIVE
+
+def judge(rules: tuple[Rule, ...], metrics: dict[str, list[float]], deterministic: bool = False,
+          test_images: int | None = None) -> tuple[str, list[dict]]:
+    """Every rule holds: reproduced; any fails: not reproduced; otherwise inconclusive. With each rule's stats
+    (and, for a rule over kNN accuracies, the test images behind each and its binomial sd in points)."""
+    judged = []
+    for rule in rules:
+        s = rule.stats(metrics[rule.metric], deterministic)
+        if rule.arms or rule.accuracy:
+            s["test_images"] = test_images
+            s["binomial_sd"] = {arm: binomial_sd(statistics.fmean(metrics[arm]), test_images)
+                                for arm in rule.arms if metrics.get(arm)}
+        judged.append(s)
+    verdicts = [s["verdict"] for s in judged]
+    if NOT_REPRODUCED in verdicts:
+        return NOT_REPRODUCED, judged
+    return (REPRODUCED if all(v == REPRODUCED for v in verdicts) else INCONCLUSIVE), judged
+
+
+def verdict(rules: tuple[Rule, ...], metrics: dict[str, list[float]], deterministic: bool = False) -> str:
+    return judge(rules, metrics, deterministic)[0]
+
+
+def binomial_sd(accuracy: float, images: int | None) -> float | None:
+    """The binomial sd, in points, of one top-1 accuracy (in %) over ``images`` test images."""
+    if not images or not math.isfinite(accuracy):
+        return None
+    p = min(max(accuracy / 100.0, 0.0), 1.0)
+    return 100.0 * math.sqrt(p * (1 - p) / images)
 
 
 @dataclass
@@ -76,7 +186,10 @@ class Claim:
     rules: tuple[Rule, ...]
     measure: Callable[[Context], dict]
     why_different: str = ""  # scale, data, budget
-    default_seeds: int = 1
+    default_seeds: int = MIN_SEEDS
+    deterministic: bool = False  # a simulator: one run has no spread to estimate
+    test_data: str = "digits"  # the test split behind its kNN accuracies (``TEST_IMAGES``)
+    decide: str = ""  # what would decide it where the suite's budget does not (docs/CLAIMS.md's paragraph)
 
 
 # ---- measurement helpers ----------------------------------------------------------------------------------
@@ -127,18 +240,99 @@ def knn_pair(ctx: Context, preset: str, a: tuple[str, list[str]], b: tuple[str, 
     return out
 
 
-def pm(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    return f"{mean:+.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+def mean_ci(values: list[float], sign: bool = True) -> str:
+    """``mean [lo, hi]``: the mean over seeds and its 95% interval (Student t); the mean alone for one value."""
+    f = "{:+.2f}" if sign else "{:.2f}"
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < len(values) or not values:
+        return "undefined"
+    n, mean, sd = stats.summary(values)
+    if n == 1:
+        return f.format(mean)
+    lo, hi = stats.interval(mean, sd, n)
+    return f"{f.format(mean)} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def ci(values: list[float]) -> str:
+    """``mean [lo, hi]`` without the leading + (a level, not a gain)."""
+    return mean_ci(values, sign=False)
+
+
+def definition_hash(claim: Claim) -> str:
+    """sha256 of what a committed result was measured by (``claims run --resume`` reruns a claim when it
+    changed): the claim's definition (every field, the rules, the measuring function's name), the source of
+    ``suite.py`` and ``stats.py``, of the claim's seed module, of every ``selfsup`` module that module imports
+    directly (the simulators, ``selfsup.eval.*``, ``selfsup.flow.*``...) and of the presets it names. Changes
+    deeper in the library (the engine, a method's code) are not hashed: rerun without ``--resume`` after those."""
+    import ast
+    import importlib
+
+    module = inspect.getmodule(claim.measure)
+    sources = {name: Path(inspect.getfile(m)).read_bytes() for name, m in
+               (("suite", inspect.getmodule(Claim)), ("stats", stats), (module.__name__, module))}
+    tree = ast.parse(sources[module.__name__])
+    for node in ast.walk(tree):
+        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                 [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        for name in names:
+            if name.startswith("selfsup.") and not name.startswith("selfsup.claims"):
+                sources[name] = Path(inspect.getfile(importlib.import_module(name))).read_bytes()
+    presets = {p.stem: p for p in (Path(__file__).resolve().parents[1] / "presets").glob("*.yaml")}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in presets:
+            sources[f"preset:{node.value}"] = presets[node.value].read_bytes()
+    digest = hashlib.sha256()
+    definition = {k: (str(v) if k != "measure" else v.__qualname__) for k, v in vars(claim).items() if k != "decide"}
+    definition["rules"] = [repr(r) for r in claim.rules]
+    digest.update(json.dumps(definition, sort_keys=True).encode())
+    for name in sorted(sources):
+        digest.update(name.encode() + b"\0" + sources[name] + b"\0")
+    return digest.hexdigest()
+
+
+def judge_result(claim: Claim, metrics: dict) -> tuple[str, list[dict]]:
+    return judge(claim.rules, metrics, claim.deterministic, TEST_IMAGES.get(claim.test_data))
+
+
+IN_MEMORY = ("digits", "fashion-mnist")  # the datasets a claim's runs share in memory
+_SPLITS: dict[tuple, object] = {}
+
+
+@contextmanager
+def shared_datasets():
+    """While it is open, each split of an in-memory dataset (``IN_MEMORY``) is read once per process and shared
+    by every run, evaluation and monitor (Fashion-MNIST: 1.5 s per train + test read on this machine); held-out
+    classes and long tails are still applied per run (``restrict``), on the shared split."""
+    from selfsup.data import datasets
+
+    original = datasets._load_dataset
+
+    def shared(cfg, split):
+        if cfg.name not in IN_MEMORY:
+            return original(cfg, split)
+        key = (cfg.name, cfg.root, split)
+        if key not in _SPLITS:
+            _SPLITS[key] = original(cfg, split)
+        return _SPLITS[key]
+
+    datasets._load_dataset = shared
+    try:
+        yield
+    finally:
+        datasets._load_dataset = original
 
 
 def run_claim(claim: Claim, ctx: Context) -> dict:
-    """Measure ``claim`` and judge it by its rules; the result JSON's content."""
-    measured = claim.measure(ctx)
+    """Measure ``claim`` (its runs sharing the datasets: ``shared_datasets``) and judge it by its rules; the
+    result JSON's content."""
+    with shared_datasets():
+        measured = claim.measure(ctx)
     metrics = measured["metrics"]
+    verdict_, judged = judge_result(claim, metrics)
     return {"id": claim.id, "seed": claim.seed, "section": claim.section, "statement": claim.statement,
             "paper": claim.paper, "rules": [str(r) for r in claim.rules], "quick": ctx.quick, "seeds": ctx.seeds,
-            "metrics": metrics, "ours": measured["ours"], "verdict": verdict(claim.rules, metrics),
+            "metrics": metrics, "ours": measured["ours"], "verdict": verdict_, "statistics": judged,
+            "code_hash": definition_hash(claim),
             "why_different": claim.why_different, "series": measured.get("series", {}),
             "details": measured.get("details", {}),
             "plot": {k: measured[k] for k in ("xlabel", "ylabel", "logy", "logx") if k in measured}}

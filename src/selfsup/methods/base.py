@@ -157,9 +157,32 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
+_INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
+
+
+def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | None:
+    """A digest of everything a kNN result depends on: the weights and buffers (and the module's class), the
+    in-memory train and test images and labels, and the evaluation settings; None for data not held in memory.
+    Runs that start from the same init (the arms of a seed whose change leaves the backbone's init alone) share
+    one random-init kNN per process."""
+    import hashlib
+
+    if not all(isinstance(d.images, Tensor) for d in (train, test)):
+        return None
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    h.update(repr((info.image_size, info.mean, info.std, cfg.eval.knn_k, cfg.eval.knn_temperature,
+                   cfg.eval.batch_size)).encode())
+    tensors = [t for _, t in sorted(model.state_dict().items())]
+    for t in [*tensors, train.images, train.labels, test.images, test.labels]:
+        h.update(repr((t.dtype, tuple(t.shape))).encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
     """The weighted kNN (k, T from ``cfg.eval``) on the test split of the trained and of the random-init
-    backbone, written to ``run_dir/knn.json``; the lines the engine prints."""
+    backbone, written to ``run_dir/knn.json``; the lines the engine prints. The random init's result is
+    computed once per process for the same weights and data (``init_knn_key``)."""
     import json
 
     from selfsup.data.datasets import UNLABELLED, load_dataset
@@ -173,9 +196,15 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
     k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
     out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
     for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
+        cache = init_knn_key(model, train, test, info, cfg) if key == "random_init" else None
+        if cache in _INIT_KNN:
+            out[key] = copy.deepcopy(_INIT_KNN[cache])
+            continue
         ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
         fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
         out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
+        if cache is not None:
+            _INIT_KNN[cache] = copy.deepcopy(out[key])
     (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
     lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
     lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
