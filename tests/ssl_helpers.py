@@ -171,9 +171,11 @@ def ckpt(run_dir):
     return torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
-def forked_kill(cfg_or_run, step: int) -> None:
+def forked_kill(cfg_or_run, step: int, where: str = "start") -> None:
     """``engine.pretrain`` of a config (a fresh run) or of a run folder (resumed) in a forked child that SIGKILLs
-    itself before training step ``step`` (after the checkpoint of ``step`` steps); cheap: no new interpreter."""
+    itself (no shutdown hook runs, nothing is flushed) before training step ``step`` (``where="start"``: after the
+    checkpoint of ``step`` steps) or right after it (``"end"``: after its optimiser step and post-step updates,
+    before its checkpoint is written); cheap: no new interpreter."""
     import os
     import signal
 
@@ -184,7 +186,11 @@ def forked_kill(cfg_or_run, step: int) -> None:
         try:
             class Kill(pl.Callback):
                 def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-                    if trainer.global_step == step:
+                    if where == "start" and trainer.global_step == step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                    if where == "end" and trainer.global_step == step + 1:
                         os.kill(os.getpid(), signal.SIGKILL)
 
             make = engine.make_trainer

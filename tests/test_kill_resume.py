@@ -1,12 +1,13 @@
-"""A run SIGKILLed mid-epoch under step checkpoints and resumed ends bit-identical to one never interrupted.
+"""A run SIGKILLed and resumed ends bit-identical to one never interrupted.
 
-The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the process itself at a chosen
-place of a chosen step (the flow run twice), and resumed from its last step checkpoint each time. One method of each
-family, BYOL with DirectPred's predictor (its running F and W_p change after the optimiser step) and DINO
-on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from the global RNG), Barlow Twins,
-VICReg, MAE and iBOT (their masks come from the step's generator):
-the exported backbone, the last checkpoint's weights and every logged ``train/*`` value must be equal
-bit for bit to those of the run that was never stopped.
+The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the process itself, a fork of the test
+process (a DDP run: a new one) at a chosen place of a chosen step, and resumed from its last checkpoint each time.
+Mid-epoch (``CASES``): one method of each family, BYOL with DirectPred's predictor (its running F and W_p change
+after the optimiser step) and DINO on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from
+the global RNG), Barlow Twins, VICReg, MAE and iBOT (their masks come from the step's generator). At the epoch
+boundaries, over successive resumes: every method of the registry, and 2 processes. The exported backbone, the
+last checkpoint's weights and optimiser state, the step count and every logged ``train/*`` value must be equal bit
+for bit to those of the run that was never stopped; the instruments' events.jsonl and metrics.csv too.
 """
 
 from __future__ import annotations
@@ -63,43 +64,9 @@ CASES = {
     "ibot": ("ibot-digits", CPU + IBOT + STEPS, [(4, "end")]),
 }
 
-CHILD = """
-import json, os, signal, sys
-import lightning.pytorch as pl
-import selfsup.engine as engine
-from selfsup.config import load_run_config
-
-preset, overrides, resume, step, where = json.loads(sys.argv[1])
-
-class Kill(pl.Callback):
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if where == "start" and trainer.global_step == step:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if where == "end" and trainer.global_step == step + 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-make = engine.make_trainer
-def patched(cfg, run_dir):
-    trainer = make(cfg, run_dir)
-    trainer.callbacks.insert(0, Kill())
-    return trainer
-engine.make_trainer = patched
-if resume:
-    engine.pretrain(engine.load_run(resume), resume=resume)
-else:
-    engine.pretrain(load_run_config(preset, overrides))
-"""
-
-
 def killed(preset: str, overrides: list[str], resume: Path | None, step: int, where: str) -> None:
-    """Run (or resume) in a child process that SIGKILLs itself at ``step`` / ``where``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    env.pop("SELFSUP_RUN_DIR", None)
-    args = json.dumps([preset, overrides, str(resume) if resume else None, step, where])
-    proc = subprocess.run([sys.executable, "-c", CHILD, args], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    """Run (or resume) in a forked child that SIGKILLs itself at ``step`` / ``where``."""
+    forked_kill(Path(resume) if resume else load_run_config(preset, overrides), step, where)
 
 
 def logged(run_dir: Path) -> dict[int, dict[str, str]]:
@@ -232,12 +199,14 @@ import lightning.pytorch as pl
 import selfsup.engine as engine
 from selfsup.config import load_run_config
 
-preset, overrides, resume, step = json.loads(sys.argv[1])
+preset, overrides, resume, step, how = json.loads(sys.argv[1])
 
-class Kill(pl.Callback):  # every process kills itself at the same step boundary
+class Kill(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == step:
+        if trainer.global_step == step and how == "kill":  # every process kills itself at the same boundary
             os.kill(os.getpid(), signal.SIGKILL)
+        if trainer.global_step == step and how == "term" and trainer.global_rank == 0:  # rank 0 only
+            os.kill(os.getpid(), signal.SIGTERM)
 
 make = engine.make_trainer
 def patched(cfg, run_dir):
@@ -245,24 +214,29 @@ def patched(cfg, run_dir):
     trainer.callbacks.insert(0, Kill())
     return trainer
 engine.make_trainer = patched
-if resume:
-    engine.pretrain(engine.load_run(resume), resume=resume)
-else:
-    engine.pretrain(load_run_config(preset, overrides))
+try:
+    if resume:
+        engine.pretrain(engine.load_run(resume), resume=resume)
+    else:
+        engine.pretrain(load_run_config(preset, overrides))
+except KeyboardInterrupt as e:  # engine.RunInterrupted, as the CLI exits
+    sys.exit(128 + getattr(e, "signum", 2))
 """
 
 
 def test_two_processes_resume_exactly_across_epoch_boundaries(tmp_path):
-    """The same kills under 2 CPU processes (gloo DDP): every process SIGKILLs itself at the step boundary."""
+    """The same kills under 2 CPU processes (gloo DDP): every process SIGKILLs itself at the step boundary. Then a
+    SIGTERM to rank 0 alone during step 4: both processes write the checkpoint after it and stop (the decision is
+    all-reduced), and the resume ends as the uninterrupted run."""
     script = tmp_path / "ddp_child.py"  # Lightning's DDP launcher re-runs the script: a file, not -c
     script.write_text(DDP_CHILD)
     overrides = boundary_overrides("moco_v3", tmp_path) + ["trainer.devices=2", "trainer.strategy=ddp"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     env.pop("SELFSUP_RUN_DIR", None)
 
-    def run(resume, step, name="B"):
+    def run(resume, step, name="B", how="kill"):
         args = json.dumps(["moco-v3-vit-digits", overrides + [f"output_dir={tmp_path}", f"name={name}"],
-                           str(resume) if resume else None, step])
+                           str(resume) if resume else None, step, how])
         return subprocess.run([sys.executable, str(script), args], env=env, capture_output=True, text=True,
                               timeout=300, cwd=tmp_path)
 
@@ -278,6 +252,12 @@ def test_two_processes_resume_exactly_across_epoch_boundaries(tmp_path):
     proc = run(tmp_path / "B", -1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_final_state(tmp_path / "A", tmp_path / "B", 9)
+    proc = run(None, 4, "C", how="term")
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert ckpt_step(tmp_path / "C") == 5 and "--resume" in proc.stderr
+    proc = run(tmp_path / "C", -1, "C")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_final_state(tmp_path / "A", tmp_path / "C", 9)
 
 
 # --------------------------------------------------------------------------- the instruments' files

@@ -45,7 +45,7 @@ def _feed(h, value) -> None:
         t = value.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the bytes, read in place
     elif isinstance(value, dict):
         h.update(b"{")
         for k in sorted(value, key=repr):

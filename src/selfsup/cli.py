@@ -77,7 +77,8 @@ def cmd_pretrain(args) -> int:
         t = cfg.trainer
         longer = (t.max_steps > int(facts.get("global_step", 0)) if t.max_steps
                   else t.max_epochs > int(facts.get("epochs", 0)))
-        if facts.get("status") == "finished" and not longer:
+        # a run.json without status (an earlier version) was written only at the end of a run
+        if facts.get("status", "finished" if facts else None) == "finished" and not longer:
             print(f"{run} is finished ({facts.get('global_step')} steps, {facts.get('epochs')} epochs); nothing to "
                   f"train. Extend it with: selfsup pretrain --resume {run} trainer.max_epochs=N (or "
                   "trainer.max_steps=N)")
