@@ -95,3 +95,30 @@ def test_the_exported_heads_equal_the_checkpoint_rebuild_and_need_no_training_mo
     # weights other than the exported backbone: the heads file does not belong to them
     init = with_heads(load_source(run / "checkpoints" / "last.ckpt"), "projector")
     assert init.weights.suffix == ".ckpt"
+
+
+def test_the_command_lines_defaults_are_the_dataclasses():
+    """``eval generation`` / ``eval reconstruct`` / ``eval finetune`` / ``eval rankme`` flags default to their typed
+    configs' fields, and ``eval generation``'s runner takes the config the flags build."""
+    import dataclasses
+
+    from selfsup.cli import build_parser
+    from selfsup.eval.finetune import FinetuneConfig
+    from selfsup.eval.reconstruct import ReconstructConfig
+    from selfsup.eval.spectrum import SpectrumConfig
+    from selfsup.flow.generation import GenerationConfig
+
+    parse = build_parser().parse_args
+    g = parse(["eval", "generation", "RUN"])
+    assert GenerationConfig(encoder=g.encoder, n=g.n, steps=g.steps, sampler=g.sampler, cfg=g.cfg, seed=g.seed,
+                            k=g.k, batch_size=g.batch_size, sample_batch=g.sample_batch,
+                            inception=not g.no_inception) == GenerationConfig()
+    r = parse(["eval", "reconstruct", "RUN"])
+    assert ReconstructConfig(**{f.name: getattr(r, f.name) for f in dataclasses.fields(ReconstructConfig)}) == \
+        ReconstructConfig()
+    f = parse(["eval", "finetune", "RUN"])
+    ft = FinetuneConfig()
+    assert (f.epochs, f.ft_batch, f.lr, f.layer_decay, f.drop_path, f.min_lr) == (
+        ft.epochs, ft.batch_size, ft.base_lr, ft.layer_decay, ft.drop_path, ft.min_lr)
+    s = parse(["eval", "rankme", "RUN"])
+    assert (s.split, s.max_samples) == (SpectrumConfig.split, SpectrumConfig.max_samples)
