@@ -71,6 +71,16 @@ def test_the_probe_protocols_defaults_live_in_the_dataclass():
         ProbeConfig.for_protocol("dino")
 
 
+def test_fine_tuning_defaults_per_method_live_in_the_dataclass():
+    from selfsup.eval.finetune import FinetuneConfig
+
+    mae = FinetuneConfig.for_method("mae", "vit_micro", epochs=2)
+    assert (mae.pool, mae.train_pos_embed, mae.epochs) == ("global", True, 2)
+    assert (FinetuneConfig.for_method("moco_v3", "vit_micro").pool, FinetuneConfig.for_method("moco_v3", "vit_micro")
+            .train_pos_embed) == (None, False)
+    assert FinetuneConfig.for_method("mae", "resnet18").pool is None  # the global pool is a selfsup ViT's
+
+
 def test_the_exported_heads_equal_the_checkpoint_rebuild_and_need_no_training_module(run, tmp_path, monkeypatch):
     from selfsup.eval.source import load_source, loss_embedding, with_heads
     from selfsup.export import load_heads

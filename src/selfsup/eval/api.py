@@ -84,13 +84,15 @@ def run_linear(source: EvalSession | str | Path, cfg: ProbeConfig | None = None,
 
 def run_finetune(source: EvalSession | str | Path, cfg: FinetuneConfig | None = None) -> dict:
     """End-to-end fine-tuning with layer-wise lr decay (ViTs only) and drop path; the fine-tuned backbone is
-    exported to ``RUN/eval/finetuned_backbone[...].safetensors``."""
+    exported to ``RUN/eval/finetuned_backbone[...].safetensors``. ``cfg`` None: the run's defaults
+    (``FinetuneConfig.for_method``)."""
     from selfsup.eval.finetune import finetune, load_pretrained
     from selfsup.export import export_backbone
     from selfsup.models.backbones import build_backbone
 
-    session, cfg = open_session(source), cfg or FinetuneConfig()
+    session = open_session(source)
     meta = session.source.meta
+    cfg = cfg or FinetuneConfig.for_method(meta.get("method"), meta["backbone"])
     if not hasattr(session.source.backbone, "layer_id"):  # layer-wise decay applies to ViT blocks
         cfg = dataclasses.replace(cfg, layer_decay=1.0)
     recipe = cfg.recipe

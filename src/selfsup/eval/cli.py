@@ -94,14 +94,9 @@ def probe_config(a, session: EvalSession) -> ProbeConfig:
                                wd_grid=_parse_floats(a.wd_grid, "--wd-grid", allow_zero=True))
 
 
-def is_mae(session: EvalSession) -> bool:
-    """An MAE run's backbone: its protocols default to MAE's (global-pool fine-tuning, the LARS probe)."""
-    return session.source.meta.get("method") == "mae"
-
-
 def finetune_config(a, session: EvalSession) -> FinetuneConfig:
-    """MAE runs default to MAE's global pool + ``fc_norm`` and a trained position table; the others keep
-    their backbone's pool (the class token for the ViT presets) and the fixed table."""
+    """The run's defaults (``FinetuneConfig.for_method``: MAE's global pool + ``fc_norm`` and a trained position
+    table for MAE runs), the flags on top."""
     from selfsup.models.vit import VIT_SIZES
 
     backbone = session.source.meta["backbone"]
@@ -117,8 +112,9 @@ def finetune_config(a, session: EvalSession) -> FinetuneConfig:
     if a.pool is not None and backbone not in VIT_SIZES:
         raise UserError(f"--pool {a.pool} chooses the feature of a selfsup ViT ({', '.join(VIT_SIZES)}); "
                         f"{backbone} pools its own way: leave --pool out")
-    pool = a.pool or ("global" if is_mae(session) and backbone in VIT_SIZES else None)
-    train_pos = a.train_pos_embed if a.train_pos_embed is not None else is_mae(session)
+    default = FinetuneConfig.for_method(session.source.meta.get("method"), backbone)
+    pool = a.pool or default.pool
+    train_pos = a.train_pos_embed if a.train_pos_embed is not None else default.train_pos_embed
     recipe = _mae_recipe(a, session.data_cfg.name)
     if recipe and recipe.mixes and a.ft_batch % 2:
         raise UserError(f"--ft-batch {a.ft_batch} must be even for mixup / cutmix (or pass --mixup 0 --cutmix 0)")
