@@ -46,7 +46,7 @@ def overrides(args, fallback: bool, out_dir: str, name: str) -> list[str]:
 def evaluate(backbone_file: Path, train, test, args) -> dict:
     from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_accuracy
-    from selfsup.eval.linear import DEFAULT_LR_GRID, ProbeConfig, default_base_lr, probe_features
+    from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_features
     from selfsup.export import load_exported
 
     backbone, meta = load_exported(backbone_file)
@@ -55,7 +55,7 @@ def evaluate(backbone_file: Path, train, test, args) -> dict:
     ftr, ytr = extract_features(backbone, train, size, mean, std, 512, device="cpu")
     fte, yte = extract_features(backbone, test, size, mean, std, 512, device="cpu")
     knn = knn_accuracy(ftr, ytr, fte, yte, k=20, temperature=0.07)
-    probe_cfg = ProbeConfig(epochs=args.probe_epochs, batch_size=256, lr_grid=DEFAULT_LR_GRID, seed=args.seed)
+    probe_cfg = ProbeConfig.for_protocol("moco_v3", epochs=args.probe_epochs, batch_size=256, seed=args.seed)
     probe = probe_features(ftr, ytr, fte, yte, train.num_classes, probe_cfg, default_base_lr(meta["backbone"]))
     return {"knn20_top1": knn["top1"], "knn20_top5": knn["top5"], "linear_top1": probe["test"]["top1"],
             "linear_top5": probe["test"]["top5"], "linear_chosen": probe["chosen"],

@@ -15,10 +15,12 @@ PACKAGE = Path(selfsup.__file__).parent
 # (importer prefix, forbidden prefixes): a module matches a prefix when it is that module or inside that package
 FORBIDDEN = [
     ("models", ("methods", "flow", "eval", "engine", "config")),
-    ("methods", ("config", "engine", "eval.cli", "eval.source", "eval.session", "flow.cli", "cli")),
+    ("methods", ("config", "engine", "eval.api", "eval.cli", "eval.source", "eval.session", "flow.cli", "cli")),
     ("export", ("methods", "flow", "eval")),
     ("instruments", ("methods",)),
     ("eval", ("engine", "claims")),
+    ("eval.api", ("cli", "eval.cli", "flow.cli")),  # the runners callable from Python: no front end below them
+    ("claims", ("cli", "eval.cli", "flow.cli")),
     ("engine", ("cli", "claims", "eval.cli", "flow.cli", "simulate.cli")),
 ]
 

@@ -2,8 +2,9 @@
 
 A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, the loggers' files (``trainer.loggers``:
 ``metrics.csv``, ``tensorboard/``, ``wandb/``), ``backbone_init.safetensors`` (the random init, the kNN floor),
-``backbone.safetensors`` (the exported backbone), ``run.json`` (steps, epochs, devices, fit wall time) and the
-method's report files (``knn.json`` for the joint-embedding methods).
+``backbone.safetensors`` (the exported backbone), ``heads.safetensors`` (its projector / predictor, read by
+``eval --embedding``), ``run.json`` (steps, epochs, devices, fit wall time) and the method's report files
+(``knn.json`` for the joint-embedding methods).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, Stream
 from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
 from selfsup.data.shards import ShardCrops
 from selfsup.errors import UserError
-from selfsup.export import export_backbone
+from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.methods import METHODS, SSLMethod, method_name
 from selfsup.methods.build import backbone_meta, build_method, data_info
 
@@ -493,6 +494,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     write_run_facts(trainer, run_dir, time.perf_counter() - started)
     backbone = getattr(model, "eval_backbone", model.backbone).cpu()  # DINO exports its teacher, as its kNN
     export_backbone(backbone, run_dir / "backbone.safetensors", meta)
+    export_heads(model, run_dir / HEADS_FILE)  # the projector / predictor: eval --embedding reads them beside it
     init_backbone = copy.deepcopy(backbone)
     init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
     for line in model.end_of_run_report(train, init_backbone, run_dir):

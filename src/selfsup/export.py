@@ -255,3 +255,75 @@ def load_backbone(location: str | Path) -> tuple[nn.Module, dict]:
     elif path.suffix != ".safetensors":
         raise UserError(f"{path} is not a .safetensors file; {what}")
     return load_exported(path)
+
+
+# --------------------------------------------------------------------------- the projection heads
+
+HEADS_FILE = "heads.safetensors"  # beside backbone.safetensors in a run folder, written with it
+HEADS_FORMAT = "selfsup-heads/1"
+HEAD_NAMES = ("projector", "predictor")
+
+
+def head_spec(module: nn.Module) -> dict | None:
+    """How to rebuild ``module`` from its constructor arguments: a Sequential of Linear / BatchNorm1d / ReLU /
+    GELU / Identity (the ``models.heads.mlp`` heads, the embedding-norm code's); None for any other kind
+    (a tracked linear predictor, DINO's head): such a head is not exported."""
+    if isinstance(module, nn.Sequential):
+        children = [head_spec(m) for m in module]
+        return None if any(c is None for c in children) else {"type": "Sequential", "children": children}
+    if isinstance(module, nn.Linear):
+        return {"type": "Linear", "in_features": module.in_features, "out_features": module.out_features,
+                "bias": module.bias is not None}
+    if type(module) is nn.BatchNorm1d:
+        return {"type": "BatchNorm1d", "num_features": module.num_features, "eps": module.eps,
+                "momentum": module.momentum, "affine": module.affine,
+                "track_running_stats": module.track_running_stats}
+    if type(module) is nn.ReLU:
+        return {"type": "ReLU", "inplace": module.inplace}
+    if type(module) is nn.GELU:
+        return {"type": "GELU", "approximate": module.approximate}
+    if type(module) is nn.Identity:
+        return {"type": "Identity"}
+    return None
+
+
+def build_head(spec: dict) -> nn.Module:
+    """The module of a ``head_spec``, freshly initialised (load its weights next)."""
+    kind, args = spec["type"], {k: v for k, v in spec.items() if k != "type"}
+    if kind == "Sequential":
+        return nn.Sequential(*(build_head(c) for c in args["children"]))
+    return {"Linear": nn.Linear, "BatchNorm1d": nn.BatchNorm1d, "ReLU": nn.ReLU, "GELU": nn.GELU,
+            "Identity": nn.Identity}[kind](**args)
+
+
+def export_heads(model: nn.Module, path: Path) -> Path | None:
+    """Write the method's ``projector`` / ``predictor`` (those ``head_spec`` can describe) to ``path``: their state
+    dicts under ``<name>.`` and, in the metadata, their specs; None (nothing written) where the method has none."""
+    from safetensors.torch import save_file
+
+    heads = {name: getattr(model, name) for name in HEAD_NAMES if isinstance(getattr(model, name, None), nn.Module)}
+    specs = {name: spec for name, head in heads.items() if (spec := head_spec(head)) is not None}
+    if not specs:
+        return None
+    state = {f"{name}.{k}": v.detach().cpu().contiguous() for name in specs
+             for k, v in heads[name].state_dict().items()}
+    save_file(state, str(path), metadata={"selfsup": json.dumps({"format": HEADS_FORMAT, "heads": specs})})
+    return path
+
+
+def load_heads(path: Path) -> dict[str, nn.Module]:
+    """The heads of an ``export_heads`` file, with their weights, in eval mode: {name: module}."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads((f.metadata() or {}).get("selfsup") or "{}")
+    if meta.get("format") != HEADS_FORMAT:
+        raise UserError(f"{path} has heads format {meta.get('format')!r}; this selfsup reads {HEADS_FORMAT}")
+    state = load_file(str(path))
+    heads = {}
+    for name, spec in meta["heads"].items():
+        head = build_head(spec)
+        head.load_state_dict({k[len(name) + 1:]: v for k, v in state.items() if k.startswith(f"{name}.")})
+        heads[name] = head.eval()
+    return heads

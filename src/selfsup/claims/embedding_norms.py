@@ -139,7 +139,7 @@ def measure_norm_ood(ctx: Context) -> dict:
 
     from selfsup.config import DataConfig
     from selfsup.data.datasets import load_dataset
-    from selfsup.eval.cli import run_norms_ood
+    from selfsup.eval.api import run_norms_ood
     from selfsup.eval.ood import OodConfig, auroc, norm_scores
     from selfsup.eval.session import EvalSession
 

@@ -1,26 +1,24 @@
-"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``):
-RUN/eval/*.json + a table.
+"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``,
+``reconstruct RUN``): RUN/eval/*.json + a table.
 
-Each runner takes an evaluation session (``eval.session.EvalSession``) and its typed config
-(``KnnConfig``, ``ProbeConfig``, ``FinetuneConfig``, ``SpectrumConfig``, ``OodConfig``); the ``*_config(args)``
-functions are the only ones that read the command line, and argparse takes its defaults from those
-dataclasses, so every default lives in one place.
+The front end of ``selfsup.eval.api``: the ``*_config(args)`` functions are the only ones that read the command
+line and build the protocol's typed config (``KnnConfig``, ``ProbeConfig``, ``FinetuneConfig``, ``SpectrumConfig``,
+``OodConfig``); argparse takes its defaults from those dataclasses, so every default lives in one place; the
+``print_*`` functions print the tables of the runners' results.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-import time
-
-import torch
 
 from selfsup.errors import UserError
+from selfsup.eval import api
 from selfsup.eval.finetune import FinetuneConfig
 from selfsup.eval.knn import DEFAULT_KS, KnnConfig
-from selfsup.eval.linear import DEFAULT_LR_GRID, MAE_BASE_LR, PROTOCOLS, ProbeConfig
+from selfsup.eval.linear import MAE_BASE_LR, PROTOCOL_DEFAULTS, PROTOCOLS, ProbeConfig
 from selfsup.eval.ood import OodConfig
+from selfsup.eval.report import print_table
 from selfsup.eval.session import FEATURE_BATCH, EvalSession, positive
 from selfsup.eval.spectrum import SpectrumConfig
 from selfsup.models.sit import FLOW_ENCODER
@@ -73,14 +71,13 @@ def knn_config(a, session: EvalSession | None = None) -> KnnConfig:
 def probe_config(a, session: EvalSession) -> ProbeConfig:
     """Crop scale and flip probability: the flags, else 0.08 whatever the pretraining crop was (MoCo v3's
     main_lincls.py, MAE's fine-tuning) and the run's flip probability (0 where flips change the class).
-    The protocol: MAE's (``mae_probe_config``: LARS at base lr 0.1) for MAE runs, else MoCo v3's over the
-    lr grid; the validation split holds out 10% where there is a grid to choose from, none for MAE's one lr."""
-    from selfsup.eval.linear import mae_probe_config
-
+    The protocol: ``ProbeConfig.protocol_for`` the run's method (MAE's LARS at base lr 0.1 for MAE runs, else
+    MoCo v3's over the lr grid), its defaults ``ProbeConfig.for_protocol``; the validation split holds out 10%
+    where there is a grid to choose from, none for MAE's one lr."""
     crop = a.crop_min if a.crop_min is not None else ProbeConfig.crop_min
     flip = a.hflip if a.hflip is not None else session.run_hflip(ProbeConfig.hflip_p)
-    protocol = a.protocol or ("mae" if is_mae(session) else "moco_v3")
-    base = mae_probe_config() if protocol == "mae" else ProbeConfig(lr_grid=DEFAULT_LR_GRID)
+    protocol = a.protocol or ProbeConfig.protocol_for(session.source.meta.get("method"))
+    base = ProbeConfig.for_protocol(protocol)
     lr_grid = (a.lr,) if a.lr is not None else (_parse_floats(a.lr_grid, "--lr-grid") or base.lr_grid)
     val_fraction = a.val_fraction if a.val_fraction is not None else \
         (base.val_fraction if len(lr_grid) == 1 and a.wd_grid is None else ProbeConfig.val_fraction)
@@ -97,14 +94,9 @@ def probe_config(a, session: EvalSession) -> ProbeConfig:
                                wd_grid=_parse_floats(a.wd_grid, "--wd-grid", allow_zero=True))
 
 
-def is_mae(session: EvalSession) -> bool:
-    """An MAE run's backbone: its protocols default to MAE's (global-pool fine-tuning, the LARS probe)."""
-    return session.source.meta.get("method") == "mae"
-
-
 def finetune_config(a, session: EvalSession) -> FinetuneConfig:
-    """MAE runs default to MAE's global pool + ``fc_norm`` and a trained position table; the others keep
-    their backbone's pool (the class token for the ViT presets) and the fixed table."""
+    """The run's defaults (``FinetuneConfig.for_method``: MAE's global pool + ``fc_norm`` and a trained position
+    table for MAE runs), the flags on top."""
     from selfsup.models.vit import VIT_SIZES
 
     backbone = session.source.meta["backbone"]
@@ -120,8 +112,9 @@ def finetune_config(a, session: EvalSession) -> FinetuneConfig:
     if a.pool is not None and backbone not in VIT_SIZES:
         raise UserError(f"--pool {a.pool} chooses the feature of a selfsup ViT ({', '.join(VIT_SIZES)}); "
                         f"{backbone} pools its own way: leave --pool out")
-    pool = a.pool or ("global" if is_mae(session) and backbone in VIT_SIZES else None)
-    train_pos = a.train_pos_embed if a.train_pos_embed is not None else is_mae(session)
+    default = FinetuneConfig.for_method(session.source.meta.get("method"), backbone)
+    pool = a.pool or default.pool
+    train_pos = a.train_pos_embed if a.train_pos_embed is not None else default.train_pos_embed
     recipe = _mae_recipe(a, session.data_cfg.name)
     if recipe and recipe.mixes and a.ft_batch % 2:
         raise UserError(f"--ft-batch {a.ft_batch} must be even for mixup / cutmix (or pass --mixup 0 --cutmix 0)")
@@ -169,223 +162,86 @@ def ood_config(a, session: EvalSession | None = None) -> OodConfig:
     return OodConfig(a.ood, a.ood_root, None if a.ood_limit is None else positive(a.ood_limit, "--ood-limit"))
 
 
-def _parse_classes(spec: str, num_classes: int) -> list[int]:
-    try:
-        classes = sorted({int(c) for c in spec.split(",") if c.strip()})
-    except ValueError:
-        raise UserError(f"--ood classes:{spec} is not a list of class indices (e.g. --ood classes:8,9)") from None
-    if not classes or any(not 0 <= c < num_classes for c in classes) or len(classes) >= num_classes:
-        raise UserError(f"--ood classes:{spec} must name some but not all of the classes 0..{num_classes - 1}")
-    return classes
+# --------------------------------------------------------------------------- the tables of the results
 
 
-# --------------------------------------------------------------------------- evaluations
+def print_knn(out: dict) -> None:
+    print_table(f"kNN ({out['voting']}) on {out['dataset']}: {out['train_size']} train / {out['test_size']} test",
+                ["k", "top-1 %", "top-5 %"], [[k[2:], r["top1"], r["top5"]] for k, r in out["results"].items()])
 
 
-def run_knn(session: EvalSession, cfg: KnnConfig) -> dict:
-    """Weighted (DINO) or majority-vote kNN for each k."""
-    from selfsup.eval.knn import knn_sweep, resolve_ks
-    from selfsup.eval.report import print_table, write_json
-
-    ftr, ytr = session.features("train")
-    fte, yte = session.features("test")
-    ks = resolve_ks(cfg.ks, len(ytr))
-    t0 = time.perf_counter()
-    res = knn_sweep(ftr.to(session.device), ytr, fte.to(session.device), yte, ks, (cfg.temperature,))
-    seconds = time.perf_counter() - t0
-    (vote, by_k), = res.items()
-    out = {**session.header(), "voting": vote, "temperature": cfg.temperature, "train_size": len(ytr),
-           "test_size": len(yte), "results": by_k, "seconds": seconds}
-    write_json(session.out_dir, f"knn{session.suffix()}", out)
-    print_table(f"kNN ({vote}) on {session.data_cfg.name}: {len(ytr)} train / {len(yte)} test",
-                ["k", "top-1 %", "top-5 %"], [[k[2:], r["top1"], r["top5"]] for k, r in by_k.items()])
-    return out
-
-
-def run_linear(session: EvalSession, cfg: ProbeConfig, mode: str | None = None) -> dict:
-    """MoCo v3 linear probe: the fast path on cached features, or with augmentation (default on a GPU)."""
-    from selfsup.eval.linear import default_base_lr, probe_augmented, probe_features
-    from selfsup.eval.report import print_table, write_json
-
-    mode = mode or ("augmented" if session.device.type == "cuda" else "features")
-    base = default_base_lr(session.source.meta["backbone"])  # only used when the grid is empty
-    train, test = session.split("train"), session.split("test")
-    t0 = time.perf_counter()
-    if mode == "features":
-        ftr, ytr = session.features("train")
-        fte, yte = session.features("test")
-        res = probe_features(ftr, ytr, fte, yte, max(train.num_classes, int(ytr.max()) + 1), cfg, base,
-                             session.device)
-    else:
-        res = probe_augmented(session.source.backbone, train, test, session.source.meta, cfg, base, session.device)
-    chosen = res["chosen"]
-    out = {**session.header(), "mode": mode, "protocol": cfg.protocol, "epochs": cfg.epochs,
-           "warmup_epochs": cfg.warmup_epochs, "optimizer": "lars" if cfg.protocol == "mae" else "sgd",
-           "batch_size": cfg.batch_size, "base_lr": chosen["base_lr"], "lr": chosen["lr"],
-           "weight_decay": chosen["weight_decay"], "val_fraction": cfg.val_fraction, "feature_bn": cfg.feature_bn,
-           **({"crop_min": cfg.crop_min, "hflip_p": cfg.hflip_p} if mode == "augmented" else {}),
-           **res, "seconds": time.perf_counter() - t0}
-    write_json(session.out_dir, f"linear{session.suffix()}", out)
+def print_linear(out: dict) -> None:
+    chosen, mode = out["chosen"], out["mode"]
     chooser = "val_top1" if "val_top1" in chosen else "test_top1"
-    print_table(f"linear probe grid ({cfg.protocol} protocol, {mode}, {cfg.epochs} epochs, "
-                f"{len(res['grid'])} heads trained together; "
-                f"chosen on {'a ' + str(res['val_size']) + '-image validation split' if res['val_size'] else 'test'})",
+    print_table(f"linear probe grid ({out['protocol']} protocol, {mode}, {out['epochs']} epochs, "
+                f"{len(out['grid'])} heads trained together; "
+                f"chosen on {'a ' + str(out['val_size']) + '-image validation split' if out['val_size'] else 'test'})",
                 ["base lr", "lr", "wd", "val top-1 %", "test top-1 %", ""],
                 [[g["base_lr"], g["lr"], g["weight_decay"], g.get("val_top1", "-"), g["test_top1"],
-                  "<- chosen" if g is chosen else ""] for g in res["grid"]])
-    rows = [["test", res["test"]["top1"], res["test"]["top5"]]]
-    if "train" in res:
-        rows.append(["train", res["train"]["top1"], res["train"]["top5"]])
+                  "<- chosen" if g is chosen else ""] for g in out["grid"]])
+    rows = [["test", out["test"]["top1"], out["test"]["top5"]]]
+    if "train" in out:
+        rows.append(["train", out["train"]["top1"], out["train"]["top5"]])
     print_table(f"linear probe ({mode}, lr {chosen['lr']:g}, wd {chosen['weight_decay']:g}, by {chooser}) "
-                f"on {session.data_cfg.name}", ["split", "top-1 %", "top-5 %"], rows)
-    return out
+                f"on {out['dataset']}", ["split", "top-1 %", "top-5 %"], rows)
 
 
-def run_finetune(session: EvalSession, cfg: FinetuneConfig) -> dict:
-    """End-to-end fine-tuning with layer-wise lr decay (ViTs only) and drop path."""
-    from selfsup.eval.finetune import finetune, load_pretrained
-    from selfsup.eval.report import print_table, write_json
-    from selfsup.export import export_backbone
-    from selfsup.models.backbones import build_backbone
-
-    meta = session.source.meta
-    if not hasattr(session.source.backbone, "layer_id"):  # layer-wise decay applies to ViT blocks
-        cfg = dataclasses.replace(cfg, layer_decay=1.0)
-    recipe = cfg.recipe
-    train, test = session.split("train"), session.split("test")
-    kwargs = dict(meta["kwargs"], drop_path_rate=cfg.drop_path, **({"pool": cfg.pool} if cfg.pool else {}))
-    backbone = build_backbone(meta["backbone"], **kwargs)
-    load_pretrained(backbone, session.source.backbone.state_dict())
-    t0 = time.perf_counter()
-    res = finetune(backbone, train, test, meta, cfg, session.device)
-    out = {**session.header(), "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs, "batch_size": cfg.batch_size,
-           "base_lr": cfg.base_lr, "layer_decay": cfg.layer_decay, "drop_path": cfg.drop_path,
-           "weight_decay": cfg.weight_decay, "min_lr": cfg.min_lr, "head_init_std": cfg.head_init_std,
-           "pool": kwargs.get("pool"), "train_pos_embed": cfg.train_pos_embed,
-           "recipe": dataclasses.asdict(recipe) if recipe else "plain", **res, "seconds": time.perf_counter() - t0}
-    export_backbone(backbone.cpu(), session.out_dir / f"finetuned_backbone{session.suffix()}.safetensors",
-                    {k: v for k, v in meta.items() if k != "format"} | {"kwargs": kwargs})
-    write_json(session.out_dir, f"finetune{session.suffix()}", out)
-    print_table(f"fine-tuning ({cfg.epochs} epochs, {'MAE recipe' if recipe else 'plain crop + flip'}, "
-                f"{'pool ' + kwargs['pool'] + ', ' if 'pool' in kwargs else ''}"
-                f"layer decay {cfg.layer_decay:g}, drop path {cfg.drop_path:g}) "
-                f"on {session.data_cfg.name}", ["split", "top-1 %", "top-5 %"],
-                [["test", res["test"]["top1"], res["test"]["top5"]]])
-    return out
+def print_finetune(out: dict) -> None:
+    print_table(f"fine-tuning ({out['epochs']} epochs, "
+                f"{'plain crop + flip' if out['recipe'] == 'plain' else 'MAE recipe'}, "
+                f"{'pool ' + out['pool'] + ', ' if out['pool'] else ''}"
+                f"layer decay {out['layer_decay']:g}, drop path {out['drop_path']:g}) "
+                f"on {out['dataset']}", ["split", "top-1 %", "top-5 %"],
+                [["test", out["test"]["top1"], out["test"]["top5"]]])
 
 
-def run_rankme(session: EvalSession, cfg: SpectrumConfig) -> dict:
-    """RankMe, effective rank (99% variance) and norm statistics of the split's embeddings."""
-    from selfsup.eval.report import print_table, write_json
-    from selfsup.eval.spectrum import effective_rank, norm_stats, rankme, subsample
-
-    feats, _ = session.features(cfg.split)
-    sub = subsample(feats, cfg.max_samples)
-    out = {**session.header(), "split": cfg.split, "samples": len(sub), "dim": feats.shape[1], "rankme": rankme(sub),
-           "effective_rank_99": effective_rank(sub, 0.99), "norms": norm_stats(feats)}
-    write_json(session.out_dir, f"rankme{session.suffix()}", out)
+def print_rankme(out: dict) -> None:
     n = out["norms"]
-    print_table(f"embedding spectrum on {session.data_cfg.name} {cfg.split} ({len(sub)} samples, dim {out['dim']})",
+    print_table(f"embedding spectrum on {out['dataset']} {out['split']} ({out['samples']} samples, dim {out['dim']})",
                 ["RankMe", "eff. rank 99%", "norm mean", "norm p5", "norm p50", "norm p95"],
                 [[out["rankme"], out["effective_rank_99"], n["mean"], n["p5"], n["p50"], n["p95"]]])
-    return out
 
 
-def run_norms_ood(session: EvalSession, cfg: OodConfig) -> dict:
-    """Embedding-norm OOD score: AUROC of in-distribution test (positive) vs the OOD set, and a histogram.
-
-    ``cfg.ood`` None: the classes the run held out of pretraining (``data.exclude_classes``). ``classes:…``: those
-    classes' test images; held out when the run excluded them (the train mean norm and the in-distribution test are
-    then the run's own splits), else they were pretrained on (scored with a warning: not OOD in the paper's sense).
-    """
-    import copy
-
-    from selfsup.eval.ood import auroc, histogram, norm_scores
-    from selfsup.eval.report import print_table, write_json
-    from selfsup.eval.session import data_config
-
-    excluded = sorted(session.data_cfg.exclude_classes)
-    ood = cfg.ood
-    if ood is None:
-        if not excluded:
-            raise UserError("norms-ood needs an OOD set: pass --ood DATASET or --ood classes:8,9, or pretrain with "
-                            "data.exclude_classes=[8,9] to score truly held-out classes")
-        ood = "classes:" + ",".join(map(str, excluded))
-    ftr, ytr = session.features("train")
-    fte, yte = session.features("test")
-    held_out = None
-    if ood.startswith("classes:"):
-        full = copy.deepcopy(session.data_cfg)
-        full.exclude_classes, full.imbalance = [], 1.0
-        num_classes = session.split("test", full).num_classes
-        classes = _parse_classes(ood[len("classes:"):], num_classes)
-        held_out = set(classes) <= set(excluded)
-        if held_out:  # unseen in pretraining: their test images from the whole test split
-            f_all, y_all = session.features("test", full)
-            f_ood = f_all[torch.isin(y_all, torch.tensor(classes))]
-        else:
-            print(f"selfsup: --ood {ood}: the run pretrained on these classes (data.exclude_classes={excluded}), "
-                  "so they are not OOD in the paper's sense; pretrain with data.exclude_classes to hold them out",
-                  file=sys.stderr)
-            held = torch.isin(yte, torch.tensor(classes))
-            ftr = ftr[~torch.isin(ytr, torch.tensor(classes))]
-            f_ood, fte = fte[held], fte[~held]
-        tag = "classes-" + "-".join(map(str, classes))
-    else:
-        data = data_config(session.source, ood, cfg.root)
-        f_ood, _ = session.features("test", data, resize=True, limit=cfg.limit)
-        tag = data.name
-    if len(fte) == 0 or len(f_ood) == 0:
-        raise UserError(f"--ood {ood} leaves no in-distribution or no OOD test samples; choose other classes")
-    mean_norm = float(ftr.norm(dim=1).mean())
-    s_in, s_ood = norm_scores(fte, mean_norm), norm_scores(f_ood, mean_norm)
-    area = auroc(s_in, s_ood)
-    png = histogram(s_in, s_ood, session.out_dir / f"norms-ood-{tag}{session.suffix()}.png",
-                    f"{session.data_cfg.name} vs {tag}: AUROC {area:.3f}")
-    out = {**session.header(), "ood": ood, "held_out": held_out, "train_mean_norm": mean_norm, "auroc": area,
-           "in_size": len(s_in), "ood_size": len(s_ood), "in_score_mean": float(s_in.mean()),
-           "ood_score_mean": float(s_ood.mean()), "plot": str(png)}
-    write_json(session.out_dir, f"norms-ood-{tag}{session.suffix()}", out)
-    print_table(f"norm OOD score ({session.source.embedding}): {session.data_cfg.name} test (in) vs {tag} (OOD"
-                + (", held out of pretraining)" if held_out else ")"),
+def print_norms_ood(out: dict) -> None:
+    tag = out["tag"]
+    print_table(f"norm OOD score ({out['embedding']}): {out['dataset']} test (in) vs {tag} (OOD"
+                + (", held out of pretraining)" if out["held_out"] else ")"),
                 ["AUROC", "in mean score", "OOD mean score", "in n", "OOD n"],
-                [[area, out["in_score_mean"], out["ood_score_mean"], len(s_in), len(s_ood)]])
-    print(f"  histogram: {png}")
-    return out
+                [[out["auroc"], out["in_score_mean"], out["ood_score_mean"], out["in_size"], out["ood_size"]]])
+    print(f"  histogram: {out['plot']}")
+
+
+PRINTERS = {"knn": print_knn, "linear": print_linear, "finetune": print_finetune, "rankme": print_rankme,
+            "norms-ood": print_norms_ood}
 
 
 # --------------------------------------------------------------------------- commands
 
 
-def command(run, config, **options):
-    """An argparse handler: ``run(session, config(args, session), **{k: f(args)})``, exit 0 (errors raise UserError)."""
+def command(name: str, config, **options):
+    """An argparse handler: ``api.run_<name>(session, config(args, session), **{k: f(args)})``, its table printed,
+    exit 0 (errors raise UserError)."""
+    run = RUNNERS[name]
 
     def handler(args) -> int:
         session = EvalSession.from_args(args)
-        run(session, config(args, session), **{k: f(args) for k, f in options.items()})
+        PRINTERS[name](run(session, config(args, session), **{k: f(args) for k, f in options.items()}))
         return 0
 
     return handler
 
 
+RUNNERS = {"knn": api.run_knn, "linear": api.run_linear, "finetune": api.run_finetune, "rankme": api.run_rankme,
+           "norms-ood": api.run_norms_ood}
+
+
 def cmd_all(args) -> int:
-    """The standard set, each with its config's defaults: kNN, linear probe (fast path, the lr grid), RankMe /
-    effective rank / norms, norm OOD if --ood."""
-    from selfsup.eval.report import write_json
-
+    """The standard set, each with its config's defaults (``api.run_all``): kNN, linear probe (fast path, the run's
+    protocol), RankMe / effective rank / norms, norm OOD if --ood."""
     session = EvalSession.from_args(args)
-    summary = {**session.header(), "knn": run_knn(session, KnnConfig())["results"]}
-    from selfsup.eval.linear import mae_probe_config
-
-    probe = mae_probe_config() if is_mae(session) else ProbeConfig(lr_grid=DEFAULT_LR_GRID)
-    summary["linear"] = run_linear(session, probe, mode="features")["test"]
-    r = run_rankme(session, SpectrumConfig())
-    summary.update(rankme=r["rankme"], effective_rank_99=r["effective_rank_99"], norms=r["norms"])
-    if args.ood:
-        summary["norms_ood_auroc"] = run_norms_ood(session, ood_config(args))["auroc"]
-    else:
+    api.run_all(session, ood_config(args) if args.ood else None, lambda name, out: PRINTERS[name](out))
+    if not args.ood:
         print("(norm OOD scoring skipped: pass --ood DATASET or --ood classes:8,9)")
-    write_json(session.out_dir, f"all{session.suffix()}", summary)
     return 0
 
 
@@ -450,7 +306,7 @@ def add_eval_parser(subparsers) -> None:
     p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
     _common(p)
     _knn_args(p)
-    p.set_defaults(func=command(run_knn, knn_config))
+    p.set_defaults(func=command("knn", knn_config))
 
     lin = ProbeConfig
     p = sub.add_parser("linear", help="linear probe, MoCo v3 protocol (MAE's for MAE runs)")
@@ -469,7 +325,8 @@ def add_eval_parser(subparsers) -> None:
                    help=f"classifier batch (default {lin.batch_size})")
     p.add_argument("--lr", type=float, help="one base lr (× batch/256) instead of the grid")
     p.add_argument("--lr-grid",
-                   help=f"base lrs trained together, chosen on validation (default {_grid(DEFAULT_LR_GRID)}; "
+                   help="base lrs trained together, chosen on validation "
+                        f"(default {_grid(PROTOCOL_DEFAULTS['moco_v3']['lr_grid'])}; "
                         f"mae protocol: {MAE_BASE_LR:g})")
     p.add_argument("--wd-grid", help=f"weight decays crossed with the lr grid (default {lin.weight_decay:g})")
     p.add_argument("--no-feature-bn", action="store_true",
@@ -479,7 +336,7 @@ def add_eval_parser(subparsers) -> None:
                    help="share of train held out to choose the grid point "
                         f"(default {lin.val_fraction:g}, 0 for the mae protocol's one lr; 0: choose on test)")
     _aug_args(p, lin.crop_min)
-    p.set_defaults(func=command(run_linear, probe_config, mode=lambda args: args.mode))
+    p.set_defaults(func=command("linear", probe_config, mode=lambda args: args.mode))
 
     ft = FinetuneConfig
     p = sub.add_parser("finetune", help="end-to-end fine-tuning: layer-wise lr decay, drop path, AdamW")
@@ -512,7 +369,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--train-pos-embed", action=argparse.BooleanOptionalAction,
                    help="train the position table (MAE's fine-tuning does: the default for MAE runs)")
     _aug_args(p, ft.crop_min)
-    p.set_defaults(func=command(run_finetune, finetune_config))
+    p.set_defaults(func=command("finetune", finetune_config))
 
     sp = SpectrumConfig
     p = sub.add_parser("rankme", help="RankMe, effective rank (99%% variance), embedding norm statistics")
@@ -521,14 +378,14 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--max-samples", type=int, default=sp.max_samples,
                    help=f"rows used for the spectrum (default {sp.max_samples})")
     _embedding_arg(p)
-    p.set_defaults(func=command(run_rankme, spectrum_config))
+    p.set_defaults(func=command("rankme", spectrum_config))
 
     p = sub.add_parser("norms-ood", help="embedding-norm OOD score: AUROC and histogram (default: the run's "
                                          "data.exclude_classes on the loss-side embedding)")
     _common(p)
     _ood_args(p, required=False)
     _embedding_arg(p, default="loss")
-    p.set_defaults(func=command(run_norms_ood, ood_config))
+    p.set_defaults(func=command("norms-ood", ood_config))
 
     p = sub.add_parser("all", help="knn, linear (fast path), rankme and norm statistics (+ norms-ood with --ood)")
     _common(p)

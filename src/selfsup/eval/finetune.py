@@ -57,6 +57,17 @@ class FinetuneConfig:
     pool: str | None = None  # ViT feature: None the backbone's own; cls | avg | global (MAE: global, fc_norm)
     train_pos_embed: bool = False  # MAE: the position table is trained (timm's pos_embed is a parameter)
 
+    @classmethod
+    def for_method(cls, method: str | None, backbone: str, **overrides) -> "FinetuneConfig":
+        """The default fine-tuning of a run of ``method`` with ``backbone``: an MAE run's selfsup ViT gets MAE's
+        global pool + ``fc_norm`` and a trained position table; the others keep their backbone's pool (the class
+        token for the ViT presets) and the fixed table."""
+        from selfsup.models.vit import VIT_SIZES
+
+        mae = method == "mae"
+        return cls(**{"pool": "global" if mae and backbone in VIT_SIZES else None, "train_pos_embed": mae,
+                      **overrides})
+
 
 class Classifier(nn.Module):
     """Backbone + linear head."""

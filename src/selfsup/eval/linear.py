@@ -12,7 +12,7 @@ point (``GridLinear``, one batched matmul), all fed the same frozen features of 
 is chosen by top-1 on a validation split carved from the training set (``val_fraction``), and the test
 accuracy is reported at that point.
 
-``protocol="mae"`` (``mae_probe_config``) is MAE's probe (main_linprobe.py): BatchNorm1d(affine=False,
+``protocol="mae"`` (``ProbeConfig.for_protocol("mae")``) is MAE's probe (main_linprobe.py): BatchNorm1d(affine=False,
 eps 1e-6) before each head, the head trunc-normal std 0.01 with zero bias, LARS (``optim.LARS``: trust
 0.001, momentum 0.9, no decay or adaptation of 1-d tensors; util/lars.py:14-47) with weight decay 0 and
 lr = 0.1 · batch / 256, 10 warm-up epochs then a half-cycle cosine to 0, set every iteration on the
@@ -39,7 +39,11 @@ from selfsup.eval.knn import topk_accuracy
 
 @dataclass
 class ProbeConfig:
-    """The probe's schedule; ``base_lr`` None picks MoCo v3's (3.0 for ViT, 0.1 otherwise)."""
+    """The probe's schedule; ``base_lr`` None picks MoCo v3's (3.0 for ViT, 0.1 otherwise).
+
+    The fields' defaults are the bare probe (one lr, ``lr_grid`` ()); a protocol's defaults (MoCo v3's lr grid,
+    MAE's LARS probe) are ``PROTOCOL_DEFAULTS``, applied by ``for_protocol`` / ``for_method``: the one place
+    they are written (``selfsup eval linear`` and ``all`` read them from there)."""
 
     epochs: int = 90
     batch_size: int = 256
@@ -61,19 +65,39 @@ class ProbeConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
 
+    @classmethod
+    def for_protocol(cls, protocol: str = "moco_v3", **overrides) -> "ProbeConfig":
+        """The protocol's probe (``PROTOCOL_DEFAULTS``), with ``overrides`` on top."""
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        return cls(**{**PROTOCOL_DEFAULTS[protocol], **overrides})
+
+    @staticmethod
+    def protocol_for(method: str | None) -> str:
+        """The protocol a run of ``method`` is probed with by default: MAE's for MAE runs, else MoCo v3's."""
+        return "mae" if method == "mae" else "moco_v3"
+
+    @classmethod
+    def for_method(cls, method: str | None, **overrides) -> "ProbeConfig":
+        """The default probe of a run of ``method`` (``protocol_for``), with ``overrides`` on top."""
+        return cls.for_protocol(cls.protocol_for(method), **overrides)
+
 
 PROTOCOLS = ("moco_v3", "mae")
 MAE_BASE_LR = 0.1  # main_linprobe.py --blr: lr = 0.1 · batch / 256
+PROTOCOL_DEFAULTS = {
+    # SGD over base lrs around MoCo v3's 0.1 (ResNet) and 3 (ViT), chosen on the validation split
+    "moco_v3": {"protocol": "moco_v3", "lr_grid": (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)},
+    # MAE's linear probe (main_linprobe.py defaults): LARS at base lr 0.1, wd 0, 10 warm-up epochs, 90 epochs,
+    # BatchNorm(affine=False) head, the whole training split (``val_fraction`` 0: one lr, nothing to choose)
+    "mae": {"protocol": "mae", "lr_grid": (MAE_BASE_LR,), "weight_decay": 0.0, "warmup_epochs": 10.0,
+            "feature_bn": True, "val_fraction": 0.0},
+}
 
 
 def mae_probe_config(**overrides) -> ProbeConfig:
-    """MAE's linear probe (main_linprobe.py defaults): LARS at base lr 0.1, wd 0, 10 warm-up epochs, 90 epochs,
-    BatchNorm(affine=False) head, the whole training split (``val_fraction`` 0: one lr, nothing to choose)."""
-    return ProbeConfig(**{"protocol": "mae", "lr_grid": (MAE_BASE_LR,), "weight_decay": 0.0, "warmup_epochs": 10.0,
-                          "feature_bn": True, "val_fraction": 0.0, **overrides})
-
-
-DEFAULT_LR_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # base lrs around MoCo v3's 0.1 (ResNet) and 3 (ViT)
+    """MAE's linear probe: ``ProbeConfig.for_protocol("mae", **overrides)``."""
+    return ProbeConfig.for_protocol("mae", **overrides)
 
 
 def default_base_lr(backbone_name: str) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -90,44 +91,67 @@ def save_rows(images: Tensor, per_row: int, path: Path, scale: int) -> Path:
     return path
 
 
-def run_reconstruct(args) -> int:
-    """``selfsup eval reconstruct``: the grid and its JSON."""
+@dataclass
+class ReconstructConfig:
+    """``selfsup eval reconstruct``: how many test images (``n``) of which ``split``, the ``seed`` of the images and
+    the mask, the mask ratio (None: the run's), and the enlargement of each image (None: to at least 64 px)."""
+
+    n: int = 8
+    split: str = "test"
+    seed: int = 0
+    mask_ratio: float | None = None
+    scale: int | None = None
+
+
+def reconstruct(run_dir: str | Path, cfg: ReconstructConfig | None = None, out: str | Path | None = None) -> dict:
+    """The grid (``out``/reconstruct.png, default RUN/eval) and its record (reconstruct.json), returned."""
     from selfsup.data.datasets import load_dataset
 
-    run_dir = Path(args.run)
-    if args.n < 1:
-        raise UserError(f"--n {args.n} must be >= 1")
-    model, cfg = load_mae_run(run_dir, args.mask_ratio)
-    test = load_dataset(cfg.data, args.split)
-    n = min(args.n, len(test))
-    idx = torch.randperm(len(test), generator=torch.Generator().manual_seed(args.seed))[:n].sort().values
+    cfg = cfg or ReconstructConfig()
+    run_dir = Path(run_dir)
+    if cfg.n < 1:
+        raise UserError(f"--n {cfg.n} must be >= 1")
+    model, run_cfg = load_mae_run(run_dir, cfg.mask_ratio)
+    test = load_dataset(run_cfg.data, cfg.split)
+    n = min(cfg.n, len(test))
+    idx = torch.randperm(len(test), generator=torch.Generator().manual_seed(cfg.seed))[:n].sort().values
     images, _ = test[idx]
     if tuple(images.shape[-2:]) != (model.info.image_size,) * 2:
-        raise UserError(f"{cfg.data.name} {args.split} images are {tuple(images.shape[-2:])}, the model takes "
+        raise UserError(f"{run_cfg.data.name} {cfg.split} images are {tuple(images.shape[-2:])}, the model takes "
                         f"{model.info.image_size}x{model.info.image_size}")
-    rows, loss = reconstruction_rows(model, images, args.seed)
-    scale = args.scale or max(1, 64 // model.info.image_size)
-    out = Path(args.out) if args.out else run_dir / "eval"
+    rows, loss = reconstruction_rows(model, images, cfg.seed)
+    scale = cfg.scale or max(1, 64 // model.info.image_size)
+    out = Path(out) if out else run_dir / "eval"
     png = save_rows(rows, n, out / "reconstruct.png", scale)
-    record = {"run": str(run_dir), "split": args.split, "images": n, "seed": args.seed,
-              "mask_ratio": cfg.method.mask_ratio, "norm_pix_loss": cfg.method.norm_pix_loss,
+    record = {"run": str(run_dir), "split": cfg.split, "images": n, "seed": cfg.seed,
+              "mask_ratio": run_cfg.method.mask_ratio, "norm_pix_loss": run_cfg.method.norm_pix_loss,
               "masked_patch_loss": loss, "rows": ["original", "masked", "reconstruction", "reconstruction + visible"],
               "png": str(png)}
     (out / "reconstruct.json").write_text(json.dumps(record, indent=2))
-    print(f"MAE reconstructions of {n} {cfg.data.name} {args.split} images (mask ratio {cfg.method.mask_ratio:g}, "
-          f"masked-patch loss {loss:.4f}): {png}")
+    return {**record, "dataset": run_cfg.data.name}
+
+
+def run_reconstruct(args) -> int:
+    """``selfsup eval reconstruct``: ``reconstruct`` with the flags' ``ReconstructConfig``, and one line."""
+    cfg = ReconstructConfig(n=args.n, split=args.split, seed=args.seed, mask_ratio=args.mask_ratio, scale=args.scale)
+    r = reconstruct(args.run, cfg, args.out)
+    print(f"MAE reconstructions of {r['images']} {r['dataset']} {r['split']} images (mask ratio {r['mask_ratio']:g}, "
+          f"masked-patch loss {r['masked_patch_loss']:.4f}): {r['png']}")
     return 0
 
 
 def add_reconstruct_parser(sub) -> None:
-    """``selfsup eval reconstruct RUN`` (registered by selfsup.eval.cli)."""
+    """``selfsup eval reconstruct RUN`` (registered by selfsup.eval.cli; defaults: ``ReconstructConfig``)."""
+    c = ReconstructConfig
     p = sub.add_parser("reconstruct",
                        help="an MAE run's reconstructions: originals, masked inputs, reconstructions (PNG)")
     p.add_argument("run", metavar="RUN", help="an MAE run folder (config.yaml + checkpoints/last.ckpt)")
-    p.add_argument("--n", type=int, default=8, help="images (default 8)")
-    p.add_argument("--split", choices=("test", "train"), default="test")
-    p.add_argument("--seed", type=int, default=0, help="which images and which mask (default 0)")
-    p.add_argument("--mask-ratio", type=float, help="share of patches removed (default: the run's)")
-    p.add_argument("--scale", type=int, help="enlarge each image this many times (default: to at least 64 px)")
+    p.add_argument("--n", type=int, default=c.n, help=f"images (default {c.n})")
+    p.add_argument("--split", choices=("test", "train"), default=c.split)
+    p.add_argument("--seed", type=int, default=c.seed, help=f"which images and which mask (default {c.seed})")
+    p.add_argument("--mask-ratio", type=float, default=c.mask_ratio,
+                   help="share of patches removed (default: the run's)")
+    p.add_argument("--scale", type=int, default=c.scale,
+                   help="enlarge each image this many times (default: to at least 64 px)")
     p.add_argument("--out", help="folder for reconstruct.png / .json (default: RUN/eval)")
     p.set_defaults(func=run_reconstruct)

@@ -164,14 +164,23 @@ def loss_embedding(source: EvalSource) -> str:
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
     method = METHODS.get(source.meta.get("method"))
     heads = tuple(getattr(method, "loss_embedding", ()))
-    if ckpt is None or not ckpt.exists() or not heads or not _heads_fit(source, ckpt):
+    exported = _exported_heads(source)
+    saved = (exported is not None and all(name in exported[1] for name in heads)) or (
+        ckpt is not None and ckpt.exists() and _heads_fit(source, ckpt))
+    if not heads or not saved:
         return "backbone"
     return next((name for name, chain in HEADS.items() if chain == heads), "backbone")
 
 
 def with_heads(source: EvalSource, embedding: str) -> EvalSource:
-    """The backbone followed by the method's heads (``projector``; ``predictor``: projector then predictor), from
-    the run's last checkpoint, in eval mode.
+    """The backbone followed by the method's heads (``projector``; ``predictor``: projector then predictor), in
+    eval mode.
+
+    The heads come from ``RUN/heads.safetensors`` (exported with ``backbone.safetensors`` at the end of training:
+    nothing is rebuilt but the heads) when the evaluated weights are that backbone and the file holds every head of
+    the chain. Otherwise (a run folder made before the file existed, a checkpoint, a head ``export.head_spec``
+    cannot describe, e.g. a tracked linear predictor) the training module is rebuilt from the run's config and
+    loaded from ``checkpoints/last.ckpt``, backbone and heads.
 
     The embedding-norm paper scores the embedding the loss sees; a ViT's backbone feature ends in
     LayerNorm, so its norm is nearly constant, while the heads' output norm is not.
@@ -180,6 +189,12 @@ def with_heads(source: EvalSource, embedding: str) -> EvalSource:
     from selfsup.methods import DataInfo
     from selfsup.methods.build import build_method
 
+    exported = _exported_heads(source)
+    if exported is not None and all(name in exported[1] for name in HEADS[embedding]):
+        path, heads = exported
+        chain = nn.Sequential(source.backbone, *(heads[name] for name in HEADS[embedding])).eval()
+        return EvalSource(chain, source.meta, path, source.run_dir, source.out_dir, source.run_cfg,
+                          embedding=embedding, weights_tag=source.weights_tag, weights_label=source.weights_label)
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
     if ckpt is None or not ckpt.exists():
         raise UserError(f"--embedding {embedding} needs the run's checkpoints/last.ckpt (it holds the heads); "
@@ -207,6 +222,17 @@ def with_heads(source: EvalSource, embedding: str) -> EvalSource:
         tag, label = weights_identity(ckpt, source.run_dir, step)
     return EvalSource(chain, m, ckpt, source.run_dir, source.out_dir, source.run_cfg, embedding=embedding,
                       weights_tag=tag, weights_label=label)
+
+
+def _exported_heads(source: EvalSource) -> tuple[Path, dict[str, nn.Module]] | None:
+    """(``RUN/heads.safetensors``, its heads) when the evaluated weights are the run's exported backbone (the heads
+    were written with it); None otherwise or where the run has no such file."""
+    from selfsup.export import HEADS_FILE, load_heads
+
+    if source.run_dir is None or source.weights.resolve() != (source.run_dir / "backbone.safetensors").resolve():
+        return None
+    path = source.run_dir / HEADS_FILE
+    return (path, load_heads(path)) if path.exists() else None
 
 
 def _heads_fit(source: EvalSource, ckpt: Path) -> bool:

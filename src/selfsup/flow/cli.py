@@ -1,8 +1,7 @@
-"""``selfsup generate`` and ``selfsup eval generation``: samples of a flow run, and their quality (a front end).
+"""``selfsup generate`` and ``selfsup eval generation``: samples of a flow run, and their quality (a front end;
+the evaluation itself is ``flow.generation.run_generation`` with its ``GenerationConfig``).
 
-Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``eval.source.load_flow_run``);
-for the metrics they are brought back to the dataset's size and to uint8, then pass through the
-encoder's own evaluation transform exactly as the real images do (``flow.metrics``).
+Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``eval.source.load_flow_run``).
 """
 
 from __future__ import annotations
@@ -13,9 +12,14 @@ from pathlib import Path
 import torch
 
 from selfsup.errors import UserError
-from selfsup.eval.session import FEATURE_BATCH, EvalSession, checked_device
+from selfsup.eval.report import print_table
+from selfsup.eval.session import checked_device
 from selfsup.eval.source import load_flow_run
-from selfsup.flow.sampler import check_options, generate, sample_images, sample_labels, save_grid, to_uint8
+from selfsup.flow.generation import OWN_FEATURES, REPA_NOT_DEFAULT, GenerationConfig, _encoder_location, run_generation
+from selfsup.flow.sampler import check_options, generate, sample_labels, save_grid, to_uint8
+
+__all__ = ["add_generate_parser", "add_generation_eval_parser", "cmd_generate", "eval_generation",
+           "OWN_FEATURES", "REPA_NOT_DEFAULT", "_encoder_location"]  # the last three: flow.generation's
 
 
 def _save_tensor(blob: dict, path: Path) -> Path:
@@ -90,104 +94,26 @@ def add_generate_parser(subparsers) -> None:
 # --------------------------------------------------------------------------- selfsup eval generation
 
 
-OWN_FEATURES = ("the run's own EMA features (its exported flow_encoder): the model judges its own samples; "
-                "to compare runs, pass every run the same --encoder RUN_OR_FILE")
-REPA_NOT_DEFAULT = (" (a REPA run's own alignment encoder is never the default: REPA was trained to match that "
-                    "space, which would favour it)")
-
-
-def _encoder_location(args, cfg, run_dir) -> tuple[str, str | None]:
-    """(the encoder whose features define the metrics, a note when it is the run's own): ``--encoder``, else the
-    flow run itself (its EMA model's block-k tokens, as ``selfsup eval`` sees it), for REPA runs too."""
-    if args.encoder:
-        return args.encoder, None
-    return str(run_dir), OWN_FEATURES + (REPA_NOT_DEFAULT if getattr(cfg.method, "encoder", None) else "")
-
-
 def eval_generation(args) -> int:
-    """Encoder Fréchet distance, class fidelity (and Inception FID when on disk) of a flow run's samples."""
-    from selfsup.eval.knn import knn_predict_scores, topk_accuracy
-    from selfsup.eval.report import print_table, write_json
-    from selfsup.flow.metrics import (
-        class_fidelity,
-        feature_frechet_distance,
-        image_features,
-        inception_fid,
-        inception_fid_unavailable,
-    )
-
-    check_options(args.steps, args.cfg, args.sampler, args.n)
-    if args.n < 2:
-        raise UserError(f"--n {args.n} must be >= 2 for a Fréchet distance")
-    if min(args.k, args.batch_size, args.sample_batch) < 1:
-        raise UserError("--k, --batch-size and --sample-batch must be >= 1")
-    run_dir = Path(args.run_dir)
-    model, cfg, info = _load(args.run_dir)
-    if info["latents"]:
-        raise UserError(f"{run_dir} models latents; eval generation needs a pixel-space flow run "
-                        "(decode the latents with their VAE and evaluate the images)")
-    if args.cfg != 1.0 and not model.num_classes:
-        raise UserError(f"--cfg {args.cfg} needs a class-conditional model; {run_dir} is unconditional (use --cfg 1)")
-    data = cfg.data
-    encoder, own = _encoder_location(args, cfg, run_dir)
-    session = EvalSession(encoder, data=data.name, root=data.root, resize=True, device=args.device,
-                      batch_size=args.batch_size, out=args.out or str(run_dir / "eval"), cache=not args.no_cache)
-    train = session.split("train")
-    if train.channels != model.in_channels:
-        raise UserError(f"{data.name} images have {train.channels} channel(s) but the flow model makes "
-                        f"{model.in_channels}; evaluate the run with an encoder of its own dataset")
-    m = session.source.meta
-    print(f"real features: {data.name} train/test through {session.source.weights}"
-          f"{f' ({own})' if own else ''}", flush=True)
-    ftr, ytr = session.features("train")
-    fte, yte = session.features("test")
-
-    labels = sample_labels(args.n, model.num_classes)
-    print(f"sampling {args.n} images ({args.sampler}, {args.steps} steps, guidance {args.cfg:g}) on {session.device}",
-          flush=True)
-    t0 = time.perf_counter()
-    x = generate(model, labels, args.steps, args.sampler, args.cfg, args.seed, session.device, args.sample_batch,
-                 progress=True)
-    sample_seconds = time.perf_counter() - t0
-    images = sample_images(x, info, train.image_size)
-    fgen = image_features(session.source, images, args.batch_size, session.device)
-
-    n_ref = min(args.n, len(yte))
-    ref = torch.randperm(len(yte), generator=torch.Generator().manual_seed(0))[:n_ref]
-    out = {**session.header(), "run": str(run_dir), "encoder": str(session.source.weights),
-           **({"encoder_note": own} if own else {}),
-           "metric": "encoder Fréchet distance (Fréchet distance of encoder features; not FID)",
-           "n": args.n, "steps": args.steps, "sampler": args.sampler, "cfg": args.cfg, "seed": args.seed,
-           "sample_seconds": sample_seconds, "real_train_size": len(ytr),
-           "encoder_frechet_distance": feature_frechet_distance(fgen, ftr),
-           "reference_real_test_frechet_distance": feature_frechet_distance(fte[ref], ftr),
-           "reference_test_size": n_ref}
-    if model.num_classes:
-        k = min(args.k, len(ytr))
-        fid = class_fidelity(ftr, ytr, fgen, labels, k, 0.07, train.num_classes)
-        real = topk_accuracy(knn_predict_scores(ftr, ytr, fte, k, 0.07, train.num_classes), yte)["top1"]
-        out.update(class_fidelity=fid["class_fidelity"], class_fidelity_per_class=fid["per_class"], knn_k=k,
-                   reference_real_test_knn_top1=real)
-    why = "Inception FID skipped (--no-inception)" if args.no_inception else inception_fid_unavailable()
-    if why is None:
-        out["inception_fid"] = inception_fid(train.images, images, device=session.device)
-    else:
-        out["inception_fid"] = None
-        out["inception_fid_note"] = why
-    grid = save_grid(images[: min(100, len(images))], session.out_dir / "generation-samples.png")
-    path = write_json(session.out_dir, "generation", out)
+    """``selfsup eval generation``: ``flow.generation.run_generation`` with the flags' ``GenerationConfig``, and
+    its table."""
+    cfg = GenerationConfig(encoder=args.encoder, n=args.n, steps=args.steps, sampler=args.sampler, cfg=args.cfg,
+                           seed=args.seed, k=args.k, batch_size=args.batch_size, sample_batch=args.sample_batch,
+                           inception=not args.no_inception)
+    out = run_generation(args.run_dir, cfg, device=args.device, out=args.out, cache=not args.no_cache, verbose=True)
     rows = [["encoder Fréchet distance", out["encoder_frechet_distance"],
              out["reference_real_test_frechet_distance"]]]
-    if model.num_classes:
+    if "class_fidelity" in out:
         rows.append(["class fidelity %", out["class_fidelity"], out["reference_real_test_knn_top1"]])
     if out["inception_fid"] is not None:
         rows.append(["Inception FID", out["inception_fid"], "-"])
-    encoder_name = m["backbone"] + (" (the run's own EMA features)" if own else "")
-    print_table(f"generation of {run_dir.name}: {args.n} samples vs {data.name} train ({len(ytr)}), "
-                f"encoder {encoder_name}", ["metric", "samples", f"real test ({n_ref})"], rows)
-    if why:
-        print(why)
-    print(f"  {path}\n  {grid}")
+    encoder_name = out["backbone"] + (" (the run's own EMA features)" if "encoder_note" in out else "")
+    print_table(f"generation of {Path(out['run']).name}: {cfg.n} samples vs {out['dataset']} train "
+                f"({out['real_train_size']}), encoder {encoder_name}",
+                ["metric", "samples", f"real test ({out['reference_test_size']})"], rows)
+    if "inception_fid_note" in out:
+        print(out["inception_fid_note"])
+    print(f"  {out['json']}\n  {out['png']}")
     return 0
 
 
@@ -200,16 +126,20 @@ def add_generation_eval_parser(sub) -> None:
                    help="selfsup backbone whose features define the metrics (run folder, .safetensors or .ckpt); "
                         "default: the run's own EMA features (labelled as such; REPA runs too). Comparing runs: give "
                         "every run the same --encoder")
-    p.add_argument("--n", type=int, default=1000, help="generated samples, classes in turn (default 1000)")
-    p.add_argument("--steps", type=int, default=50, help="sampler steps (default 50)")
-    p.add_argument("--sampler", default="ode", help="ode or sde (default ode)")
-    p.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (default 1: none)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--k", type=int, default=20, help="neighbours of the class-fidelity kNN classifier (default 20)")
+    g = GenerationConfig
+    p.add_argument("--n", type=int, default=g.n, help=f"generated samples, classes in turn (default {g.n})")
+    p.add_argument("--steps", type=int, default=g.steps, help=f"sampler steps (default {g.steps})")
+    p.add_argument("--sampler", default=g.sampler, help=f"ode or sde (default {g.sampler})")
+    p.add_argument("--cfg", type=float, default=g.cfg,
+                   help=f"classifier-free guidance scale (default {g.cfg:g}: none)")
+    p.add_argument("--seed", type=int, default=g.seed)
+    p.add_argument("--k", type=int, default=g.k,
+                   help=f"neighbours of the class-fidelity kNN classifier (default {g.k})")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--batch-size", type=int, default=FEATURE_BATCH,
-                   help=f"feature extraction batch (default {FEATURE_BATCH})")
-    p.add_argument("--sample-batch", type=int, default=256, help="samples per sampler forward (default 256)")
+    p.add_argument("--batch-size", type=int, default=g.batch_size,
+                   help=f"feature extraction batch (default {g.batch_size})")
+    p.add_argument("--sample-batch", type=int, default=g.sample_batch,
+                   help=f"samples per sampler forward (default {g.sample_batch})")
     p.add_argument("--out", help="folder for the results (default: RUN/eval)")
     p.add_argument("--no-cache", action="store_true", help="extract real features again instead of the cache")
     p.add_argument("--no-inception", action="store_true", help="skip Inception FID even when available")
