@@ -15,6 +15,7 @@ from selfsup.methods.mae import MAE
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
+from selfsup.methods.swav import SwAV
 from selfsup.methods.vicreg import VICReg
 
 METHODS: dict[str, type] = {
@@ -25,6 +26,7 @@ METHODS: dict[str, type] = {
     "barlow_twins": BarlowTwins,
     "vicreg": VICReg,
     "dino": DINO,
+    "swav": SwAV,
     "ibot": iBOT,
     "mae": MAE,
     "flow_matching": FlowMatching,
@@ -42,4 +44,4 @@ def method_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "DINO", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]
+           "VICReg", "DINO", "SwAV", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]
