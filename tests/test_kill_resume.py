@@ -4,7 +4,8 @@ The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the pr
 place of a chosen step (the flow run twice), and resumed from its last step checkpoint each time. One method of each
 family, BYOL with DirectPred's predictor (its running F and W_p change after the optimiser step) and DINO
 on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from the global RNG), Barlow Twins,
-VICReg, MAE and iBOT (their masks come from the step's generator), SwAV with its queue:
+VICReg, MAE and iBOT (their masks come from the step's generator), SwAV with its queue, W-MSE (its sub-batch
+permutations):
 the exported backbone, the last checkpoint's weights and every logged ``train/*`` value must be equal
 bit for bit to those of the run that was never stopped.
 """
@@ -65,6 +66,9 @@ CASES = {
     "mae": ("mae-digits", CPU + MAE + STEPS, [(4, "end")]),
     "ibot": ("ibot-digits", CPU + IBOT + STEPS, [(4, "end")]),
     "swav_queue": ("swav-digits", CPU + SWAV + STEPS, [(4, "end")]),
+    # W-MSE's sub-batch permutations (w_iter 2) come from the step's generator
+    "wmse": ("wmse-digits", CPU + ["method.head_size=64", "method.emb=16", "method.w_size=32", "method.w_iter=2"]
+             + STEPS, [(4, "end")]),
 }
 
 CHILD = """

@@ -17,6 +17,7 @@ from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
 from selfsup.methods.swav import SwAV
 from selfsup.methods.vicreg import VICReg
+from selfsup.methods.wmse import WMSE
 
 METHODS: dict[str, type] = {
     "moco_v3": MoCoV3,
@@ -27,6 +28,7 @@ METHODS: dict[str, type] = {
     "vicreg": VICReg,
     "dino": DINO,
     "swav": SwAV,
+    "wmse": WMSE,
     "ibot": iBOT,
     "mae": MAE,
     "flow_matching": FlowMatching,
@@ -44,4 +46,4 @@ def method_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "DINO", "SwAV", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]
+           "VICReg", "DINO", "SwAV", "WMSE", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]
