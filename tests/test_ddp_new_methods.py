@@ -7,6 +7,9 @@ promises across processes:
   B = local · world), with and without a full queue (each rank prepends its own rows of it). The mean loss,
   the averaged gradients, the codes and the queue after the step equal one process's. Sinkhorn per process
   (the all-reduce skipped, lightly's default) keeps neither: the test sees it.
+- NNCLR: the support set is one global FIFO (view 1's z of every process, all-gathered in rank order), the
+  negatives the predictions of the global batch gathered with gradient: loss, gradients and the support set after
+  the step equal one process's. A per-process bank (lightly's) or local negatives are caught.
 W-MSE promises nothing across processes (the official code whitens each GPU's batch; issue #7: no DDP gather),
 so it has no test here.
 """
@@ -24,7 +27,7 @@ from spawn import spawn_and_join
 from ssl_helpers import MULTICROP, ViewsLoss, batchnorm_eval, tiny_method
 
 WORLD, BATCH, TIMEOUT_S = 2, 16, 240
-VARIANTS = ("swav", "swav_queue", "swav_local_sinkhorn")
+VARIANTS = ("swav", "swav_queue", "swav_local_sinkhorn", "nnclr", "nnclr_local_bank", "nnclr_local_negatives")
 
 
 def fixed_views() -> list[torch.Tensor]:
@@ -42,13 +45,14 @@ def method_for(variant: str) -> nn.Module:
                     torch.randn(m.queue.shape, generator=torch.Generator().manual_seed(3)), dim=-1))
                 m.queue_rows.fill_(32)
         return m
-    raise KeyError(variant)
+    return batchnorm_eval(tiny_method("nnclr", {"queue_size": 40}))
 
 
 def state_of(m) -> dict:
     out = {}
-    if hasattr(m, "queue"):
-        out["queue"] = m.queue.clone()
+    for key in ("queue", "support", "support_ptr"):
+        if hasattr(m, key):
+            out[key] = getattr(m, key).clone()
     return out
 
 
@@ -56,12 +60,18 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
+        import selfsup.methods.nnclr as nnclr_module
         import selfsup.methods.swav as swav_module
 
         correct = swav_module.all_reduce_sum
+        gathers = nnclr_module.gather_no_grad, nnclr_module.gather_with_grad, nnclr_module.world
         views = [v[rank * BATCH // WORLD:(rank + 1) * BATCH // WORLD] for v in fixed_views()]
         for variant in VARIANTS:
             swav_module.all_reduce_sum = (lambda x: x) if variant == "swav_local_sinkhorn" else correct
+            nnclr_module.gather_no_grad = (lambda x: x) if variant == "nnclr_local_bank" else gathers[0]
+            local = variant == "nnclr_local_negatives"  # each rank's own predictions as candidates, rank 0's labels
+            nnclr_module.gather_with_grad = (lambda x: x) if local else gathers[1]
+            nnclr_module.world = (lambda: (0, 1)) if local else gathers[2]
             m = method_for(variant)
             ddp = nn.parallel.DistributedDataParallel(ViewsLoss(m), broadcast_buffers=False)
             loss = ddp(*views)
@@ -70,6 +80,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             torch.save({"loss": loss.detach(), "grads": grads, **state_of(m)},
                        os.path.join(out_dir, f"{variant}-{rank}.pt"))
         swav_module.all_reduce_sum = correct
+        nnclr_module.gather_no_grad, nnclr_module.gather_with_grad, nnclr_module.world = gathers
     finally:
         dist.destroy_process_group()
 
@@ -112,3 +123,16 @@ def test_per_process_sinkhorn_is_caught(ddp_results):
     ref_loss, _, _ = reference("swav")
     wrong = ddp_results["swav_local_sinkhorn"]
     assert (sum(r["loss"] for r in wrong) / WORLD - ref_loss).abs() > 1e-4
+
+
+def test_nnclr_ddp_matches_one_process(ddp_results):
+    assert_matches(ddp_results["nnclr"], *reference("nnclr"))
+
+
+def test_nnclr_per_process_bank_and_local_negatives_are_caught(ddp_results):
+    ref_loss, _, ref_state = reference("nnclr")
+    bank = ddp_results["nnclr_local_bank"]
+    assert not torch.allclose(bank[0]["support"], ref_state["support"])
+    assert not torch.allclose(bank[0]["support"], bank[1]["support"])  # each rank kept its own rows
+    local = ddp_results["nnclr_local_negatives"]
+    assert (sum(r["loss"] for r in local) / WORLD - ref_loss).abs() > 1e-4

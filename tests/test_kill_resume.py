@@ -5,7 +5,7 @@ place of a chosen step (the flow run twice), and resumed from its last step chec
 family, BYOL with DirectPred's predictor (its running F and W_p change after the optimiser step) and DINO
 on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from the global RNG), Barlow Twins,
 VICReg, MAE and iBOT (their masks come from the step's generator), SwAV with its queue, W-MSE (its sub-batch
-permutations):
+permutations), NNCLR (its support set):
 the exported backbone, the last checkpoint's weights and every logged ``train/*`` value must be equal
 bit for bit to those of the run that was never stopped.
 """
@@ -69,6 +69,9 @@ CASES = {
     # W-MSE's sub-batch permutations (w_iter 2) come from the step's generator
     "wmse": ("wmse-digits", CPU + ["method.head_size=64", "method.emb=16", "method.w_size=32", "method.w_iter=2"]
              + STEPS, [(4, "end")]),
+    # NNCLR's support set (a FIFO of 192 rows: it wraps around during the run) and its pointer in the checkpoint
+    "nnclr": ("nnclr-digits", CPU + HEADS + ["method.pred_hidden_dim=64", "method.queue_size=192"] + STEPS,
+              [(4, "end")]),
 }
 
 CHILD = """
