@@ -39,7 +39,8 @@ from selfsup.models.heads import mlp
 
 @dataclass
 class NNCLRConfig:
-    """NNCLR hyper-parameters; defaults are the paper's (support set, τ, heads; see the ImageNet preset)."""
+    """NNCLR hyper-parameters; defaults are the paper's heads, and its support set and τ as recalled (unverified
+    here; see the ImageNet preset)."""
 
     temperature: float = 0.1
     queue_size: int = 98304  # the support set's rows
@@ -60,7 +61,7 @@ class NNCLR(SSLMethod):
     """z = projector(backbone(x)), p = predictor(z); InfoNCE between NN(z) of one view and p of the other."""
 
     Config = NNCLRConfig
-    recipe = "byol"  # the paper uses BYOL's augmentations (its §4)
+    recipe = "byol"  # BYOL's augmentations, as the paper is recalled (not verified here)
     loss_embedding = ("projector", "predictor")  # p is normalised by the loss with a gradient
 
     def __init__(self, cfg, info):
