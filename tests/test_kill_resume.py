@@ -48,10 +48,10 @@ MAE = ["method.decoder_embed_dim=32", "method.decoder_depth=1", "method.decoder_
 IBOT = ["method.out_dim=64", "method.patch_out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
         "augment.local_crops_number=2", "method.warmup_teacher_temp_epochs=2", "method.teacher_temp=0.04",
         "method.teacher_patch_temp=0.07"]
-# SwAV on its 2 global + 4 local crops: the queue starts at epoch 1 (step 3), is full after step 4 and used from
+# SwAV on 2 global + 4 local crops: the queue starts at epoch 1 (step 3), is full after step 4 and used from
 # step 5, after the resume (the queue and its fill count are buffers of the checkpoint); prototypes frozen 2 steps
 SWAV = ["method.hidden_mlp=64", "method.feat_dim=32", "method.nmb_prototypes=30", "method.queue_length=128",
-        "method.epoch_queue_starts=1", "method.freeze_prototypes_niters=2"]
+        "method.epoch_queue_starts=1", "method.freeze_prototypes_niters=2", "augment.local_crops_number=4"]
 # kills (global step, where): "start" before the step runs; "end" after its optimiser step and post-step
 # updates, before its checkpoint is written (a callback ahead of Lightning's checkpoint callback)
 CASES = {
