@@ -87,7 +87,8 @@ class SwAV(SSLMethod):
             raise UserError(f"method.crops_for_assign={list(c.crops_for_assign)} names a crop the view plan lacks "
                             f"({n_views} crops); use [0, 1]")
         if n_views < 2:
-            raise UserError("SwAV needs at least 2 crops; set augment.local_crops_number >= 0 with both global crops")
+            raise UserError(f"SwAV needs at least 2 crops, its view plan has {n_views}; use a two-branch "
+                            "augment.recipe (e.g. simclr)")
         d = self.backbone.num_features
         self.projector = (mlp(d, c.hidden_mlp, c.feat_dim, 2, bias=True) if c.hidden_mlp
                           else nn.Linear(d, c.feat_dim))
