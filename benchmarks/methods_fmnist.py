@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from redundancy import overrides as budget_overrides  # noqa: E402  (the shared fixed-budget overrides)
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
-           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "mae-fmnist")
+           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "mae-fmnist", "swav-fmnist", "wmse-fmnist", "nnclr-fmnist")
 FINETUNED = ("MAE",)  # methods judged by fine-tuning (issue 16): their encoder and its random init are fine-tuned
 
 

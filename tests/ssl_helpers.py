@@ -52,6 +52,9 @@ HEADS = {
     "dino": dict(out_dim=64, hidden_dim=32, bottleneck_dim=16),
     "ibot": dict(out_dim=64, patch_out_dim=48, hidden_dim=32, bottleneck_dim=16),
     "mae": dict(decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2),
+    "swav": dict(hidden_mlp=32, feat_dim=16, nmb_prototypes=24),
+    "wmse": dict(head_size=32, emb=4, w_size=8),
+    "nnclr": dict(proj_hidden_dim=64, dim=32, pred_hidden_dim=64, queue_size=40),
 }
 
 

@@ -4,8 +4,9 @@ The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the pr
 process (a DDP run: a new one) at a chosen place of a chosen step, and resumed from its last checkpoint each time.
 Mid-epoch (``CASES``): one method of each family, BYOL with DirectPred's predictor (its running F and W_p change
 after the optimiser step) and DINO on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from
-the global RNG), Barlow Twins, VICReg, MAE and iBOT (their masks come from the step's generator). At the epoch
-boundaries, over successive resumes: every method of the registry, and 2 processes. The exported backbone, the
+the global RNG), Barlow Twins, VICReg, MAE and iBOT (their masks come from the step's generator), SwAV with its
+queue live, W-MSE (its sub-batch permutations) and NNCLR (its support set wraps around). At the epoch boundaries,
+over successive resumes: every method of the registry, and 2 processes. The exported backbone, the
 last checkpoint's weights and optimiser state, the step count and every logged ``train/*`` value must be equal bit
 for bit to those of the run that was never stopped; the instruments' events.jsonl and metrics.csv too.
 """
@@ -49,6 +50,10 @@ MAE = ["method.decoder_embed_dim=32", "method.decoder_depth=1", "method.decoder_
 IBOT = ["method.out_dim=64", "method.patch_out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
         "augment.local_crops_number=2", "method.warmup_teacher_temp_epochs=2", "method.teacher_temp=0.04",
         "method.teacher_patch_temp=0.07"]
+# SwAV on 2 global + 4 local crops: the queue starts at epoch 1 (step 3), is full after step 4 and used from
+# step 5, after the resume (the queue and its fill count are buffers of the checkpoint); prototypes frozen 2 steps
+SWAV = ["method.hidden_mlp=64", "method.feat_dim=32", "method.nmb_prototypes=30", "method.queue_length=128",
+        "method.epoch_queue_starts=1", "method.freeze_prototypes_niters=2", "augment.local_crops_number=4"]
 # kills (global step, where): "start" before the step runs; "end" after its optimiser step and post-step
 # updates, before its checkpoint is written (a callback ahead of Lightning's checkpoint callback)
 CASES = {
@@ -62,6 +67,13 @@ CASES = {
     "vicreg": ("vicreg-digits", CPU + HEADS + STEPS, [(4, "end")]),
     "mae": ("mae-digits", CPU + MAE + STEPS, [(4, "end")]),
     "ibot": ("ibot-digits", CPU + IBOT + STEPS, [(4, "end")]),
+    "swav_queue": ("swav-digits", CPU + SWAV + STEPS, [(4, "end")]),
+    # W-MSE's sub-batch permutations (w_iter 2) come from the step's generator
+    "wmse": ("wmse-digits", CPU + ["method.head_size=64", "method.emb=16", "method.w_size=32", "method.w_iter=2"]
+             + STEPS, [(4, "end")]),
+    # NNCLR's support set (a FIFO of 192 rows: it wraps around during the run) and its pointer in the checkpoint
+    "nnclr": ("nnclr-digits", CPU + HEADS + ["method.pred_hidden_dim=64", "method.queue_size=192"] + STEPS,
+              [(4, "end")]),
 }
 
 def killed(preset: str, overrides: list[str], resume: Path | None, step: int, where: str) -> None:

@@ -31,6 +31,7 @@ def every_method():
     yield from (tiny_method(name) for name in ("moco_v3", "byol", "simsiam", "simclr"))
     yield tiny_method("byol", {"predictor": "directpred"})
     yield tiny_method("simclr", {"projector_momentum": 0.9})
+    yield from (tiny_method(name) for name in ("swav", "wmse", "nnclr"))
     yield flow_method("flow-matching-digits")
     yield flow_method()
 
@@ -47,7 +48,7 @@ def test_trainable_declares_exactly_the_trained_parameters():
         declared = {id(p) for m in model.trainable().values() for p in m.parameters() if p.requires_grad}
         assert declared == {id(p) for p in model.parameters() if p.requires_grad}, type(model).__name__
         targets = {id(p) for _, t in model.momentum_pairs for p in t.parameters()}
-        assert bool(targets) == (type(model).__name__ != "SimSiam"
+        assert bool(targets) == (type(model).__name__ not in ("SimSiam", "SwAV", "WMSE", "NNCLR")
                                  and getattr(model.cfg.method, "projector_momentum", 1) > 0)
         assert not targets & {id(p) for m in model.trainable().values() for p in m.parameters()}
 

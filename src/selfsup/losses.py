@@ -210,3 +210,96 @@ def masked_patch_mse(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     ``Σ mask · mean_k (pred − target)² / Σ mask`` (``mask`` (B, L): 1 = removed; models_mae.py forward_loss)."""
     per_patch = (pred - target).pow(2).mean(dim=-1)
     return (per_patch * mask).sum() / mask.sum()
+
+
+# --------------------------------------------------------------------------- clustering, whitening, nearest neighbour
+
+
+@torch.no_grad()
+def sinkhorn_knopp(scores: Tensor, epsilon: float = 0.05, iterations: int = 3, *, world_size: int = 1,
+                   all_reduce=None) -> Tensor:
+    """SwAV's codes (swav main_swav.py:353-376 ``distributed_sinkhorn``), no gradient, in float32.
+
+    ``scores`` (B_loc, K) are this process's prototype scores (its queue rows included); ``all_reduce`` sums a
+    tensor over the processes (None: one process), ``world_size`` the processes. Q = exp(scores / ε)ᵀ (no max
+    subtraction, as the code), Q /= ΣQ (all-reduced); ``iterations`` times: each prototype's row sum,
+    all-reduced, to 1/K; each sample's column (local) to 1/B, with B = B_loc · world_size; finally Q · B, so
+    each sample's code sums to 1. Returns (B_loc, K)."""
+    reduce = all_reduce if all_reduce is not None else (lambda t: t)
+    q = torch.exp(scores.float() / epsilon).t()  # (K, B_loc)
+    b, k = q.shape[1] * world_size, q.shape[0]
+    q = q / reduce(q.sum())
+    for _ in range(iterations):
+        q = q / reduce(q.sum(dim=1, keepdim=True)) / k  # prototypes: rows sum to 1/K over the global batch
+        q = q / q.sum(dim=0, keepdim=True) / b  # samples: columns sum to 1/B
+    return (q * b).t()
+
+
+def swav_loss(scores: list[Tensor], codes: list[Tensor], crops_for_assign: tuple[int, ...],
+              temperature: float) -> Tensor:
+    """SwAV's swapped prediction (main_swav.py:310-315): ``scores`` the V crops' prototype scores (each (B, K),
+    crop order), ``codes`` the Sinkhorn codes of the crops ``crops_for_assign`` (each (B, K)). For each assigned
+    crop s, the sum over every other crop v ≠ s of the batch mean of ``−Σ_k q_s log softmax(scores_v / τ)``,
+    divided by V − 1; then the mean over the assigned crops."""
+    log_p = [F.log_softmax(s / temperature, dim=1) for s in scores]
+    loss = scores[0].new_zeros(())
+    for s, q in zip(crops_for_assign, codes):
+        sub = sum(-(q * log_p[v]).sum(dim=1).mean() for v in range(len(scores)) if v != s)
+        loss = loss + sub / (len(scores) - 1)
+    return loss / len(crops_for_assign)
+
+
+def cholesky_whiten(x: Tensor, eps: float = 0.0) -> Tensor:
+    """W-MSE's Whitening2d (htdt/self-supervised methods/whitening.py:6-61) of a sub-batch ``x`` (N, D), with
+    gradient: ``W (x − m)`` with m the mean, Σ = (x − m)ᵀ(x − m) / (N − 1) (unbiased), Σ' = (1 − eps) Σ + eps I,
+    L = cholesky(Σ') (lower) and W = L⁻¹ (a triangular solve): Cholesky whitening, not ZCA. In float32."""
+    x = x.float()
+    xc = x - x.mean(dim=0, keepdim=True)
+    cov = xc.t() @ xc / (x.shape[0] - 1)
+    eye = torch.eye(x.shape[1], device=x.device, dtype=x.dtype)
+    chol = torch.linalg.cholesky((1 - eps) * cov + eps * eye)
+    w = torch.linalg.solve_triangular(chol, eye, upper=False)
+    return xc @ w.t()
+
+
+def norm_mse(x0: Tensor, x1: Tensor) -> Tensor:
+    """W-MSE's ``norm_mse`` (methods/norm_mse.py:4-7): ``2 − 2 · mean_n cos(x0_n, x1_n)``."""
+    return 2 - 2 * (F.normalize(x0, dim=1) * F.normalize(x1, dim=1)).sum(dim=1).mean()
+
+
+def wmse_loss(h: list[Tensor], perms: list[Tensor], w_size: int, eps: float = 0.0, normalize: bool = True) -> Tensor:
+    """W-MSE (methods/w_mse.py:19-36): ``h`` the d views' embeddings (each (B, D)), ``perms`` one permutation of
+    range(B) per whitening iteration. For each iteration, the permutation cut into chunks of ``w_size``; each
+    view's rows of a chunk whitened on their own (:func:`cholesky_whiten`; the same chunks in every view, views
+    never whitened together); then :func:`norm_mse` (``normalize``; else the plain MSE) of every pair of views
+    i < j over the batch. The sum over iterations and pairs divided by ``len(perms) · d (d − 1) / 2``."""
+    d, loss = len(h), h[0].new_zeros((), dtype=torch.float32)
+    for perm in perms:
+        z = [torch.empty_like(v, dtype=torch.float32) for v in h]
+        for idx in perm.view(-1, w_size):
+            for i in range(d):
+                z[i][idx] = cholesky_whiten(h[i][idx], eps)
+        for i in range(d - 1):
+            for j in range(i + 1, d):
+                loss = loss + (norm_mse(z[i], z[j]) if normalize else F.mse_loss(z[i], z[j]))
+    return loss / (len(perms) * d * (d - 1) / 2)
+
+
+def nearest_neighbour(z: Tensor, support: Tensor) -> tuple[Tensor, Tensor]:
+    """NNCLR's NN(z, Q) (Dwibedi et al. 2021, eq. 2): for each row of ``z`` (N, D) the row of the support set
+    ``support`` (M, D) of largest cosine similarity; no gradient. Returns (the neighbours (N, D), their indices)."""
+    with torch.no_grad():
+        idx = (F.normalize(z.detach(), dim=1) @ F.normalize(support, dim=1).t()).argmax(dim=1)
+        return support[idx], idx
+
+
+def nnclr_loss(nn_z: Tensor, p: Tensor, temperature: float, *, all_p: Tensor | None = None, rank: int = 0) -> Tensor:
+    """One direction of NNCLR's loss (paper eq. 2; as solo-learn's ``nnclr_loss_func``): the batch mean of
+    ``−log softmax_k(NN(z_i) · p_k⁺ / τ)`` at k = i, cosines, with the neighbours ``nn_z`` (N, D) of one view as
+    anchors and the predictions of the other view as candidates: ``all_p`` (M, D), the global batch gathered
+    with gradient in rank order (default ``p``), this process's rows at ``rank · N``. The neighbours carry no
+    gradient."""
+    all_p = p if all_p is None else all_p
+    logits = F.normalize(nn_z.detach(), dim=1) @ F.normalize(all_p, dim=1).t() / temperature
+    labels = torch.arange(nn_z.shape[0], device=nn_z.device) + nn_z.shape[0] * rank
+    return F.cross_entropy(logits, labels)

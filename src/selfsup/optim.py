@@ -1,4 +1,5 @@
-"""Optimisers and parameter groups: LARS (MoCo v3 / BYOL), AdamW, SGD; predictor lr and wd."""
+"""Optimisers and parameter groups: LARS (MoCo v3 / BYOL), LARC (SwAV), AdamW, Adam (W-MSE), SGD; predictor lr
+and wd."""
 
 from __future__ import annotations
 
@@ -49,12 +50,48 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
+class LARC(torch.optim.Optimizer):
+    """apex ``LARC(SGD(momentum, weight_decay), trust_coefficient, clip=False)`` as SwAV uses it (main_swav.py:171-182;
+    apex/parallel/LARC.py ``step``): every parameter (biases and norms too) with ‖p‖ ≠ 0 and ‖g‖ ≠ 0 gets
+    ``g ← (g + wd·p) · η‖p‖ / (‖g‖ + wd‖p‖ + 1e-8)``; otherwise the raw gradient (no decay, no scaling); then SGD
+    without weight decay: ``μ ← m·μ + g``, ``p ← p − lr·μ``. Computed on the device (no host read)."""
+
+    def __init__(self, params, lr: float = 0.0, weight_decay: float = 0.0, momentum: float = 0.9,
+                 trust_coefficient: float = 0.001, eps: float = 1e-8):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient,
+                        eps=eps)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            wd, trust = group["weight_decay"], group["trust_coefficient"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                param_norm, grad_norm = torch.norm(p), torch.norm(p.grad)
+                adaptive = trust * param_norm / (grad_norm + param_norm * wd + group["eps"])
+                scaled = p.grad.add(p, alpha=wd).mul_(adaptive)
+                dp = torch.where((param_norm != 0) & (grad_norm != 0), scaled, p.grad)
+                state = self.state[p]
+                if "mu" not in state:
+                    state["mu"] = torch.zeros_like(p)
+                mu = state["mu"]
+                mu.mul_(group["momentum"]).add_(dp)
+                p.add_(mu, alpha=-group["lr"])
+        return loss
+
+
 @dataclass
 class OptimConfig:
     """Optimiser and schedule. ``lr = base_lr · global_batch / 256`` (or its square root), warmup then cosine,
     per iteration or per epoch."""
 
-    name: str = "adamw"  # adamw | lars | sgd
+    name: str = "adamw"  # adamw | lars | larc (SwAV: every parameter adapted and decayed) | adam (coupled L2) | sgd
     base_lr: float = 1.5e-4
     weight_decay: float = 0.1
     momentum: float = 0.9  # SGD and LARS
@@ -73,8 +110,8 @@ class OptimConfig:
     fused: bool = True  # AdamW: torch's fused kernel (the same update in fewer kernels; benchmarks/README.md)
 
     def validate(self) -> None:
-        if self.name not in ("adamw", "lars", "sgd"):
-            raise UserError(f"optim.name={self.name!r} is not known; use one of adamw, lars, sgd")
+        if self.name not in ("adamw", "lars", "larc", "adam", "sgd"):
+            raise UserError(f"optim.name={self.name!r} is not known; use one of adamw, lars, larc, adam, sgd")
         for key in ("base_lr", "weight_decay", "warmup_epochs", "min_lr", "predictor_lr_mult", "lr_1d_mult"):
             if getattr(self, key) < 0:
                 raise UserError(f"optim.{key}={getattr(self, key)} must be >= 0")
@@ -116,6 +153,10 @@ def build_optimizer(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimiz
     """The optimiser named by ``cfg.name`` over ``groups`` (lr is set each step by the schedule)."""
     if cfg.name == "lars":
         return LARS(groups, lr=0.0, momentum=cfg.momentum, trust_coefficient=cfg.trust_coefficient)
+    if cfg.name == "larc":
+        return LARC(groups, lr=0.0, momentum=cfg.momentum, trust_coefficient=cfg.trust_coefficient)
+    if cfg.name == "adam":  # weight decay as an L2 term in the gradient (W-MSE train.py:39)
+        return torch.optim.Adam(groups, lr=0.0, betas=tuple(cfg.betas))
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=0.0, momentum=cfg.momentum)
     return torch.optim.AdamW(groups, lr=0.0, betas=tuple(cfg.betas), fused=cfg.fused or None)

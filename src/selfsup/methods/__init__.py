@@ -13,9 +13,12 @@ from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.ibot import iBOT
 from selfsup.methods.mae import MAE
 from selfsup.methods.moco_v3 import MoCoV3
+from selfsup.methods.nnclr import NNCLR
 from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
+from selfsup.methods.swav import SwAV
 from selfsup.methods.vicreg import VICReg
+from selfsup.methods.wmse import WMSE
 
 METHODS: dict[str, type] = {
     "moco_v3": MoCoV3,
@@ -25,6 +28,9 @@ METHODS: dict[str, type] = {
     "barlow_twins": BarlowTwins,
     "vicreg": VICReg,
     "dino": DINO,
+    "swav": SwAV,
+    "wmse": WMSE,
+    "nnclr": NNCLR,
     "ibot": iBOT,
     "mae": MAE,
     "flow_matching": FlowMatching,
@@ -42,4 +48,4 @@ def method_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "DINO", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]
+           "VICReg", "DINO", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]

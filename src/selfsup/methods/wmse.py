@@ -1,0 +1,134 @@
+"""W-MSE (Ermolov et al. 2021): the MSE between whitened embeddings of every pair of views, as htdt/self-supervised.
+
+Per step (methods/w_mse.py:19-36; file:line in docs/reference SWAV-WMSE-NNCLR.md, section 2):
+
+    h = head(cat_v backbone(x_v))          # the backbone once per view, the head (with BN) on all views at once
+    for each of w_iter iterations:
+        perm = randperm(B) cut into chunks of w_size           # from the step's seeded generator
+        z_v[chunk] = W_chunk,v (h_v[chunk] − mean)              # each view's chunk whitened on its own
+        loss += Σ_{i<j} 2 − 2 · mean cos(z_i, z_j)
+    loss /= w_iter · d (d − 1) / 2
+
+Whitening (``losses.cholesky_whiten``): the unbiased covariance of the chunk, its Cholesky factor L, W = L⁻¹
+(not ZCA), ``w_eps`` shrinkage (0 in the code), float32, the gradient through the mean, the covariance, the
+factor and the solve. A chunk of w_size samples has a covariance of rank ≤ w_size − 1, so w_size must exceed
+the embedding width (the recipes use 2×: 128 for 64, 256 for 128); w_size must divide the per-process batch.
+The official code has no DDP gather (issue #7): each process whitens its own batch, as here. lr: the code's
+linear warm-up over ``warmup_iters`` iterations, then ``lr_schedule`` step (×0.2 at E − 50 and E − 25, the
+code's default), cos (CosineAnnealingWarmRestarts with T_0 = E) or selfsup's warm-up + cosine (``optim.*``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from selfsup.errors import UserError
+from selfsup.losses import wmse_loss
+from selfsup.methods.base import SSLMethod, encode_views
+from selfsup.models.heads import mlp
+from selfsup.schedules import scaled_lr
+
+
+@dataclass
+class WMSEConfig:
+    """W-MSE hyper-parameters; defaults are the code's (cfg.py: emb 64, w_size 128, w_iter 1, head 1024)."""
+
+    emb: int = 64
+    head_size: int = 1024
+    head_layers: int = 2
+    add_bn: bool = True  # BN in the head's hidden layer (--no_add_bn removes it)
+    w_size: int | None = 128  # None: the whole (per-process) batch
+    w_iter: int = 1
+    w_eps: float = 0.0
+    norm: bool = True  # L2-normalise after whitening (norm_mse); false: plain MSE (--no_norm)
+    lr_schedule: str = "selfsup"  # selfsup (optim.* warm-up + cosine) | step (the code's default) | cos
+    warmup_iters: int = 500  # step / cos: linear warm-up lr·(k + 1) / warmup_iters (train.py:43, :50-54)
+    lr_drops: list[int] = field(default_factory=lambda: [50, 25])  # step: x lr_drop_factor at E - 50, E - 25
+    lr_drop_factor: float = 0.2
+
+    def validate(self) -> None:
+        for key in ("emb", "head_size", "head_layers", "w_iter"):
+            if getattr(self, key) < 1:
+                raise UserError(f"method.{key}={getattr(self, key)} must be >= 1")
+        if self.w_size is not None and self.w_size < 2:
+            raise UserError(f"method.w_size={self.w_size} must be >= 2 (or null: the whole batch)")
+        if not 0 <= self.w_eps < 1:
+            raise UserError(f"method.w_eps={self.w_eps} must be in [0, 1) (0: the code's plain covariance)")
+        if self.lr_schedule not in ("selfsup", "step", "cos"):
+            raise UserError(f"method.lr_schedule={self.lr_schedule!r} is not known; use selfsup, step or cos")
+        if self.warmup_iters < 0 or not 0 < self.lr_drop_factor <= 1:
+            raise UserError("method.warmup_iters must be >= 0 and method.lr_drop_factor in (0, 1]")
+
+
+class WMSE(SSLMethod):
+    """h = head(backbone(x)); loss = MSE of the normalised, per-chunk Cholesky-whitened h of every view pair."""
+
+    Config = WMSEConfig
+    recipe = "simsiam"  # jitter (0.4, 0.4, 0.4, 0.1) p 0.8, crop (0.2, 1), flip; presets: grey 0.1, no blur
+    loss_embedding = ("projector",)
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c = cfg.method
+        w, batch = c.w_size or cfg.data.batch_size, cfg.data.batch_size
+        if w > batch or batch % w:
+            raise UserError(f"method.w_size={w} must divide data.batch_size={batch} (the code's randperm(bs)"
+                            f".view(-1, w_size)); e.g. method.w_size={math.gcd(w, batch)}")
+        if w <= c.emb and c.w_eps == 0:
+            raise UserError(f"method.w_size={w} must exceed method.emb={c.emb}: the covariance of {w} samples has "
+                            f"rank <= {w - 1} and its Cholesky factor fails; use w_size >= {2 * c.emb} (the "
+                            "recipes' 2x) or a larger data.batch_size")
+        self.projector = mlp(self.backbone.num_features, c.head_size, c.emb, c.head_layers, bias=True,
+                             hidden_bn=c.add_bn)  # model.py:5-16: Linear (bias) -> BN -> ReLU, then Linear
+
+    def trainable(self):
+        return {"backbone": self.backbone, "projector": self.projector}
+
+    def forward_views(self, views):
+        c = self.cfg.method
+        feats = encode_views(self.backbone, views)  # per view where the backbone has BatchNorm (w_mse.py:20)
+        h = self.grad_scale(self.projector(torch.cat(feats))).chunk(len(views))  # the head once on all views
+        bs = h[0].shape[0]
+        w = c.w_size or bs
+        if bs % w or w <= c.emb and c.w_eps == 0:
+            raise UserError(f"method.w_size={w} must divide the per-process batch {bs} and exceed method.emb="
+                            f"{c.emb}; set data.batch_size to a multiple of w_size x the number of processes")
+        g = self.rng(h[0].device)  # the step's generator, after the augmentation's draws: exact on resume
+        perms = [torch.randperm(bs, generator=g, device=h[0].device) for _ in range(c.w_iter)]
+        with torch.autocast(h[0].device.type, enabled=False):  # Cholesky in float32
+            loss = wmse_loss([x.float() for x in h], perms, w, c.w_eps, c.norm)
+        return {"loss": loss, "embedding": feats[0].detach(), "embedding2": feats[1].detach(),
+                "projection": h[0].detach(), "instruments": self.collapse_signs(h[0].detach().float(), perms[0], w)}
+
+    @torch.no_grad()
+    def collapse_signs(self, h: torch.Tensor, perm: torch.Tensor, w: int) -> dict[str, torch.Tensor]:
+        """The condition number λmax / λmin of the covariance that the first chunk's Cholesky factor inverts (view
+        1, before whitening): it grows as the embedding collapses onto fewer dimensions, and whitening then
+        amplifies noise until the factorisation fails. (The whitened embeddings' own covariance is the identity
+        by construction, over a chunk and over the batch of whitened chunks: no sign there.)"""
+        x = h[perm.view(-1, w)[0]]
+        xc = x - x.mean(0)
+        ev = torch.linalg.eigvalsh(xc.t() @ xc / (x.shape[0] - 1))
+        return {"wmse_cov_condition": ev[-1] / ev[0].clamp_min(1e-12)}
+
+    # ----------------------------------------------------------------- the code's lr schedules
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        c, o = self.cfg.method, self.cfg.optim
+        if c.lr_schedule == "selfsup":
+            return super().on_train_batch_start(batch, batch_idx)
+        step, spe = self.trainer.global_step, self.steps_per_epoch
+        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
+        epochs = self.trainer.max_epochs
+        if step < c.warmup_iters:
+            lr = peak * (step + 1) / c.warmup_iters
+        elif c.lr_schedule == "step":  # MultiStepLR at epochs E - 50, E - 25, stepped per epoch
+            lr = peak * c.lr_drop_factor ** sum(step // spe >= epochs - d for d in c.lr_drops)
+        else:  # CosineAnnealingWarmRestarts(T_0 = E, eta_min = min_lr) at the epoch fraction
+            final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
+            lr = final + (peak - final) * 0.5 * (1 + math.cos(math.pi * (step / spe) / epochs))
+        for group in self.trainer.optimizers[0].param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        self.lr = lr
