@@ -58,17 +58,16 @@ def test_the_compiled_step_is_one_graph_that_never_recompiles(tmp_path, method):
 
 
 def test_a_compiled_run_resumes_bit_for_bit(tmp_path):
-    """MoCo v3 under trainer.compile (aot_eager: AOTAutograd's forward and backward graphs, the EMA update inside),
-    4 steps straight against 2 steps, a checkpoint and 2 resumed steps in a fresh compile: the same weights,
-    momentum encoder and optimiser state; the losses match eager's within float reordering."""
-    def cfg(name, compiled=True):
+    """MoCo v3 under trainer.compile, 4 steps straight against 2 steps, a checkpoint and 2 resumed steps in a fresh
+    compile (as a new process makes): the same weights and momentum encoder, bit for bit (backend eager; AOTAutograd's
+    graphs against eager: test_mfu.py's test_trainer_compile_trains_a_few_steps_on_cpu)."""
+    def cfg(name):
         return tiny_config("moco_v3", output_dir=str(tmp_path), name=name,
-                           trainer={"compile": compiled, "compile_backend": "aot_eager", "max_epochs": 2,
-                                    "limit_train_batches": 2, "log_every_n_steps": 1, "checkpoint_every_n_steps": 1})
+                           trainer={"compile": True, "compile_backend": "eager", "max_epochs": 2,
+                                    "limit_train_batches": 2, "log_every_n_steps": 1})
 
     torch._dynamo.reset()
     straight, _ = fit(cfg("a"), tmp_path / "a")
-    eager, _ = fit(cfg("e", compiled=False), tmp_path / "e")
     torch._dynamo.reset()
     fit(cfg("b"), tmp_path / "b", callbacks=[StopAfterEpoch()])
     torch._dynamo.reset()
@@ -78,5 +77,3 @@ def test_a_compiled_run_resumes_bit_for_bit(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    for k, v in eager.state_dict().items():
-        torch.testing.assert_close(a[k], v, rtol=1e-4, atol=1e-5, msg=k)
