@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME=FLAGS (mfu.py flags), each against the baseline")
     p.add_argument("--method", default="moco_v3")
     p.add_argument("--heads", default="wide", choices=("preset", "wide"))
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=4,
+                   help="0: only the compiled-step graph counts, written into the JSON at --out beside its levers")
     p.add_argument("--steps", type=int, default=4, help="timed steps per process")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "levers.json"))
@@ -164,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[graphs] {name:<8} {sess['session']:<8} {sess['graphs']} graph(s), {sess['graph_breaks']} "
                       f"break(s), {sess['recompilations']} recompilation(s) by step {sess['global_step_at_end']}",
                       file=sys.stderr, flush=True)
+    if args.rounds == 0:  # the graph counts only, beside the levers' last results
+        out = Path(args.out)
+        report = json.loads(out.read_text()) if out.exists() else {"benchmark": "levers", "results": {}}
+        report["compiled_step_graphs"] = graphs
+        write_report(report, args.out)
+        print(f"wrote the compiled-step graph counts into {args.out}")
+        return 0
     base = runs["baseline"]
     results = {}
     for name, rs in runs.items():

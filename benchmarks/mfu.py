@@ -51,8 +51,12 @@ from throughput import _sync, machine_info, write_report  # noqa: E402  (shared 
 
 METHODS = ("moco_v3", "byol", "simsiam", "simclr")
 FLOW_METHODS = ("self_flow", "flow_matching")  # SiT steps (selfsup.flow); preset heads only, no lightly peer
+# more joint-embedding / masked steps, preset heads only, no lightly peer: DINO's multi-crop step (2 global crops and
+# the preset's local crops, two resolutions in one step), MAE's (the encoder on the kept 25% of the patches)
+OTHER_METHODS = ("dino", "mae")
 PRESETS = {  # the CPU recipes (Fashion-MNIST; digits where the Fashion-MNIST files are absent)
     "moco_v3": "moco-v3-vit-{}", "byol": "byol-{}", "simsiam": "simsiam-{}", "simclr": "simclr-{}",
+    "dino": "dino-{}", "mae": "mae-{}",
     "self_flow": "self-flow-{}", "flow_matching": "flow-matching-{}",
 }
 # 1024-wide heads (lightly's default MoCo/BYOL widths scaled to the micro ViT): hidden 1024, output 256
@@ -92,7 +96,7 @@ def selfsup_config(method: str, dataset: str, heads: str, args):
 
     overrides = ["trainer.seed=0", f"data.batch_size={args.batch_size}", f"trainer.memory_format={args.memory_format}"]
     overrides += args.set or []
-    if heads == "wide":
+    if heads == "wide" and method in WIDE_HEADS:
         overrides += [f"method.{k}={v}" for k, v in WIDE_HEADS[method].items()]
     return load_run_config(preset_name(method, dataset, args), overrides)
 
@@ -490,7 +494,8 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
     autocast = autocast_for(device, args)
     steps = {"selfsup": SelfsupStep(cfg, info, device, autocast, args.compile_scope)}
     from selfsup.models.vit import VisionTransformer
-    if args.lightly and isinstance(steps["selfsup"].model.backbone, VisionTransformer):  # the peer's twin: timm's ViT
+    if (args.lightly and method in METHODS
+            and isinstance(steps["selfsup"].model.backbone, VisionTransformer)):  # the peer's twin: timm's ViT
         steps["lightly"] = LightlyStep(method, cfg, steps["selfsup"].model.backbone, device, autocast)
     flops = {k: count_flops(s, batches[0]) for k, s in steps.items()}
     compile_info = None
@@ -564,10 +569,21 @@ def run_flow_case(method: str, dataset: str, device, args, peaks: list[float]) -
     return out
 
 
+def device_defaults(args, device: torch.device) -> None:
+    """The settings a device gives a run. A GPU run (unless ``--quick``) is the ViT-S/16 224 px recipe, eager
+    beside compiled (``--compare-compile``, unless ``--compile`` alone asked for the compiled step only); the
+    step is in bf16 autocast (``autocast_for``) on a GPU, fp32 on the CPU; the optimiser is the presets' fused
+    AdamW and the memory format ``auto`` (channels-last for a CNN on a GPU) either way."""
+    if device.type == "cuda" and not args.quick:
+        args.recipe = args.recipe or "vit_s16_224"
+        args.compare_compile = args.compare_compile or not args.compile
+    args.bf16 = device.type == "cuda"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default=",".join(METHODS + FLOW_METHODS),
-                   help="comma-separated subset of " + ",".join(METHODS + FLOW_METHODS))
+                   help="comma-separated subset of " + ",".join(METHODS + OTHER_METHODS + FLOW_METHODS))
     p.add_argument("--heads", default="preset,wide", help="preset (the recipe's heads), wide (1024-wide), or both")
     p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "digits"),
                    help="digits is used when the Fashion-MNIST files are absent")
@@ -606,12 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); "
-                "run it on a GPU machine, or use --device cpu")
-    if device.type == "cuda" and not args.quick:  # the GPU run: ViT-S/16 at 224 px, bf16, eager beside compiled
-        args.recipe = args.recipe or "vit_s16_224"
-        args.compare_compile = args.compare_compile or not args.compile
-    args.bf16 = device.type == "cuda"
+        print("mfu.py: error: --device cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); "
+              "run it on a GPU machine, or use --device cpu", file=sys.stderr)
+        return 2
+    device_defaults(args, device)
     args.synthetic = args.recipe is not None
     args.image_size = 224
     if args.recipe:
@@ -624,8 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     args.peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
-    if any(m not in METHODS + FLOW_METHODS for m in methods) or any(h not in ("preset", "wide") for h in heads):
-        p.error(f"--methods takes {','.join(METHODS + FLOW_METHODS)}; --heads takes preset,wide")
+    known = METHODS + OTHER_METHODS + FLOW_METHODS
+    if any(m not in known for m in methods) or any(h not in ("preset", "wide") for h in heads):
+        p.error(f"--methods takes {','.join(known)}; --heads takes preset,wide")
     if args.lightly:
         try:
             import lightly  # noqa: F401
@@ -659,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     for method in methods:
         if method in FLOW_METHODS:  # preset only: --heads does not apply
             results[f"{method}/preset"] = run_flow_case(method, dataset, device, args, peaks)
+            continue
+        if method in OTHER_METHODS:
+            results[f"{method}/preset"] = run_case(method, "preset", dataset, device, args, peaks)
             continue
         for h in heads:
             results[f"{method}/{h}"] = run_case(method, h, dataset, device, args, peaks)

@@ -249,3 +249,34 @@ def test_levers_benchmark_quick_puts_a_lever_beside_the_baseline(tmp_path):
     assert results["baseline"]["speedup_median"] == 1.0
     with pytest.raises(SystemExit):
         levers.main(["--quick", "--levers", "no equals sign"])
+
+
+def test_mfu_benchmark_on_cuda_without_a_gpu_stops_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mfu_benchmark().main(["--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device cuda: no CUDA GPU is visible" in err and "--device cpu" in err
+
+
+def test_a_gpu_run_is_vit_s16_in_bf16_with_compiled_beside_eager():
+    """What ``mfu.py --device cuda`` runs, checked without a GPU: the ViT-S/16 224 px recipe, bf16 autocast,
+    the compiled step beside the eager one; the recipe's optimiser is fused AdamW and its ViT stays NCHW."""
+    import argparse
+
+    from selfsup.memory_format import resolve_memory_format
+    from selfsup.models.vit import VisionTransformer
+
+    bench = mfu_benchmark()
+    args = argparse.Namespace(quick=False, recipe=None, compile=False, compare_compile=False, memory_format="auto",
+                              set=None, batch_size=128)
+    bench.device_defaults(args, torch.device("cuda"))
+    assert args.recipe == "vit_s16_224" and args.bf16 and args.compare_compile
+    assert bench.autocast_for(torch.device("cuda"), args)().fast_dtype == torch.bfloat16
+    cfg = bench.selfsup_config("moco_v3", "fashion-mnist", "preset", args)
+    assert (cfg.model.backbone, cfg.model.patch_size, cfg.data.image_size) == ("vit_small", 16, 224)
+    assert cfg.optim.name == "adamw" and cfg.optim.fused
+    vit = VisionTransformer(image_size=32, patch_size=16, embed_dim=64, depth=1, num_heads=2)
+    assert resolve_memory_format("auto", vit, torch.device("cuda")) == torch.contiguous_format
+    cpu = argparse.Namespace(quick=False, recipe=None, compile=False, compare_compile=False)
+    bench.device_defaults(cpu, torch.device("cpu"))
+    assert cpu.recipe is None and not cpu.bf16 and not cpu.compare_compile
