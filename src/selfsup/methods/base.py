@@ -332,8 +332,9 @@ class TrainingBase(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         self._ema_params = self.ema_params() if self.momentum_pairs else None  # after the strategy's wrapping
-        if self.cfg.trainer.compile:
-            compile_step(self, self.cfg.trainer.compile_backend, self.cfg.trainer.compile_mode)
+        if self.cfg.trainer.compile:  # across processes the step's collectives may split its graph: allowed there
+            compile_step(self, self.cfg.trainer.compile_backend, self.cfg.trainer.compile_mode,
+                         fullgraph=world()[1] == 1)
         self.total_steps = max(int(self.trainer.estimated_stepping_batches), 1)
         self.steps_per_epoch = max(self.total_steps // self.trainer.max_epochs, 1)
 
