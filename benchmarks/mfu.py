@@ -531,7 +531,9 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
                                                          / out["compiled"]["step_ms_median"])
             out["compiled_speedup_vs_lightly_each_rep"] = rep_ratios(times["lightly"], times["compiled"])
     if args.profile:
-        out["selfsup"]["profile"] = profile_step(steps["selfsup"], batches[0], device)
+        for k in ("selfsup", "compiled"):
+            if k in steps:
+                out[k]["profile"] = profile_step(steps[k], batches[0], device)
     return out
 
 
