@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(HERE / "results" / "levers.json"))
     p.add_argument("--quick", action="store_true", help="smoke test: mfu.py --quick, one round")
-    p.add_argument("--graphs", default="dino,moco_v3",
-                   help="the compiled-step graph counts of these cases (" + ",".join(GRAPH_CASES) + "; '' for none)")
+    p.add_argument("--graphs", default=None,
+                   help="the compiled-step graph counts of these cases (default " + ",".join(GRAPH_CASES)
+                        + "; none with --quick; '' for none)")
     p.add_argument("--graphs-backend", default="aot_eager",
                    help="the backend of the graph count (dynamo decides graphs and breaks whatever the backend)")
     args = p.parse_args(argv)
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[round {r + 1}/{args.rounds}] {name:<28} {runs[name][-1]['step_ms']:8.1f} ms/step",
                       file=sys.stderr, flush=True)
     graphs = {}
+    if args.graphs is None:
+        args.graphs = "" if args.quick else ",".join(GRAPH_CASES)
     with tempfile.TemporaryDirectory() as tmp:
         for name in [g.strip() for g in args.graphs.split(",") if g.strip()]:
             if name not in GRAPH_CASES:
