@@ -29,7 +29,10 @@ include the EMA teacher's forward (Self-Flow), which runs inside the loss. ``--h
 Flags that change the step (``--compile``, ``--threads``, ``--attention``, ``--memory-format``) are the levers
 measured in the README's MFU section; ``--set`` overrides the selfsup step's config (a ResNet:
 ``--set model.backbone=resnet18 --set model.small_stem=true``; lightly's twin is a ViT, so no peer row);
-``--profile`` prints the profiler's table of the step (and its ``copy_`` count).
+``--profile`` prints the profiler's table of the step (and its ``copy_`` count). ``--compare-compile`` times the
+step compiled by ``trainer.compile`` beside the eager one (compile time, break-even step); ``--methods dino,mae``
+adds DINO's multi-crop and MAE's steps (no peer); ``--device cuda`` is the GPU run (ViT-S/16 224 px, bf16,
+compiled beside eager).
 """
 
 from __future__ import annotations
@@ -51,8 +54,12 @@ from throughput import _sync, machine_info, write_report  # noqa: E402  (shared 
 
 METHODS = ("moco_v3", "byol", "simsiam", "simclr")
 FLOW_METHODS = ("self_flow", "flow_matching")  # SiT steps (selfsup.flow); preset heads only, no lightly peer
+# more joint-embedding / masked steps, preset heads only, no lightly peer: DINO's multi-crop step (2 global crops and
+# the preset's local crops, two resolutions in one step), MAE's (the encoder on the kept 25% of the patches)
+OTHER_METHODS = ("dino", "mae")
 PRESETS = {  # the CPU recipes (Fashion-MNIST; digits where the Fashion-MNIST files are absent)
     "moco_v3": "moco-v3-vit-{}", "byol": "byol-{}", "simsiam": "simsiam-{}", "simclr": "simclr-{}",
+    "dino": "dino-{}", "mae": "mae-{}",
     "self_flow": "self-flow-{}", "flow_matching": "flow-matching-{}",
 }
 # 1024-wide heads (lightly's default MoCo/BYOL widths scaled to the micro ViT): hidden 1024, output 256
@@ -92,7 +99,7 @@ def selfsup_config(method: str, dataset: str, heads: str, args):
 
     overrides = ["trainer.seed=0", f"data.batch_size={args.batch_size}", f"trainer.memory_format={args.memory_format}"]
     overrides += args.set or []
-    if heads == "wide":
+    if heads == "wide" and method in WIDE_HEADS:
         overrides += [f"method.{k}={v}" for k, v in WIDE_HEADS[method].items()]
     return load_run_config(preset_name(method, dataset, args), overrides)
 
@@ -104,19 +111,24 @@ def preset_name(method: str, dataset: str, args) -> str:
 
 
 class SelfsupStep:
-    """selfsup's own step: the method's ``forward_views`` + backward + its configured optimiser."""
+    """selfsup's own step: the method's ``forward_views`` + backward + its configured optimiser; with
+    ``trainer.compile`` the step forward compiled whole, as ``selfsup pretrain`` does (``compile_step``), or
+    module by module (``compile_scope="modules"``: the earlier behaviour, for comparison)."""
 
     name = "selfsup"
 
-    def __init__(self, cfg, info, device, autocast):
+    def __init__(self, cfg, info, device, autocast, compile_scope: str = "step"):
         from selfsup.methods.build import build_method
 
         self.model = build_method(cfg, info).to(device).train()
         from selfsup.memory_format import resolve_memory_format
         self.model.use_memory_format(resolve_memory_format(cfg.trainer.memory_format, self.model.backbone, device))
         if args_compile(cfg):
-            from selfsup.methods.base import compile_step_modules
-            compile_step_modules(self.model, cfg.trainer.compile_backend)
+            from selfsup.methods.base import compile_step, compile_step_modules
+            if compile_scope == "modules":
+                compile_step_modules(self.model, cfg.trainer.compile_backend)
+            else:
+                compile_step(self.model, cfg.trainer.compile_backend, cfg.trainer.compile_mode)
         self.opt = self.model.configure_optimizers()
         for group in self.opt.param_groups:  # the schedule's peak lr, held constant
             group["lr"] = cfg.optim.base_lr * cfg.data.batch_size / 256 * group["lr_scale"]
@@ -127,8 +139,8 @@ class SelfsupStep:
         if self.model.memory_format != torch.contiguous_format:  # as on_after_batch_transfer hands them over
             from selfsup.memory_format import images_in
             views = [images_in(v, self.model.memory_format) for v in views]
-        with self.autocast():
-            return self.model.forward_views(views)["loss"]
+        with self.autocast():  # (MAE's noise, iBOT's masks: drawn before the step, as in training_step)
+            return self.model.forward_views(views, **self.model.step_draws(views))["loss"]
 
     def __call__(self, views):
         self.loss(views).backward()
@@ -156,8 +168,8 @@ class FlowStep:
         torch.manual_seed(cfg.trainer.seed)
         self.model = build_method(cfg, info).to(device).train()
         if cfg.trainer.compile:
-            from selfsup.methods.base import compile_step_modules
-            compile_step_modules(self.model, cfg.trainer.compile_backend)
+            from selfsup.methods.base import compile_step
+            compile_step(self.model, cfg.trainer.compile_backend, cfg.trainer.compile_mode)
         self.opt = self.model.configure_optimizers()
         lr = scaled_lr(cfg.optim.base_lr, cfg.data.batch_size, cfg.optim.lr_scaling)
         for group in self.opt.param_groups:
@@ -438,12 +450,43 @@ def time_reps(steps: dict, batches, device, args, peaks: list[float], label: str
     return times
 
 
+def first_steps(step, batches, device, n: int = 3) -> list[float]:
+    """Wall seconds of a fresh compiled step's first ``n`` calls: the first holds the forward's and the
+    backward's compilation (dynamo, AOTAutograd, inductor's code generation and C++ builds)."""
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        step(batches[i % len(batches)])
+        _sync(device)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def rep_ratios(slow: list, fast: list) -> list[float]:
+    """Per repetition, the ratio of mean step times (the two measured back to back in that repetition)."""
+    return [round(sum(w for w, _ in a) / sum(w for w, _ in b) * len(b) / len(a), 3) for a, b in zip(slow, fast)]
+
+
+def compile_summary(first: list[float], eager: list, compiled: list) -> dict:
+    """Compile time (the first call less a compiled step), the speed-up over eager per repetition and its
+    median, and the break-even step: where the compile time is paid back by the median saving per step."""
+    each = rep_ratios(eager, compiled)
+    step_eager = statistics.median(sum(w for w, _ in t) / len(t) for t in eager)
+    step_compiled = statistics.median(sum(w for w, _ in t) / len(t) for t in compiled)
+    compile_s = first[0] - step_compiled
+    saving = step_eager - step_compiled
+    return {"first_calls_s": [round(x, 3) for x in first], "compile_s": compile_s,
+            "speedup_vs_eager_each_rep": each, "speedup_vs_eager_median": statistics.median(each),
+            "break_even_steps": compile_s / saving if saving > 0 else None}
+
+
 def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[float]) -> dict:
     from selfsup.methods.build import data_info
 
     cfg = selfsup_config(method, dataset, heads, args)
     if args.compile:
         cfg.trainer.compile = True
+    cfg.trainer.compile_mode = args.compile_mode
     if args.synthetic:  # an ImageNet-shaped random batch; no dataset is read
         from selfsup.methods.base import DataInfo
         info = DataInfo(3, args.image_size, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -452,11 +495,20 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
         info = data_info(cfg, load_dataset(cfg.data, "train"))
     batches, images, aug_model = make_views(cfg, info, device, args.batches, args)
     autocast = autocast_for(device, args)
-    steps = {"selfsup": SelfsupStep(cfg, info, device, autocast)}
+    steps = {"selfsup": SelfsupStep(cfg, info, device, autocast, args.compile_scope)}
     from selfsup.models.vit import VisionTransformer
-    if args.lightly and isinstance(steps["selfsup"].model.backbone, VisionTransformer):  # the peer's twin: timm's ViT
+    if (args.lightly and method in METHODS
+            and isinstance(steps["selfsup"].model.backbone, VisionTransformer)):  # the peer's twin: timm's ViT
         steps["lightly"] = LightlyStep(method, cfg, steps["selfsup"].model.backbone, device, autocast)
     flops = {k: count_flops(s, batches[0]) for k, s in steps.items()}
+    compile_info = None
+    if args.compare_compile:  # the compiled step beside the eager one, the same weights (trainer.compile=true)
+        compiled_cfg = copy.deepcopy(cfg)
+        compiled_cfg.trainer.compile = True
+        steps["compiled"] = SelfsupStep(compiled_cfg, info, device, autocast, args.compile_scope)
+        steps["compiled"].model.load_state_dict(steps["selfsup"].model.state_dict())
+        compile_info = first_steps(steps["compiled"], batches, device)
+        flops["compiled"] = flops["selfsup"]  # the same operators (FlopCounterMode does not trace a compiled graph)
     times = time_reps(steps, batches, device, args, peaks, f"{method} {heads}")
     peak = max(peaks)
     out = {"preset": preset_name(method, dataset, args),
@@ -475,8 +527,16 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
     if "lightly" in out:
         out["speedup_vs_lightly_best"] = out["lightly"]["step_ms_best"] / out["selfsup"]["step_ms_best"]
         out["speedup_vs_lightly_median"] = out["lightly"]["step_ms_median"] / out["selfsup"]["step_ms_median"]
+    if compile_info is not None:
+        out["compiled"].update(compile_summary(compile_info, times["selfsup"], times["compiled"]))
+        if "lightly" in out:
+            out["compiled_speedup_vs_lightly_median"] = (out["lightly"]["step_ms_median"]
+                                                         / out["compiled"]["step_ms_median"])
+            out["compiled_speedup_vs_lightly_each_rep"] = rep_ratios(times["lightly"], times["compiled"])
     if args.profile:
-        out["selfsup"]["profile"] = profile_step(steps["selfsup"], batches[0], device)
+        for k in ("selfsup", "compiled"):
+            if k in steps:
+                out[k]["profile"] = profile_step(steps[k], batches[0], device)
     return out
 
 
@@ -514,10 +574,21 @@ def run_flow_case(method: str, dataset: str, device, args, peaks: list[float]) -
     return out
 
 
+def device_defaults(args, device: torch.device) -> None:
+    """The settings a device gives a run. A GPU run (unless ``--quick``) is the ViT-S/16 224 px recipe, eager
+    beside compiled (``--compare-compile``, unless ``--compile`` alone asked for the compiled step only); the
+    step is in bf16 autocast (``autocast_for``) on a GPU, fp32 on the CPU; the optimiser is the presets' fused
+    AdamW and the memory format ``auto`` (channels-last for a CNN on a GPU) either way."""
+    if device.type == "cuda" and not args.quick:
+        args.recipe = args.recipe or "vit_s16_224"
+        args.compare_compile = args.compare_compile or not args.compile
+    args.bf16 = device.type == "cuda"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default=",".join(METHODS + FLOW_METHODS),
-                   help="comma-separated subset of " + ",".join(METHODS + FLOW_METHODS))
+                   help="comma-separated subset of " + ",".join(METHODS + OTHER_METHODS + FLOW_METHODS))
     p.add_argument("--heads", default="preset,wide", help="preset (the recipe's heads), wide (1024-wide), or both")
     p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "digits"),
                    help="digits is used when the Fashion-MNIST files are absent")
@@ -532,7 +603,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-size", type=int, default=None, help="side of the peak matmul (default 2048 CPU, 8192 GPU)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--no-lightly", dest="lightly", action="store_false", help="skip the lightly-assembled step")
-    p.add_argument("--compile", action="store_true", help="trainer.compile=true: torch.compile the step's modules")
+    p.add_argument("--compile", action="store_true",
+                   help="trainer.compile=true: torch.compile the whole step forward (and so its backward)")
+    p.add_argument("--compare-compile", action="store_true",
+                   help="time the compiled step beside the eager one (alternating), with compile time and break-even"
+                        " (default on a GPU)")
+    p.add_argument("--compile-mode", default=None,
+                   help="trainer.compile_mode, e.g. max-autotune-no-cudagraphs (default: torch.compile's default)")
+    p.add_argument("--compile-scope", default="step", choices=("step", "modules"),
+                   help="step: the whole step forward as one graph (trainer.compile); modules: each module on its own")
     p.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
                    help="trainer.memory_format of the selfsup step (auto: channels_last for a CNN on a GPU)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -547,7 +626,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke test: digits, batch 16, 1 warm-up + 1 step, 1 rep")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    args.bf16 = device.type == "cuda"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("mfu.py: error: --device cuda: no CUDA GPU is visible to torch (torch.cuda.is_available() is False); "
+              "run it on a GPU machine, or use --device cpu", file=sys.stderr)
+        return 2
+    device_defaults(args, device)
     args.synthetic = args.recipe is not None
     args.image_size = 224
     if args.recipe:
@@ -560,8 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     args.peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
-    if any(m not in METHODS + FLOW_METHODS for m in methods) or any(h not in ("preset", "wide") for h in heads):
-        p.error(f"--methods takes {','.join(METHODS + FLOW_METHODS)}; --heads takes preset,wide")
+    known = METHODS + OTHER_METHODS + FLOW_METHODS
+    if any(m not in known for m in methods) or any(h not in ("preset", "wide") for h in heads):
+        p.error(f"--methods takes {','.join(known)}; --heads takes preset,wide")
     if args.lightly:
         try:
             import lightly  # noqa: F401
@@ -596,11 +680,14 @@ def main(argv: list[str] | None = None) -> int:
         if method in FLOW_METHODS:  # preset only: --heads does not apply
             results[f"{method}/preset"] = run_flow_case(method, dataset, device, args, peaks)
             continue
+        if method in OTHER_METHODS:
+            results[f"{method}/preset"] = run_case(method, "preset", dataset, device, args, peaks)
+            continue
         for h in heads:
             results[f"{method}/{h}"] = run_case(method, h, dataset, device, args, peaks)
     peak, cpu_peak = max(peaks), max(args.cpu_peaks)
     for r in results.values():  # all MFUs against the one best peak measured in this run
-        for k in ("selfsup", "lightly"):
+        for k in ("selfsup", "compiled", "lightly"):
             if k in r:
                 r[k]["mfu_best"] = r[k]["tflops_best"] * 1e12 / peak
                 r[k]["mfu_median"] = r[k]["flops_per_step"] / (r[k]["step_ms_median"] / 1000) / peak
@@ -624,7 +711,9 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"dataset": "synthetic" if args.synthetic else dataset, "recipe": args.recipe or "presets",
                      "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "reps": args.reps,
                      "threads": torch.get_num_threads(), "device": str(device), "bf16": args.bf16,
-                     "compile": args.compile, "memory_format": args.memory_format, "overrides": args.set or [],
+                     "compile": args.compile, "compare_compile": args.compare_compile,
+                     "compile_mode": args.compile_mode, "compile_scope": args.compile_scope,
+                     "memory_format": args.memory_format, "overrides": args.set or [],
                      "attention": vit.attention_mode(), "quick": args.quick,
                      "host_allocator": args.host_allocator if device.type == "cpu" else None,
                      "peak_matmul": f"{args.peak_size}x{args.peak_size} {'bf16' if args.bf16 else 'fp32'}"},
@@ -660,6 +749,17 @@ def main(argv: list[str] | None = None) -> int:
         if s.get("flop_kernels"):
             line += f"   {100 * s['flop_kernels']['flop_kernels_share']:>14.1f}% {100 * s['mfu_ceiling']:>6.1f}%"
         print(line)
+    for name, r in results.items():
+        c = r.get("compiled")
+        if c:
+            line = (f"{name:<20} compiled: {c['images_per_s_best']:.1f} img/s, MFU {100 * c['mfu_best']:.1f}%"
+                    f" (ceiling {100 * c.get('mfu_ceiling', float('nan')):.1f}%), x{c['speedup_vs_eager_median']:.2f}"
+                    f" eager (each rep {c['speedup_vs_eager_each_rep']}), compile {c['compile_s']:.1f} s")
+            if c["break_even_steps"] is not None:
+                line += f", break-even after {c['break_even_steps']:.0f} steps"
+            if "compiled_speedup_vs_lightly_median" in r:
+                line += f", x{r['compiled_speedup_vs_lightly_median']:.2f} lightly"
+            print(line)
     print(f"wrote {args.out}")
     return 0
 

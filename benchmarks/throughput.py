@@ -66,9 +66,26 @@ def run_config(method: str, dataset: str, batch_size: int, max_epochs: int, out_
     })
 
 
+def cpu_kind() -> str:
+    """The CPU's model name, torch's vector ISA on it (AVX2 / AVX512) and its AMX / AVX-512 FP16 flags, which
+    decide what the CPU kernels run (from /proc/cpuinfo where there is one)."""
+    name, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    extra = [f for f in ("amx_bf16", "amx_tile", "avx512_fp16", "avx512_bf16") if f in flags]
+    return f"{name}; torch ISA {torch.backends.cpu.get_cpu_capability()}" + (f"; {' '.join(extra)}" if extra else "")
+
+
 def machine_info(device: torch.device) -> dict:
-    """Where a benchmark ran: platform, cores, torch, GPU name, load average at the end."""
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+    """Where a benchmark ran: platform, CPU kind, cores, torch, GPU name, load average at the end."""
+    return {"platform": platform.platform(), "cpu": cpu_kind(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
             "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 

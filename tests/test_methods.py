@@ -50,7 +50,8 @@ def test_momentum_update_is_ema(name):
     before_t = [p.detach().clone() for t in targets for p in t.parameters()]
     before_o = [p.detach().clone() for o in online for p in o.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(before_t, before_o))
-    m.update_momentum_encoder(0.9)
+    m.momentum = 0.9  # this step's momentum (on_train_batch_start sets it in fit)
+    m.update_momentum_encoder()
     after_t = [p.detach() for t in targets for p in t.parameters()]
     assert len(after_t) == len(before_o) > 0
     for t0, o0, t1 in zip(before_t, before_o, after_t):

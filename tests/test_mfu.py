@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from selfsup.methods import moco_v3 as moco_module
-from selfsup.methods.base import compile_step_modules, encode_views, has_batch_statistics
+from selfsup.methods.base import compile_step, compile_step_modules, encode_views, has_batch_statistics
 from selfsup.models import vit
 from ssl_helpers import ROOT, mfu_benchmark, random_views, tiny_config, tiny_method
 
@@ -106,7 +106,7 @@ def test_every_attention_path_matches_the_reference(tokens):
 
 
 def test_trainer_compile_trains_a_few_steps_on_cpu(tmp_path):
-    """trainer.compile=true through the engine (aot_eager backend: graph capture and compiled autograd
+    """trainer.compile=true through the engine (aot_eager backend: graph capture and AOTAutograd's backward
     without the minutes of C++ code generation inductor needs on 2 cores); losses match eager."""
     from selfsup.engine import PretrainData, make_trainer
     from selfsup.data.datasets import load_dataset
@@ -122,7 +122,7 @@ def test_trainer_compile_trains_a_few_steps_on_cpu(tmp_path):
         trainer = make_trainer(cfg, tmp_path / f"c{int(compiled)}")
         trainer.fit(model, datamodule=PretrainData(cfg, train))
         assert trainer.global_step == 3
-        assert (model.backbone._compiled_call_impl is not None) == compiled
+        assert ("forward_views" in vars(model)) == compiled  # the whole step forward, not module by module
         losses[compiled] = [float(r) for r in _column(tmp_path / f"c{int(compiled)}" / "metrics.csv", "train/loss")]
     assert len(losses[True]) == 3
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-5)
@@ -157,10 +157,11 @@ def test_fused_adamw_gives_the_per_parameter_update():
 
 
 def test_compile_keeps_parameter_names():
-    model = tiny_method("simsiam")
-    names = [n for n, _ in model.named_parameters()]
-    compile_step_modules(model)
-    assert [n for n, _ in model.named_parameters()] == names
+    for compile in (compile_step, compile_step_modules):
+        model = tiny_method("moco_v3")
+        names, keys = [n for n, _ in model.named_parameters()], list(model.state_dict())
+        compile(model)
+        assert [n for n, _ in model.named_parameters()] == names and list(model.state_dict()) == keys
 
 
 def test_mfu_benchmark_quick_writes_its_json(tmp_path):
@@ -248,3 +249,34 @@ def test_levers_benchmark_quick_puts_a_lever_beside_the_baseline(tmp_path):
     assert results["baseline"]["speedup_median"] == 1.0
     with pytest.raises(SystemExit):
         levers.main(["--quick", "--levers", "no equals sign"])
+
+
+def test_mfu_benchmark_on_cuda_without_a_gpu_stops_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mfu_benchmark().main(["--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device cuda: no CUDA GPU is visible" in err and "--device cpu" in err
+
+
+def test_a_gpu_run_is_vit_s16_in_bf16_with_compiled_beside_eager():
+    """What ``mfu.py --device cuda`` runs, checked without a GPU: the ViT-S/16 224 px recipe, bf16 autocast,
+    the compiled step beside the eager one; the recipe's optimiser is fused AdamW and its ViT stays NCHW."""
+    import argparse
+
+    from selfsup.memory_format import resolve_memory_format
+    from selfsup.models.vit import VisionTransformer
+
+    bench = mfu_benchmark()
+    args = argparse.Namespace(quick=False, recipe=None, compile=False, compare_compile=False, memory_format="auto",
+                              set=None, batch_size=128)
+    bench.device_defaults(args, torch.device("cuda"))
+    assert args.recipe == "vit_s16_224" and args.bf16 and args.compare_compile
+    assert bench.autocast_for(torch.device("cuda"), args)().fast_dtype == torch.bfloat16
+    cfg = bench.selfsup_config("moco_v3", "fashion-mnist", "preset", args)
+    assert (cfg.model.backbone, cfg.model.patch_size, cfg.data.image_size) == ("vit_small", 16, 224)
+    assert cfg.optim.name == "adamw" and cfg.optim.fused
+    vit = VisionTransformer(image_size=32, patch_size=16, embed_dim=64, depth=1, num_heads=2)
+    assert resolve_memory_format("auto", vit, torch.device("cuda")) == torch.contiguous_format
+    cpu = argparse.Namespace(quick=False, recipe=None, compile=False, compare_compile=False)
+    bench.device_defaults(cpu, torch.device("cpu"))
+    assert cpu.recipe is None and not cpu.bf16 and not cpu.compare_compile

@@ -158,8 +158,9 @@ class TrainerConfig:
     limit_train_batches: float | int = 1.0
     progress_bar: bool = True
     seed: int = 0
-    compile: bool = False  # torch.compile the step's modules (backbone, heads, momentum copies)
+    compile: bool = False  # torch.compile the whole step forward (EMA update, views, heads, loss) as one graph
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
+    compile_mode: str | None = None  # torch.compile mode: None (default) | max-autotune-no-cudagraphs | ...
     host_allocator: str = "cached"  # cached: glibc keeps freed blocks for reuse on CPU training (selfsup.host) | system
     # auto (channels_last for a CNN backbone on a CUDA GPU, else contiguous) | channels_last | contiguous
     memory_format: str = "auto"

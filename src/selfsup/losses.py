@@ -152,13 +152,13 @@ def vicreg_loss(z1: Tensor, z2: Tensor, *, all_z1: Tensor | None = None, all_z2:
     return sim_coeff * invariance + std_coeff * variance + cov_coeff * covariance
 
 
-def dino_teacher_probs(teacher_logits: Tensor, center: Tensor, teacher_temp: float) -> Tensor:
+def dino_teacher_probs(teacher_logits: Tensor, center: Tensor, teacher_temp: float | Tensor) -> Tensor:
     """DINO's teacher targets ``softmax((t − c) / τt)``, detached (centring and sharpening; main_dino.py:388-390)."""
     return F.softmax((teacher_logits.detach() - center) / teacher_temp, dim=-1)
 
 
 def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, student_temp: float,
-              teacher_temp: float, n_global: int = 2) -> Tensor:
+              teacher_temp: float | Tensor, n_global: int = 2) -> Tensor:
     """DINO's multi-crop cross-entropy (facebookresearch/dino main_dino.py:380-402).
 
     ``student_logits`` (V·B, K) are all V crops crop-major (globals first), ``teacher_logits`` (n_global·B, K)
@@ -172,7 +172,7 @@ def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, st
     q, log_p = torch.stack(q), torch.stack(log_p)  # (n_global, B, K), (V, B, K)
     ce = -torch.einsum("ibk,vbk->iv", q, log_p) / q.shape[1]  # per-pair batch means
     pairs = ~torch.eye(n_global, n_crops, dtype=torch.bool, device=ce.device)  # v ≠ i
-    return ce[pairs].sum() / (n_global * n_crops - n_global)
+    return torch.where(pairs, ce, 0.0).sum() / (n_global * n_crops - n_global)  # (no data-dependent shape)
 
 
 def dino_center(center: Tensor, teacher_sum: Tensor, count: int, momentum: float) -> Tensor:
@@ -182,7 +182,7 @@ def dino_center(center: Tensor, teacher_sum: Tensor, count: int, momentum: float
 
 
 def ibot_patch_loss(student_patch: Tensor, teacher_patch: Tensor, center2: Tensor, masks: Tensor,
-                    student_temp: float, teacher_temp2: float) -> Tensor:
+                    student_temp: float, teacher_temp2: float | Tensor) -> Tensor:
     """iBOT's masked-image-modelling term (ibot main_ibot.py:530-548, the ``v == q`` pairs): for each global crop,
     the per-patch cross-entropy ``−Σ_k q log softmax(s / τs)`` with ``q = softmax((t − c2) / τt2)`` of the
     teacher on the same crop unmasked, summed over the crop's masked patches and divided by their count

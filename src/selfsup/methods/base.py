@@ -91,9 +91,14 @@ def frozen_copy(module: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def momentum_update(online: list[Tensor], target: list[Tensor], m: float) -> None:
-    """``target ← m · target + (1 − m) · online`` for each pair of parameters (MoCo / BYOL EMA)."""
-    torch._foreach_lerp_(target, online, 1.0 - m)
+def momentum_update(online: list[Tensor], target: list[Tensor], m: float | Tensor) -> None:
+    """``target ← m · target + (1 − m) · online`` for each pair of parameters (MoCo / BYOL EMA); ``m`` a float, or
+    the weight ``1 − m`` itself as a 0-d tensor on the parameters' device (a compiled step's input, never read
+    back to the host; the same float32 weight as the float's)."""
+    if isinstance(m, Tensor):
+        torch._foreach_lerp_(target, online, [m] * len(target))
+    else:
+        torch._foreach_lerp_(target, online, 1.0 - m)
 
 
 def micro_batch(trainer) -> int:
@@ -139,10 +144,31 @@ def multicrop_mean(two_view: Tensor, local_terms: list[Tensor], two_view_terms: 
 
 def compile_step_modules(method: TrainingBase, backend: str = "inductor") -> None:
     """``torch.compile`` in place each module of a method's step (``method.step_modules()``: the trainable
-    ones and the EMA targets; ``trainer.compile=true``); parameter names, and so checkpoints and exports,
-    stay as they are."""
+    ones and the EMA targets) on its own; parameter names, and so checkpoints and exports, stay as they are.
+    The module-by-module variant ``trainer.compile`` replaced by :func:`compile_step` (kept for comparison:
+    benchmarks/README.md)."""
     for module in method.step_modules().values():
         module.compile(backend=backend)
+
+
+def compile_step(method: TrainingBase, backend: str = "inductor", mode: str | None = None,
+                 fullgraph: bool = True) -> None:
+    """``trainer.compile=true``: the method's whole step forward (``method.step_forward``: ``forward_views`` /
+    ``forward_flow``, i.e. the EMA update, every view's backbone and heads, the loss) compiled as one graph,
+    per set of view shapes (DINO's global and local crops: one graph holding both resolutions); AOTAutograd
+    derives its backward as one graph too. ``fullgraph`` makes a graph break an error instead of a silent split;
+    shapes are static (``dynamic=False``): a step's shapes do not change between steps. Only the instance's
+    method is replaced: modules, parameter names, checkpoints and exports stay as they are."""
+    name = method.step_forward
+    if name is None:  # a family whose step forward draws from the step's generator (flow): module by module
+        compile_step_modules(method, backend)
+        return
+    if name in vars(method):  # compiled already (a second fit of the same module)
+        return
+    if method.momentum_pairs and method._ema_params is None:  # gathered outside the graph (no lazy state inside)
+        method._ema_params = method.ema_params()
+    setattr(method, name, torch.compile(getattr(method, name), backend=backend, mode=mode, fullgraph=fullgraph,
+                                        dynamic=False))
 
 
 def backbone_kwargs(cfg, info: DataInfo) -> dict:
@@ -234,11 +260,14 @@ class TrainingBase(pl.LightningModule):
     family: ClassVar[str]
     uses_momentum: ClassVar[bool] = False
     scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
+    step_forward: ClassVar[str | None] = "forward_views"  # the method trainer.compile compiles whole (compile_step)
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
         self.lr = 0.0  # set per iteration by on_train_batch_start
+        # this step's EMA weight 1 − m on the device (0-d, not checkpointed: set before every step with self.momentum)
+        self.register_buffer("ema_weight", torch.zeros(()), persistent=False)
         self.momentum = cfg.method.momentum if self.uses_momentum else 0.0
         self.total_steps, self.steps_per_epoch = 1, 1
         self.finite_watch = FiniteLossWatch()
@@ -269,29 +298,46 @@ class TrainingBase(pl.LightningModule):
         return {**self.trainable(), **{n: c for n, c in self.named_children() if any(c is t for t in targets)}}
 
     # ----------------------------------------------------------------- EMA
-    def update_momentum_encoder(self, m: float) -> None:
-        """:meth:`ema_step` from inside the training step: once per optimiser step (at its first micro-batch when
-        gradients are accumulated)."""
-        if self._trainer is not None and micro_batch(self._trainer):
-            return
-        self.ema_step(m)
+    @property
+    def momentum(self) -> float:
+        """This step's EMA momentum m (a host float, logged); setting it sets ``ema_weight`` to 1 − m."""
+        return self._momentum
 
-    def ema_step(self, m: float) -> None:
-        """``target ← m · target + (1 − m) · online`` for every momentum target (a post-step hook calls this:
+    @momentum.setter
+    def momentum(self, m: float) -> None:
+        self._momentum = m
+        self.ema_weight.fill_(1.0 - m)
+
+    def update_momentum_encoder(self) -> None:
+        """:meth:`ema_step` with this step's momentum from inside the training step, once per optimiser step. It
+        reads ``ema_weight``, the device copy of 1 − ``self.momentum``, which ``on_train_batch_start`` sets to 0
+        on the later micro-batches of an accumulated step (a lerp by 0 leaves the targets as they are): no
+        Python branch and no per-step constant in the step, so a compiled step neither recompiles for each new
+        m nor reads it back."""
+        self.ema_step(self.ema_weight)
+
+    def ema_step(self, m: float | Tensor) -> None:
+        """``target ← m · target + (1 − m) · online`` for every momentum target (``m`` a float, or the weight
+        1 − m as a device tensor: :func:`momentum_update`; a post-step hook calls this:
         it runs once per optimiser step by construction), parameter by parameter of the same name in both
         (iBOT's EMA over the names the student and teacher share, main_ibot.py:380-390; a copy shares all)."""
         if not self.momentum_pairs:
             return
-        if self._ema_params is None:  # gathered once, at the first step (after any strategy wrapping)
-            online, target = [], []
-            for o, t in self.momentum_pairs:
-                shadow = dict(t.named_parameters())
-                common = [(p, shadow[n]) for n, p in o.named_parameters() if n in shadow]
-                for p, q in common or zip(o.parameters(), t.parameters()):  # names changed by a wrapper: in order
-                    online.append(p)
-                    target.append(q)
-            self._ema_params = (online, target)
+        if self._ema_params is None:  # gathered once (on_fit_start: after any strategy wrapping), else here
+            self._ema_params = self.ema_params()
         momentum_update(*self._ema_params, m)
+
+    def ema_params(self) -> tuple[list[Tensor], list[Tensor]]:
+        """The (online, target) parameter lists of every momentum pair, matched by name (in order where a
+        wrapper changed the names)."""
+        online, target = [], []
+        for o, t in self.momentum_pairs:
+            shadow = dict(t.named_parameters())
+            common = [(p, shadow[n]) for n, p in o.named_parameters() if n in shadow]
+            for p, q in common or zip(o.parameters(), t.parameters()):
+                online.append(p)
+                target.append(q)
+        return online, target
 
     # ----------------------------------------------------------------- the step's random numbers
     def rng(self, device) -> torch.Generator:
@@ -315,8 +361,10 @@ class TrainingBase(pl.LightningModule):
         return self.cfg.data.batch_size * self.cfg.trainer.accumulate_grad_batches
 
     def on_fit_start(self) -> None:
-        if self.cfg.trainer.compile:
-            compile_step_modules(self, self.cfg.trainer.compile_backend)
+        self._ema_params = self.ema_params() if self.momentum_pairs else None  # after the strategy's wrapping
+        if self.cfg.trainer.compile:  # across processes the step's collectives may split its graph: allowed there
+            compile_step(self, self.cfg.trainer.compile_backend, self.cfg.trainer.compile_mode,
+                         fullgraph=world()[1] == 1)
         t = self.trainer
         if self.cfg.trainer.max_steps:  # the run's length in steps; Lightning runs epochs until the stop at it
             t.fit_loop.setup_data()
@@ -327,7 +375,6 @@ class TrainingBase(pl.LightningModule):
             self.steps_per_epoch = max(self.total_steps // t.max_epochs, 1)
         if t.log_every_n_steps > self.total_steps:  # a run shorter than the logging interval logs every step
             t.log_every_n_steps = 1
-        self._ema_params = None
 
     def final_lr(self) -> float:
         """The lr the cosine ends at: ``optim.min_lr`` scaled by ``optim.lr_scaling`` as the peak where the method's
@@ -360,6 +407,8 @@ class TrainingBase(pl.LightningModule):
             m = self.cfg.method
             self.momentum = (momentum_cosine(step, self.total_steps, m.momentum) if m.momentum_schedule == "cosine"
                              else m.momentum)
+        # the in-step EMA acts at an optimiser step's first micro-batch only
+        self.ema_weight.fill_(0.0 if micro_batch(self.trainer) else 1.0 - self.momentum)
         self.lr = lr
 
     # ----------------------------------------------------------------- optimiser
@@ -471,6 +520,12 @@ class SSLMethod(TrainingBase):
         """Views → {"loss": ..., other named tensors}."""
         raise NotImplementedError
 
+    def step_draws(self, views: list[Tensor]) -> dict[str, Tensor]:
+        """The step's other random tensors, drawn from the step's generator after the augmentation's draws (MAE's
+        mask noise, iBOT's masks), as keyword arguments of ``forward_views``: drawn before it, so the compiled
+        step holds no generator (``trainer.compile``); none by default."""
+        return {}
+
     def grad_scale(self, z: Tensor) -> Tensor:
         """GradScale (``interventions.grad_scale_p``; identity when 0): see selfsup.interventions for its place."""
         from selfsup.interventions import grad_scale
@@ -511,7 +566,7 @@ class SSLMethod(TrainingBase):
 
     def training_step(self, batch, batch_idx: int):
         views, labels = batch
-        out = self.forward_views(views)
+        out = self.forward_views(views, **self.step_draws(views))
         loss = out["loss"]
         values = {"train/loss": loss, "train/lr": self.lr}
         if self.uses_momentum:

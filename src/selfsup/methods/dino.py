@@ -99,6 +99,7 @@ class DINO(SSLMethod):
         self.teacher_backbone = _without_drop_path(self.momentum_target(self.backbone))
         self.teacher_head = self.build_teacher_head(c)
         self.register_buffer("center", torch.zeros(1, c.out_dim))
+        self.register_buffer("step_teacher_temp", torch.ones(()), persistent=False)  # τt on the device, per step
         self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
         self.weight_decay = cfg.optim.weight_decay
         self.post_step_hooks.append(self.teacher_ema)
@@ -115,6 +116,17 @@ class DINO(SSLMethod):
     def trainable(self):
         return {"backbone": self.backbone, "head": self.head}
 
+    @property
+    def teacher_temp(self) -> float:
+        """This epoch's teacher temperature τt (a host float, logged); setting it sets ``step_teacher_temp``, the
+        copy the step reads (a compiled step neither recompiles for each new τt nor reads it back)."""
+        return self._teacher_temp
+
+    @teacher_temp.setter
+    def teacher_temp(self, value: float) -> None:
+        self._teacher_temp = value
+        self.step_teacher_temp.fill_(value)
+
     # ----------------------------------------------------------------- the step
     def forward_views(self, views):
         c = self.cfg.method
@@ -124,9 +136,9 @@ class DINO(SSLMethod):
             t_feats = encode_views(self.teacher_backbone, views[:self.n_global], per_view_batch_norm=False)
             t_logits = self.teacher_head(torch.cat(t_feats))
         s_logits = self.head(torch.cat(encode_views(self.backbone, views, per_view_batch_norm=False)))
-        loss = dino_loss(s_logits, t_logits, self.center, c.student_temp, self.teacher_temp, self.n_global)
+        loss = dino_loss(s_logits, t_logits, self.center, c.student_temp, self.step_teacher_temp, self.n_global)
         with torch.no_grad():  # the collapse signs DINO users watch (the paper's Fig. 7), from this step's tensors
-            log_q = F.log_softmax((t_logits - self.center) / self.teacher_temp, dim=-1)
+            log_q = F.log_softmax((t_logits - self.center) / self.step_teacher_temp, dim=-1)
             entropy = -(log_q.exp() * log_q).sum(-1).mean()
             signs = {"dino_teacher_entropy": entropy,
                      "dino_kl_teacher_student": loss.detach() - entropy,  # mean over pairs of KL(q_i || p_v)
@@ -162,7 +174,7 @@ class DINO(SSLMethod):
 
     def training_step(self, batch, batch_idx: int):
         views, labels = batch
-        out = self.forward_views(views)
+        out = self.forward_views(views, **self.step_draws(views))
         self.log_step(out["loss"], {"train/loss": out["loss"], "train/lr": self.lr, "train/momentum": self.momentum,
                                     "train/wd": self.weight_decay, "train/teacher_temp": self.teacher_temp})
         out["labels"] = labels

@@ -162,6 +162,9 @@ class FlowMatching(TrainingBase):
 
     Config = FlowConfig
     family = "flow"
+    # trainer.compile compiles the student, its EMA and the head module by module: forward_flow draws its noise,
+    # levels and masks from the step's generator inside, which a whole-step graph cannot hold (yet)
+    step_forward = None
 
     # ------------------------------------------------------------------ the family's answers to the registry
     @classmethod

@@ -109,6 +109,8 @@ class iBOT(DINO):
         grid = vit.image_size // vit.patch_size
         self.grid = (grid, grid)
         self.max_blocks = c.pred_max_blocks or default_max_blocks(self.grid, c.pred_ratio, c.pred_ratio_var)
+        self.masking = c.pred_start_epoch <= 0  # patches masked from this epoch on (set per batch)
+        self.register_buffer("step_teacher_patch_temp", torch.ones(()), persistent=False)  # τt2 on the device
         self.teacher_patch_temp = (c.warmup_teacher_patch_temp if c.warmup_teacher_temp_epochs or c.pred_start_epoch
                                    else c.teacher_patch_temp)
 
@@ -138,16 +140,30 @@ class iBOT(DINO):
         self.momentum_pairs.append((self.head, teacher))
         return teacher
 
+    @property
+    def teacher_patch_temp(self) -> float:
+        """This epoch's patch temperature τt2 (a host float, logged); setting it sets ``step_teacher_patch_temp``."""
+        return self._teacher_patch_temp
+
+    @teacher_patch_temp.setter
+    def teacher_patch_temp(self, value: float) -> None:
+        self._teacher_patch_temp = value
+        self.step_teacher_patch_temp.fill_(value)
+
     # ----------------------------------------------------------------- the step
     def draw_masks(self, n: int, device) -> torch.Tensor:
         """(n, N) bool masks of ``n`` global crops (True = masked) from the step's generator, after the
         augmentation's draws (a resumed run masks as the uninterrupted one); none before ``pred_start_epoch``."""
         c = self.cfg.method
-        ratio = c.pred_ratio if self.current_epoch >= c.pred_start_epoch else (0.0,)
-        var = c.pred_ratio_var if self.current_epoch >= c.pred_start_epoch else (0.0,)
+        ratio = c.pred_ratio if self.masking else (0.0,)
+        var = c.pred_ratio_var if self.masking else (0.0,)
         masks = ibot_masks(n, self.grid, self.rng(device), ratio, var, tuple(c.pred_aspect_ratio), c.pred_shape,
                            self.max_blocks, device)
         return masks.flatten(1)
+
+    def step_draws(self, views) -> dict[str, torch.Tensor]:
+        """The global crops' masks, drawn before the (compiled) step."""
+        return {"masks": self.draw_masks(sum(v.shape[0] for v in views[:self.n_global]), views[0].device)}
 
     def forward_views(self, views, masks: torch.Tensor | None = None):
         """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
@@ -165,11 +181,11 @@ class iBOT(DINO):
         s_cls, s_patch = self.head(s_tokens)
         if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
             s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
-        loss_cls = dino_loss(s_cls, t_cls, self.center, c.student_temp, self.teacher_temp, n) * c.lambda1
+        loss_cls = dino_loss(s_cls, t_cls, self.center, c.student_temp, self.step_teacher_temp, n) * c.lambda1
         loss_patch = ibot_patch_loss(s_patch, t_patch, self.center2, masks, c.student_temp,
-                                     self.teacher_patch_temp) * c.lambda2
+                                     self.step_teacher_patch_temp) * c.lambda2
         with torch.no_grad():  # DINO's collapse signs on the [CLS] term, and the share of masked patches
-            log_q = F.log_softmax((t_cls - self.center) / self.teacher_temp, dim=-1)
+            log_q = F.log_softmax((t_cls - self.center) / self.step_teacher_temp, dim=-1)
             entropy = -(log_q.exp() * log_q).sum(-1).mean()
             signs = {"dino_teacher_entropy": entropy, "dino_center_norm": self.center.norm(),
                      "ibot_center2_norm": self.center2.norm(), "ibot_masked_share": masks.float().mean()}
@@ -195,12 +211,13 @@ class iBOT(DINO):
         super().on_train_batch_start(batch, batch_idx)
         c = self.cfg.method
         epoch = self.current_epoch - c.pred_start_epoch
+        self.masking = epoch >= 0
         self.teacher_patch_temp = (c.warmup_teacher_patch_temp if epoch < 0 else teacher_temperature(
             epoch, c.warmup_teacher_patch_temp, c.teacher_patch_temp, c.warmup_teacher_temp_epochs))
 
     def training_step(self, batch, batch_idx: int):
         views, labels = batch
-        out = self.forward_views(views)
+        out = self.forward_views(views, **self.step_draws(views))
         self.log_step(out["loss"], {"train/loss": out["loss"], "train/loss_cls": out["loss_cls"],
                                     "train/loss_patch": out["loss_patch"], "train/lr": self.lr,
                                     "train/momentum": self.momentum, "train/wd": self.weight_decay,

@@ -91,6 +91,10 @@ class MAE(SSLMethod):
         pred = self.decoder(latent, ids_restore)
         return masked_patch_mse(pred.float(), self.target(x), mask), latent, pred, mask
 
+    def step_draws(self, views: list[Tensor]) -> dict[str, Tensor]:
+        """The mask noise, drawn before the (compiled) step."""
+        return {"noise": self.mask_noise(views[0].shape[0], views[0].device)}
+
     def forward_views(self, views: list[Tensor], noise: Tensor | None = None) -> dict[str, Tensor]:
         (x,) = views
         noise = self.mask_noise(x.shape[0], x.device) if noise is None else noise

@@ -69,7 +69,7 @@ class MoCoV3(SSLMethod):
         return {"backbone": self.backbone, "projector": self.projector, "predictor": self.predictor}
 
     def forward_views(self, views):
-        self.update_momentum_encoder(self.momentum)
+        self.update_momentum_encoder()  # with this step's self.momentum
         h = encode_views(self.backbone, views)  # one call per resolution when the backbone has no BatchNorm
         z = [self.projector(x) for x in h]
         q = [self.grad_scale(self.predictor(x)) for x in z]  # queries only

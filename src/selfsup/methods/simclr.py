@@ -77,7 +77,7 @@ class SimCLR(SSLMethod):
 
     def forward_views(self, views):
         x1, x2 = views[:2]
-        self.update_momentum_encoder(self.momentum)
+        self.update_momentum_encoder()  # with this step's self.momentum
         h = self.backbone(torch.cat([x1, x2]))
         z = self.grad_scale(self.projector(h))  # GradScale before NT-Xent's normalisation
         (h1, h2), (z1, z2) = h.chunk(2), z.chunk(2)

@@ -303,6 +303,9 @@ class VisionTransformer(nn.Module):
             return interpolate_pos_embed(self.pos_embed, grid)
         if self.no_pos:
             return self.pos_embed.new_zeros(1, 1 + grid * grid, self.embed_dim)
+        if torch.compiler.is_compiling():  # in the graph (a cache write would make the step recompile)
+            return build_2d_sincos_position_embedding(grid, self.embed_dim, device=self.pos_embed.device).to(
+                self.pos_embed.dtype)
         key = (grid, self.pos_embed.device)
         if key not in self._other_grids:
             self._other_grids[key] = build_2d_sincos_position_embedding(grid, self.embed_dim, device=key[1])

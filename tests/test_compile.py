@@ -1,0 +1,79 @@
+"""trainer.compile=true: the step forward (EMA update, every view, heads, loss) is one graph, with no graph break
+and no recompilation over steps, epochs, crop sizes and micro-batches; a compiled run resumes bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from ssl_helpers import StopAfterEpoch, tiny_config
+
+# what changes between steps, per method: the cosine momentum (every step), τt and τt2 warm-ups (every epoch), the
+# micro-batch of an accumulated step (MoCo v3), two crop sizes in one step (DINO, iBOT), masks and mask noise
+CASES = {
+    "moco_v3": ({}, {"accumulate_grad_batches": 2}, {}),
+    "byol": ({}, {}, {}),
+    "simsiam": ({}, {}, {}),
+    "simclr": ({"projector_momentum": 0.9}, {}, {}),
+    "barlow_twins": ({}, {}, {}),
+    "vicreg": ({}, {}, {}),
+    "dino": ({"warmup_teacher_temp_epochs": 2}, {}, {"local_crops_number": 2, "local_crops_size": 4}),
+    "ibot": ({"warmup_teacher_temp_epochs": 2, "pred_ratio": [0.0, 0.3], "pred_ratio_var": [0.0, 0.2]}, {},
+             {"local_crops_number": 2, "local_crops_size": 4}),
+    "mae": ({}, {}, {}),
+}
+
+
+def fit(cfg, run_dir: Path, ckpt_path=None, callbacks=()):
+    from selfsup.data.datasets import load_dataset
+    from selfsup.engine import PretrainData, make_trainer
+    from selfsup.methods.build import build_method, data_info
+
+    train = load_dataset(cfg.data, "train")
+    model = build_method(cfg, data_info(cfg, train))
+    trainer = make_trainer(cfg, run_dir)
+    trainer.callbacks[:0] = list(callbacks)
+    trainer.fit(model, datamodule=PretrainData(cfg, train), ckpt_path=ckpt_path)
+    return model, trainer
+
+
+@pytest.mark.parametrize("method", list(CASES))
+def test_the_compiled_step_is_one_graph_that_never_recompiles(tmp_path, method):
+    """2 epochs of 2 steps (backend eager: dynamo's capture alone, what breaks and recompiles): fullgraph makes a
+    graph break an error, ``error_on_recompile`` a recompilation."""
+    method_extra, trainer, augment = CASES[method]
+    cfg = tiny_config(method, method_extra, augment=augment, output_dir=str(tmp_path), name="run",
+                      trainer={"compile": True, "compile_backend": "eager", "max_epochs": 2,
+                               "limit_train_batches": 2 * trainer.get("accumulate_grad_batches", 1),
+                               "log_every_n_steps": 1, **trainer})
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        model, fitted = fit(cfg, tmp_path / "run")
+    assert fitted.global_step == 4 and "forward_views" in vars(model)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+
+
+def test_a_compiled_run_resumes_bit_for_bit(tmp_path):
+    """MoCo v3 under trainer.compile, 4 steps straight against 2 steps, a checkpoint and 2 resumed steps in a fresh
+    compile (as a new process makes): the same weights and momentum encoder, bit for bit (backend eager; AOTAutograd's
+    graphs against eager: test_mfu.py's test_trainer_compile_trains_a_few_steps_on_cpu)."""
+    def cfg(name):
+        return tiny_config("moco_v3", output_dir=str(tmp_path), name=name,
+                           trainer={"compile": True, "compile_backend": "eager", "max_epochs": 2,
+                                    "limit_train_batches": 2, "log_every_n_steps": 1})
+
+    torch._dynamo.reset()
+    straight, _ = fit(cfg("a"), tmp_path / "a")
+    torch._dynamo.reset()
+    fit(cfg("b"), tmp_path / "b", callbacks=[StopAfterEpoch()])
+    torch._dynamo.reset()
+    resumed, trainer = fit(cfg("b"), tmp_path / "b", ckpt_path=str(tmp_path / "b" / "checkpoints" / "last.ckpt"))
+    assert trainer.global_step == 4
+    a, b = straight.state_dict(), resumed.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
