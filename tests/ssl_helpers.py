@@ -313,3 +313,21 @@ def quick_claim(claim_id: str, work, overrides) -> dict:
     assert result["verdict"] == verdict(claim.rules, result["metrics"], claim.deterministic)
     assert {r.metric for r in claim.rules} <= set(result["metrics"])
     return result
+
+
+def in_fresh_interpreter(module: str, function: str, *args: str, timeout: float = 900) -> None:
+    """``module.function(*args)`` (a tests/ module, string arguments) in a new Python process, failing the caller
+    with the child's traceback. For tests that run a compiled backward: it starts autograd's device threads, and a
+    process that did so can no longer fork a child that runs backward (``forked_kill``: "Unable to handle autograd's
+    threading in combination with fork-based multiprocessing"), so such a test must not run in the suite's process."""
+    import os
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import {module}; "
+            f"{module}.{function}(*sys.argv[1:])")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,5 +1,8 @@
 """trainer.compile=true: the step forward (EMA update, every view, heads, loss) is one graph, with no graph break
-and no recompilation over steps, epochs, crop sizes and micro-batches; a compiled run resumes bit for bit."""
+and no recompilation over steps, epochs, crop sizes and micro-batches; a compiled run resumes bit for bit.
+
+Each check runs in a new interpreter (``in_fresh_interpreter``): a compiled backward starts autograd's device
+threads, after which the suite's process could not fork the SIGKILLed runs of test_kill_resume.py."""
 
 from __future__ import annotations
 
@@ -9,10 +12,11 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from ssl_helpers import StopAfterEpoch, tiny_config
+from ssl_helpers import StopAfterEpoch, in_fresh_interpreter, tiny_config
 
 # what changes between steps, per method: the cosine momentum (every step), τt and τt2 warm-ups (every epoch), the
-# micro-batch of an accumulated step (MoCo v3), two crop sizes in one step (DINO, iBOT), masks and mask noise
+# micro-batch of an accumulated step (MoCo v3), two crop sizes in one step (DINO, iBOT), masks and mask noise,
+# W-MSE's sub-batch permutations, SwAV's codes, NNCLR's support set
 CASES = {
     "moco_v3": ({}, {"accumulate_grad_batches": 2}, {}),
     "byol": ({}, {}, {}),
@@ -24,6 +28,9 @@ CASES = {
     "ibot": ({"warmup_teacher_temp_epochs": 2, "pred_ratio": [0.0, 0.3], "pred_ratio_var": [0.0, 0.2]}, {},
              {"local_crops_number": 2, "local_crops_size": 4}),
     "mae": ({}, {}, {}),
+    "swav": ({}, {}, {}),
+    "wmse": ({"emb": 8, "w_size": 16, "head_size": 32}, {}, {}),  # its permutations: step_draws
+    "nnclr": ({}, {}, {}),
 }
 
 
@@ -44,6 +51,11 @@ def fit(cfg, run_dir: Path, ckpt_path=None, callbacks=()):
 def test_the_compiled_step_is_one_graph_that_never_recompiles(tmp_path, method):
     """2 epochs of 2 steps (backend eager: dynamo's capture alone, what breaks and recompiles): fullgraph makes a
     graph break an error, ``error_on_recompile`` a recompilation."""
+    in_fresh_interpreter("test_compile", "check_one_graph", method, str(tmp_path))
+
+
+def check_one_graph(method: str, tmp: str) -> None:
+    tmp_path = Path(tmp)
     method_extra, trainer, augment = CASES[method]
     cfg = tiny_config(method, method_extra, augment=augment, output_dir=str(tmp_path), name="run",
                       trainer={"compile": True, "compile_backend": "eager", "max_epochs": 2,
@@ -54,13 +66,19 @@ def test_the_compiled_step_is_one_graph_that_never_recompiles(tmp_path, method):
     with torch._dynamo.config.patch(error_on_recompile=True):
         model, fitted = fit(cfg, tmp_path / "run")
     assert fitted.global_step == 4 and "forward_views" in vars(model)
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
 
 
 def test_a_compiled_run_resumes_bit_for_bit(tmp_path):
     """MoCo v3 under trainer.compile, 4 steps straight against 2 steps, a checkpoint and 2 resumed steps in a fresh
     compile (as a new process makes): the same weights and momentum encoder, bit for bit (backend eager; AOTAutograd's
     graphs against eager: test_mfu.py's test_trainer_compile_trains_a_few_steps_on_cpu)."""
+    in_fresh_interpreter("test_compile", "check_compiled_resume", str(tmp_path))
+
+
+def check_compiled_resume(tmp: str) -> None:
+    tmp_path = Path(tmp)
+
     def cfg(name):
         return tiny_config("moco_v3", output_dir=str(tmp_path), name=name,
                            trainer={"compile": True, "compile_backend": "eager", "max_epochs": 2,
@@ -77,3 +95,11 @@ def test_a_compiled_run_resumes_bit_for_bit(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_every_whole_step_method_has_a_case():
+    """A method added to the registry whose step compiles whole (``step_forward``) is checked above, or this fails."""
+    from selfsup.methods import METHODS
+
+    whole = {name for name, cls in METHODS.items() if getattr(cls, "step_forward", None)}
+    assert whole == set(CASES), whole ^ set(CASES)

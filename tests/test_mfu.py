@@ -14,7 +14,7 @@ from torch import nn
 from selfsup.methods import moco_v3 as moco_module
 from selfsup.methods.base import compile_step, compile_step_modules, encode_views, has_batch_statistics
 from selfsup.models import vit
-from ssl_helpers import ROOT, mfu_benchmark, random_views, tiny_config, tiny_method
+from ssl_helpers import ROOT, in_fresh_interpreter, mfu_benchmark, random_views, tiny_config, tiny_method
 
 def test_flop_count_of_a_moco_v3_vit_step_matches_a_hand_count():
     model = tiny_method("moco_v3")  # vit_micro (D 128, depth 4, 4 heads), 8x8 patch 2, heads 128-64-64-32 / 32-64-32
@@ -107,7 +107,13 @@ def test_every_attention_path_matches_the_reference(tokens):
 
 def test_trainer_compile_trains_a_few_steps_on_cpu(tmp_path):
     """trainer.compile=true through the engine (aot_eager backend: graph capture and AOTAutograd's backward
-    without the minutes of C++ code generation inductor needs on 2 cores); losses match eager."""
+    without the minutes of C++ code generation inductor needs on 2 cores); losses match eager. In a new
+    interpreter: after a compiled backward this process could not fork (ssl_helpers.in_fresh_interpreter)."""
+    in_fresh_interpreter("test_mfu", "check_trainer_compile", str(tmp_path))
+
+
+def check_trainer_compile(tmp: str) -> None:
+    tmp_path = Path(tmp)
     from selfsup.engine import PretrainData, make_trainer
     from selfsup.data.datasets import load_dataset
     from selfsup.methods.build import build_method, data_info

@@ -87,8 +87,17 @@ class WMSE(SSLMethod):
     def trainable(self):
         return {"backbone": self.backbone, "projector": self.projector}
 
-    def forward_views(self, views):
+    def step_draws(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The w_iter permutations of the batch, from the step's generator after the augmentation's draws (exact on
+        resume), drawn before the (compiled) step."""
+        bs, device = views[0].shape[0], views[0].device
+        g = self.rng(device)
+        return {"perms": torch.stack([torch.randperm(bs, generator=g, device=device)
+                                      for _ in range(self.cfg.method.w_iter)])}
+
+    def forward_views(self, views, perms: torch.Tensor | None = None):
         c = self.cfg.method
+        perms = self.step_draws(views)["perms"] if perms is None else perms
         feats = encode_views(self.backbone, views)  # per view where the backbone has BatchNorm (w_mse.py:20)
         h = self.grad_scale(self.projector(torch.cat(feats))).chunk(len(views))  # the head once on all views
         bs = h[0].shape[0]
@@ -96,8 +105,7 @@ class WMSE(SSLMethod):
         if bs % w or w <= c.emb and c.w_eps == 0:
             raise UserError(f"method.w_size={w} must divide the per-process batch {bs} and exceed method.emb="
                             f"{c.emb}; set data.batch_size to a multiple of w_size x the number of processes")
-        g = self.rng(h[0].device)  # the step's generator, after the augmentation's draws: exact on resume
-        perms = [torch.randperm(bs, generator=g, device=h[0].device) for _ in range(c.w_iter)]
+        perms = list(perms.unbind(0))
         with torch.autocast(h[0].device.type, enabled=False):  # Cholesky in float32
             loss = wmse_loss([x.float() for x in h], perms, w, c.w_eps, c.norm)
         return {"loss": loss, "embedding": feats[0].detach(), "embedding2": feats[1].detach(),
