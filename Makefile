@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2  # one worker a core (each test runs one torch thread)
 
 clean:
 	rm -rf $(VENV) runs
