@@ -184,3 +184,49 @@ def test_readme_tally_and_docs_table_are_the_committed_results():
     root = Path(__file__).resolve().parents[1]
     assert f"Today {tally_text()}, at CPU scale" in " ".join((root / "README.md").read_text().split())
     assert (root / "docs" / "CLAIMS.md").read_text() == table(RESULTS)  # selfsup claims table --write docs/CLAIMS.md
+
+
+def test_pilot_runs_on_its_own_seeds_and_prints_the_figures_for_the_definition(tmp_path, capsys):
+    """`claims pilot` measures a claim on seeds from PILOT_FIRST_SEED (never the run's) and prints the Pilot that
+    its definition then carries: steps per run, wall time, per-seed sd of each rule's metric."""
+    import yaml
+
+    from selfsup.claims.suite import PILOT_FIRST_SEED, Pilot
+
+    assert main(["claims", "pilot", "norms-grow", "--quick", "--seeds", "2", "--out", str(tmp_path / "p"),
+                 "--work", str(tmp_path / "runs"), "--set", *TINY]) == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "p" / "norms-grow.pilot.json").read_text())
+    assert result["first_seed"] == PILOT_FIRST_SEED and result["seeds"] == 2
+    seeds = sorted(yaml.safe_load((tmp_path / "runs" / "norms-grow-pilot" / f"simclr-default-s{s}" / "config.yaml")
+                                  .read_text())["trainer"]["seed"] for s in (PILOT_FIRST_SEED, PILOT_FIRST_SEED + 1))
+    assert seeds == [PILOT_FIRST_SEED, PILOT_FIRST_SEED + 1]
+    figures = result["pilot_figures"]
+    assert figures["steps"] == 2 and set(figures["sd"]) == {"growth_simclr", "growth_simsiam"}  # TINY: 2 batches
+    pilot = eval(out.split("pilot=", 1)[1].strip(), {"Pilot": Pilot})
+    assert pilot.sd == tuple(figures["sd"].items()) and str(pilot) == result["pilot"]
+    assert main(["claims", "pilot", "norms-grow", "--seeds", "1", "--out", str(tmp_path)]) == 2  # no spread
+    assert "at least 2 seeds" in capsys.readouterr().err
+
+
+def test_list_and_table_show_the_budget_the_pilot_and_a_redefinition(tmp_path, capsys, monkeypatch):
+    from dataclasses import replace
+
+    from selfsup.claims import cli
+    from selfsup.claims.suite import Pilot
+
+    claim = CLAIMS["moco-v3-momentum"]
+    pilot = Pilot(seeds=2, steps=234, wall_s=60.0, sd=(("gain", 0.8),))
+    monkeypatch.setitem(CLAIMS, claim.id, replace(claim, pilot=pilot))
+    old = {"id": claim.id, "seed": claim.seed, "quick": False, "seeds": 3, "verdict": "inconclusive",
+           "why_different": "an older budget", "metrics": {"gain": [1.0, 2.0, 3.0]}, "ours": "—", "series": {},
+           "statistics": cli.judge_result(claim, {"gain": [1.0, 2.0, 3.0]})[1]}
+    (tmp_path / f"{claim.id}.json").write_text(json.dumps(old))
+    assert main(["claims", "list", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.split(claim.id + "  [", 1)[1].split("\n\n")[0]
+    assert f"budget: {claim.why_different}" in out and f"pilot: {pilot}" in out
+    md = table(tmp_path)
+    row = next(line for line in md.splitlines() if line.startswith(f"| `{claim.id}`"))
+    assert f"an older budget. **Redefined, not re-run yet:** {claim.why_different}. Pilot: {pilot}" in row
+    assert "Redefined since, not re-run yet" in md.split("## Not reproduced")[1]
+    assert "binomial sd" in md.split("| claim |")[0]

@@ -119,3 +119,31 @@ def test_digits_test_split_has_the_stated_images():
     from selfsup.data.datasets import load_dataset
 
     assert len(load_dataset(DataConfig(name="digits"), "test")) == TEST_IMAGES["digits"]
+
+
+def test_a_rule_names_its_own_test_split_where_it_is_not_the_claim_s():
+    from selfsup.claims.registry import CLAIMS
+    from selfsup.claims.suite import TEST_IMAGES, declared_test_images, judge_result
+
+    rules = (Rule("a", ">", 0.0, arms=("x",)), Rule("b", ">", 0.0, arms=("y",), test_data="fashion-mnist"))
+    _, judged = judge(rules, {"a": [1.0] * 3, "b": [1.0] * 3, "x": [70.0] * 3, "y": [70.0] * 3}, test_images=359)
+    assert [s["test_images"] for s in judged] == [359, 10_000]
+    assert judged[1]["binomial_sd"]["y"] == pytest.approx(binomial_sd(70.0, 10_000))
+    claim = CLAIMS["cut-init-helps-byol-moco-v3"]  # BYOL on digits, MoCo v3 on Fashion-MNIST
+    assert declared_test_images(claim) == {TEST_IMAGES["digits"], TEST_IMAGES["fashion-mnist"]}
+    metrics = {k: [1.0, 2.0, 3.0] for k in ("knn_gain_byol", "knn_gain_moco_v3")}
+    metrics.update({k: [70.0] * 3 for k in ("byol_cut", "byol_default", "moco_v3_cut", "moco_v3_default")})
+    _, judged = judge_result(claim, metrics)
+    assert [s["test_images"] for s in judged] == [359, 10_000]
+
+
+def test_a_pilot_states_its_spread_and_the_mde_it_gives_at_three_seeds():
+    from selfsup.claims.suite import MIN_SEEDS, Pilot
+
+    pilot = Pilot(seeds=2, steps=1000, wall_s=600.0, sd=(("gain", 1.5),), note="one method of two")
+    assert pilot.mde() == {"gain": pytest.approx(stats.mde(1.5, MIN_SEEDS))}
+    assert pilot.mde(5)["gain"] < pilot.mde()["gain"]
+    text = str(pilot)
+    assert text.startswith("2 pilot seeds × 1000 steps per run, 10.0 min") and text.endswith("one method of two")
+    assert f"gain: sd 1.5 → MDE at 3 seeds {stats.mde(1.5, 3):.3g}" in text
+    assert eval(repr(pilot), {"Pilot": Pilot}) == pilot  # pasted into a claim's definition as printed

@@ -63,7 +63,7 @@ def measure_collapse(ctx: Context) -> dict:
                          ("no_stop_gradient", ["method.stop_gradient=false", "method.momentum=0.0",
                                                "method.momentum_schedule=constant"])]}
     m, series, knn, rank = {}, {}, {}, {}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         for method, runs in variants.items():
             last = {}
             for label, overrides in runs:
@@ -74,7 +74,7 @@ def measure_collapse(ctx: Context) -> dict:
                 last[label] = curve[-1][1]
                 knn.setdefault(f"{method}_{label}", []).append(knn_top1(run))
                 rank.setdefault(f"{method}_{label}", []).append(column(run, EFF_RANK)[-1][1])
-                if seed == 0:
+                if seed == ctx.first_seed:
                     series[f"{method} {label.replace('_', ' ')}"] = [list(p) for p in curve]
             m.setdefault(f"{method}_base_spread", []).append(last["base"])
             for label in ("no_predictor", "no_stop_gradient"):
@@ -95,7 +95,7 @@ def measure_collapse(ctx: Context) -> dict:
 def byol_runs(ctx: Context, variants: list[tuple[str, list[str]]], epochs: int, extra: list[str] = ()) -> dict:
     """Per variant and seed: kNN top-1 and the final spread (``spread``) of a BYOL digits run."""
     out = {}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         for label, overrides in variants:
             run = pretrain_run(ctx, "byol-digits", f"{label}-s{seed}",
                                [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}",
@@ -140,7 +140,7 @@ def measure_eigenspace_alignment(ctx: Context) -> dict:
     ‖[F, W_p]‖ / (‖F‖ ‖W_p‖) and the asymmetry ‖W_p − W_pᵀ‖ / ‖W_p‖ over training (``PredictorAlignment``)."""
     m = {"commutator_ratio": [], "asymmetry_ratio": [], "commutator_first": [], "commutator_last": []}
     series = {}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         run = pretrain_run(ctx, "byol-digits", f"linear-s{seed}",
                            [f"trainer.seed={seed}", f"trainer.max_epochs={2 if ctx.quick else 30}",
                             "method.predictor=linear", "instruments.every_n_steps=2", *SHORT])
@@ -151,7 +151,7 @@ def measure_eigenspace_alignment(ctx: Context) -> dict:
         m["commutator_last"].append(tail)
         m["commutator_ratio"].append(tail / max(comm[0][1], 1e-12))
         m["asymmetry_ratio"].append(statistics.fmean(v for _, v in asym[-3:]) / max(asym[0][1], 1e-12))
-        if seed == 0:
+        if seed == ctx.first_seed:
             series = {"‖[F, W_p]‖ / (‖F‖‖W_p‖)": [list(p) for p in comm],
                       "‖W_p − W_pᵀ‖ / ‖W_p‖": [list(p) for p in asym]}
     return {"metrics": m, "series": series, "xlabel": "step", "ylabel": "normalised norm",

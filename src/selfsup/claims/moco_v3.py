@@ -14,7 +14,7 @@ def measure_frozen_patch_projection(ctx: Context) -> dict:
     epochs = 3 if ctx.quick else 40
     large_lr = ["optim.base_lr=1.5e-2", "eval.knn_every_n_steps=10"]
     m = {"spikes_learned_minus_frozen": [], "knn_gain": [], "frozen": [], "learned": []}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         runs = {frozen: pretrain_run(ctx, "moco-v3-vit-digits", f"{'frozen' if frozen else 'learned'}-s{seed}",
                                      [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}", *large_lr,
                                       f"model.stop_grad_conv1={str(frozen).lower()}"]) for frozen in (True, False)}
@@ -51,7 +51,7 @@ def default_knn(ctx: Context, seed: int) -> float:
 def ablation(ctx: Context, name: str, overrides: list[str]) -> dict:
     """kNN top-1 of the default MoCo v3 micro ViT and of one ablation, per seed, with the default's gain."""
     m = {"default": [], name: [], "gain": []}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         m["default"].append(default_knn(ctx, seed))
         run = pretrain_run(ctx, "moco-v3-vit-digits", f"{name}-s{seed}",
                            [f"trainer.seed={seed}", f"trainer.max_epochs={EPOCHS[ctx.quick]}", *FIXED_M, *overrides])

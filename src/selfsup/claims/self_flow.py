@@ -13,7 +13,7 @@ def measure_self_flow_alignment(ctx: Context) -> dict:
     early = 30
     metrics = {"first": [], "min_early": [], "late_over_early": []}
     series = {}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         run = pretrain_run(ctx, "self-flow-digits", f"self-flow-s{seed}",
                            [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}", "trainer.log_every_n_steps=1",
                             "method.rep_warmup_steps=0"])  # the official schedule: the full weight from step 0
@@ -99,7 +99,7 @@ def measure_generation_quality(ctx: Context) -> dict:
     encoder = pretrain_run(ctx, "moco-v3-vit-digits", "repa-encoder", ["trainer.seed=0", "instruments.enabled=false",
                                                                        f"trainer.max_epochs={1 if ctx.quick else 10}"])
     per_arm = {arm: [] for arm in GENERATION_ARMS}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         for arm, (preset, extra) in GENERATION_ARMS.items():
             o = [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}", "instruments.enabled=false", *extra]
             o += [f"method.rep_warmup_steps={ramp}"] if arm == "self_flow" else []
@@ -145,7 +145,7 @@ def measure_self_flow_ablations(ctx: Context) -> dict:
     train, test = load_dataset(DataConfig(name="digits"), "train"), load_dataset(DataConfig(name="digits"), "test")
     space = metric_space(ctx, train, test)
     per_arm = {arm: [] for arm in ABLATION_ARMS}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         for arm, extra in ABLATION_ARMS.items():
             run = pretrain_run(ctx, "self-flow-digits", f"{arm}-s{seed}",
                                [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}", "instruments.enabled=false",

@@ -39,6 +39,7 @@ from selfsup.claims import stats
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 MIN_SEEDS = 3  # every training claim
 TEST_IMAGES = {"digits": 359, "fashion-mnist": 10_000}  # the test split behind each kNN accuracy
+PILOT_FIRST_SEED = 1000  # a pilot's seeds: never the seeds of the run whose budget it sets
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Rule:
     paper: float | None = None
     arms: tuple[str, ...] = ()
     accuracy: bool = False  # in kNN points on the claim's test split (implied by arms)
+    test_data: str = ""  # the test split of its accuracies where it is not the claim's (``TEST_IMAGES``)
 
     def __str__(self) -> str:
         if self.op == "within":
@@ -137,13 +139,15 @@ class Rule:
 def judge(rules: tuple[Rule, ...], metrics: dict[str, list[float]], deterministic: bool = False,
           test_images: int | None = None) -> tuple[str, list[dict]]:
     """Every rule holds: reproduced; any fails: not reproduced; otherwise inconclusive. With each rule's stats
-    (and, for a rule over kNN accuracies, the test images behind each and its binomial sd in points)."""
+    (and, for a rule over kNN accuracies, the test images behind each, ``test_images`` unless the rule names its
+    own ``test_data``, and each accuracy's binomial sd in points)."""
     judged = []
     for rule in rules:
         s = rule.stats(metrics[rule.metric], deterministic)
         if rule.arms or rule.accuracy:
-            s["test_images"] = test_images
-            s["binomial_sd"] = {arm: binomial_sd(statistics.fmean(metrics[arm]), test_images)
+            images = TEST_IMAGES[rule.test_data] if rule.test_data else test_images
+            s["test_images"] = images
+            s["binomial_sd"] = {arm: binomial_sd(statistics.fmean(metrics[arm]), images)
                                 for arm in rule.arms if metrics.get(arm)}
         judged.append(s)
     verdicts = [s["verdict"] for s in judged]
@@ -164,16 +168,46 @@ def binomial_sd(accuracy: float, images: int | None) -> float | None:
     return 100.0 * math.sqrt(p * (1 - p) / images)
 
 
+@dataclass(frozen=True)
+class Pilot:
+    """The figures of the short pilot that set a claim's budget before its run (``selfsup claims pilot``): its
+    seeds (from ``PILOT_FIRST_SEED``, never the run's), the optimiser steps of each of its training runs, its
+    wall time, and the per-seed sd of each paired effect, whose minimum detectable effect at ``MIN_SEEDS`` seeds
+    (80% power, ``stats.mde``) decides whether the budget can show the effect; ``note``: what the pilot covered
+    where it is not the whole claim, and the choice it led to."""
+
+    seeds: int
+    steps: int  # per training run
+    wall_s: float  # the whole pilot, one CPU thread
+    sd: tuple[tuple[str, float], ...]  # (metric, per-seed sd of the paired effect)
+    note: str = ""
+
+    def mde(self, n: int = MIN_SEEDS) -> dict[str, float]:
+        return {metric: stats.mde(sd, n) for metric, sd in self.sd}
+
+    def __str__(self) -> str:
+        spread = "; ".join(f"{m}: sd {sd:.3g} → MDE at {MIN_SEEDS} seeds {self.mde()[m]:.3g}" for m, sd in self.sd)
+        return (f"{self.seeds} pilot seeds × {self.steps} steps per run, {self.wall_s / 60:.1f} min on one thread"
+                + (f"; {spread}" if spread else "") + (f". {self.note}" if self.note else ""))
+
+
 @dataclass
 class Context:
-    """What a measurement may use: quick or full budget, the seeds, the folder for its training runs, extra
-    run overrides (the tests pass tiny ones), and a progress printer."""
+    """What a measurement may use: quick or full budget, the seeds (``seed_ids``: from ``first_seed``, which a
+    pilot moves to ``PILOT_FIRST_SEED``), the folder for its training runs, extra run overrides (the tests pass
+    tiny ones), a progress printer, and the record of its training runs (``pretrain_run`` appends each:
+    name, optimiser steps, fit seconds)."""
 
     quick: bool
     seeds: int
     work: Path
     overrides: list[str] = field(default_factory=list)
     progress: Callable[[str], None] = print
+    first_seed: int = 0
+    runs: list[dict] = field(default_factory=list)
+
+    def seed_ids(self) -> range:
+        return range(self.first_seed, self.first_seed + self.seeds)
 
 
 @dataclass(frozen=True)
@@ -190,17 +224,28 @@ class Claim:
     deterministic: bool = False  # a simulator: one run has no spread to estimate
     test_data: str = "digits"  # the test split behind its kNN accuracies (``TEST_IMAGES``)
     decide: str = ""  # what would decide it where the suite's budget does not (docs/CLAIMS.md's paragraph)
+    pilot: Pilot | None = None  # the pilot that set its budget, where one ran
 
 
 # ---- measurement helpers ----------------------------------------------------------------------------------
 
-def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str]) -> Path:
-    """One pretraining run of ``preset`` in ``ctx.work/name`` (replaced if it exists)."""
+_SHARED_RUNS: dict[tuple, Path] = {}  # this process's shared runs: (preset, overrides) -> run folder
+
+
+def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str], share: bool = False) -> Path:
+    """One pretraining run of ``preset`` in ``ctx.work/name`` (replaced if it exists), recorded in ``ctx.runs``.
+    ``share``: a run of the same preset and overrides trained earlier in this process (by this claim or another;
+    a seeded run is reproducible) is reused instead of trained again."""
     import shutil
 
     from selfsup.config import load_run_config
     from selfsup.engine import pretrain
 
+    key = (preset, tuple(overrides), tuple(ctx.overrides))
+    if share and key in _SHARED_RUNS and (_SHARED_RUNS[key] / "knn.json").exists():
+        ctx.progress(f"shared run {_SHARED_RUNS[key]} (pretrain {preset} {' '.join(overrides)})")
+        _record(ctx, _SHARED_RUNS[key], shared=True)
+        return _SHARED_RUNS[key]
     run_dir = ctx.work / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -208,7 +253,17 @@ def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str]) -> 
                                    "trainer.devices=1", f"output_dir={ctx.work}", f"name={name}",
                                    *ctx.overrides])
     ctx.progress(f"pretrain {preset} {' '.join(overrides)}")
-    return pretrain(cfg, preset=preset)
+    run_dir = pretrain(cfg, preset=preset)
+    if share:
+        _SHARED_RUNS[key] = run_dir
+    _record(ctx, run_dir)
+    return run_dir
+
+
+def _record(ctx: Context, run_dir: Path, shared: bool = False) -> None:
+    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    ctx.runs.append({"name": run_dir.name, "steps": info.get("global_step"), "fit_s": info.get("fit_seconds"),
+                     **({"shared": True} if shared else {})})
 
 
 def column(run_dir: Path, key: str) -> list[tuple[int, float]]:
@@ -217,8 +272,13 @@ def column(run_dir: Path, key: str) -> list[tuple[int, float]]:
         return [(int(r["step"]), float(r[key])) for r in csv.DictReader(f) if r.get(key) not in (None, "")]
 
 
+_KNN_TEST_SIZES: list[int] = []  # the test images behind each kNN accuracy read in this claim (``run_claim``)
+
+
 def knn_top1(run_dir: Path, which: str = "pretrained") -> float:
-    return json.loads((run_dir / "knn.json").read_text())[which]["top1"]
+    knn = json.loads((run_dir / "knn.json").read_text())
+    _KNN_TEST_SIZES.append(knn["test_size"])
+    return knn[which]["top1"]
 
 
 def events(run_dir: Path, kind: str) -> int:
@@ -231,7 +291,7 @@ def knn_pair(ctx: Context, preset: str, a: tuple[str, list[str]], b: tuple[str, 
               extra: list[str] = ()) -> dict:
     """kNN top-1 of two variants over seeds and the per-seed gain of ``a`` over ``b``."""
     out = {a[0]: [], b[0]: [], "gain": []}
-    for seed in range(ctx.seeds):
+    for seed in ctx.seed_ids():
         for label, overrides in (a, b):
             run = pretrain_run(ctx, preset, f"{label}-s{seed}",
                                [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}", *extra, *overrides])
@@ -262,7 +322,8 @@ def definition_hash(claim: Claim) -> str:
     """sha256 of what a committed result was measured by (``claims run --resume`` reruns a claim when it
     changed): the claim's definition (every field, the rules, the measuring function's name), the source of
     ``suite.py`` and ``stats.py``, of the claim's seed module, of every ``selfsup`` module that module imports
-    directly (the simulators, ``selfsup.eval.*``, ``selfsup.flow.*``...) and of the presets it names. Changes
+    directly (the simulators, ``selfsup.eval.*``, ``selfsup.flow.*``...) and of the presets it names (not its
+    ``decide`` text nor its ``pilot``'s figures, which do not change what it measures). Changes
     deeper in the library (the engine, a method's code) are not hashed: rerun without ``--resume`` after those."""
     import ast
     import importlib
@@ -282,7 +343,8 @@ def definition_hash(claim: Claim) -> str:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in presets:
             sources[f"preset:{node.value}"] = presets[node.value].read_bytes()
     digest = hashlib.sha256()
-    definition = {k: (str(v) if k != "measure" else v.__qualname__) for k, v in vars(claim).items() if k != "decide"}
+    definition = {k: (str(v) if k != "measure" else v.__qualname__) for k, v in vars(claim).items()
+                  if k not in ("decide", "pilot")}  # what would decide it, and how its budget was chosen
     definition["rules"] = [repr(r) for r in claim.rules]
     digest.update(json.dumps(definition, sort_keys=True).encode())
     for name in sorted(sources):
@@ -322,16 +384,29 @@ def shared_datasets():
         datasets._load_dataset = original
 
 
+def declared_test_images(claim: Claim) -> set[int]:
+    """The test-split sizes the claim's rules say its accuracies are measured on."""
+    return {TEST_IMAGES[claim.test_data]} | {TEST_IMAGES[r.test_data] for r in claim.rules if r.test_data}
+
+
 def run_claim(claim: Claim, ctx: Context) -> dict:
     """Measure ``claim`` (its runs sharing the datasets: ``shared_datasets``) and judge it by its rules; the
-    result JSON's content."""
+    result JSON's content, with its training runs (steps, fit seconds) and the test images behind every kNN
+    accuracy it read (``knn_test_images``; a size its rules do not declare is reported)."""
+    _KNN_TEST_SIZES.clear()
     with shared_datasets():
         measured = claim.measure(ctx)
+    sizes = sorted(set(_KNN_TEST_SIZES))
+    undeclared = [n for n in sizes if n not in declared_test_images(claim)]
+    if undeclared:
+        ctx.progress(f"{claim.id}: kNN accuracies on {undeclared} test images, not the declared "
+                     f"{sorted(declared_test_images(claim))}: its binomial sds are wrong (fix its test_data)")
     metrics = measured["metrics"]
     verdict_, judged = judge_result(claim, metrics)
     return {"id": claim.id, "seed": claim.seed, "section": claim.section, "statement": claim.statement,
             "paper": claim.paper, "rules": [str(r) for r in claim.rules], "quick": ctx.quick, "seeds": ctx.seeds,
-            "metrics": metrics, "ours": measured["ours"], "verdict": verdict_, "statistics": judged,
+            "first_seed": ctx.first_seed, "metrics": metrics, "ours": measured["ours"], "verdict": verdict_,
+            "statistics": judged, "knn_test_images": sizes, "runs": list(ctx.runs),
             "code_hash": definition_hash(claim),
             "why_different": claim.why_different, "series": measured.get("series", {}),
             "details": measured.get("details", {}),
