@@ -230,3 +230,11 @@ def test_list_and_table_show_the_budget_the_pilot_and_a_redefinition(tmp_path, c
     assert f"an older budget. **Redefined, not re-run yet:** {claim.why_different}. Pilot: {pilot}" in row
     assert "Redefined since, not re-run yet" in md.split("## Not reproduced")[1]
     assert "binomial sd" in md.split("| claim |")[0]
+    # a note written after the run replaces the definition's decide text in the paragraph, and is not hashed
+    from selfsup.claims.suite import definition_hash
+
+    h = definition_hash(CLAIMS[claim.id])
+    monkeypatch.setitem(cli.AFTER_RUN, claim.id, "A longer run would decide it.")
+    paragraph = table(tmp_path).split("## Not reproduced")[1]
+    assert "A longer run would decide it." in paragraph and (claim.decide or "∅") not in paragraph
+    assert definition_hash(CLAIMS[claim.id]) == h

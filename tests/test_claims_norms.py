@@ -69,7 +69,7 @@ def test_cut_init_byol_moco_claim_pairs_each_method_with_its_cut(tmp_path, monke
 
     fake_fashion(tmp_path, n_train=64, n_test=16)
     preset, extra = embedding_norms.CUT_ARMS["moco_v3"]
-    assert preset == "moco-v3-vit-fmnist" and "trainer.max_epochs=1" in extra  # one Fashion-MNIST epoch
+    assert preset == "moco-v3-vit-fmnist" and "trainer.limit_train_batches=100" in extra  # 100 steps
     monkeypatch.setitem(embedding_norms.CUT_ARMS, "moco_v3", (preset, [*extra, f"data.root={tmp_path}"]))
     assert CLAIMS["cut-init-helps-byol-moco-v3"].seed.startswith("001")
     said = []

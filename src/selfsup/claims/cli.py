@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from selfsup.claims import stats
+from selfsup.claims.notes import AFTER_RUN
 from selfsup.claims.registry import CLAIMS, PAPERS
 from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, PILOT_FIRST_SEED, Claim, Context, Pilot,
                                   definition_hash, judge_result, mean_ci, plot_result, run_claim)
@@ -104,6 +105,7 @@ def cmd_run(args) -> int:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - start:7.1f}s] {message}", file=sys.stderr, flush=True)
 
+    commit = _commit()  # the code this process runs
     plan = []
     for claim in claims:
         seeds = args.seeds or claim.default_seeds
@@ -129,7 +131,7 @@ def cmd_run(args) -> int:
         result = run_claim(claim, Context(quick=args.quick, seeds=seeds, work=work, overrides=args.set,
                                           progress=progress))
         result["wall_s"] = round(time.perf_counter() - claim_start, 1)
-        result["commit"] = _commit()
+        result["commit"] = commit
         (out / f"{claim.id}.json").write_text(json.dumps(result, indent=1))
         plot_result(result, out / f"{claim.id}.png")
         print(f"{claim.id}: {_verdict(result)} — ours: {result['ours']}; paper: {claim.paper}", flush=True)
@@ -272,8 +274,8 @@ def paragraph(c: Claim, last: dict) -> str:
     if needed:
         lines.append(f"Seeds needed at the measured spread (to detect the paper's effect, or the observed one where "
                      f"the paper states none in these units): up to {max(needed)}.")
-    if c.decide:
-        lines.append(c.decide)
+    if AFTER_RUN.get(c.id) or c.decide:
+        lines.append(AFTER_RUN.get(c.id) or c.decide)
     if redefined(c, last):
         lines.append(f"Redefined since, not re-run yet: {c.why_different}.")
     return " ".join(lines)

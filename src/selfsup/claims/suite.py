@@ -394,6 +394,7 @@ def run_claim(claim: Claim, ctx: Context) -> dict:
     result JSON's content, with its training runs (steps, fit seconds) and the test images behind every kNN
     accuracy it read (``knn_test_images``; a size its rules do not declare is reported)."""
     _KNN_TEST_SIZES.clear()
+    code_hash = definition_hash(claim)  # of the sources as they were when it started
     with shared_datasets():
         measured = claim.measure(ctx)
     sizes = sorted(set(_KNN_TEST_SIZES))
@@ -407,7 +408,7 @@ def run_claim(claim: Claim, ctx: Context) -> dict:
             "paper": claim.paper, "rules": [str(r) for r in claim.rules], "quick": ctx.quick, "seeds": ctx.seeds,
             "first_seed": ctx.first_seed, "metrics": metrics, "ours": measured["ours"], "verdict": verdict_,
             "statistics": judged, "knn_test_images": sizes, "runs": list(ctx.runs),
-            "code_hash": definition_hash(claim),
+            "code_hash": code_hash,
             "why_different": claim.why_different, "series": measured.get("series", {}),
             "details": measured.get("details", {}),
             "plot": {k: measured[k] for k in ("xlabel", "ylabel", "logy", "logx") if k in measured}}
