@@ -27,3 +27,15 @@ def fake_fashion(folder, compress=True, n_train=6, n_test=4, seed=0):
         write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels, compress)
         out[split] = (images, labels)
     return out
+
+
+def fashion_overrides(claim_id: str, folder) -> list[str]:
+    """``data.root=`` of fake Fashion-MNIST files for a claim that trains on Fashion-MNIST (none for the others), so
+    that its quick test reads 64 + 16 images, not 70,000; the claim's runs must then be Fashion-MNIST runs."""
+    from selfsup.claims.registry import CLAIMS
+
+    if CLAIMS[claim_id].test_data != "fashion-mnist":
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    fake_fashion(folder, n_train=64, n_test=16)
+    return [f"data.root={folder}"]

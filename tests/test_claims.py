@@ -28,7 +28,9 @@ def test_every_claim_is_stated_before_it_runs():
 @pytest.mark.parametrize("claim_id", ["self-flow-alignment-curve", "norm-convergence-quadratic",
                                       "byol-no-ema-predictor-lr", "directpred-beats-linear", "frozen-patch-projection"])
 def test_one_quick_claim_of_each_seed_runs(claim_id, tmp_path):
-    result = quick_claim(claim_id, tmp_path, TINY)
+    from idx_files import fashion_overrides
+
+    result = quick_claim(claim_id, tmp_path, [*TINY, *fashion_overrides(claim_id, tmp_path / "fmnist")])
     assert all(len(v) == 1 for v in result["metrics"].values())
     plot_result(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 5000

@@ -17,7 +17,22 @@ TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_siz
 
 
 def quick(claim_id, tmp_path, extra=()):
-    return quick_claim(claim_id, tmp_path, [*TINY, *extra])
+    from idx_files import fashion_overrides
+
+    return quick_claim(claim_id, tmp_path, [*TINY, *fashion_overrides(claim_id, tmp_path / "fmnist"), *extra])
+
+
+def test_the_few_point_claims_train_and_score_on_fashion_mnist():
+    """Issue 23 item 2: a claim whose effect is a few points scores on Fashion-MNIST's 10,000 test images, and
+    trains there, for at least one epoch (item 3)."""
+    from selfsup.claims import cookbook, directpred, moco_v3
+    from selfsup.claims.registry import CLAIMS
+
+    few = ["frozen-patch-projection", "moco-v3-momentum", "moco-v3-predictor", "moco-v3-position-embedding",
+           "moco-v3-avg-pool-layernorm", "byol-no-ema-predictor-lr", "weight-decay-window"]
+    assert all(CLAIMS[c].test_data == "fashion-mnist" for c in few)
+    assert moco_v3.PRESET == "moco-v3-vit-fmnist" and moco_v3.EPOCHS[False] >= 1
+    assert "byol-fmnist" in open(cookbook.__file__).read() and "byol-fmnist" in open(directpred.__file__).read()
 
 
 def test_collapse_claim_quick(tmp_path):
