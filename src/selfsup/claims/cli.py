@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import sys
 import time
 from importlib import resources
@@ -21,8 +22,8 @@ from pathlib import Path
 from selfsup.claims import stats
 from selfsup.claims.notes import AFTER_RUN
 from selfsup.claims.registry import CLAIMS, PAPERS
-from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, PILOT_FIRST_SEED, Claim, Context, Pilot,
-                                  definition_hash, judge_result, mean_ci, plot_result, run_claim)
+from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, PILOT_FIRST_SEED, TEST_IMAGES, Claim, Context, Pilot,
+                                  binomial_sd, definition_hash, judge_result, mean_ci, plot_result, run_claim)
 from selfsup.errors import UserError
 
 RESULTS = Path(str(resources.files("selfsup.claims").joinpath("results")))  # the committed results
@@ -213,6 +214,16 @@ def rejudge(result: dict) -> dict:
     """``result`` with its verdict and per-rule statistics recomputed under the claim's current rules."""
     claim = CLAIMS[result["id"]]
     verdict, judged = judge_result(claim, result["metrics"])
+    # the accuracies keep the test split they were measured on (a claim may have moved to another since): the
+    # stored figure, else the digits' (every result before the per-rule statistics scored on digits)
+    before = {s["rule"]: s.get("test_images") for s in result.get("statistics", [])}
+    for s in judged:
+        if "test_images" in s:
+            images = before.get(s["rule"]) or (TEST_IMAGES["digits"] if "statistics" not in result else None)
+            if images and images != s["test_images"]:
+                s["test_images"] = images
+                s["binomial_sd"] = {arm: binomial_sd(statistics.fmean(result["metrics"][arm]), images)
+                                    for arm in s["binomial_sd"]}
     if "statistics" not in result:  # its text is from the mean ± sd days
         result["ours"] = intervals_for_pm(result["ours"], result["metrics"], result["seeds"])
         result["rejudged"] = ("measured by an earlier definition of the claim; verdict and statistics recomputed "
