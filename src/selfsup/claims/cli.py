@@ -59,10 +59,11 @@ def _matches(last: dict | None, claim: Claim, quick: bool, seeds: int) -> bool:
 
 
 def _expected_s(claim: Claim, quick: bool, seeds: int, out: Path) -> float | None:
-    """The wall time of the claim's last result at this budget, scaled to ``seeds``; None where there is none."""
+    """The wall time of the claim's last result at this budget (quick or not, and the budget its definition states
+    now), scaled to ``seeds``; None where there is none."""
     for folder in (out, RESULTS):
         last = _last(folder, claim.id)
-        if last and last["quick"] == quick and last.get("wall_s"):
+        if last and last["quick"] == quick and last.get("wall_s") and not redefined(claim, last):
             return last["wall_s"] * seeds / max(last["seeds"], 1)
     return None
 
