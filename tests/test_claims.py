@@ -30,7 +30,14 @@ def test_every_claim_is_stated_before_it_runs():
 def test_one_quick_claim_of_each_seed_runs(claim_id, tmp_path):
     from idx_files import fashion_overrides
 
-    result = quick_claim(claim_id, tmp_path, [*TINY, *fashion_overrides(claim_id, tmp_path / "fmnist")])
+    from selfsup.claims.suite import declared_test_images
+
+    fashion = fashion_overrides(claim_id, tmp_path / "fmnist")
+    result = quick_claim(claim_id, tmp_path, [*TINY, *fashion])
+    if not fashion:  # the test images behind its accuracies, read from each run's knn.json, are the declared ones
+        assert set(result["knn_test_images"]) <= declared_test_images(CLAIMS[claim_id])
+    assert CLAIMS[claim_id].deterministic or result["runs"]  # every training run recorded
+    assert all(r["steps"] <= 2 for r in result["runs"])  # TINY: 2 batches
     assert all(len(v) == 1 for v in result["metrics"].values())
     plot_result(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 5000
@@ -44,6 +51,9 @@ def test_cli_run_writes_json_png_and_verdict_and_table(tmp_path, capsys):
     assert line.startswith(f"norm-convergence-quadratic: {result['verdict']} (quick) — ours: steps ∝ r^")
     assert 1.8 < result["metrics"]["exponent"][0] < 2.2 and result["verdict"] == REPRODUCED
     assert (tmp_path / "norm-convergence-quadratic.png").exists()
+    import re
+
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", result["commit"])  # the checkout's commit it ran at
     md = table(tmp_path)
     assert "**reproduced** (quick)" in md and all(f"`{c}`" in md for c in CLAIMS)
 
