@@ -277,7 +277,7 @@ def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeyp
         out = forward(self, views)
         if self.trainer.global_step == 3:
             seen["bytes"] = ckpt.read_bytes()  # the checkpoint as it stands before the bad step
-            out["loss"] = out["loss"] * float("nan")
+            out.loss = out.loss * float("nan")
         return out
 
     monkeypatch.setattr(moco_v3.MoCoV3, "forward_views", nan_at_step_3)

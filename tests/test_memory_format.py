@@ -57,7 +57,7 @@ def _step(model, views, memory_format, dtype):
     model = copy.deepcopy(model).to(dtype)
     model.use_memory_format(memory_format)
     model.momentum = 0.99
-    loss = model.forward_views([v.to(dtype).contiguous(memory_format=memory_format) for v in views])["loss"]
+    loss = model.forward_views([v.to(dtype).contiguous(memory_format=memory_format) for v in views]).loss
     loss.backward()
     return model, loss.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
 
