@@ -13,7 +13,7 @@ A joint-embedding method subclasses :class:`SSLMethod`, builds its heads in ``__
 ``trainable()`` and writes ``forward_views``: views in, a :class:`~selfsup.step.StepOutput` out (the loss plus
 the detached embeddings / projections / predictions that instruments and online evaluators read, and the
 method's own scalars, which the base logs). A method whose official schedule differs overrides ``schedule``
-(DINO, iBOT, SwAV, W-MSE). The flow family's base is ``selfsup.methods.flow.FlowMatching``.
+(DINO, iBOT, SwAV, W-MSE; Self-Flow and REPA). The flow family's base is ``selfsup.methods.flow.FlowMatching``.
 """
 
 from __future__ import annotations
