@@ -346,6 +346,7 @@ class SelfFlow(FlowMatching):
         return {"student": self.student, "head": self.head}
 
     def schedule(self, step: int, epoch: int) -> StepValues:
+        """The family's lr schedule and, where ramped, ``rep_weight`` (:func:`with_rep_weight`)."""
         return with_rep_weight(super().schedule(step, epoch), step, self.cfg.method)
 
     def forward_flow(self, x0: Tensor, y: Tensor) -> StepOutput:
@@ -434,6 +435,7 @@ class Repa(FlowMatching):
         return {"student": self.student, "projector": self.projector}
 
     def schedule(self, step: int, epoch: int) -> StepValues:
+        """The family's lr schedule and, where ramped, ``rep_weight`` (:func:`with_rep_weight`)."""
         return with_rep_weight(super().schedule(step, epoch), step, self.cfg.method)
 
     @torch.no_grad()
