@@ -62,7 +62,8 @@ def eval_cli(args, *argv: str) -> dict:
     command, source, out = argv[0], argv[1], Path(argv[-1])
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = selfsup(["eval", *argv[:-1], "--out", str(out), "--device", "cpu"])
+        device = "cuda" if args.accelerator == "gpu" else "cpu"
+        rc = selfsup(["eval", *argv[:-1], "--out", str(out), "--device", device])
     if rc:
         raise RuntimeError(f"selfsup eval {command} {source} exited {rc}")
     if args.verbose:
@@ -171,12 +172,30 @@ def main(argv=None) -> int:
     p.add_argument("--resume", action="store_true",
                    help="like --merge, but skip the (preset, seed) rows the JSON already holds at this budget")
     p.add_argument("--table", action="store_true", help="only print the table of the existing JSON")
+    p.add_argument("--combine", nargs="+", metavar="JSON",
+                   help="merge the rows of these JSONs (one budget; e.g. one process a seed) into --out")
     p.add_argument("--verbose", action="store_true", help="print the eval runners' tables")
     p.add_argument("--out", default="benchmarks/results/methods_fmnist.json")
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.table:
         print(table(json.loads(out.read_text())))
+        return 0
+    if args.combine:
+        parts = [json.loads(Path(f).read_text()) for f in args.combine]
+        results = parts[0]
+        for part in parts[1:]:
+            if part["budget"] != results["budget"]:
+                raise SystemExit(f"--combine: the JSONs were measured with other budgets: {part['budget']}")
+            keys = {(r["preset"], tuple(r["overrides"]), r.get("seed", 0)) for r in part["runs"]}
+            results["runs"] = [r for r in results["runs"]
+                               if (r["preset"], tuple(r["overrides"]), r.get("seed", 0)) not in keys] + part["runs"]
+            results["random_init"].update(part["random_init"])
+            results["total_wall_s"] = max(results.get("total_wall_s", 0), part.get("total_wall_s", 0))
+        order = {p: i for i, p in enumerate(PRESETS)}
+        results["runs"].sort(key=lambda r: (order.get(r["preset"], len(order)), r.get("seed", 0)))
+        out.write_text(json.dumps(results, indent=2))
+        print(table(results))
         return 0
     if args.quick:
         args.epochs, args.steps_per_epoch, args.batch_size, args.eval_train, args.probe_epochs, args.ft_epochs = \
