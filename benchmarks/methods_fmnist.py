@@ -56,7 +56,7 @@ def available(presets) -> list[str]:
 
 def eval_cli(args, *argv: str) -> dict:
     """One ``selfsup eval`` command in this process; its JSON (the runner's own output file)."""
-    from selfsup.cli import main as selfsup
+    from selfsup.commands.main import main as selfsup
 
     command, source, out = argv[0], argv[1], Path(argv[-1])
     buf = io.StringIO()

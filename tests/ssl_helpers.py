@@ -87,7 +87,7 @@ def random_views(batch: int = 8, seed: int = 0) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------- the CLI and its user errors
 def run_cli(*argv):
     """main(argv) in this process: (exit code, stdout, stderr)."""
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

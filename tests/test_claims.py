@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from selfsup.claims.cli import RESULTS, table
+from selfsup.commands.claims import RESULTS, table
 from selfsup.claims.registry import CLAIMS, PAPERS
 from selfsup.claims.suite import MIN_SEEDS, REPRODUCED, plot_result
-from selfsup.cli import main
+from selfsup.commands.main import main
 from ssl_helpers import quick_claim
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_size=32", "trainer.log_every_n_steps=1",
@@ -179,7 +179,7 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
 def test_readme_tally_and_docs_table_are_the_committed_results():
     from pathlib import Path
 
-    from selfsup.claims.cli import tally_text
+    from selfsup.commands.claims import tally_text
 
     root = Path(__file__).resolve().parents[1]
     assert f"Today {tally_text()}, at CPU scale" in " ".join((root / "README.md").read_text().split())

@@ -281,7 +281,7 @@ def _losses(run_dir):
 
 
 def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     common = tiny + ["trainer.limit_train_batches=4", f"output_dir={tmp_path}", "eval.knn_monitor_train=200",
                      "eval.knn_monitor_test=100", "data.batch_size=32"]

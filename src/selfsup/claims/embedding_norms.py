@@ -139,9 +139,9 @@ def measure_norm_ood(ctx: Context) -> dict:
 
     from selfsup.config import DataConfig
     from selfsup.data.datasets import load_dataset
-    from selfsup.eval.api import run_norms_ood
+    from selfsup.runs.evaluate import run_norms_ood
     from selfsup.eval.ood import OodConfig, auroc, norm_scores
-    from selfsup.eval.session import EvalSession
+    from selfsup.runs.session import EvalSession
 
     epochs = 2 if ctx.quick else 30
     trained, init, gain = [], [], []
@@ -411,7 +411,7 @@ COLLAPSE_SHARE = 0.25  # "collapse": the normalised run keeps less than a quarte
 
 def _test_rankme(run_dir) -> float:
     """RankMe of the exported backbone's features of the test split (the evaluated representation)."""
-    from selfsup.eval.session import EvalSession
+    from selfsup.runs.session import EvalSession
     from selfsup.eval.spectrum import rankme
 
     feats, _ = EvalSession(run_dir, device="cpu").features("test")

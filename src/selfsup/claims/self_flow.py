@@ -66,7 +66,7 @@ def judge_generation(run, space: dict, train, test, n: int, steps: int, sampling
     space, and the held-out velocity error on the test images at fixed noise."""
     import statistics as st
 
-    from selfsup.eval.source import load_flow_run
+    from selfsup.runs.source import load_flow_run
     from selfsup.flow.metrics import classifier_features, feature_frechet_distance, heldout_velocity_error
     from selfsup.flow.sampler import generate, sample_images, sample_labels
     from selfsup.models.sit import fit_images

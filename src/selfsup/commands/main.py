@@ -1,5 +1,5 @@
-"""The ``selfsup`` command line: presets, pretrain, generate (selfsup.flow.cli); eval (selfsup.eval.cli);
-simulate (selfsup.simulate.cli)."""
+"""The ``selfsup`` command line: presets, pretrain, report; generate (``commands.generate``), eval
+(``commands.eval``), simulate (``commands.simulate``), claims (``commands.claims``)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,21 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
+
+from selfsup.commands.claims import add_claims_parser
+from selfsup.commands.eval import add_eval_parser
+from selfsup.commands.generate import add_generate_parser
+from selfsup.commands.simulate import add_simulate_parser
+from selfsup.config import (PRESET_DIR, load_run_config, merge, parse_overrides, preset_names, read_run_config,
+                            resolve, to_dict)
+from selfsup.engine import pretrain, read_run_facts
 from selfsup.errors import UserError, clean_message
+from selfsup.report import write_report
 
 
 def cmd_presets(args) -> int:
     """One line per shipped recipe."""
-    import yaml
-
-    from selfsup.config import PRESET_DIR, preset_names
-
     for name in preset_names():
         summary = (yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text()) or {}).get("summary", "")
         print(f"{name:<28} {summary}")
@@ -41,8 +47,6 @@ def _flat(mapping: dict, prefix: str = "") -> dict:
 def resume_config(run: Path, preset: str | None, items: list[str]):
     """The config a ``--resume`` continues with: the run's own config.yaml, with only ``RESUME_MAY_CHANGE`` keys
     overridden; a preset or an override that contradicts the run is refused in one line."""
-    from selfsup.config import load_run_config, merge, parse_overrides, read_run_config, resolve, to_dict
-
     raw = read_run_config(run)
     current = _flat(to_dict(resolve(raw)))
     if preset is not None:
@@ -63,11 +67,6 @@ def resume_config(run: Path, preset: str | None, items: list[str]):
 def cmd_pretrain(args) -> int:
     """Pretrain a preset or YAML with overrides, or continue a run with --resume (extend it with
     trainer.max_epochs=N or trainer.max_steps=N)."""
-    import yaml
-
-    from selfsup.config import load_run_config, to_dict
-    from selfsup.engine import pretrain, read_run_facts
-
     if args.resume:
         run = Path(args.resume)
         preset = args.preset if args.preset and "=" not in args.preset else None
@@ -99,8 +98,6 @@ def cmd_pretrain(args) -> int:
 
 def cmd_report(args) -> int:
     """Plots, markdown and one self-contained HTML page of a run's dynamics (or several runs overlaid)."""
-    from selfsup.report import write_report
-
     out = write_report(args.runs, args.out)
     print(f"report: {out / 'report.html'}")
     return 0
@@ -123,17 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run)")
     p.set_defaults(func=cmd_report)
-    from selfsup.flow.cli import add_generate_parser
-
     add_generate_parser(sub)
-    from selfsup.eval.cli import add_eval_parser  # a broken import fails loudly, never as "invalid choice: 'eval'"
-
     add_eval_parser(sub)
-    from selfsup.simulate.cli import add_simulate_parser
-
     add_simulate_parser(sub)
-    from selfsup.claims.cli import add_claims_parser
-
     add_claims_parser(sub)
     return parser
 

@@ -1,11 +1,12 @@
 """Evaluation from Python: each protocol on a run, with its typed config, returning its results as a dict.
 
-Each runner takes an :class:`~selfsup.eval.session.EvalSession` or a run location (run folder, exported
+Each runner takes an :class:`~selfsup.runs.session.EvalSession` or a run location (run folder, exported
 .safetensors or .ckpt: opened with the session's defaults) and the protocol's config (None: its defaults), writes
 ``RUN/eval/<protocol>[-<embedding>][.<tag>].json`` and returns the same dict. Nothing is printed but warnings; the
-tables of ``selfsup eval`` are the front end's (``eval.cli``)::
+tables of ``selfsup eval`` are the front end's (``commands.eval``)::
 
-    from selfsup.eval import EvalSession, KnnConfig, run_knn, run_linear
+    from selfsup.eval import KnnConfig
+    from selfsup.runs import EvalSession, run_knn, run_linear
     session = EvalSession("runs/moco-v3-digits", device="cpu")
     top1 = run_knn(session, KnnConfig(ks=(20,)))["results"]["k=20"]["top1"]
     probe = run_linear(session)  # the run's default protocol (ProbeConfig.for_method)
@@ -28,7 +29,7 @@ from selfsup.eval.knn import KnnConfig, knn_sweep, resolve_ks
 from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
 from selfsup.eval.ood import OodConfig, auroc, histogram, norm_scores
 from selfsup.eval.report import write_json
-from selfsup.eval.session import EvalSession, data_config
+from selfsup.runs.session import EvalSession, data_config
 from selfsup.eval.spectrum import SpectrumConfig, effective_rank, norm_stats, rankme, subsample
 
 

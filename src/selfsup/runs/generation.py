@@ -1,10 +1,10 @@
 """``selfsup eval generation`` as a function: the samples of a flow run and their quality, with a typed config.
 
-Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``eval.source.load_flow_run``);
+Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``runs.source.load_flow_run``);
 for the metrics they are brought back to the dataset's size and to uint8, then pass through the encoder's own
 evaluation transform exactly as the real images do (``flow.metrics``). ``run_generation`` writes
 ``RUN/eval/generation.json`` and the sample grid and returns the results; the table is the front end's
-(``flow.cli``).
+(``commands.generate``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 from selfsup.errors import UserError
 from selfsup.eval.knn import knn_predict_scores, topk_accuracy
 from selfsup.eval.report import write_json
-from selfsup.eval.session import FEATURE_BATCH, EvalSession
-from selfsup.eval.source import load_flow_run
+from selfsup.runs.session import FEATURE_BATCH, EvalSession
+from selfsup.runs.source import load_flow_run
 from selfsup.flow.sampler import check_options, generate, sample_images, sample_labels, save_grid
 
 OWN_FEATURES = ("the run's own EMA features (its exported flow_encoder): the model judges its own samples; "
