@@ -146,7 +146,7 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
     from selfsup.claims import suite
     from selfsup.data import datasets
     from selfsup.eval import features
-    from selfsup.methods import base
+    from selfsup.runs import finish
     from ssl_helpers import TINY as TINY_RUN
 
     reads, passes = [], []
@@ -154,7 +154,7 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
     monkeypatch.setattr(datasets, "_load_dataset", lambda cfg, split: reads.append(split) or read(cfg, split))
     monkeypatch.setattr(features, "extract_features", lambda *a, **k: passes.append(len(a[1])) or extract(*a, **k))
     monkeypatch.setattr(suite, "_SPLITS", {})
-    monkeypatch.setattr(base, "_INIT_KNN", {})
+    monkeypatch.setattr(finish, "_INIT_KNN", {})
     ctx = suite.Context(quick=True, seeds=1, work=tmp_path, progress=lambda m: None)
     arms = (("a", []), ("b", ["optim.base_lr=1e-4"]))
 
@@ -171,7 +171,7 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
     # backbone over train and test, run b its trained one only
     assert sorted(n for n in passes if n in (1438, 359)) == [359] * 3 + [1438] * 3
     assert shared[0]["random_init"] == shared[1]["random_init"]
-    base._INIT_KNN.clear()
+    finish._INIT_KNN.clear()
     alone = runs("alone")
     assert alone == shared  # kNN of the trained and the random-init backbones, bit for bit
 

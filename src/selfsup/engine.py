@@ -1,4 +1,5 @@
-"""Pretraining on the Lightning engine: run folder, data module, Trainer, export, the method's final report.
+"""Pretraining on the Lightning engine: run folder, data module, Trainer, export, the end-of-run report
+(``runs.finish``).
 
 A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, the loggers' files (``trainer.loggers``:
 ``metrics.csv``, ``tensorboard/``, ``wandb/``), ``backbone_init.safetensors`` (the random init, the kNN floor),
@@ -33,6 +34,7 @@ from selfsup.errors import UserError
 from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.methods import METHODS, SSLMethod, method_name
 from selfsup.methods.build import backbone_meta, build_method, data_info
+from selfsup.runs.finish import end_of_run_report
 
 
 class PretrainData(pl.LightningDataModule):
@@ -393,7 +395,7 @@ def preflight(cfg: RunConfig, resume: Path | None) -> None:
 
 
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
-    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report.
+    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the end-of-run report.
     A fresh run whose start fails (before training begins) leaves no folder behind."""
     import shutil
 
@@ -445,7 +447,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
-        export_backbone(getattr(model, "eval_backbone", model.backbone), run_dir / "backbone_init.safetensors", meta)
+        export_backbone(model.eval_backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
     checkpoints = state["checkpoints"] = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
     if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
@@ -492,12 +494,12 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     if not trainer.is_global_zero:
         return run_dir
     write_run_facts(trainer, run_dir, time.perf_counter() - started)
-    backbone = getattr(model, "eval_backbone", model.backbone).cpu()  # DINO exports its teacher, as its kNN
+    backbone = model.eval_backbone.cpu()  # DINO exports its teacher, as its kNN; a flow run its FlowEncoder
     export_backbone(backbone, run_dir / "backbone.safetensors", meta)
     export_heads(model, run_dir / HEADS_FILE)  # the projector / predictor: eval --embedding reads them beside it
     init_backbone = copy.deepcopy(backbone)
     init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
-    for line in model.end_of_run_report(train, init_backbone, run_dir):
+    for line in end_of_run_report(model, train, init_backbone, run_dir):
         print(line)
     print(f"run folder: {run_dir}")
     return run_dir
