@@ -145,14 +145,13 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
     the first's random-init kNN; every result equals that of runs that share nothing."""
     from selfsup.claims import suite
     from selfsup.data import datasets
-    from selfsup.eval import features
     from selfsup.runs import finish
     from ssl_helpers import TINY as TINY_RUN
 
     reads, passes = [], []
-    read, extract = datasets._load_dataset, features.extract_features
+    read, extract = datasets._load_dataset, finish.extract_features
     monkeypatch.setattr(datasets, "_load_dataset", lambda cfg, split: reads.append(split) or read(cfg, split))
-    monkeypatch.setattr(features, "extract_features", lambda *a, **k: passes.append(len(a[1])) or extract(*a, **k))
+    monkeypatch.setattr(finish, "extract_features", lambda *a, **k: passes.append(len(a[1])) or extract(*a, **k))
     monkeypatch.setattr(suite, "_SPLITS", {})
     monkeypatch.setattr(finish, "_INIT_KNN", {})
     ctx = suite.Context(quick=True, seeds=1, work=tmp_path, progress=lambda m: None)
@@ -167,7 +166,7 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
         shared = runs("shared")
     assert datasets._load_dataset.__name__ == "<lambda>"  # restored on leaving
     assert sorted(reads) == ["test", "train"]  # each split once for both runs
-    # the kNN's passes over whole splits (the instruments pass a fixed batch): run a the trained and the init
+    # the end-of-run kNN's passes over whole splits (runs.finish): run a the trained and the init
     # backbone over train and test, run b its trained one only
     assert sorted(n for n in passes if n in (1438, 359)) == [359] * 3 + [1438] * 3
     assert shared[0]["random_init"] == shared[1]["random_init"]

@@ -93,10 +93,10 @@ def test_the_exported_heads_equal_the_checkpoint_rebuild_and_need_no_training_mo
     for embedding in ("projector", "predictor"):
         rebuilt = with_heads(load_source(old), embedding)
         assert rebuilt.weights == old / "checkpoints" / "last.ckpt"
-        import selfsup.methods.build as build
+        import selfsup.runs.source as source
 
         with monkeypatch.context() as m:  # the exported heads are read without building the training module
-            m.setattr(build, "build_method", lambda *a, **k: pytest.fail("rebuilt the training module"))
+            m.setattr(source, "build_method", lambda *a, **k: pytest.fail("rebuilt the training module"))
             exported = with_heads(load_source(run), embedding)
             assert loss_embedding(load_source(run)) == "predictor"
         assert exported.weights == run / "heads.safetensors" and exported.embedding == embedding

@@ -339,7 +339,7 @@ def test_rank_collapse_measures_a_fixed_subset_of_joint_embedding_runs_only():
     g = torch.Generator().manual_seed(3)
     expected = torch.randperm(n, generator=g)[:16].sort().values.tolist()
     joint = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
-    joint.setup(SimpleNamespace(), SimpleNamespace(), "fit")  # no family attribute: a joint-embedding method
+    joint.setup(SimpleNamespace(), SimpleNamespace(family="joint"), "fit")
     assert joint._batch.images.flatten().tolist() == expected
     flow = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
     flow.setup(SimpleNamespace(), SimpleNamespace(family="flow"), "fit")

@@ -188,15 +188,15 @@ def test_the_packages_form_an_acyclic_graph():
 def test_the_registry_names_every_method_class_and_asks_the_class():
     import torch
 
-    from selfsup.methods import METHODS, method_name
+    from selfsup.methods import METHODS, registered_name
     from selfsup.methods.base import SSLMethod
     from selfsup.methods.flow import FlowMatching
 
     assert set(METHODS) >= {"moco_v3", "byol", "simsiam", "simclr", "flow_matching", "self_flow", "repa"}
     configs = [cls.Config for cls in METHODS.values()]
-    assert len(set(configs)) == len(configs)  # method_name matches the exact Config type: one per method
+    assert len(set(configs)) == len(configs)  # registered_name matches the exact Config type: one per method
     for name, cls in METHODS.items():
-        assert method_name(cls.Config()) == name
+        assert registered_name(cls.Config()) == name
         assert issubclass(cls, SSLMethod if cls.family == "joint" else FlowMatching)
     state = {"backbone.w": torch.ones(1), "projector.w": torch.zeros(1), "ema.blocks.0.w": torch.full((1,), 2.0),
              "student.blocks.0.w": torch.full((1,), 3.0)}
@@ -204,7 +204,7 @@ def test_the_registry_names_every_method_class_and_asks_the_class():
     flow = METHODS["self_flow"].backbone_state(state)
     assert list(flow) == ["model.blocks.0.w"] and flow["model.blocks.0.w"].item() == 2.0  # the EMA, not the student
     with pytest.raises(KeyError, match="Config of no registered method"):
-        method_name(object())
+        registered_name(object())
 
 
 def test_the_registry_module_has_no_side_effect_import():

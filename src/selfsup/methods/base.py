@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
+from selfsup.interventions import grad_scale
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
@@ -208,6 +209,9 @@ class TrainingBase(pl.LightningModule):
     uses_momentum: ClassVar[bool] = False
     scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
     step_forward: ClassVar[str | None] = "forward_views"  # the method trainer.compile compiles whole (compile_step)
+    # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
+    # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
+    loss_embedding: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -418,9 +422,6 @@ class SSLMethod(TrainingBase):
     family = "joint"
     recipe: str = "moco_v3"
     eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
-    # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
-    # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
-    loss_embedding: tuple[str, ...] = ()
 
     def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]]:
         """Every view of the plan: its crop scale range and output size."""
@@ -481,8 +482,6 @@ class SSLMethod(TrainingBase):
 
     def grad_scale(self, z: Tensor) -> Tensor:
         """GradScale (``interventions.grad_scale_p``; identity when 0): see selfsup.interventions for its place."""
-        from selfsup.interventions import grad_scale
-
         return grad_scale(z, self.cfg.interventions.grad_scale_p)
 
     # ----------------------------------------------------------------- memory format

@@ -12,6 +12,7 @@ registry's questions (``data_info``, ``backbone_meta``, ``backbone_state``) for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -161,6 +162,7 @@ class FlowMatching(TrainingBase):
 
     Config = FlowConfig
     family = "flow"
+    rep_loss: ClassVar[bool] = False  # a representation term beside the flow loss, weighted by rep_weight()
     # trainer.compile compiles the student, its EMA and the head module by module: forward_flow draws its noise,
     # levels and masks from the step's generator inside, which a whole-step graph cannot hold (yet)
     step_forward = None
@@ -272,7 +274,7 @@ class FlowMatching(TrainingBase):
         if "rep_loss" in out:
             out["rep_loss"] = values["train/rep_loss"] = out["rep_loss"].detach()
         weight = out.pop("rep_weight", 0.0)
-        if getattr(self.cfg.method, "rep_warmup_steps", 0):  # the ramp's weight (a host number)
+        if self.rep_loss and self.cfg.method.rep_warmup_steps:  # the ramp's weight (a host number)
             values["train/rep_weight"] = weight
         means, counts = noise_level_buckets(per_token, levels, self.cfg.method.loss_buckets)
         b = self.cfg.method.loss_buckets
@@ -314,6 +316,7 @@ class SelfFlow(FlowMatching):
     """
 
     Config = SelfFlowConfig
+    rep_loss = True
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)
@@ -397,6 +400,7 @@ class Repa(FlowMatching):
     """REPA: ``loss = flow + 0.5 · mean(−cos(mlp(student_l), encoder(x_0) patch tokens)))``, frozen encoder."""
 
     Config = RepaConfig
+    rep_loss = True
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)

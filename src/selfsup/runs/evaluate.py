@@ -24,13 +24,15 @@ from pathlib import Path
 import torch
 
 from selfsup.errors import UserError
-from selfsup.eval.finetune import FinetuneConfig
+from selfsup.eval.finetune import FinetuneConfig, finetune, load_pretrained
 from selfsup.eval.knn import KnnConfig, knn_sweep, resolve_ks
 from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
 from selfsup.eval.ood import OodConfig, auroc, histogram, norm_scores
 from selfsup.eval.report import write_json
 from selfsup.runs.session import EvalSession, data_config
 from selfsup.eval.spectrum import SpectrumConfig, effective_rank, norm_stats, rankme, subsample
+from selfsup.export import export_backbone
+from selfsup.models.backbones import build_backbone
 
 
 def open_session(source: EvalSession | str | Path) -> EvalSession:
@@ -87,10 +89,6 @@ def run_finetune(source: EvalSession | str | Path, cfg: FinetuneConfig | None = 
     """End-to-end fine-tuning with layer-wise lr decay (ViTs only) and drop path; the fine-tuned backbone is
     exported to ``RUN/eval/finetuned_backbone[...].safetensors``. ``cfg`` None: the run's defaults
     (``FinetuneConfig.for_method``)."""
-    from selfsup.eval.finetune import finetune, load_pretrained
-    from selfsup.export import export_backbone
-    from selfsup.models.backbones import build_backbone
-
     session = open_session(source)
     meta = session.source.meta
     cfg = cfg or FinetuneConfig.for_method(meta.get("method"), meta["backbone"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -14,6 +15,8 @@ import torch
 from selfsup.config import DataConfig
 from selfsup.data.datasets import DECODED, UNLABELLED, ImageDataset, load_dataset, needs_labels
 from selfsup.errors import UserError
+from selfsup.eval.cache import features
+from selfsup.runs.source import load_source, loss_embedding, with_flow_features, with_heads
 
 FEATURE_BATCH = 512  # images per feature-extraction forward
 
@@ -88,10 +91,6 @@ class EvalSession:
                  device: str | None = None, batch_size: int = FEATURE_BATCH, out: str | None = None, cache: bool = True,
                  train_limit: int | None = None, embedding: str = "backbone", flow_t: float | None = None,
                  flow_block: int | None = None):
-        import sys
-
-        from selfsup.runs.source import load_source, loss_embedding, with_flow_features, with_heads
-
         self.device = checked_device(device)
         self.resize, self.batch_size, self.cache = resize, batch_size, cache
         self.train_limit = None if train_limit is None else positive(train_limit, "--train-limit")
@@ -147,8 +146,6 @@ class EvalSession:
     def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",
                  limit: int | None = None):
         """(features, labels) of a split, through the feature cache."""
-        from selfsup.eval.cache import features
-
         cfg = cfg or self.data_cfg
         limit = self._limit(name, cfg, limit)
         dataset = self.split(name, cfg, resize, flag, limit)
