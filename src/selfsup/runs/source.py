@@ -75,7 +75,7 @@ def weights_identity(path: Path, run_dir: Path | None, step: int | None = None) 
 
 
 def _run_cfg(run_dir: Path | None):
-    """The run's data and augment sections (without importing the methods and Lightning)."""
+    """The run's data and augment sections, read from its config.yaml without resolving the whole config."""
     if run_dir is None or not (run_dir / "config.yaml").exists():
         return None
     raw = read_run_config(run_dir)
