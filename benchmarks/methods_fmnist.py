@@ -57,7 +57,7 @@ def available(presets) -> list[str]:
 
 def eval_cli(args, *argv: str) -> dict:
     """One ``selfsup eval`` command in this process; its JSON (the runner's own output file)."""
-    from selfsup.cli import main as selfsup
+    from selfsup.commands.main import main as selfsup
 
     command, source, out = argv[0], argv[1], Path(argv[-1])
     buf = io.StringIO()
@@ -207,7 +207,6 @@ def main(argv=None) -> int:
     import selfsup.engine as engine
     from selfsup.config import load_run_config
     from selfsup.data.datasets import fashion_mnist_default
-    from selfsup.methods.base import SSLMethod
 
     fallback = args.quick or not (fashion_mnist_default() / "train-images-idx3-ubyte.gz").exists()
     if fallback and not args.quick:
@@ -227,7 +226,7 @@ def main(argv=None) -> int:
         results = old
     done = {(r["preset"], tuple(r["overrides"]), r.get("seed", 0)) for r in results["runs"]} if args.resume else set()
 
-    SSLMethod.end_of_run_report = lambda self, *a, **k: []  # evaluated below, on the fixed subsets, instead
+    engine.end_of_run_report = lambda *a, **k: []  # evaluated below, on the fixed subsets, instead
     started = time.perf_counter()
     presets = available(args.presets.split(","))
     todo = [(e, s) for s in seeds for e in presets if (e.split("+")[0], tuple(e.split("+")[1:]), s) not in done]

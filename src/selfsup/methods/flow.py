@@ -12,6 +12,7 @@ registry's questions (``data_info``, ``backbone_meta``, ``backbone_state``) for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +23,7 @@ from selfsup.export import load_backbone
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
-from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
-from selfsup.methods.base import DataInfo, TrainingBase, knn_report
+from selfsup.methods.base import DataInfo, TrainingBase
 from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
 from selfsup.schedules import linear_ramp
 
@@ -162,6 +162,7 @@ class FlowMatching(TrainingBase):
 
     Config = FlowConfig
     family = "flow"
+    rep_loss: ClassVar[bool] = False  # a representation term beside the flow loss, weighted by rep_weight()
     # trainer.compile compiles the student, its EMA and the head module by module: forward_flow draws its noise,
     # levels and masks from the step's generator inside, which a whole-step graph cannot hold (yet)
     step_forward = None
@@ -212,6 +213,11 @@ class FlowMatching(TrainingBase):
         """The EMA model's block-k tokens at level ``method.feature_t``, average-pooled."""
         c = self.cfg.method
         return FlowEncoder(self.ema, c.eval_block(), c.feature_t, c.fit, self.cfg.trainer.seed)
+
+    @property
+    def eval_backbone(self) -> FlowEncoder:
+        """The evaluated backbone: :attr:`backbone` (exported as ``flow_encoder``)."""
+        return self.backbone
 
     # ------------------------------------------------------------------ data
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
@@ -268,7 +274,7 @@ class FlowMatching(TrainingBase):
         if "rep_loss" in out:
             out["rep_loss"] = values["train/rep_loss"] = out["rep_loss"].detach()
         weight = out.pop("rep_weight", 0.0)
-        if getattr(self.cfg.method, "rep_warmup_steps", 0):  # the ramp's weight (a host number)
+        if self.rep_loss and self.cfg.method.rep_warmup_steps:  # the ramp's weight (a host number)
             values["train/rep_weight"] = weight
         means, counts = noise_level_buckets(per_token, levels, self.cfg.method.loss_buckets)
         b = self.cfg.method.loss_buckets
@@ -302,24 +308,6 @@ class FlowMatching(TrainingBase):
     def trainable(self) -> dict[str, nn.Module]:
         return {"student": self.student}
 
-    # ------------------------------------------------------------------ end of run
-    def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
-        (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
-        c, lines = self.cfg.method, []
-        if train.images.dtype == torch.uint8:
-            lines += knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
-            lines[0] = lines[0].replace(
-                "kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
-            n = 2 * self.ema.num_classes if self.ema.num_classes else 16
-            labels = sample_labels(n, self.ema.num_classes)
-            x = generate(self.ema, labels, steps=25, seed=self.cfg.trainer.seed, device=self.device)
-            info = {"fit": c.fit, "mean": self.info.mean, "std": self.info.std}
-            path = save_grid(sample_images(x, info, self.info.image_size), run_dir / "samples_end.png")
-            lines.append(f"{n} EMA samples (Euler ODE, 25 steps, no guidance): {path}")
-        lines.append(f"more: selfsup generate {run_dir} --n 64 [--cfg 1.5]; selfsup eval generation {run_dir}")
-        return lines
-
 
 class SelfFlow(FlowMatching):
     """Self-Flow: mixed-level student (mask ratio R_M at level s, rest at t), EMA teacher at min(t, s).
@@ -328,6 +316,7 @@ class SelfFlow(FlowMatching):
     """
 
     Config = SelfFlowConfig
+    rep_loss = True
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)
@@ -411,6 +400,7 @@ class Repa(FlowMatching):
     """REPA: ``loss = flow + 0.5 · mean(−cos(mlp(student_l), encoder(x_0) patch tokens)))``, frozen encoder."""
 
     Config = RepaConfig
+    rep_loss = True
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)
