@@ -400,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from selfsup.config import DataConfig, load_run_config
     from selfsup.data.datasets import load_dataset
-    from selfsup.eval.source import load_source
-    from selfsup.eval.source import load_flow_run
+    from selfsup.runs.source import load_source
+    from selfsup.runs.source import load_flow_run
     from selfsup.flow.sampler import sample_labels, save_grid
     from selfsup.flow.metrics import feature_frechet_distance
 

@@ -61,7 +61,7 @@ HEADS = {
 def tiny_config(method: str, method_extra: dict | None = None, **sections):
     """A resolved RunConfig: micro ViT (8×8, patch 2, frozen patch projection), narrow heads, digits."""
     data = {
-        "method": {"name": method, **HEADS[method], **(method_extra or {})},
+        "method": {"name": method, **HEADS.get(method, {}), **(method_extra or {})},  # a new method: its defaults
         "data": {"name": "digits", "batch_size": 16},
         "model": {"backbone": "vit_micro", "patch_size": 2, "stop_grad_conv1": True},
         "optim": {"name": "adamw", "base_lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 0},
@@ -103,7 +103,7 @@ def step_outputs(**tensors) -> dict:
 
 def run_cli(*argv):
     """main(argv) in this process: (exit code, stdout, stderr)."""
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

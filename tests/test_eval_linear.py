@@ -151,8 +151,9 @@ class Logger:
 
 def fake(dataset, step=4):
     backbone = build_backbone("vit_micro", in_chans=1, image_size=8, patch_size=2)
-    module = SimpleNamespace(backbone=backbone, info=DataInfo(1, 8, (0.5,), (0.25,)), device=torch.device("cpu"),
-                             log=Logger())
+    # a method declares the backbone it is judged by (TrainingBase.eval_backbone)
+    module = SimpleNamespace(backbone=backbone, eval_backbone=backbone, info=DataInfo(1, 8, (0.5,), (0.25,)),
+                             device=torch.device("cpu"), log=Logger())
     trainer = SimpleNamespace(global_step=step, is_global_zero=True, datamodule=SimpleNamespace(dataset=dataset),
                               loggers=[module.log])
     return trainer, module

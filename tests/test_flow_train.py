@@ -220,7 +220,7 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     header = (run / "metrics.csv").read_text().splitlines()[0]
     for key in ("train/flow_loss", "train/rep_loss", "train/ema_decay", "train/flow_loss_t0.75-1.00"):
         assert key in header
-    from selfsup.eval.source import load_flow_run
+    from selfsup.runs.source import load_flow_run
 
     model, cfg, info = load_flow_run(run)
     assert info["num_classes"] == 10 and info["image_size"] == 8

@@ -281,7 +281,7 @@ def _losses(run_dir):
 
 
 def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     common = tiny + ["trainer.limit_train_batches=4", f"output_dir={tmp_path}", "eval.knn_monitor_train=200",
                      "eval.knn_monitor_test=100", "data.batch_size=32"]
@@ -339,7 +339,7 @@ def test_rank_collapse_measures_a_fixed_subset_of_joint_embedding_runs_only():
     g = torch.Generator().manual_seed(3)
     expected = torch.randperm(n, generator=g)[:16].sort().values.tolist()
     joint = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
-    joint.setup(SimpleNamespace(), SimpleNamespace(), "fit")  # no family attribute: a joint-embedding method
+    joint.setup(SimpleNamespace(), SimpleNamespace(family="joint"), "fit")
     assert joint._batch.images.flatten().tolist() == expected
     flow = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
     flow.setup(SimpleNamespace(), SimpleNamespace(family="flow"), "fit")

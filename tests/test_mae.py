@@ -241,7 +241,7 @@ def test_exported_encoder_loads_into_timm_with_identical_features(run):
 
 
 def _cli(*argv):
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

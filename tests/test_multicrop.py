@@ -164,7 +164,7 @@ def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
     # DINO's exported and evaluated backbone is the teacher, from the export and from the checkpoint alike
     from safetensors.torch import load_file
 
-    from selfsup.eval.source import _from_checkpoint
+    from selfsup.runs.source import _from_checkpoint
 
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     teacher = {k[len("teacher_backbone."):]: v for k, v in state.items() if k.startswith("teacher_backbone.")}

@@ -136,7 +136,7 @@ SIGNAL_CHILD = """
 import json, os, signal, sys
 import lightning.pytorch as pl
 import selfsup.engine as engine
-from selfsup.cli import main
+from selfsup.commands.main import main
 
 argv, signum, step = json.loads(sys.argv[1])
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import statistics
 
 from selfsup.claims.suite import Claim, Context, Rule, column, knn_pair, knn_top1, mean_ci, pretrain_run
+from selfsup.simulate import byol_dynamics as bd
 
 
 def measure_byol_ode(ctx: Context) -> dict:
     """The DirectPred paper's 3-D dynamical system (p, s, τ): the observations the simulator checks."""
-    from selfsup.simulate import byol_dynamics as bd
-
     cfg = bd.ByolDynamicsConfig()  # seconds: quick and full are the same
     result = bd.run(cfg, progress=ctx.progress)
     rows = bd.checks(result, cfg)

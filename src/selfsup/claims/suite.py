@@ -23,11 +23,14 @@ The claims themselves live in one module per seed (``self_flow``, ``embedding_no
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
+import importlib
 import inspect
 import json
 import math
+import shutil
 import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +38,9 @@ from pathlib import Path
 from typing import Callable
 
 from selfsup.claims import stats
+from selfsup.config import load_run_config
+from selfsup.data import datasets
+from selfsup.engine import pretrain
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 MIN_SEEDS = 3  # every training claim
@@ -196,11 +202,6 @@ class Claim:
 
 def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str]) -> Path:
     """One pretraining run of ``preset`` in ``ctx.work/name`` (replaced if it exists)."""
-    import shutil
-
-    from selfsup.config import load_run_config
-    from selfsup.engine import pretrain
-
     run_dir = ctx.work / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -264,9 +265,6 @@ def definition_hash(claim: Claim) -> str:
     ``suite.py`` and ``stats.py``, of the claim's seed module, of every ``selfsup`` module that module imports
     directly (the simulators, ``selfsup.eval.*``, ``selfsup.flow.*``...) and of the presets it names. Changes
     deeper in the library (the engine, a method's code) are not hashed: rerun without ``--resume`` after those."""
-    import ast
-    import importlib
-
     module = inspect.getmodule(claim.measure)
     sources = {name: Path(inspect.getfile(m)).read_bytes() for name, m in
                (("suite", inspect.getmodule(Claim)), ("stats", stats), (module.__name__, module))}
@@ -303,8 +301,6 @@ def shared_datasets():
     """While it is open, each split of an in-memory dataset (``IN_MEMORY``) is read once per process and shared
     by every run, evaluation and monitor (Fashion-MNIST: 1.5 s per train + test read on this machine); held-out
     classes and long tails are still applied per run (``restrict``), on the shared split."""
-    from selfsup.data import datasets
-
     original = datasets._load_dataset
 
     def shared(cfg, split):
@@ -340,7 +336,7 @@ def run_claim(claim: Claim, ctx: Context) -> dict:
 
 def plot_result(result: dict, path: Path) -> None:
     """The claim's series if it has any, else its per-seed metrics as points."""
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot, on the one path that draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,6 +18,8 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from selfsup.eval.features import extract_features
+from selfsup.eval.spectrum import effective_rank, rankme
 from selfsup.instruments.detectors import SpikeDetector, event_log, log_metrics, measured_step, report_event, stepped
 from selfsup.instruments.measures import QUANTILES, misalignment, norm_summary, per_dim_std, predictor_alignment
 from selfsup.step import StepOutput, step_output
@@ -239,7 +241,7 @@ class RankCollapse(pl.Callback):
     for 99% of the variance), the per-dimension std of the L2-normalised features and the mean L2 norm
     (``eval_norm_<key>_mean``, the embedding-norm paper's measurement) of the evaluated backbone (``eval_backbone``:
     the online one, DINO's teacher) and, when the method has a ``projector`` (and a ``predictor``), of their outputs.
-    Joint-embedding methods only (``family`` ``joint``, the default when a module names none)."""
+    Joint-embedding methods only (the module's declared ``family`` is ``joint``)."""
 
     def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
         super().__init__()
@@ -249,15 +251,12 @@ class RankCollapse(pl.Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self._batch is None:
             data = self._dataset if self._dataset is not None else getattr(trainer.datamodule, "dataset", None)
-            if data is None or getattr(pl_module, "family", "joint") != "joint":
+            if data is None or pl_module.family != "joint":
                 return  # a joint-embedding method's measure (flow runs have their own feature extractor)
             self._batch = data.subset(self.samples, self.seed)
 
     @torch.no_grad()
     def measure(self, pl_module) -> dict[str, float]:
-        from selfsup.eval.features import extract_features
-        from selfsup.eval.spectrum import effective_rank, rankme
-
         info = pl_module.info
         h, _ = extract_features(pl_module.eval_backbone, self._batch, info.image_size, info.mean, info.std,
                                 len(self._batch), pl_module.device)

@@ -28,7 +28,7 @@ class OnlineLinearProbe(pl.Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         classes = self.num_classes or trainer.datamodule.dataset.num_classes
         g = torch.Generator().manual_seed(self.seed)  # the same init on every process
-        probe = nn.Linear(getattr(pl_module, "eval_backbone", pl_module.backbone).num_features, classes)
+        probe = nn.Linear(pl_module.eval_backbone.num_features, classes)
         with torch.no_grad():
             probe.weight.normal_(0.0, 0.01, generator=g)
             probe.bias.zero_()

@@ -6,8 +6,10 @@ and a method's own values, applied by one hook; warmup + cosine, ``fixed_lr`` gr
 by default), the step counts, EMA targets and their update, ``trainer.compile``, the optimiser (with the
 fused-AdamW rule), the training step and its logging (logging steps only), the non-finite loss watch, and the
 checkpoint hooks. A family states what the base needs as declarations: ``trainable()`` (the modules the
-optimiser trains), ``uses_momentum`` (a momentum target scheduled by ``method.momentum``), ``post_step_hooks``
-(what acts after each optimiser step), ``forward_step(batch)`` (the family's step forward).
+optimiser trains), ``eval_backbone`` (the backbone it is judged by), ``uses_momentum`` (a momentum target
+scheduled by ``method.momentum``), ``post_step_hooks`` (what acts after each optimiser step),
+``forward_step(batch)`` (the family's step forward). Evaluating it (the end-of-run report) is the application
+layer's (``selfsup.runs.finish``).
 
 A joint-embedding method subclasses :class:`SSLMethod`, builds its heads in ``__init__``, declares
 ``trainable()`` and writes ``forward_views``: views in, a :class:`~selfsup.step.StepOutput` out (the loss plus
@@ -31,6 +33,7 @@ from torch import Tensor, nn
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
+from selfsup.interventions import grad_scale
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
@@ -187,61 +190,6 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
-_INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
-
-
-def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | None:
-    """A digest of everything a kNN result depends on: the weights and buffers (and the module's class), the
-    in-memory train and test images and labels, and the evaluation settings; None for data not held in memory.
-    Runs that start from the same init (the arms of a seed whose change leaves the backbone's init alone) share
-    one random-init kNN per process."""
-    import hashlib
-
-    if not all(isinstance(d.images, Tensor) for d in (train, test)):
-        return None
-    h = hashlib.sha256(type(model).__qualname__.encode())
-    h.update(repr((info.image_size, info.mean, info.std, cfg.eval.knn_k, cfg.eval.knn_temperature,
-                   cfg.eval.batch_size)).encode())
-    tensors = [t for _, t in sorted(model.state_dict().items())]
-    for t in [*tensors, train.images, train.labels, test.images, test.labels]:
-        h.update(repr((t.dtype, tuple(t.shape))).encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
-    """The weighted kNN (k, T from ``cfg.eval``) on the test split of the trained and of the random-init
-    backbone, written to ``run_dir/knn.json``; the lines the engine prints. The random init's result is
-    computed once per process for the same weights and data (``init_knn_key``)."""
-    import json
-
-    from selfsup.data.datasets import UNLABELLED, load_dataset
-    from selfsup.eval.features import extract_features
-    from selfsup.eval.knn import knn_accuracy
-
-    if cfg.data.name in UNLABELLED:
-        return [f"no kNN report: data.name={cfg.data.name} has no labels "
-                "(selfsup eval knn RUN --data ... on labelled data)"]
-    test = load_dataset(cfg.data, "test")
-    k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
-    out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
-    for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
-        cache = init_knn_key(model, train, test, info, cfg) if key == "random_init" else None
-        if cache in _INIT_KNN:
-            out[key] = copy.deepcopy(_INIT_KNN[cache])
-            continue
-        ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
-        if cache is not None:
-            _INIT_KNN[cache] = copy.deepcopy(out[key])
-    (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
-    lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
-    lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
-              for key in ("pretrained", "random_init")]
-    return lines
-
-
 class TrainingBase(pl.LightningModule):
     """The training plumbing every method family shares; a family subclasses it and declares:
 
@@ -271,6 +219,9 @@ class TrainingBase(pl.LightningModule):
     scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
     step_forward: ClassVar[str | None] = "forward_views"  # the method trainer.compile compiles whole (compile_step)
     progress_bar: ClassVar[tuple[str, ...]] = ("train/loss",)  # the logged values the progress bar shows
+    # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
+    # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
+    loss_embedding: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -296,6 +247,12 @@ class TrainingBase(pl.LightningModule):
         """The crops the data pipeline makes at decode time from a whole image (folders, shards): each view's
         scale range and output size; None (the flow family): the method takes whole images."""
         return None
+
+    @property
+    def eval_backbone(self) -> nn.Module:
+        """The backbone that is evaluated: exported, the end-of-run kNN (``runs.finish``), the kNN monitor, the online
+        probe, RankMe (the joint family: the online backbone, DINO's teacher; the flow family: its ``FlowEncoder``)."""
+        raise NotImplementedError(f"{type(self).__name__} must declare eval_backbone: the backbone it is judged by")
 
     def momentum_target(self, online: nn.Module) -> nn.Module:
         """A frozen copy of ``online`` that ``update_momentum_encoder`` keeps as its EMA."""
@@ -525,9 +482,6 @@ class SSLMethod(TrainingBase):
     family = "joint"
     recipe: str = "moco_v3"
     eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
-    # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
-    # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
-    loss_embedding: tuple[str, ...] = ()
     reads_labels: ClassVar[bool] = False  # forward_views takes the batch's labels (NNCLR's label-agreement sign)
 
     def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]]:
@@ -589,8 +543,6 @@ class SSLMethod(TrainingBase):
 
     def grad_scale(self, z: Tensor) -> Tensor:
         """GradScale (``interventions.grad_scale_p``; identity when 0): see selfsup.interventions for its place."""
-        from selfsup.interventions import grad_scale
-
         return grad_scale(z, self.cfg.interventions.grad_scale_p)
 
     # ----------------------------------------------------------------- memory format
@@ -632,8 +584,3 @@ class SSLMethod(TrainingBase):
         if self.reads_labels:
             inputs["labels"] = labels if isinstance(labels, Tensor) else None
         return self.forward_views(views, **inputs)
-
-    # ----------------------------------------------------------------- end of run
-    def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """What the engine prints after fit: :func:`knn_report` of the trained and the random-init backbone."""
-        return knn_report(self.eval_backbone, init_backbone, self.cfg, self.info, train, run_dir)

@@ -22,8 +22,7 @@ from selfsup.export import load_backbone
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
-from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
-from selfsup.methods.base import DataInfo, TrainingBase, knn_report
+from selfsup.methods.base import DataInfo, TrainingBase
 from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
 from selfsup.schedules import StepValues, linear_ramp
 from selfsup.step import StepOutput
@@ -232,6 +231,11 @@ class FlowMatching(TrainingBase):
         c = self.cfg.method
         return FlowEncoder(self.ema, c.eval_block(), c.feature_t, c.fit, self.cfg.trainer.seed)
 
+    @property
+    def eval_backbone(self) -> FlowEncoder:
+        """The evaluated backbone: :attr:`backbone` (exported as ``flow_encoder``)."""
+        return self.backbone
+
     # ------------------------------------------------------------------ data
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """uint8 images → [−1, 1] (float latents unchanged), fitted to the model size; labels → y."""
@@ -306,24 +310,6 @@ class FlowMatching(TrainingBase):
     # ------------------------------------------------------------------ optimiser
     def trainable(self) -> dict[str, nn.Module]:
         return {"student": self.student}
-
-    # ------------------------------------------------------------------ end of run
-    def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
-        (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
-        c, lines = self.cfg.method, []
-        if train.images.dtype == torch.uint8:
-            lines += knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
-            lines[0] = lines[0].replace(
-                "kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
-            n = 2 * self.ema.num_classes if self.ema.num_classes else 16
-            labels = sample_labels(n, self.ema.num_classes)
-            x = generate(self.ema, labels, steps=25, seed=self.cfg.trainer.seed, device=self.device)
-            info = {"fit": c.fit, "mean": self.info.mean, "std": self.info.std}
-            path = save_grid(sample_images(x, info, self.info.image_size), run_dir / "samples_end.png")
-            lines.append(f"{n} EMA samples (Euler ODE, 25 steps, no guidance): {path}")
-        lines.append(f"more: selfsup generate {run_dir} --n 64 [--cfg 1.5]; selfsup eval generation {run_dir}")
-        return lines
 
 
 class SelfFlow(FlowMatching):
