@@ -1,6 +1,6 @@
 """The fixed cost of a claim's training run, with and without what a claim's runs share: each split of an
 in-memory dataset read once per process (``claims.suite.shared_datasets``) and the random-init kNN computed once
-per init (``methods.base.init_knn_key``).
+per init (``runs.finish.init_knn_key``).
 
 Two arms of one seed (same init) as a paired claim runs them, a few steps each so that the fixed cost shows;
 shared and unshared pairs alternate, so both sides see the same machine load. Prints the wall time of each pair
@@ -23,17 +23,17 @@ import torch
 
 def pair(work: Path, preset: str, shared: bool, extra: list[str]) -> float:
     from selfsup.claims import suite
-    from selfsup.methods import base
+    from selfsup.runs import finish
 
     suite._SPLITS.clear()  # every pair starts cold: shared, its second run reuses what its first read
-    base._INIT_KNN.clear()
+    finish._INIT_KNN.clear()
     ctx = suite.Context(quick=True, seeds=1, work=work, progress=lambda m: None)
     scope = suite.shared_datasets() if shared else contextlib.nullcontext()
     start = time.perf_counter()
     with scope:
         for arm, overrides in (("a", []), ("b", ["optim.base_lr=1e-4"])):  # the same init, another lr
             if not shared:
-                base._INIT_KNN.clear()  # as before the cache: every run computes its own
+                finish._INIT_KNN.clear()  # as before the cache: every run computes its own
             suite.pretrain_run(ctx, preset, f"{arm}-{shared}", ["trainer.seed=0", *extra, *overrides])
     return time.perf_counter() - start
 

@@ -180,15 +180,14 @@ def main(argv=None) -> int:
         if args.retrain or not (root / name / "metrics.csv").exists():
             import selfsup.engine as engine
             from selfsup.config import load_run_config
-            from selfsup.methods.base import SSLMethod
 
             cfg = load_run_config(preset, engine_overrides(root, name) + overrides)
-            report = SSLMethod.end_of_run_report
+            report = engine.end_of_run_report
             if cfg.data.name != "digits":  # the 10k-subset kNN below instead of 60k features twice
-                SSLMethod.end_of_run_report = lambda self, *a, **k: []
+                engine.end_of_run_report = lambda *a, **k: []
             t0 = time.perf_counter()
             engine.pretrain(cfg, preset)
-            SSLMethod.end_of_run_report = report
+            engine.end_of_run_report = report
             print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         sweep[name] = collect(root / name, name, preset, overrides)
         print(json.dumps({k: v for k, v in sweep[name].items() if k != "signs_every_5_steps"}), flush=True)

@@ -129,7 +129,7 @@ def update_cost(args) -> dict:
     def train_step():
         out_ = model.forward_views(views)
         opt.zero_grad()
-        out_["loss"].backward()
+        out_.loss.backward()
         opt.step()
 
     def update(kind):

@@ -77,7 +77,7 @@ def main() -> None:
     every = torch.arange(length).expand(args.batch_size, -1)
 
     def mae_step():
-        return model.forward_views([x], torch.rand(args.batch_size, length, generator=g))["loss"]
+        return model.forward_views([x], torch.rand(args.batch_size, length, generator=g)).loss
 
     def full_encoder_step():
         _, mask, _ = random_masking(torch.rand(args.batch_size, length, generator=g), model.len_keep)

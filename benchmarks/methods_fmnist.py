@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import sys
@@ -56,12 +57,13 @@ def available(presets) -> list[str]:
 
 def eval_cli(args, *argv: str) -> dict:
     """One ``selfsup eval`` command in this process; its JSON (the runner's own output file)."""
-    from selfsup.cli import main as selfsup
+    from selfsup.commands.main import main as selfsup
 
     command, source, out = argv[0], argv[1], Path(argv[-1])
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = selfsup(["eval", *argv[:-1], "--out", str(out), "--device", "cpu"])
+        device = "cuda" if args.accelerator == "gpu" else "cpu"
+        rc = selfsup(["eval", *argv[:-1], "--out", str(out), "--device", device])
     if rc:
         raise RuntimeError(f"selfsup eval {command} {source} exited {rc}")
     if args.verbose:
@@ -97,23 +99,58 @@ def digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def ci(values: list[float]) -> str:
+    """mean ± the 95% interval's half-width over seeds (Student t, n − 1 dof); one seed: its value alone."""
+    from selfsup.claims.stats import interval, summary
+
+    n, mean, sd = summary(values)
+    if n < 2:
+        return f"{mean:.1f}"
+    lo, hi = interval(mean, sd, n)
+    return f"{mean:.1f} ± {(hi - lo) / 2:.1f}"
+
+
+def binomial_sd(top1: float, n: int) -> float:
+    """The sampling sd, in points, of one top-1 figure p measured on n test images: 100·sqrt(p(1 − p)/n)."""
+    p = top1 / 100
+    return 100 * math.sqrt(p * (1 - p) / n)
+
+
+def groups(results: dict) -> list[tuple[str, list[dict]]]:
+    """The rows grouped by (preset, overrides), in PRESETS order, each group's rows in seed order."""
+    out: dict[str, list[dict]] = {}
+    for r in results["runs"]:
+        name = r["preset"] + ("+" + "+".join(r["overrides"]) if r["overrides"] else "")
+        out.setdefault(name, []).append(r)
+    order = {p: i for i, p in enumerate(PRESETS)}
+    return sorted(((k, sorted(v, key=lambda r: r.get("seed", 0))) for k, v in out.items()),
+                  key=lambda kv: order.get(kv[1][0]["preset"], len(order)))
+
+
 def table(results: dict) -> str:
     budget = results["budget"]
     data = "Fashion-MNIST" if results["dataset"] == "fashion-mnist" else results["dataset"]
-    lines = [f"{data}, {budget['epochs']} epochs x {budget['steps_per_epoch']} steps of "
-             f"{budget['batch_size']} ({budget['images_seen']} images seen), seed {budget['seed']}, micro ViT; "
-             f"kNN@20 and linear probe fit on {results['eval_train_size']} training images, tested on "
-             f"{results['test_size']} (`benchmarks/methods_fmnist.py`)", "",
-             "| preset | kNN@20 top-1 | linear top-1 | fine-tune top-1 | random init kNN / linear (/ fine-tune) | "
-             "train s |", "|---|---|---|---|---|---|"]
-    for r in results["runs"]:
-        floor = results["random_init"][r["random_init"]]
-        ft = f"{r['finetune_top1']:.1f}" if "finetune_top1" in r else "–"
-        ref = f"{floor['knn20_top1']:.1f} / {floor['linear_top1']:.1f}" + (
-            f" / {floor['finetune_top1']:.1f}" if "finetune_top1" in floor and "finetune_top1" in r else "")
-        name = r["preset"] + ("+" + "+".join(r["overrides"]) if r["overrides"] else "")
-        lines.append(f"| `{name}` | {r['knn20_top1']:.1f} | {r['linear_top1']:.1f} | {ft} | {ref} | "
-                     f"{r['train_wall_s']:.0f} |")
+    per_epoch = budget["steps_per_epoch"] or "all"
+    n_test = results["test_size"] or 1
+    lines = [f"{data}, {budget['epochs']} epochs x {per_epoch} steps of {budget['batch_size']}, micro ViT; "
+             f"kNN@20 and linear probe fit on {results['eval_train_size']} training images (the probe's lr chosen "
+             f"on a held-out 10% of them), tested on {results['test_size']}; mean ± 95% interval over the seeds "
+             f"(`benchmarks/methods_fmnist.py`)", "",
+             "| preset | seeds | kNN@20 top-1 | linear top-1 | fine-tune top-1 | random init kNN / linear "
+             "(/ fine-tune) | kNN gain over init | binomial sd | train s / seed |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, rows in groups(results):
+        floors = [results["random_init"][r["random_init"]] for r in rows]
+        knn = [r["knn20_top1"] for r in rows]
+        ft = ci([r["finetune_top1"] for r in rows]) if all("finetune_top1" in r for r in rows) else "–"
+        ref = f"{ci([f['knn20_top1'] for f in floors])} / {ci([f['linear_top1'] for f in floors])}"
+        if ft != "–" and all("finetune_top1" in f for f in floors):
+            ref += f" / {ci([f['finetune_top1'] for f in floors])}"
+        gain = ci([r["knn20_top1"] - f["knn20_top1"] for r, f in zip(rows, floors)])
+        sd = binomial_sd(sum(knn) / len(knn), n_test)
+        wall = sum(r["train_wall_s"] for r in rows) / len(rows)
+        lines.append(f"| `{name}` | {len(rows)} | {ci(knn)} | {ci([r['linear_top1'] for r in rows])} | {ft} | "
+                     f"{ref} | {gain} | {sd:.2f} | {wall:.0f} |")
     return "\n".join(lines)
 
 
@@ -122,16 +159,21 @@ def main(argv=None) -> int:
     p.add_argument("--presets", default=",".join(PRESETS),
                    help="comma list (those not in this tree are skipped); preset+key=value+... adds overrides")
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--steps-per-epoch", type=int, default=20)
+    p.add_argument("--steps-per-epoch", type=int, default=20, help="0: every batch of the training split")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--eval-train", type=int, default=10000, help="training images the kNN / probe / fine-tune fit on")
     p.add_argument("--probe-epochs", type=int, default=30)
     p.add_argument("--ft-epochs", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma list of training seeds; each (preset, seed) is one row")
+    p.add_argument("--accelerator", default="cpu", choices=("cpu", "gpu"), help="trainer.accelerator of the runs")
     p.add_argument("--quick", action="store_true", help="digits, 2 x 3 steps, small evaluation")
     p.add_argument("--merge", action="store_true", help="replace / add these presets' rows in the existing JSON")
+    p.add_argument("--resume", action="store_true",
+                   help="like --merge, but skip the (preset, seed) rows the JSON already holds at this budget")
     p.add_argument("--table", action="store_true", help="only print the table of the existing JSON")
+    p.add_argument("--combine", nargs="+", metavar="JSON",
+                   help="merge the rows of these JSONs (one budget; e.g. one process a seed) into --out")
     p.add_argument("--verbose", action="store_true", help="print the eval runners' tables")
     p.add_argument("--out", default="benchmarks/results/methods_fmnist.json")
     args = p.parse_args(argv)
@@ -139,46 +181,64 @@ def main(argv=None) -> int:
     if args.table:
         print(table(json.loads(out.read_text())))
         return 0
+    if args.combine:
+        parts = [json.loads(Path(f).read_text()) for f in args.combine]
+        results = parts[0]
+        for part in parts[1:]:
+            if part["budget"] != results["budget"]:
+                raise SystemExit(f"--combine: the JSONs were measured with other budgets: {part['budget']}")
+            keys = {(r["preset"], tuple(r["overrides"]), r.get("seed", 0)) for r in part["runs"]}
+            results["runs"] = [r for r in results["runs"]
+                               if (r["preset"], tuple(r["overrides"]), r.get("seed", 0)) not in keys] + part["runs"]
+            results["random_init"].update(part["random_init"])
+            results["total_wall_s"] = max(results.get("total_wall_s", 0), part.get("total_wall_s", 0))
+        order = {p: i for i, p in enumerate(PRESETS)}
+        results["runs"].sort(key=lambda r: (order.get(r["preset"], len(order)), r.get("seed", 0)))
+        out.write_text(json.dumps(results, indent=2))
+        print(table(results))
+        return 0
     if args.quick:
         args.epochs, args.steps_per_epoch, args.batch_size, args.eval_train, args.probe_epochs, args.ft_epochs = \
             2, 3, 32, 300, 2, 1
+    seeds = [int(s) for s in args.seeds.split(",")]
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     import selfsup.engine as engine
     from selfsup.config import load_run_config
     from selfsup.data.datasets import fashion_mnist_default
-    from selfsup.methods.base import SSLMethod
 
     fallback = args.quick or not (fashion_mnist_default() / "train-images-idx3-ubyte.gz").exists()
     if fallback and not args.quick:
         print("Fashion-MNIST files not found: running on digits instead", file=sys.stderr)
-    budget = argparse.Namespace(steps=args.steps_per_epoch, batch_size=args.batch_size, seed=args.seed)
-    steps = args.epochs * args.steps_per_epoch
     results = {"dataset": "digits" if fallback else "fashion-mnist", "fallback_to_digits": fallback and not args.quick,
-               "budget": {"epochs": args.epochs, "steps_per_epoch": args.steps_per_epoch, "steps": steps,
-                          "batch_size": args.batch_size, "images_seen": steps * args.batch_size, "seed": args.seed,
-                          "warmup": "10% of the run"},
+               "budget": {"epochs": args.epochs, "steps_per_epoch": args.steps_per_epoch,
+                          "batch_size": args.batch_size, "warmup": "10% of the run"},
                "eval_train_size": args.eval_train, "test_size": None,
                "knn": {"k": 20, "temperature": 0.07}, "probe_epochs": args.probe_epochs,
-               "finetune_epochs": args.ft_epochs, "threads": args.threads, "host": platform.node(),
-               "cpus": os.cpu_count(), "note": "wall times on a 2-core machine shared with other work",
-               "runs": [], "random_init": {}}
-    if args.merge and out.exists():
+               "finetune_epochs": args.ft_epochs, "threads": args.threads, "accelerator": args.accelerator,
+               "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "note": "wall times on a 2-core machine shared with other work", "runs": [], "random_init": {}}
+    if (args.merge or args.resume) and out.exists():
         old = json.loads(out.read_text())
         if old["budget"] != results["budget"]:
-            raise SystemExit(f"--merge: {out} was measured with another budget {old['budget']}")
+            raise SystemExit(f"--merge/--resume: {out} was measured with another budget {old['budget']}")
         results = old
+    done = {(r["preset"], tuple(r["overrides"]), r.get("seed", 0)) for r in results["runs"]} if args.resume else set()
 
-    SSLMethod.end_of_run_report = lambda self, *a, **k: []  # evaluated below, on the fixed subsets, instead
+    engine.end_of_run_report = lambda *a, **k: []  # evaluated below, on the fixed subsets, instead
     started = time.perf_counter()
     presets = available(args.presets.split(","))
+    todo = [(e, s) for s in seeds for e in presets if (e.split("+")[0], tuple(e.split("+")[1:]), s) not in done]
     with tempfile.TemporaryDirectory() as tmp:
-        for i, entry in enumerate(presets):
+        for i, (entry, seed) in enumerate(todo):
             preset, *extra = entry.split("+")
+            budget = argparse.Namespace(steps=args.steps_per_epoch, batch_size=args.batch_size, seed=seed)
             o = budget_overrides(budget, fallback, tmp, f"run{i}")
-            o = [x for x in o if not x.startswith(("trainer.max_epochs", "optim.warmup_epochs"))]
-            o += [f"trainer.max_epochs={args.epochs}", f"optim.warmup_epochs={args.epochs / 10:g}"]
+            o = [x for x in o if not x.startswith(("trainer.max_epochs", "optim.warmup_epochs", "trainer.accelerator"))
+                 and not (args.steps_per_epoch == 0 and x.startswith("trainer.limit_train_batches"))]
+            o += [f"trainer.max_epochs={args.epochs}", f"optim.warmup_epochs={args.epochs / 10:g}",
+                  f"trainer.accelerator={args.accelerator}"]
             if fallback:  # digits are 8 px: patch 2 (redundancy.py's fallback), local crops of 4 px
                 o += ["augment.local_crops_size=4"] if "dino" in preset or "ibot" in preset else []
             cfg = load_run_config(preset, o + extra)
@@ -187,24 +247,27 @@ def main(argv=None) -> int:
             run = engine.pretrain(cfg, preset)
             wall = time.perf_counter() - t0
             finetune = method in FINETUNED
-            row = {"preset": preset, "overrides": extra, "method": method, "train_wall_s": round(wall, 1),
+            row = {"preset": preset, "overrides": extra, "seed": seed, "method": method, "train_wall_s": round(wall, 1),
                    **evaluate(run / "backbone.safetensors", Path(tmp) / f"eval{i}", args, finetune)}
             key = digest(run / "backbone_init.safetensors")
             floor = results["random_init"].get(key)
             if floor is None or (finetune and "finetune_top1" not in floor):
-                floor = {"first_preset": preset, **evaluate(run / "backbone_init.safetensors",
-                                                            Path(tmp) / f"init{i}", args, finetune)}
+                floor = {"first_preset": preset, "seed": seed, **evaluate(run / "backbone_init.safetensors",
+                                                                          Path(tmp) / f"init{i}", args, finetune)}
                 results["random_init"][key] = floor
             row["random_init"] = key
             results["test_size"] = row["test_size"]
-            results["runs"] = [r for r in results["runs"] if (r["preset"], r["overrides"]) != (preset, extra)]
+            results["runs"] = [r for r in results["runs"]
+                               if (r["preset"], r["overrides"], r.get("seed", 0)) != (preset, extra, seed)]
             results["runs"].append(row)
-            print(json.dumps(row), flush=True)
+            elapsed = time.perf_counter() - started
+            print(json.dumps(row), f"[{i + 1}/{len(todo)}, about {elapsed / (i + 1) * (len(todo) - i - 1) / 60:.0f} "
+                  "min left]", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(results, indent=2))  # after every preset: a stopped run keeps its rows
+            out.write_text(json.dumps(results, indent=2))  # after every run: a stopped benchmark keeps its rows
     order = {p: i for i, p in enumerate(PRESETS)}
-    results["runs"].sort(key=lambda r: order.get(r["preset"], len(order)))
-    results["total_wall_s"] = round(time.perf_counter() - started, 1)
+    results["runs"].sort(key=lambda r: (order.get(r["preset"], len(order)), r.get("seed", 0)))
+    results["total_wall_s"] = round(results.get("total_wall_s", 0) * bool(done) + time.perf_counter() - started, 1)
     out.write_text(json.dumps(results, indent=2))
     print(table(results))
     print(f"wrote {out} ({results['total_wall_s']} s)")

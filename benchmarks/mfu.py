@@ -140,7 +140,7 @@ class SelfsupStep:
             from selfsup.memory_format import images_in
             views = [images_in(v, self.model.memory_format) for v in views]
         with self.autocast():  # (MAE's noise, iBOT's masks: drawn before the step, as in training_step)
-            return self.model.forward_views(views, **self.model.step_draws(views))["loss"]
+            return self.model.forward_views(views, **self.model.step_draws(views)).loss
 
     def __call__(self, views):
         self.loss(views).backward()
@@ -186,7 +186,7 @@ class FlowStep:
         # noise, t, masks: per step, as in fit
         self.model.rng(x0.device).manual_seed(self.seed * 1_000_003 + self.steps)
         with self.autocast():
-            return self.model.forward_flow(x0, self.model.class_labels(labels))["loss"]
+            return self.model.forward_flow(x0, self.model.class_labels(labels)).loss
 
     def __call__(self, batch):
         self.loss(batch).backward()

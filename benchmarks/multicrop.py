@@ -52,7 +52,7 @@ def build(case: str, device: torch.device):
 
 def step(model, views, optimizer) -> None:
     out = model.forward_views(views)
-    out["loss"].backward()
+    out.loss.backward()
     model.on_before_optimizer_step(optimizer)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

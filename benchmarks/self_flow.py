@@ -113,7 +113,7 @@ def recorder(checkpoints: list[int], snap_dir: Path):
             step = trainer.global_step  # (the logged metrics are written every log_every_n_steps only)
             self.curves["step"].append(step)
             for key in ("flow_loss", "rep_loss"):
-                v = outputs.get(key) if isinstance(outputs, dict) else None
+                v = outputs["step"].scalars.get(key)
                 self.curves[key].append(float(v) if v is not None else float("nan"))
             if step in checkpoints:
                 snap_dir.mkdir(parents=True, exist_ok=True)
@@ -286,7 +286,7 @@ def bare_steps(cfg, dataset, warmup: int, steps: int) -> list[tuple[float, float
                 break
             idx = order[i * b:(i + 1) * b]
             x, labels = model.on_after_batch_transfer(dataset[idx], 0)
-            loss = model.forward_flow(x, model.class_labels(labels))["loss"]
+            loss = model.forward_flow(x, model.class_labels(labels)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.trainer.gradient_clip_val)
             opt.step()
@@ -400,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from selfsup.config import DataConfig, load_run_config
     from selfsup.data.datasets import load_dataset
-    from selfsup.eval.source import load_source
-    from selfsup.eval.source import load_flow_run
+    from selfsup.runs.source import load_source
+    from selfsup.runs.source import load_flow_run
     from selfsup.flow.sampler import sample_labels, save_grid
     from selfsup.flow.metrics import feature_frechet_distance
 

@@ -137,7 +137,7 @@ def run_bare(method: str, dataset, args) -> list[float]:
             images = dataset.images[idx].to(device, non_blocking=True)
             gen.manual_seed(cfg.trainer.seed * 1_000_003 + step)
             views = model.augment(images, gen)
-            loss = model.forward_views(views)["loss"]
+            loss = model.forward_views(views).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -61,7 +61,7 @@ HEADS = {
 def tiny_config(method: str, method_extra: dict | None = None, **sections):
     """A resolved RunConfig: micro ViT (8×8, patch 2, frozen patch projection), narrow heads, digits."""
     data = {
-        "method": {"name": method, **HEADS[method], **(method_extra or {})},
+        "method": {"name": method, **HEADS.get(method, {}), **(method_extra or {})},  # a new method: its defaults
         "data": {"name": "digits", "batch_size": 16},
         "model": {"backbone": "vit_micro", "patch_size": 2, "stop_grad_conv1": True},
         "optim": {"name": "adamw", "base_lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 0},
@@ -85,9 +85,25 @@ def random_views(batch: int = 8, seed: int = 0) -> list[torch.Tensor]:
 
 
 # --------------------------------------------------------------------------- the CLI and its user errors
+def filled_tensors(out) -> dict[str, torch.Tensor]:
+    """The tensors of a StepOutput that its step filled, by attribute name (the loss included)."""
+    import dataclasses
+
+    return {f.name: getattr(out, f.name) for f in dataclasses.fields(out)
+            if isinstance(getattr(out, f.name), torch.Tensor)}
+
+
+def step_outputs(**tensors) -> dict:
+    """What Lightning hands a callback after a training step: ``{"loss", "step": StepOutput(...)}``."""
+    from selfsup.step import StepOutput
+
+    loss = torch.zeros(())
+    return {"loss": loss, "step": StepOutput(loss, **tensors)}
+
+
 def run_cli(*argv):
     """main(argv) in this process: (exit code, stdout, stderr)."""
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -297,7 +313,7 @@ class ViewsLoss(torch.nn.Module):
         self.method = method
 
     def forward(self, *views, noise=None):
-        return self.method.forward_views(list(views), *(() if noise is None else (noise,)))["loss"]
+        return self.method.forward_views(list(views), *(() if noise is None else (noise,))).loss
 
 
 def quick_claim(claim_id: str, work, overrides) -> dict:

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from selfsup.claims.cli import RESULTS, table
+from selfsup.commands.claims import RESULTS, table
 from selfsup.claims.registry import CLAIMS, PAPERS
 from selfsup.claims.suite import MIN_SEEDS, REPRODUCED, plot_result
-from selfsup.cli import main
+from selfsup.commands.main import main
 from ssl_helpers import quick_claim
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_size=32", "trainer.log_every_n_steps=1",
@@ -157,16 +157,15 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
     the first's random-init kNN; every result equals that of runs that share nothing."""
     from selfsup.claims import suite
     from selfsup.data import datasets
-    from selfsup.eval import features
-    from selfsup.methods import base
+    from selfsup.runs import finish
     from ssl_helpers import TINY as TINY_RUN
 
     reads, passes = [], []
-    read, extract = datasets._load_dataset, features.extract_features
+    read, extract = datasets._load_dataset, finish.extract_features
     monkeypatch.setattr(datasets, "_load_dataset", lambda cfg, split: reads.append(split) or read(cfg, split))
-    monkeypatch.setattr(features, "extract_features", lambda *a, **k: passes.append(len(a[1])) or extract(*a, **k))
+    monkeypatch.setattr(finish, "extract_features", lambda *a, **k: passes.append(len(a[1])) or extract(*a, **k))
     monkeypatch.setattr(suite, "_SPLITS", {})
-    monkeypatch.setattr(base, "_INIT_KNN", {})
+    monkeypatch.setattr(finish, "_INIT_KNN", {})
     ctx = suite.Context(quick=True, seeds=1, work=tmp_path, progress=lambda m: None)
     arms = (("a", []), ("b", ["optim.base_lr=1e-4"]))
 
@@ -179,11 +178,11 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
         shared = runs("shared")
     assert datasets._load_dataset.__name__ == "<lambda>"  # restored on leaving
     assert sorted(reads) == ["test", "train"]  # each split once for both runs
-    # the kNN's passes over whole splits (the instruments pass a fixed batch): run a the trained and the init
+    # the end-of-run kNN's passes over whole splits (runs.finish): run a the trained and the init
     # backbone over train and test, run b its trained one only
     assert sorted(n for n in passes if n in (1438, 359)) == [359] * 3 + [1438] * 3
     assert shared[0]["random_init"] == shared[1]["random_init"]
-    base._INIT_KNN.clear()
+    finish._INIT_KNN.clear()
     alone = runs("alone")
     assert alone == shared  # kNN of the trained and the random-init backbones, bit for bit
 
@@ -191,7 +190,7 @@ def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical
 def test_readme_tally_and_docs_table_are_the_committed_results():
     from pathlib import Path
 
-    from selfsup.claims.cli import tally_text
+    from selfsup.commands.claims import tally_text
 
     root = Path(__file__).resolve().parents[1]
     assert f"Today {tally_text()}, at CPU scale" in " ".join((root / "README.md").read_text().split())
@@ -224,7 +223,7 @@ def test_pilot_runs_on_its_own_seeds_and_prints_the_figures_for_the_definition(t
 def test_list_and_table_show_the_budget_the_pilot_and_a_redefinition(tmp_path, capsys, monkeypatch):
     from dataclasses import replace
 
-    from selfsup.claims import cli
+    from selfsup.commands import claims as cli
     from selfsup.claims.suite import Pilot
 
     claim = CLAIMS["moco-v3-momentum"]

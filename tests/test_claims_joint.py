@@ -63,15 +63,15 @@ def test_predictor_none_is_the_identity_with_no_parameters(method):
     m = tiny_method(method, {"predictor": "none"})
     assert isinstance(m.predictor, nn.Identity) and not list(m.predictor.parameters())
     out = m.forward_views(random_views(8))
-    torch.testing.assert_close(out["prediction"], out["projection"])
-    assert torch.isfinite(out["loss"])
+    torch.testing.assert_close(out.prediction, out.projection)
+    assert torch.isfinite(out.loss)
 
 
 def _grads(m, views):
     m.zero_grad()
     out = m.forward_views(views)
-    out["loss"].backward()
-    return out["loss"].detach(), torch.cat([p.grad.flatten() for p in m.projector.parameters() if p.grad is not None])
+    out.loss.backward()
+    return out.loss.detach(), torch.cat([p.grad.flatten() for p in m.projector.parameters() if p.grad is not None])
 
 
 @pytest.mark.parametrize("method, extra", [("simsiam", {}),

@@ -10,7 +10,7 @@ import yaml
 from selfsup.config import (RunConfig, load_preset, load_run_config, parse_overrides, preset_names, resolve,
                             to_dict)
 from selfsup.errors import UserError
-from selfsup.methods import method_name
+from selfsup.methods import registered_name
 from ssl_helpers import raises_user_error
 
 
@@ -42,7 +42,7 @@ def test_overrides_reach_the_typed_config():
     assert cfg.optim.betas == (0.9, 0.95) and cfg.data.root is None and cfg.data.image_size == 16
     assert cfg.trainer.progress_bar is False and cfg.method.temperature == 0.5
     assert cfg.trainer.limit_train_batches == 4  # the last of repeated overrides wins
-    assert method_name(cfg.method) == "moco_v3"
+    assert registered_name(cfg.method) == "moco_v3"
 
 
 @pytest.mark.parametrize("override, words", [
@@ -151,8 +151,21 @@ def test_every_preset_resolves_and_round_trips(name):
     again = resolve(yaml.safe_load(yaml.safe_dump(plain, sort_keys=False)))
     assert again == cfg
     assert to_dict(again) == plain
-    assert plain["method"]["name"] == method_name(cfg.method)
-    assert all(f.name in plain for f in dataclasses.fields(RunConfig))
+    assert plain["method"]["name"] == registered_name(cfg.method) == cfg.method_name
+    assert all((f.name in plain) == f.init for f in dataclasses.fields(RunConfig))  # the derived fields: not saved
+
+
+def test_the_method_class_is_resolved_once_on_the_config_and_is_no_config_key():
+    """RunConfig.method_cls / method_name: the registry's answer for the run, what the builder, the engine and
+    evaluation ask; never written to config.yaml, and refused as a key."""
+    from selfsup.methods import METHODS
+
+    cfg = load_run_config("byol-digits")
+    assert cfg.method_cls is METHODS["byol"] and cfg.method_name == "byol"
+    assert "method_cls" not in to_dict(cfg) and "method_name" not in to_dict(cfg)
+    assert RunConfig(method=METHODS["mae"].Config()).method_cls is METHODS["mae"]  # built by hand: the same lookup
+    with raises_user_error("unknown config key 'method_cls'"):
+        resolve({**load_preset("byol-digits"), "method_cls": "BYOL"})
 
 
 def test_there_are_presets_for_each_method():
@@ -160,5 +173,5 @@ def test_there_are_presets_for_each_method():
 
     names = preset_names()
     assert "moco-v3-vit-digits" in names
-    used = {method_name(resolve(load_preset(n)).method) for n in names}
+    used = {registered_name(resolve(load_preset(n)).method) for n in names}
     assert used <= set(METHODS)

@@ -111,7 +111,7 @@ def reference(variant: str) -> tuple[torch.Tensor, dict[str, torch.Tensor], list
     assert not dist.is_initialized()
     method = method_for(variant)
     views = fixed_views()
-    loss = (method.forward_views(views[:1], fixed_noise()) if variant == "mae" else method.forward_views(views))["loss"]
+    loss = (method.forward_views(views[:1], fixed_noise()) if variant == "mae" else method.forward_views(views)).loss
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
     return loss.detach(), grads, [n for n, p in method.named_parameters() if p.requires_grad]

@@ -95,7 +95,7 @@ def ddp_results(tmp_path_factory):
 def reference(variant: str):
     assert not dist.is_initialized()
     m = method_for(variant)
-    loss = m.forward_views(fixed_views())["loss"]
+    loss = m.forward_views(fixed_views()).loss
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
     return loss.detach(), grads, state_of(m)

@@ -82,15 +82,15 @@ def test_method_step_uses_the_old_centre_then_updates_it_from_the_teacher_global
     out = m.forward_views(views)
     assert seen == [(16, 1, 8, 8)]  # the teacher sees the two global crops only, in one call
     ref, _ = reference_loss(s, t, c0, 0.1, m.teacher_temp, 4)
-    torch.testing.assert_close(out["loss"].double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.loss.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.center, 0.9 * c0 + 0.1 * t.mean(0, keepdim=True), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(dino_center(c0, t.sum(0, keepdim=True), 16, 0.9), m.center, rtol=1e-5, atol=1e-7)
     # collapse signs: the teacher's entropy and KL(teacher || student) = loss - entropy
     q = F.softmax((t - c0) / m.teacher_temp, dim=-1)
     entropy = -(q * q.log()).sum(-1).mean()
-    signs = out["instruments"]
+    signs = out.instruments
     torch.testing.assert_close(signs["dino_teacher_entropy"], entropy, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(signs["dino_kl_teacher_student"], out["loss"].detach() - entropy, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(signs["dino_kl_teacher_student"], out.loss.detach() - entropy, rtol=1e-4, atol=1e-5)
     assert signs["dino_center_norm"].item() == pytest.approx(c0.norm().item(), rel=1e-6)
     assert "center" in m.state_dict()  # checkpointed with the weights
 

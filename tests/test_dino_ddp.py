@@ -67,7 +67,7 @@ def test_dino_ddp_matches_one_process(tmp_path):
     spawn_and_join(_worker, (str(tmp_path / "rendezvous"), str(tmp_path)), WORLD, TIMEOUT_S, poll_s=2)
     results = {v: [torch.load(tmp_path / f"{v}-{r}.pt") for r in range(WORLD)] for v in ("dino", "no_all_reduce")}
     m = method()
-    ref_loss = m.forward_views(fixed_views())["loss"]
+    ref_loss = m.forward_views(fixed_views()).loss
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
     losses = [r["loss"] for r in results["dino"]]

@@ -1,4 +1,4 @@
-"""Evaluation from Python (``selfsup.eval.api``): the README's snippet on a tiny pretrained run gives the command
+"""Evaluation from Python (``selfsup.runs.evaluate``): the README's snippet on a tiny pretrained run gives the command
 line's results; the probe's protocol defaults are written once; the projection heads exported by pretraining are
 what ``--embedding projector|predictor`` reads, identical to the checkpoint rebuild it replaces."""
 
@@ -30,7 +30,7 @@ def run(tmp_path_factory):
 
 def readme_snippet() -> str:
     blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-              if "from selfsup.eval import" in b and "EvalSession(" in b]
+              if "from selfsup.runs import" in b and "EvalSession(" in b]
     assert len(blocks) == 1, "README.md must hold exactly one python block evaluating a run with EvalSession"
     return blocks[0]
 
@@ -82,7 +82,7 @@ def test_fine_tuning_defaults_per_method_live_in_the_dataclass():
 
 
 def test_the_exported_heads_equal_the_checkpoint_rebuild_and_need_no_training_module(run, tmp_path, monkeypatch):
-    from selfsup.eval.source import load_source, loss_embedding, with_heads
+    from selfsup.runs.source import load_source, loss_embedding, with_heads
     from selfsup.export import load_heads
 
     heads = load_heads(run / "heads.safetensors")
@@ -93,10 +93,10 @@ def test_the_exported_heads_equal_the_checkpoint_rebuild_and_need_no_training_mo
     for embedding in ("projector", "predictor"):
         rebuilt = with_heads(load_source(old), embedding)
         assert rebuilt.weights == old / "checkpoints" / "last.ckpt"
-        import selfsup.methods.build as build
+        import selfsup.runs.source as source
 
         with monkeypatch.context() as m:  # the exported heads are read without building the training module
-            m.setattr(build, "build_method", lambda *a, **k: pytest.fail("rebuilt the training module"))
+            m.setattr(source, "build_method", lambda *a, **k: pytest.fail("rebuilt the training module"))
             exported = with_heads(load_source(run), embedding)
             assert loss_embedding(load_source(run)) == "predictor"
         assert exported.weights == run / "heads.safetensors" and exported.embedding == embedding
@@ -112,11 +112,11 @@ def test_the_command_lines_defaults_are_the_dataclasses():
     configs' fields, and ``eval generation``'s runner takes the config the flags build."""
     import dataclasses
 
-    from selfsup.cli import build_parser
+    from selfsup.commands.main import build_parser
     from selfsup.eval.finetune import FinetuneConfig
     from selfsup.eval.reconstruct import ReconstructConfig
     from selfsup.eval.spectrum import SpectrumConfig
-    from selfsup.flow.generation import GenerationConfig
+    from selfsup.runs.generation import GenerationConfig
 
     parse = build_parser().parse_args
     g = parse(["eval", "generation", "RUN"])

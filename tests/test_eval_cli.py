@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from selfsup.cli import main
+from selfsup.commands.main import main
 
 from idx_files import fake_fashion
 from ssl_helpers import assert_user_error, run_cli
@@ -226,7 +226,7 @@ def test_exit_code_and_single_line_in_a_real_process(tmp_path):
 
 def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
     """--embedding projector scores the backbone + projector output (what the loss sees), cached apart."""
-    from selfsup.eval.source import load_source, with_projector
+    from selfsup.runs.source import load_source, with_projector
 
     out = tmp_path / "p"
     ok(capsys, "rankme", run, "--embedding", "projector", "--out", out)
@@ -268,7 +268,7 @@ def test_an_image_folder_run_is_evaluated_at_the_size_it_trained_at(tmp_path):
     from types import SimpleNamespace
 
     from selfsup.config import DataConfig
-    from selfsup.eval.session import data_config
+    from selfsup.runs.session import data_config
 
     run_cfg = SimpleNamespace(data=DataConfig(name="imagefolder", root=str(tmp_path)))
     source = SimpleNamespace(run_cfg=run_cfg, meta={"image_size": 16, "dataset": "imagefolder"})

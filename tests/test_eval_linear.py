@@ -11,6 +11,7 @@ from selfsup.eval.linear import (GridLinear, GridSGD, ProbeConfig, assert_unchan
 from selfsup.instruments import KNNMonitor, OnlineLinearProbe
 from selfsup.methods import DataInfo
 from selfsup.models.backbones import build_backbone
+from ssl_helpers import step_outputs
 
 
 def tiny_dataset(n=48, classes=3, size=8, seed=0):
@@ -150,8 +151,9 @@ class Logger:
 
 def fake(dataset, step=4):
     backbone = build_backbone("vit_micro", in_chans=1, image_size=8, patch_size=2)
-    module = SimpleNamespace(backbone=backbone, info=DataInfo(1, 8, (0.5,), (0.25,)), device=torch.device("cpu"),
-                             log=Logger())
+    # a method declares the backbone it is judged by (TrainingBase.eval_backbone)
+    module = SimpleNamespace(backbone=backbone, eval_backbone=backbone, info=DataInfo(1, 8, (0.5,), (0.25,)),
+                             device=torch.device("cpu"), log=Logger())
     trainer = SimpleNamespace(global_step=step, is_global_zero=True, datamodule=SimpleNamespace(dataset=dataset),
                               loggers=[module.log])
     return trainer, module
@@ -187,7 +189,7 @@ def test_online_probe_trains_on_detached_embeddings():
     for _ in range(30):
         y = torch.randint(0, 3, (32,), generator=g)
         emb = (centres[y] + torch.randn(32, centres.shape[1], generator=g)).requires_grad_(True)
-        probe.on_train_batch_end(trainer, module, {"loss": None, "embedding": emb, "labels": y}, None, 0)
+        probe.on_train_batch_end(trainer, module, step_outputs(embedding=emb, labels=y), None, 0)
     assert emb.grad is None  # nothing flows back into the embedding
     assert module.log.logged["monitor/probe_acc"] > 90
     state = probe.state_dict()
@@ -207,10 +209,10 @@ def test_online_probe_ignores_unlabelled_samples():
     probes = [OnlineLinearProbe(lr=0.05, num_classes=3) for _ in range(2)]
     for probe in probes:
         probe.on_fit_start(trainer, module)
-    probes[0].on_train_batch_end(trainer, module, {"embedding": emb, "labels": labels}, None, 0)
+    probes[0].on_train_batch_end(trainer, module, step_outputs(embedding=emb, labels=labels), None, 0)
     logged = dict(module.log.logged)
     keep = labels >= 0
-    probes[1].on_train_batch_end(trainer, module, {"embedding": emb[keep], "labels": labels[keep]}, None, 0)
+    probes[1].on_train_batch_end(trainer, module, step_outputs(embedding=emb[keep], labels=labels[keep]), None, 0)
     torch.testing.assert_close(probes[0].probe.weight, probes[1].probe.weight)
     assert logged["monitor/probe_acc"] == pytest.approx(module.log.logged["monitor/probe_acc"])
     assert logged["monitor/probe_loss"] == pytest.approx(module.log.logged["monitor/probe_loss"])

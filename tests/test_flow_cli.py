@@ -101,7 +101,7 @@ def test_eval_generation_never_defaults_to_repas_own_encoder():
     """Every flow run defaults to its own EMA features, REPA's too: its alignment encoder would favour it."""
     from types import SimpleNamespace
 
-    from selfsup.flow.cli import OWN_FEATURES, REPA_NOT_DEFAULT, _encoder_location
+    from selfsup.runs.generation import OWN_FEATURES, REPA_NOT_DEFAULT, _encoder_location
 
     repa = SimpleNamespace(method=SimpleNamespace(encoder="runs/moco"))
     assert _encoder_location(SimpleNamespace(encoder=None), repa, "runs/repa") == (

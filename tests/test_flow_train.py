@@ -12,6 +12,7 @@ from selfsup.config import load_run_config
 from selfsup.data.datasets import load_dataset
 from selfsup.errors import UserError
 from selfsup.export import export_backbone
+from selfsup.flow.objective import noise_level_buckets
 from selfsup.flow.path import interpolate
 from selfsup.methods.build import build_method, data_info
 from selfsup.models.backbones import build_backbone
@@ -87,14 +88,14 @@ def test_teacher_sees_min_t_s_and_the_same_noise():
     lv = model.student.unpatchify(levels[:, :, None].expand(-1, -1, 4))
     noise = (xs - (1 - lv) * x0) / lv
     assert torch.allclose(xt, interpolate(x0, noise, tt), atol=1e-4)
-    assert out["prediction"].shape == out["target"].shape == (8 * 16, 64)
+    assert out.prediction.shape == out.target.shape == (8 * 16, 64)
 
 
 def test_init_alignment_starts_near_one_and_features_differ_only_by_input():
     model, train = make()
     x0, y = batch(model, train, 32)
     out = model.forward_flow(x0, y)
-    assert 0.8 < out["rep_loss"].item() < 1.2  # the thread: 1 - cos starts near 1
+    assert 0.8 < out.scalars["rep_loss"].item() < 1.2  # the thread: 1 - cos starts near 1
     t = torch.rand(32)
     xt = interpolate(x0, torch.randn_like(x0), t)
     # every block is the identity at step 0: raw student and teacher tokens are the same function of the input
@@ -105,17 +106,17 @@ def test_init_alignment_starts_near_one_and_features_differ_only_by_input():
 def test_no_gradient_reaches_teacher_or_repa_encoder(tmp_path):
     model, train = make()
     x0, y = batch(model, train)
-    model.forward_flow(x0, y)["loss"].backward()
+    model.forward_flow(x0, y).loss.backward()
     assert all(p.grad is None and not p.requires_grad for p in model.ema.parameters())
     assert all(p.grad is not None for p in model.head.parameters())
     assert model.student.x_embedder.weight.grad.abs().sum() > 0  # through the alignment loss
     repa, _ = make("repa-digits", f"method.encoder={vit_encoder(tmp_path)}")
     out = repa.forward_flow(x0, y)
-    out["loss"].backward()
-    assert out["target"].shape == (8 * 16, 128)  # vit_micro: width 128
+    out.loss.backward()
+    assert out.target.shape == (8 * 16, 128)  # vit_micro: width 128
     # REPA's loss is mean(−cos(mlp(student tokens), encoder tokens)) over every token
-    expected = -F.cosine_similarity(out["prediction"], out["target"], dim=-1).mean()
-    torch.testing.assert_close(out["rep_loss"].detach(), expected, rtol=1e-5, atol=1e-6)
+    expected = -F.cosine_similarity(out.prediction, out.target, dim=-1).mean()
+    torch.testing.assert_close(out.scalars["rep_loss"].detach(), expected, rtol=1e-5, atol=1e-6)
     encoder = repa._encoder[0]
     assert all(p.grad is None and not p.requires_grad for p in encoder.parameters())
     assert all(p.grad is not None for p in repa.projector.parameters())
@@ -135,11 +136,24 @@ def test_repa_tokens_resized_to_the_student_grid(tmp_path):
 def test_plain_flow_matching_step_and_buckets():
     model, train = make("flow-matching-digits")
     x0, y = batch(model, train)
+    seen, flow_output = {}, model.flow_output
+
+    def spy(per_token, levels, h):
+        seen.update(per_token=per_token, levels=levels)
+        return flow_output(per_token, levels, h)
+
+    model.flow_output = spy
     out = model.forward_flow(x0, y)
-    assert set(out) >= {"loss", "flow_loss", "levels", "embedding"} and "prediction" not in out
-    assert out["flow_loss"].shape == (8, 16) and out["levels"].shape == (8,)
+    assert out.embedding is not None and out.prediction is None and out.target is None
+    assert seen["per_token"].shape == (8, 16) and seen["levels"].shape == (8,)
+    # the logged scalars: the flow loss (plain flow matching's loss), its mean per noise-level bucket, the EMA decay
+    means, _ = noise_level_buckets(seen["per_token"], seen["levels"], 4)
+    buckets = [f"flow_loss_t{i / 4:.2f}-{(i + 1) / 4:.2f}" for i in range(4)]
+    assert list(out.scalars) == ["flow_loss", *buckets, "ema_decay"] and out.scalars["ema_decay"] == model.ema_decay
+    assert torch.equal(out.scalars["flow_loss"], out.loss.detach())
+    torch.testing.assert_close(torch.stack([out.scalars[k] for k in buckets]), means, equal_nan=True, rtol=0, atol=0)
     # at init the model outputs 0, so the loss is E||eps - x0||^2
-    assert 1.0 < out["loss"].item() < 3.0
+    assert 1.0 < out.loss.item() < 3.0
 
 
 def test_ema_update_and_warmup():
@@ -169,7 +183,7 @@ def test_latent_dataset(tmp_path):
     model, train = make("self-flow-digits", "data.name=latents", f"data.root={tmp_path / 'lat'}")
     x0, y = batch(model, train)
     assert torch.equal(x0, latents[:8]) and model.student.num_classes == 5
-    assert torch.isfinite(model.forward_flow(x0, model.class_labels(y))["loss"])
+    assert torch.isfinite(model.forward_flow(x0, model.class_labels(y)).loss)
 
 
 @pytest.mark.parametrize("override,words", [
@@ -206,7 +220,7 @@ def test_cli_end_to_end_then_eval_features(tmp_path):
     header = (run / "metrics.csv").read_text().splitlines()[0]
     for key in ("train/flow_loss", "train/rep_loss", "train/ema_decay", "train/flow_loss_t0.75-1.00"):
         assert key in header
-    from selfsup.eval.source import load_flow_run
+    from selfsup.runs.source import load_flow_run
 
     model, cfg, info = load_flow_run(run)
     assert info["num_classes"] == 10 and info["image_size"] == 8
@@ -309,10 +323,12 @@ def test_a_latents_run_is_evaluated_like_any_backbone(tmp_path):
 
 
 def at_step(model, step):
-    """The module as the engine sees it at optimiser step ``step`` (the ramp reads trainer.global_step only)."""
+    """The module as the engine sees it at optimiser step ``step``: its schedule's extras set (the ramp's weight)."""
     from types import SimpleNamespace
 
     model._trainer = SimpleNamespace(global_step=step)
+    for name, value in model.schedule(step, 0).extras.items():
+        setattr(model, name, value)
     return model
 
 
@@ -328,14 +344,14 @@ def test_rep_warmup_ramps_the_weight_of_self_flow_and_repa(tmp_path):
                                 ("repa-digits", [f"method.encoder={vit_encoder(tmp_path)}"], 0.5)):
         model, train = make(preset, *extra, "method.rep_warmup_steps=300")
         x0, y = batch(model, train)
-        assert [at_step(model, s).rep_weight() for s in (0, 150, 300, 900)] == [0.0, full / 2, full, full]
+        assert [at_step(model, s).rep_weight for s in (0, 150, 300, 900)] == [0.0, full / 2, full, full]
         model.rng("cpu").manual_seed(3)
         out = at_step(model, 150).forward_flow(x0, y)
         # loss = flow + (w / 2) · rep at half the ramp, exactly
-        assert out["rep_weight"] == full / 2
-        assert torch.equal(out["loss"], out["flow_loss"].mean() + full / 2 * out["rep_loss"])
+        assert model.rep_weight == full / 2
+        assert torch.equal(out.loss, out.scalars["flow_loss"] + full / 2 * out.scalars["rep_loss"])
         official, _ = make(preset, *extra, "method.rep_warmup_steps=0")
-        assert at_step(official, 0).rep_weight() == full  # rep_warmup_steps 0: the full weight at step 0
+        assert at_step(official, 0).rep_weight == full  # rep_warmup_steps 0: the full weight at step 0
 
 
 def test_zero_weight_skips_the_teacher_and_keeps_the_loss(tmp_path):
@@ -359,9 +375,9 @@ def test_zero_weight_skips_the_teacher_and_keeps_the_loss(tmp_path):
             setattr(module, teacher, refuse)
             model.rng("cpu").manual_seed(5)
             out = at_step(model, 0).forward_flow(x0, y)
-            assert "rep_loss" not in out and "target" not in out
-            assert torch.equal(out["loss"], reference["flow_loss"].mean())
-            out["loss"].backward()
+            assert "rep_loss" not in out.scalars and out.target is None
+            assert torch.equal(out.loss, reference.scalars["flow_loss"])
+            out.loss.backward()
             head = model.head if preset.startswith("self") else model.projector
             assert all(p.grad is None for p in head.parameters())
 

@@ -226,9 +226,9 @@ def test_step_against_the_official_formulas():
              for i in range(2) for v in range(4) if v != i]
     cls = sum(terms) / len(terms)
     patch = reference_patch_loss(s_patch, t_patch, c20, masks, 0.1, m.teacher_patch_temp)
-    torch.testing.assert_close(out["loss_cls"].double(), 0.7 * cls, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out["loss_patch"].double(), 1.3 * patch, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out["loss"].double(), 0.7 * cls + 1.3 * patch, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.scalars["loss_cls"].double(), 0.7 * cls, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.scalars["loss_patch"].double(), 1.3 * patch, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.loss.double(), 0.7 * cls + 1.3 * patch, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.center, 0.9 * c0 + 0.1 * t_cls.mean(0, keepdim=True), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(m.center2, 0.9 * c20 + 0.1 * t_patch.mean(1).mean(0).view(1, 1, -1), rtol=1e-5,
                                atol=1e-7)  # over all patches of both global crops, masked or not
@@ -266,7 +266,7 @@ def test_no_masks_before_pred_start_epoch_and_patch_temperature_shifted():
     assert not m.draw_masks(64, "cpu").any()  # epoch 0 < 2
     assert m.teacher_patch_temp == m.cfg.method.warmup_teacher_patch_temp
     out = m.forward_views(plan_views(m))
-    assert out["loss_patch"].item() == 0.0 and out["instruments"]["ibot_masked_share"].item() == 0.0
+    assert out.scalars["loss_patch"].item() == 0.0 and out.instruments["ibot_masked_share"].item() == 0.0
 
 
 def test_ibot_config_errors():
@@ -317,7 +317,7 @@ def rank_slice(views, masks, rank):
 
 class MaskedViewsLoss(ViewsLoss):
     def forward(self, *views, masks=None):
-        return self.method.forward_views(list(views), masks)["loss"]
+        return self.method.forward_views(list(views), masks).loss
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -351,7 +351,7 @@ def test_ibot_ddp_centres_and_gradients_match_one_process(tmp_path):
     results = {v: [torch.load(tmp_path / f"{v}-{r}.pt") for r in range(WORLD)] for v in ("ibot", "no_all_reduce")}
     views, masks = fixed_views_and_masks()
     m = ddp_method()
-    ref = m.forward_views(views, masks)["loss"]
+    ref = m.forward_views(views, masks).loss
     ref.backward()
     ref_grads = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
     assert "backbone.masked_embed" in ref_grads
@@ -382,8 +382,9 @@ def test_patch_temperature_and_masking_start_as_applied_in_training(tmp_path):
 
     class Record(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            out = outputs["step"]
             rows.append((trainer.current_epoch, pl_module.teacher_temp, pl_module.teacher_patch_temp,
-                         outputs["instruments"]["ibot_masked_share"].item(), outputs["loss_patch"].item()))
+                         out.instruments["ibot_masked_share"].item(), out.scalars["loss_patch"].item()))
 
     cfg = tiny_config("ibot", {"warmup_teacher_temp": 0.03, "teacher_temp": 0.05, "warmup_teacher_patch_temp": 0.02,
                                "teacher_patch_temp": 0.06, "warmup_teacher_temp_epochs": 2, "pred_start_epoch": 1,

@@ -19,7 +19,7 @@ from selfsup.instruments.measures import misalignment, norm_summary, per_dim_std
 from selfsup.interventions import grad_scale
 from selfsup.losses import nt_xent
 from selfsup.schedules import scaled_lr
-from ssl_helpers import random_views, tiny_method
+from ssl_helpers import random_views, step_outputs, tiny_method
 
 
 # ----------------------------------------------------------------------------- interventions
@@ -95,7 +95,7 @@ def test_grad_scale_acts_at_its_documented_place_with_its_power(name):
             out.register_hook(lambda g, i=i: grads.__setitem__(i, g.detach()))
 
         getattr(m, GRAD_SCALE_PLACE[name]).register_forward_hook(capture)
-        loss = m.forward_views(views)["loss"]
+        loss = m.forward_views(views).loss
         loss.backward()
         runs[p] = (loss.detach(), outputs, [grads[i] for i in range(len(outputs))],
                    m.backbone.blocks[0].mlp.fc1.weight.grad.clone())
@@ -160,7 +160,7 @@ def test_simclr_ema_projector_positives():
     m = tiny_method("simclr", {"projector_momentum": 0.99})
     assert all(not p.requires_grad for p in m.target_projector.parameters())
     out = m.forward_views(random_views(8))
-    out["loss"].backward()
+    out.loss.backward()
     assert all(p.grad is None for p in m.target_projector.parameters())
     assert m.projector[0].weight.grad is not None
     with pytest.raises(UserError, match="projector_momentum"):
@@ -261,7 +261,7 @@ def test_predictor_alignment_callback_on_a_linear_predictor():
     assert cb.active
     fs = [torch.randn(16, 4) for _ in range(3)]
     for step, f in enumerate(fs, start=1):
-        cb.on_train_batch_end(trainer(step), module, {"projection": f}, None, 0)
+        cb.on_train_batch_end(trainer(step), module, step_outputs(projection=f), None, 0)
     expected_f = fs[0].T @ fs[0] / 16
     for f in fs[1:]:
         expected_f = 0.3 * expected_f + 0.7 * f.T @ f / 16
@@ -270,7 +270,7 @@ def test_predictor_alignment_callback_on_a_linear_predictor():
     for key, value in ref.items():
         assert module.logged[f"instruments/pred_{key}"] == pytest.approx(value, rel=1e-5)
     module.predictor.register_buffer("correlation", torch.eye(4))  # a DirectPred-style predictor's own F
-    cb.on_train_batch_end(trainer(5), module, {"projection": fs[0]}, None, 0)
+    cb.on_train_batch_end(trainer(5), module, step_outputs(projection=fs[0]), None, 0)
     own = predictor_alignment(module.predictor.weight, torch.eye(4), 2)
     assert module.logged["instruments/pred_commutator"] == pytest.approx(own["commutator"], abs=1e-9)
 
@@ -281,7 +281,7 @@ def _losses(run_dir):
 
 
 def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     common = tiny + ["trainer.limit_train_batches=4", f"output_dir={tmp_path}", "eval.knn_monitor_train=200",
                      "eval.knn_monitor_test=100", "data.batch_size=32"]
@@ -339,7 +339,7 @@ def test_rank_collapse_measures_a_fixed_subset_of_joint_embedding_runs_only():
     g = torch.Generator().manual_seed(3)
     expected = torch.randperm(n, generator=g)[:16].sort().values.tolist()
     joint = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
-    joint.setup(SimpleNamespace(), SimpleNamespace(), "fit")  # no family attribute: a joint-embedding method
+    joint.setup(SimpleNamespace(), SimpleNamespace(family="joint"), "fit")
     assert joint._batch.images.flatten().tolist() == expected
     flow = RankCollapse(every_n_steps=1, samples=16, seed=3, dataset=data)
     flow.setup(SimpleNamespace(), SimpleNamespace(family="flow"), "fit")
@@ -364,6 +364,7 @@ def test_a_run_of_spikes_is_one_console_line_and_every_step_an_event(tmp_path, c
 
 def test_step_instruments_log_a_methods_own_scalars_at_their_steps():
     from selfsup.instruments import StepInstruments
+    from selfsup.step import StepOutput
 
     logged = []
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
@@ -371,6 +372,7 @@ def test_step_instruments_log_a_methods_own_scalars_at_their_steps():
     cb = StepInstruments(every_n_steps=2)
     for step in range(4):
         trainer.global_step = step + 1  # on_train_batch_end runs after the optimiser step
-        out = {"loss": torch.tensor(1.0), "instruments": {"dino_center_norm": torch.tensor(float(step))}}
+        signs = {"dino_center_norm": torch.tensor(float(step))}
+        out = {"loss": torch.tensor(1.0), "step": StepOutput(torch.tensor(1.0), instruments=signs)}
         cb.on_train_batch_end(trainer, None, out, None, step)
     assert logged == [(0, {"instruments/dino_center_norm": 0.0}), (2, {"instruments/dino_center_norm": 2.0})]

@@ -1,5 +1,6 @@
 """The house's layers: every import of the package (top-level and inside functions), read with ``ast``, forms an
-acyclic graph, and no lower layer imports an upper one (docs/ARCHITECTURE.md). Plus the method registry's shape."""
+acyclic graph, between modules and between packages, and no lower layer imports an upper one
+(docs/ARCHITECTURE.md). Plus the method registry's shape."""
 
 from __future__ import annotations
 
@@ -12,16 +13,30 @@ import selfsup
 
 PACKAGE = Path(selfsup.__file__).parent
 
+# the layers, from the top: the front end (commands; cli is its old entry point), the application (claims, runs,
+# engine, report), config, the methods, and below them the lower layers (instruments, eval, flow, export, models,
+# data and the one-module ones)
+UPPER = ("cli", "commands", "claims", "runs", "engine", "report", "config")
+ONE_MODULE = ("losses", "schedules", "optim", "distributed", "predictors", "interventions", "memory_format", "host",
+              "checkpoints", "step", "errors")
 # (importer prefix, forbidden prefixes): a module matches a prefix when it is that module or inside that package
 FORBIDDEN = [
-    ("models", ("methods", "flow", "eval", "engine", "config")),
-    ("methods", ("config", "engine", "eval.api", "eval.cli", "eval.source", "eval.session", "flow.cli", "cli")),
-    ("export", ("methods", "flow", "eval")),
-    ("instruments", ("methods",)),
-    ("eval", ("engine", "claims")),
-    ("eval.api", ("cli", "eval.cli", "flow.cli")),  # the runners callable from Python: no front end below them
-    ("claims", ("cli", "eval.cli", "flow.cli")),
-    ("engine", ("cli", "claims", "eval.cli", "flow.cli", "simulate.cli")),
+    ("cli", ("claims", "runs", "engine", "report", "config")),  # the old entry point: only the front end's main
+    ("commands", ("cli",)),
+    ("claims", ("cli", "commands")),
+    ("runs", ("cli", "commands", "claims", "engine", "report")),
+    ("engine", ("cli", "commands", "claims", "report")),
+    ("report", ("cli", "commands", "claims", "runs", "engine", "methods")),
+    ("config", ("cli", "commands", "claims", "runs", "engine", "report", "instruments", "eval", "flow", "export")),
+    ("methods", (*UPPER, "instruments", "eval", "flow.sampler", "flow.metrics")),  # flow.path / flow.objective: yes
+    ("instruments", (*UPPER, "methods")),
+    ("flow", (*UPPER, "methods", "instruments")),
+    ("eval", (*UPPER, "methods", "instruments", "flow", "export")),
+    ("export", (*UPPER, "methods", "instruments", "flow", "eval")),
+    ("models", (*UPPER, "methods", "instruments", "flow", "eval", "export", "data", "simulate", *ONE_MODULE[:-1])),
+    ("data", (*UPPER, "methods", "instruments", "flow", "eval", "export", "models", "simulate")),
+    ("simulate", (*UPPER, "methods", "instruments", "flow", "eval", "export", "models", "data")),
+    *((name, (*UPPER, "methods", "instruments", "flow", "eval", "export", "simulate")) for name in ONE_MODULE),
 ]
 
 
@@ -115,6 +130,36 @@ def test_the_reader_sees_function_level_and_relative_imports():
         "selfsup.models.vit -> selfsup.engine"]
 
 
+def package_of(module: str) -> str:
+    """``selfsup.eval.knn`` → ``eval``; a top-level module is its own package (``selfsup.engine`` → ``engine``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each module replaced by its package (arrows inside a package dropped)."""
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        out.setdefault(package_of(a), set())
+        for b in targets:
+            out.setdefault(package_of(b), set())
+            if package_of(a) != package_of(b):
+                out[package_of(a)].add(package_of(b))
+    return out
+
+
+def test_the_checker_catches_a_planted_package_cycle_and_an_upward_arrow():
+    """The control of the two package tests below: an eval module importing a runs module (which imports eval) is a
+    package cycle and an upward arrow; a methods module may import flow.path but not flow.sampler."""
+    planted = {"selfsup.eval.knn": {"selfsup.runs.session"}, "selfsup.runs.session": {"selfsup.eval.features"},
+               "selfsup.eval.features": set(), "selfsup.methods.flow": {"selfsup.flow.path", "selfsup.flow.sampler"},
+               "selfsup.flow.path": set(), "selfsup.flow.sampler": set()}
+    assert find_cycle(planted) is None  # no module cycle ...
+    assert find_cycle(package_graph(planted)) == ["eval", "runs", "eval"]  # ... but a package cycle
+    assert forbidden_imports(planted) == ["selfsup.eval.knn -> selfsup.runs.session",
+                                          "selfsup.methods.flow -> selfsup.flow.sampler"]
+
+
 def test_the_package_import_graph_is_acyclic():
     graph = import_graph()
     assert len(graph) > 50 and sum(map(len, graph.values())) > 150  # the whole package was read
@@ -126,21 +171,32 @@ def test_no_lower_layer_imports_an_upper_one():
     assert forbidden_imports(import_graph()) == []
 
 
+def test_the_packages_form_an_acyclic_graph():
+    """Packages are the layers: collapsed to their packages the arrows still have no cycle, and every package of
+    the source tree is named by a layer rule."""
+    graph = package_graph(import_graph())
+    cycle = find_cycle(graph)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
+    assert {"commands", "runs", "eval", "flow", "methods", "config", "engine"} <= set(graph)
+    ruled = {low for low, _ in FORBIDDEN}
+    assert set(graph) - {"selfsup", "__main__"} <= ruled, sorted(set(graph) - ruled)
+
+
 # --------------------------------------------------------------------------- the registry
 
 
 def test_the_registry_names_every_method_class_and_asks_the_class():
     import torch
 
-    from selfsup.methods import METHODS, method_name
+    from selfsup.methods import METHODS, registered_name
     from selfsup.methods.base import SSLMethod
     from selfsup.methods.flow import FlowMatching
 
     assert set(METHODS) >= {"moco_v3", "byol", "simsiam", "simclr", "flow_matching", "self_flow", "repa"}
     configs = [cls.Config for cls in METHODS.values()]
-    assert len(set(configs)) == len(configs)  # method_name matches the exact Config type: one per method
+    assert len(set(configs)) == len(configs)  # registered_name matches the exact Config type: one per method
     for name, cls in METHODS.items():
-        assert method_name(cls.Config()) == name
+        assert registered_name(cls.Config()) == name
         assert issubclass(cls, SSLMethod if cls.family == "joint" else FlowMatching)
     state = {"backbone.w": torch.ones(1), "projector.w": torch.zeros(1), "ema.blocks.0.w": torch.full((1,), 2.0),
              "student.blocks.0.w": torch.full((1,), 3.0)}
@@ -148,7 +204,7 @@ def test_the_registry_names_every_method_class_and_asks_the_class():
     flow = METHODS["self_flow"].backbone_state(state)
     assert list(flow) == ["model.blocks.0.w"] and flow["model.blocks.0.w"].item() == 2.0  # the EMA, not the student
     with pytest.raises(KeyError, match="Config of no registered method"):
-        method_name(object())
+        registered_name(object())
 
 
 def test_the_registry_module_has_no_side_effect_import():

@@ -199,7 +199,7 @@ def test_mae_run_fine_tunes_with_the_global_pool_and_a_trained_position_table(ma
 
 
 def test_mae_run_probes_with_lars_at_the_official_lr_exactly(mae_run, tmp_path):
-    from selfsup.eval.session import EvalSession
+    from selfsup.runs.session import EvalSession
 
     code, out, err = run_cli("eval", "linear", mae_run, "--epochs", "9", "--out", tmp_path)
     assert code == 0, err

@@ -47,6 +47,17 @@ def test_a_bad_memory_format_is_a_one_line_user_error():
         tiny_config("moco_v3", trainer={"memory_format": "nhwc"})
 
 
+def test_a_flow_run_refuses_channels_last_in_one_line_and_makes_no_folder(tmp_path):
+    """A SiT's only convolution is its patch projection (auto keeps it NCHW): channels_last is refused for flow runs
+    (exit 2, one line) before a run folder is made."""
+    from ssl_helpers import assert_user_error, run_cli
+
+    code, _, err = run_cli("pretrain", "flow-matching-digits", "trainer.memory_format=channels_last",
+                           "trainer.accelerator=cpu", f"output_dir={tmp_path}", "name=r")
+    assert_user_error(code, err, "trainer.memory_format=channels_last", "flow model", "auto or contiguous")
+    assert not (tmp_path / "r").exists()
+
+
 def _resnet_method(method: str, channels: int = 3):
     cfg = tiny_config(method, model=RESNET)
     return build_method(cfg, DataInfo(channels, 8, (0.5,) * channels, (0.25,) * channels))
@@ -57,7 +68,7 @@ def _step(model, views, memory_format, dtype):
     model = copy.deepcopy(model).to(dtype)
     model.use_memory_format(memory_format)
     model.momentum = 0.99
-    loss = model.forward_views([v.to(dtype).contiguous(memory_format=memory_format) for v in views])["loss"]
+    loss = model.forward_views([v.to(dtype).contiguous(memory_format=memory_format) for v in views]).loss
     loss.backward()
     return model, loss.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from ssl_helpers import METHOD_NAMES, random_views, tiny_config, tiny_method
+from ssl_helpers import METHOD_NAMES, filled_tensors, random_views, tiny_config, tiny_method
 
 EXPECTED_KEYS = {
     "moco_v3": {"loss", "embedding", "embedding2", "projection", "prediction", "target"},
@@ -26,13 +26,14 @@ def models():
 def test_forward_views_outputs(models, name):
     m = models[name]
     out = m.forward_views(random_views(8))
-    assert set(out) == EXPECTED_KEYS[name]
-    loss = out["loss"]
+    filled = filled_tensors(out)
+    assert set(filled) == EXPECTED_KEYS[name] and not out.scalars and not out.instruments
+    loss = out.loss
     assert loss.ndim == 0 and torch.isfinite(loss) and loss.requires_grad
-    assert out["embedding"].shape == out["embedding2"].shape == (8, m.backbone.num_features)
+    assert out.embedding.shape == out.embedding2.shape == (8, m.backbone.num_features)
     for key in EXPECTED_KEYS[name] - {"loss", "embedding", "embedding2"}:
-        assert out[key].shape == (8, 32), key
-    for key, value in out.items():
+        assert filled[key].shape == (8, 32), key
+    for key, value in filled.items():
         if key != "loss":
             assert not value.requires_grad, f"{key} must be detached"
             assert torch.isfinite(value).all()
@@ -68,7 +69,7 @@ def test_targets_are_frozen_and_get_no_grad(name):
     assert target_params
     for t in TARGETS[name]:
         assert all(not p.requires_grad for p in getattr(m, t).parameters())
-    m.forward_views(random_views(8))["loss"].backward()
+    m.forward_views(random_views(8)).loss.backward()
     for n, p in m.named_parameters():
         if id(p) in target_params:
             assert p.grad is None, n
@@ -82,7 +83,7 @@ def test_targets_are_frozen_and_get_no_grad(name):
 @pytest.mark.parametrize("name", ["simsiam", "simclr"])
 def test_every_trainable_parameter_gets_a_gradient(name):
     m = tiny_method(name)
-    m.forward_views(random_views(8))["loss"].backward()
+    m.forward_views(random_views(8)).loss.backward()
     for n, p in m.named_parameters():
         if p.requires_grad:
             assert p.grad is not None and torch.isfinite(p.grad).all(), n
@@ -159,7 +160,7 @@ def _close(g1, g2):
 def test_simsiam_stop_gradient():
     m = tiny_method("simsiam")
     x1, x2 = random_views(8, seed=3)
-    m.forward_views([x1, x2])["loss"].backward()
+    m.forward_views([x1, x2]).loss.backward()
     got = _grads(m)
 
     def reference(detach):
@@ -181,7 +182,7 @@ def test_byol_stop_gradient():
         for p in m.target_projector.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     m.momentum = 1.0  # forward_views' EMA step leaves the target as it is
-    m.forward_views([x1, x2])["loss"].backward()
+    m.forward_views([x1, x2]).loss.backward()
     got = _grads(m)
     assert all(not n.startswith("target_") for n in got)
     m.zero_grad(set_to_none=True)
@@ -208,7 +209,7 @@ def test_simclr_imagenet_preset_reproduces_the_official_reduction():
     g = torch.Generator().manual_seed(0)
     views = [torch.randn(4, 3, 8, 8, generator=g), torch.randn(4, 3, 8, 8, generator=g)]
     with torch.no_grad():
-        loss = model.forward_views(views)["loss"]
+        loss = model.forward_views(views).loss
         z = torch.nn.functional.normalize(model.projector(model.backbone(torch.cat(views))), dim=1)
     a, b = z.chunk(2)
     tau, n, large = cfg.method.temperature, a.shape[0], 1e9

@@ -63,11 +63,11 @@ def test_batched_views_give_the_per_view_loss_and_gradients_for_the_vit(monkeypa
         return backbone_forward(self, x)
 
     monkeypatch.setattr(type(model.backbone), "forward", counting)
-    loss = model.forward_views(views)["loss"]
+    loss = model.forward_views(views).loss
     assert calls == [32, 32]  # online and momentum backbone: each view pair in one call
     loss.backward()
     monkeypatch.setattr(moco_module, "encode_views", lambda enc, vs: [enc(v) for v in vs])
-    ref = twin.forward_views(views)["loss"]
+    ref = twin.forward_views(views).loss
     ref.backward()
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
@@ -149,7 +149,7 @@ def test_fused_adamw_gives_the_per_parameter_update():
     plain = twin.configure_optimizers()
     assert fused.defaults["fused"] and not plain.defaults["fused"]
     for step in range(3):  # the same gradients into both (Adam would amplify rounding in near-zero gradients)
-        model.forward_views(random_views(16, step))["loss"].backward()
+        model.forward_views(random_views(16, step)).loss.backward()
         for p, q in zip(model.parameters(), twin.parameters()):
             q.grad = None if p.grad is None else p.grad.clone()
         for opt in (fused, plain):

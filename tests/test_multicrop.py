@@ -59,9 +59,9 @@ def test_two_branch_views_and_steps_match_the_code_before_the_view_plan():
         torch.manual_seed(0)
         m = tiny_method(name)
         out = m.forward_views(random_views(8, seed=3))
-        out["loss"].backward()
+        out.loss.backward()
         g = torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]).double()
-        assert_golden(out["loss"].detach(), golden[f"loss/{name}"], f"loss/{name}", rtol=GOLDEN_RTOL, atol=0)
+        assert_golden(out.loss.detach(), golden[f"loss/{name}"], f"loss/{name}", rtol=GOLDEN_RTOL, atol=0)
         saved = golden[f"grad/{name}"]
         assert_golden(g.abs().sum(), saved[1], f"grad |g| sum/{name}", rtol=GOLDEN_RTOL, atol=0)
         assert_golden(g.pow(2).sum(), saved[2], f"grad g^2 sum/{name}", rtol=GOLDEN_RTOL, atol=0)
@@ -164,7 +164,7 @@ def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
     # DINO's exported and evaluated backbone is the teacher, from the export and from the checkpoint alike
     from safetensors.torch import load_file
 
-    from selfsup.eval.source import _from_checkpoint
+    from selfsup.runs.source import _from_checkpoint
 
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     teacher = {k[len("teacher_backbone."):]: v for k, v in state.items() if k.startswith("teacher_backbone.")}
@@ -260,8 +260,8 @@ def test_two_view_methods_take_local_crops(name):
     views = random_views(8, seed=3) + [torch.randn(8, 1, 4, 4, generator=g) for _ in range(2)]
     torch.manual_seed(1)
     out = m.forward_views(views)
-    out["loss"].backward()
-    assert torch.isfinite(out["loss"]) and m.backbone.blocks[0].attn.qkv.weight.grad is not None
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and m.backbone.blocks[0].attn.qkv.weight.grad is not None
     with torch.no_grad():  # the same loss assembled by hand from the method's modules
         h = [m.backbone(v) for v in views]
         if name == "simclr":
@@ -284,4 +284,4 @@ def test_two_view_methods_take_local_crops(name):
                 terms = [info_nce(p[0], t2, tau), info_nce(p[1], t1, tau)] + [
                     info_nce(q, t, tau) for q in p[2:] for t in (t1, t2)]
             ref = sum(terms) * 2 / len(terms)
-    torch.testing.assert_close(out["loss"].detach(), ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.loss.detach(), ref, rtol=1e-4, atol=1e-5)

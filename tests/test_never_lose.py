@@ -136,7 +136,7 @@ SIGNAL_CHILD = """
 import json, os, signal, sys
 import lightning.pytorch as pl
 import selfsup.engine as engine
-from selfsup.cli import main
+from selfsup.commands.main import main
 
 argv, signum, step = json.loads(sys.argv[1])
 
@@ -183,7 +183,7 @@ def test_a_nan_at_the_first_step_says_no_checkpoint_exists(tmp_path, monkeypatch
 
     def nan_loss(self, views):
         out = forward(self, views)
-        out["loss"] = out["loss"] * float("nan")
+        out.loss = out.loss * float("nan")
         return out
 
     monkeypatch.setattr(moco_v3.MoCoV3, "forward_views", nan_loss)

@@ -26,12 +26,12 @@ def test_loss_is_the_symmetric_nn_infonce_searched_before_the_update():
         p = [m.predictor(x) for x in z]
         nn_z = [support[(F.normalize(x, dim=1) @ support.t()).argmax(1)] for x in z]
         expected = 0.5 * (nnclr_loss(nn_z[0], p[1], 0.1) + nnclr_loss(nn_z[1], p[0], 0.1))
-    torch.testing.assert_close(out["loss"].detach(), expected)
+    torch.testing.assert_close(out.loss.detach(), expected)
     # the update came after the search: view 1's normalised z in the first 8 rows, the rest untouched
     torch.testing.assert_close(m.support[:8], F.normalize(z[0], dim=1))
     torch.testing.assert_close(m.support[8:], support[8:])
     assert int(m.support_ptr) == 8
-    out["loss"].backward()
+    out.loss.backward()
     assert all(q.grad is not None for q in m.predictor.parameters())
 
 
@@ -51,10 +51,10 @@ def test_neighbour_label_agreement():
         m.support.copy_(torch.cat([F.normalize(z1, dim=1), -F.normalize(z1, dim=1)]))  # each row its own NN
     m.support_labels.copy_(torch.tensor([0, 1, 2, 3, -1, -1, 6, 7] + [9] * 8))
     labels = torch.tensor([0, 1, 9, 9, 4, 5, 6, 7])
-    signs = m.forward_views(v, labels=labels)["instruments"]
+    signs = m.forward_views(v, labels=labels).instruments
     assert signs["nnclr_nn_label_agreement"].item() == pytest.approx(4 / 6)  # rows 4, 5 have no known neighbour label
     assert signs["nnclr_nn_similarity"].item() > 0.99
-    assert "nnclr_nn_label_agreement" not in nnclr().forward_views(v)["instruments"]
+    assert "nnclr_nn_label_agreement" not in nnclr().forward_views(v).instruments
 
 
 def test_support_set_starts_as_random_unit_vectors_and_is_checkpointed():

@@ -139,7 +139,7 @@ def test_freq_one_gets_no_gradient_and_no_optimizer_group():
     m = tiny_method("byol", {"predictor": "directpred"})
     assert not m.predictor.weight.requires_grad
     out = m.forward_views(random_views(8))
-    out["loss"].backward()
+    out.loss.backward()
     assert m.predictor.weight.grad is None
     groups = m.configure_optimizers().param_groups
     assert all(g["name"] != "predictor" for g in groups)
@@ -168,7 +168,7 @@ def test_every_predictor_method_accepts_every_kind(method, kind):
         assert isinstance(m.predictor, TrackedLinearPredictor) and m.predictor.weight.shape == (32, 32)
         assert "predictor.correlation" in m.state_dict()
     out = m.forward_views(random_views(8))
-    assert torch.isfinite(out["loss"]) and out["prediction"].shape == (8, 32)
+    assert torch.isfinite(out.loss) and out.prediction.shape == (8, 32)
 
 
 def test_predictor_input_dimension_mismatch_is_a_user_error():

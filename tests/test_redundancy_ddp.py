@@ -92,7 +92,7 @@ def results(tmp_path_factory):
 def reference(variant: str) -> dict:
     assert not dist.is_initialized()
     method = build(variant)
-    return step(method, lambda: method.forward_views(fixed_views())["loss"])
+    return step(method, lambda: method.forward_views(fixed_views()).loss)
 
 
 def close(a, b, name, what, floor=1e-8):

@@ -8,7 +8,7 @@ import pytest
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt, interrupt_at, with_callback
+from ssl_helpers import FLOW_TINY, RESUME, StopAfterEpoch, assert_same_run, ckpt, interrupt_at, with_callback
 
 
 def cfg_for(out, name, *extra):
@@ -90,6 +90,27 @@ def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tm
             and first["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 2)
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_same_run(straight, run_b)
+
+
+def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path, monkeypatch):
+    """Self-Flow with trainer.accumulate_grad_batches=2 (its EMA a post-step hook, its noise, levels and masks drawn
+    from the (step, micro-batch) seed, the representation weight ramped over optimiser steps): killed before step 4
+    (two micro-batches into epoch 2), the resumed run ends as the uninterrupted one (``assert_same_run``)."""
+    def cfg(out, name):
+        return load_run_config("self-flow-digits", [
+            *FLOW_TINY, "data.batch_size=32", "trainer.max_epochs=2", "optim.warmup_epochs=1",
+            "trainer.accumulate_grad_batches=2", "trainer.limit_train_batches=6", "trainer.checkpoint_every_n_steps=1",
+            "method.rep_warmup_steps=3", "method.ema_warmup_steps=3", f"output_dir={out}", f"name={name}"])
+
+    straight = engine.pretrain(cfg(tmp_path / "a", "A"))
+    interrupt_at(monkeypatch, cfg(tmp_path / "b", "B"))
+    run_b = tmp_path / "b" / "B"
+    first = ckpt(run_b)
+    assert (first["global_step"] == 4
+            and first["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 2)
+    engine.pretrain(engine.load_run(run_b), resume=run_b)
+    assert_same_run(straight, run_b, momentum=False)
+    assert any(k.startswith("ema.") for k in ckpt(run_b)["state_dict"])
 
 
 def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ def _lr_at(method, step: int, total: int, steps_per_epoch: int) -> float:
 
     import torch
 
-    opt = torch.optim.SGD([{"params": [torch.zeros(1)], "lr_scale": 1.0, "fixed_lr": False}], lr=0.0)
+    opt = torch.optim.SGD([{"params": [torch.zeros(1)], "lr_scale": 1.0, "fixed_lr": False, "decayed": True}], lr=0.0)
     method._trainer = SimpleNamespace(global_step=step, optimizers=[opt], current_epoch=step // steps_per_epoch)
     method.total_steps, method.steps_per_epoch = total, steps_per_epoch
     method.on_train_batch_start(None, 0)

@@ -98,7 +98,7 @@ def test_collapse_above_the_eta_threshold():
 
 
 def test_cli_norm_convergence_writes_json_png_and_table(tmp_path, capsys):
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     out = tmp_path / "nc"
     assert main(["simulate", "norm-convergence", "--norms", "0.5,1", "--gammas", "1", "--angles", "45,90",
@@ -120,7 +120,7 @@ def test_cli_norm_convergence_writes_json_png_and_table(tmp_path, capsys):
     (["simulate", "byol-dynamics", "--alpha-p", "0"], "--alpha-p=0.0 must be > 0"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(argv, message, capsys, tmp_path):
-    from selfsup.cli import main
+    from selfsup.commands.main import main
 
     try:
         rc = main(argv + ["--out", str(tmp_path / "x")] if len(argv) > 2 else argv)

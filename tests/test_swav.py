@@ -38,9 +38,9 @@ def test_prototypes_renormalised_before_the_forward_and_loss_from_global_codes()
         scores = list((z @ m.prototypes.weight.t()).chunk(4))
         codes = [sinkhorn_knopp(scores[s], 0.05, 3) for s in (0, 1)]
         expected = swav_loss(scores, codes, (0, 1), 0.1)
-    torch.testing.assert_close(out["loss"].detach(), expected)
-    assert set(out["instruments"]) == {"swav_code_entropy", "swav_prototype_usage", "swav_loss_over_log_k"}
-    assert 0 < out["instruments"]["swav_prototype_usage"] <= 1
+    torch.testing.assert_close(out.loss.detach(), expected)
+    assert set(out.instruments) == {"swav_code_entropy", "swav_prototype_usage", "swav_loss_over_log_k"}
+    assert 0 < out.instruments["swav_prototype_usage"] <= 1
 
 
 def test_queue_used_only_once_full_and_filled_after_the_scores(monkeypatch):
@@ -82,12 +82,12 @@ def test_no_queue_before_its_epoch():
 
 def test_prototypes_frozen_with_grad_none_for_the_first_iterations():
     m = swav(freeze_prototypes_niters=3)
-    m.forward_views(views())["loss"].backward()
+    m.forward_views(views()).loss.backward()
     assert m.prototypes.weight.grad is not None
     m._trainer = types.SimpleNamespace(global_step=2)
     m.on_before_optimizer_step(None)
     assert m.prototypes.weight.grad is None and m.projector[0].weight.grad is not None
-    m.forward_views(views())["loss"].backward()
+    m.forward_views(views()).loss.backward()
     m._trainer = types.SimpleNamespace(global_step=3)
     m.on_before_optimizer_step(None)
     assert m.prototypes.weight.grad is not None

@@ -9,12 +9,14 @@ import pytest
 import torch
 
 import selfsup.engine as engine
-from selfsup.config import load_run_config
+from selfsup.config import load_run_config, resolve
 from selfsup.data.datasets import load_dataset
 from selfsup.errors import UserError
+from selfsup.export import export_backbone
 from selfsup.methods import METHODS
 from selfsup.methods.base import NonFiniteLoss, TrainingBase, compile_step
 from selfsup.methods.build import build_method, data_info
+from selfsup.models.backbones import build_backbone
 from ssl_helpers import TINY
 from ssl_helpers import tiny_method
 
@@ -26,14 +28,28 @@ def flow_method(preset="self-flow-digits", *overrides):
     return build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")))
 
 
-def every_method():
-    """One tiny instance of each registered method but REPA (it needs a trained encoder)."""
-    yield from (tiny_method(name) for name in ("moco_v3", "byol", "simsiam", "simclr"))
-    yield tiny_method("byol", {"predictor": "directpred"})
-    yield tiny_method("simclr", {"projector_momentum": 0.9})
-    yield from (tiny_method(name) for name in ("swav", "wmse", "nnclr"))
-    yield flow_method("flow-matching-digits")
-    yield flow_method()
+# beside the registry's methods with their defaults: variants that add a post-step hook or a momentum target
+VARIANTS = {"byol+directpred": ("byol", {"predictor": "directpred"}),
+            "simclr+projector_momentum": ("simclr", {"projector_momentum": 0.9})}
+CASES = [*METHODS, *VARIANTS]  # every registered method: a new one is checked without editing this list
+
+
+def registry_method(case: str, tmp_path):
+    """A tiny instance of a registered method (or a variant): the joint ones on the micro ViT of ``tiny_method``, the
+    flow ones as a micro SiT on digits (REPA with a random-init exported ViT as its frozen encoder)."""
+    name, extra = VARIANTS.get(case, (case, None))
+    if METHODS[name].family == "joint":
+        return tiny_method(name, extra)
+    method = {"name": name, "size": "micro", "patch_size": 2}
+    if name == "repa":
+        kwargs = dict(in_chans=1, image_size=8, patch_size=4)
+        meta = {"backbone": "vit_micro", "kwargs": kwargs, "image_size": 8, "in_chans": 1, "mean": [0.3], "std": [0.3],
+                "dataset": "digits", "method": "moco_v3"}
+        method["encoder"] = str(export_backbone(build_backbone("vit_micro", **kwargs), tmp_path / "enc.safetensors",
+                                                meta))
+    cfg = resolve({"method": method, "data": {"name": "digits", "batch_size": 32},
+                   "trainer": {"accelerator": "cpu", "devices": 1, "progress_bar": False}})
+    return build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")))
 
 
 def test_every_registered_method_is_on_the_one_base():
@@ -42,15 +58,19 @@ def test_every_registered_method_is_on_the_one_base():
     assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol", "dino", "ibot"}
 
 
-def test_trainable_declares_exactly_the_trained_parameters():
-    """trainable() holds every parameter that takes gradients, and no EMA target (frozen by construction)."""
-    for model in every_method():
-        declared = {id(p) for m in model.trainable().values() for p in m.parameters() if p.requires_grad}
-        assert declared == {id(p) for p in model.parameters() if p.requires_grad}, type(model).__name__
-        targets = {id(p) for _, t in model.momentum_pairs for p in t.parameters()}
-        assert bool(targets) == (type(model).__name__ not in ("SimSiam", "SwAV", "WMSE", "NNCLR")
-                                 and getattr(model.cfg.method, "projector_momentum", 1) > 0)
-        assert not targets & {id(p) for m in model.trainable().values() for p in m.parameters()}
+@pytest.mark.parametrize("case", CASES)
+def test_trainable_declares_exactly_the_trained_parameters(case, tmp_path):
+    """trainable() holds every parameter that takes gradients, and no EMA target (frozen by construction); a target
+    exists where the method declares a momentum schedule, is a flow method (its EMA) or asks for a projector
+    momentum; the evaluated backbone is declared."""
+    model = registry_method(case, tmp_path)
+    declared = {id(p) for m in model.trainable().values() for p in m.parameters() if p.requires_grad}
+    assert declared == {id(p) for p in model.parameters() if p.requires_grad}
+    targets = {id(p) for _, t in model.momentum_pairs for p in t.parameters()}
+    assert bool(targets) == (model.uses_momentum or model.family == "flow"
+                             or getattr(model.cfg.method, "projector_momentum", 0) > 0)
+    assert not targets & {id(p) for m in model.trainable().values() for p in m.parameters()}
+    assert isinstance(model.eval_backbone, torch.nn.Module) and model.eval_backbone.num_features > 0
 
 
 def test_post_step_hooks_are_declared():
@@ -61,15 +81,16 @@ def test_post_step_hooks_are_declared():
     assert flow.post_step_hooks == [flow.ema_after_step] and flow.momentum_pairs == [(flow.student, flow.ema)]
 
 
-def test_the_loss_check_fires_before_every_checkpoint_of_every_method():
+@pytest.mark.parametrize("case", CASES)
+def test_the_loss_check_fires_before_every_checkpoint_of_every_method(case, tmp_path):
     """One on_save_checkpoint per family chain: the flow family extends it (the EMA decay) and still checks."""
-    for model in every_method():
-        checkpoint = {}
-        model.on_save_checkpoint(checkpoint)
-        assert "rng_state" in checkpoint and ("ema_decay" in checkpoint) == (model.family == "flow")
-        model.finite_watch.observe(torch.tensor(float("nan")), 3)
-        with pytest.raises(NonFiniteLoss, match="the loss became nan at step 3;"):
-            model.on_save_checkpoint({})
+    model = registry_method(case, tmp_path)
+    checkpoint = {}
+    model.on_save_checkpoint(checkpoint)
+    assert "rng_state" in checkpoint and ("ema_decay" in checkpoint) == (model.family == "flow")
+    model.finite_watch.observe(torch.tensor(float("nan")), 3)
+    with pytest.raises(NonFiniteLoss, match="the loss became nan at step 3;"):
+        model.on_save_checkpoint({})
 
 
 def test_flow_ema_decay_travels_in_the_checkpoint():

@@ -1,5 +1,5 @@
 import sys
 
-from selfsup.cli import main
+from selfsup.commands.main import main
 
 sys.exit(main())

@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from selfsup.data.datasets import DATASETS
 from selfsup.errors import UserError
 from selfsup.memory_format import MEMORY_FORMATS
+from selfsup.methods import METHODS, registered_name
 from selfsup.optim import OptimConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -54,8 +56,6 @@ class DataConfig:
     imbalance_seed: int = 0  # the draw of the kept images (the same subsample for every trainer.seed)
 
     def validate(self) -> None:
-        from selfsup.data.datasets import DATASETS
-
         if self.name not in DATASETS:
             raise UserError(f"data.name={self.name!r} is not known; use one of {', '.join(DATASETS)}")
         if self.batch_size < 1:
@@ -298,6 +298,17 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     instruments: InstrumentsConfig = field(default_factory=InstrumentsConfig)
     interventions: InterventionsConfig = field(default_factory=InterventionsConfig)
+    # the method's registered name and class (``selfsup.methods.METHODS``), looked up once from ``method``'s type:
+    # what the builder, the engine and evaluation ask; not config keys, never written to config.yaml
+    method_name: str = field(init=False, repr=False, compare=False)
+    method_cls: type = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.method_name = registered_name(self.method)
+        self.method_cls = METHODS[self.method_name]
+
+
+DERIVED = ("method_name", "method_cls")  # RunConfig's fields that are no config keys
 
 
 # --------------------------------------------------------------------------- presets and overrides
@@ -449,8 +460,6 @@ def build(cls, data: dict | None, prefix: str):
 
 def resolve(data: dict) -> RunConfig:
     """A validated RunConfig from a merged preset + overrides mapping."""
-    from selfsup.methods import METHODS
-
     data = dict(data)
     method = dict(data.pop("method", None) or {})
     name = method.pop("name", None)
@@ -464,7 +473,7 @@ def resolve(data: dict) -> RunConfig:
             raise UserError(f"method.{key}: {name} has no predictor; predictor choices (mlp, linear, symmetric, "
                             "directpred, directcopy) apply to byol, simsiam and moco_v3")
     method_cfg = build(METHODS[name].Config, method, "method")
-    top = {f.name for f in dataclasses.fields(RunConfig)} - {"method"}
+    top = {f.name for f in dataclasses.fields(RunConfig)} - {"method", *DERIVED}
     for key in data:
         if key not in top:
             close = difflib.get_close_matches(str(key), sorted(top), n=3, cutoff=0.5)
@@ -486,10 +495,8 @@ def resolve(data: dict) -> RunConfig:
 
 def to_dict(cfg: RunConfig) -> dict:
     """A plain mapping (YAML-safe) of the resolved config, method name included."""
-    from selfsup.methods import method_name
-
-    out = dataclasses.asdict(cfg)
-    out["method"] = {"name": method_name(cfg.method), **out["method"]}
+    out = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in DERIVED}
+    out["method"] = {"name": cfg.method_name, **out["method"]}
 
     def plain(x):
         if isinstance(x, tuple):

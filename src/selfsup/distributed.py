@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from selfsup.errors import UserError
+
 
 def world() -> tuple[int, int]:
     """(rank, world_size) of the default process group, (0, 1) when not distributed."""
@@ -37,7 +39,7 @@ def gather_with_grad(x: Tensor) -> Tensor:
     _, size = world()
     if size == 1:
         return x
-    from torch.distributed.nn.functional import all_gather
+    from torch.distributed.nn.functional import all_gather  # lazy: across processes only
 
     return torch.cat(all_gather(x.contiguous()))
 
@@ -71,7 +73,7 @@ def all_reduce_with_grad(x: Tensor) -> Tensor:
     _, size = world()
     if size == 1:
         return x
-    from torch.distributed.nn.functional import all_reduce
+    from torch.distributed.nn.functional import all_reduce  # lazy: across processes only
 
     return all_reduce(x.contiguous())
 
@@ -98,8 +100,6 @@ def check_devices(trainer) -> None:
     """``trainer.accelerator`` and ``trainer.devices`` (the TrainerConfig) against this machine, before anything
     starts: a GPU asked for without one, or more processes than the CPU cores or GPUs present, is a one-line
     UserError naming the key (Lightning would raise a traceback, or start every process and hang)."""
-    from selfsup.errors import UserError
-
     accelerator, devices = str(trainer.accelerator).lower(), trainer.devices
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if accelerator in ("gpu", "cuda") and not gpus:

@@ -1,4 +1,5 @@
-"""Pretraining on the Lightning engine: run folder, data module, Trainer, export, the method's final report.
+"""Pretraining on the Lightning engine: run folder, data module, Trainer, export, the end-of-run report
+(``runs.finish``).
 
 A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, the loggers' files (``trainer.loggers``:
 ``metrics.csv``, ``tensorboard/``, ``wandb/``), ``backbone_init.safetensors`` (the random init, the kNN floor),
@@ -9,18 +10,33 @@ A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, the lo
 
 from __future__ import annotations
 
+import copy
+import csv
 import dataclasses
+import importlib.util
 import inspect
+import json
 import logging
+import netrc
 import os
+import secrets
+import shutil
+import signal
+import socket
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
+from urllib.parse import urlparse
 
 import lightning.pytorch as pl
 import torch
 import yaml
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+from safetensors.torch import load_file
 
 from selfsup import host
 from selfsup.checkpoints import (AtomicCheckpointIO, NonFiniteWeights, RunCheckpoints, load_checkpoint,
@@ -29,10 +45,14 @@ from selfsup.config import RunConfig, load_run, resolve, to_dict  # noqa: F401  
 from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, StreamDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
 from selfsup.data.shards import ShardCrops
+from selfsup.distributed import check_devices
 from selfsup.errors import UserError
 from selfsup.export import HEADS_FILE, export_backbone, export_heads
-from selfsup.methods import METHODS, SSLMethod, method_name
+from selfsup.instruments import monitor_callbacks
+from selfsup.methods import SSLMethod
+from selfsup.methods.base import NonFiniteLoss
 from selfsup.methods.build import backbone_meta, build_method, data_info
+from selfsup.runs.finish import end_of_run_report
 
 
 class PretrainData(pl.LightningDataModule):
@@ -76,7 +96,6 @@ class PretrainData(pl.LightningDataModule):
                                     consumed=self._consumed, tag_epoch=folder)
         return batch_loader(dataset, sampler, self.cfg.data.num_workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
-
 
     def _stream_loader(self, local: int, world_size: int):
         plan = self.trainer.lightning_module.decode_crops()
@@ -126,11 +145,6 @@ def check_checkpoint(path: Path, model: SSLMethod) -> None:
 def keep_metrics(trainer: pl.Trainer, run_dir: Path, step: int) -> None:
     """On resume: Lightning's CSVLogger deletes an existing metrics.csv; keep its rows from before ``step``, and
     the events of ``events.jsonl`` from before ``step`` (those after it are measured again)."""
-    import csv
-    import json
-
-    from lightning.pytorch.loggers import CSVLogger
-
     if not trainer.is_global_zero:
         return
     events = run_dir / "events.jsonl"
@@ -163,9 +177,6 @@ def keep_metrics(trainer: pl.Trainer, run_dir: Path, step: int) -> None:
 def step_csv_logger(run_dir: Path, flush_every: int = 100):
     """Lightning's CSVLogger writing one row per step: values logged for the step of the last buffered row (the
     instruments write straight to the loggers, Lightning writes its own values after them) join that row."""
-    from lightning.pytorch.loggers import CSVLogger
-    from lightning.pytorch.utilities import rank_zero_only
-
     class StepCSVLogger(CSVLogger):
         @rank_zero_only
         def log_metrics(self, metrics, step=None):
@@ -187,10 +198,6 @@ WANDB_ID = "wandb-run-id"  # in the run folder: a resumed run continues the same
 def wandb_mode() -> str:
     """``$WANDB_MODE`` when set; else online when an API key is configured (``$WANDB_API_KEY`` or ~/.netrc) and the
     W&B host answers within 2 s, else offline (the files stay in ``RUN/wandb/`` for a later ``wandb sync``)."""
-    import netrc
-    import socket
-    from urllib.parse import urlparse
-
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
@@ -212,8 +219,6 @@ def wandb_mode() -> str:
 def require_loggers(cfg: RunConfig) -> None:
     """The packages of the chosen loggers are installed (checked before a run folder is made), or a one-line
     UserError."""
-    import importlib.util
-
     if "wandb" in cfg.trainer.loggers and importlib.util.find_spec("wandb") is None:
         raise UserError("trainer.loggers names wandb but the wandb package is not installed; "
                         "pip install 'selfsup[wandb]' (or drop wandb from trainer.loggers)")
@@ -222,11 +227,7 @@ def require_loggers(cfg: RunConfig) -> None:
 def wandb_logger(cfg: RunConfig, run_dir: Path):
     """Lightning's WandbLogger writing under ``RUN/wandb/`` (project ``trainer.wandb_project``, the run folder's name,
     the resolved config); its run id is kept in ``RUN/wandb-run-id`` so a resume continues the same W&B run."""
-    import secrets
-
     require_loggers(cfg)
-    from lightning.pytorch.loggers import WandbLogger
-
     id_file = run_dir / WANDB_ID
     run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
     parent = os.environ.get("LOCAL_RANK", "0") == "0"  # rank 0's logger is the one that writes
@@ -243,8 +244,6 @@ def wandb_logger(cfg: RunConfig, run_dir: Path):
 def run_loggers(cfg: RunConfig, run_dir: Path) -> list:
     """The loggers ``trainer.loggers`` names: csv (``metrics.csv``, one row per step), tensorboard
     (``tensorboard/``), wandb (``wandb/``). Lightning's values and the instruments' reach each of them."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     make = {"csv": lambda: step_csv_logger(run_dir),
             "tensorboard": lambda: TensorBoardLogger(run_dir, name="tensorboard", version=""),
             "wandb": lambda: wandb_logger(cfg, run_dir)}
@@ -253,8 +252,6 @@ def run_loggers(cfg: RunConfig, run_dir: Path) -> list:
 
 def finish_loggers(trainer: pl.Trainer, failed: bool) -> None:
     """Close a W&B run this process started (Lightning leaves it open: the next run in the process would join it)."""
-    from lightning.pytorch.loggers import WandbLogger
-
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger) and getattr(logger, "_experiment", None) is not None:
             logger._experiment.finish(exit_code=1 if failed else 0)
@@ -290,10 +287,6 @@ def quiet_lightning() -> None:
 def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from selfsup.instruments import monitor_callbacks
-
     t = cfg.trainer
     checkpoint = RunCheckpoints(t.checkpoint_every_n_steps, t.checkpoint_every_n_minutes, t.max_steps)
     # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.
@@ -323,8 +316,6 @@ RUN_FACTS = "run.json"
 
 def read_run_facts(run_dir: Path) -> dict:
     """``RUN/run.json`` as a mapping (empty when absent or unreadable)."""
-    import json
-
     try:
         facts = json.loads((Path(run_dir) / RUN_FACTS).read_text())
     except (OSError, ValueError):
@@ -334,8 +325,6 @@ def read_run_facts(run_dir: Path) -> dict:
 
 def mark_run(run_dir: Path, drop: tuple[str, ...] = (), **facts) -> None:
     """Update ``RUN/run.json`` with ``facts``, without the keys ``drop`` (written whole through a temp file)."""
-    import json
-
     merged = {k: v for k, v in read_run_facts(run_dir).items() if k not in drop}
     tmp = Path(run_dir) / f".{RUN_FACTS}.tmp"
     tmp.write_text(json.dumps({**merged, **facts}, indent=2))
@@ -376,10 +365,6 @@ def _kept_checkpoint(run_dir: Path, saved_step: int | None) -> str:
 def preflight(cfg: RunConfig, resume: Path | None) -> None:
     """What can be refused before anything is built: the devices against this machine
     (``distributed.check_devices``) and, for a new run, an ``output_dir`` that cannot be made or written."""
-    import tempfile
-
-    from selfsup.distributed import check_devices
-
     check_devices(cfg.trainer)
     if resume is None:
         out = Path(cfg.output_dir)
@@ -393,10 +378,8 @@ def preflight(cfg: RunConfig, resume: Path | None) -> None:
 
 
 def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
-    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the method's end-of-run report.
+    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the end-of-run report.
     A fresh run whose start fails (before training begins) leaves no folder behind."""
-    import shutil
-
     child = os.environ.get("LOCAL_RANK", "0") != "0" and "SELFSUP_RUN_DIR" in os.environ
     run_dir = Path(os.environ["SELFSUP_RUN_DIR"]) if child else (Path(resume) if resume else new_run_dir(cfg, preset))
     fresh = not child and not resume and not run_dir.exists()
@@ -411,12 +394,6 @@ def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) ->
 
 
 def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, state: dict) -> Path:
-    import copy
-
-    from safetensors.torch import load_file
-
-    from selfsup.methods.base import NonFiniteLoss
-
     # Lightning's DDP launcher re-runs this command in one process per device: the children
     # (LOCAL_RANK > 0) join the run folder their parent made instead of making their own.
     if not child:
@@ -427,9 +404,9 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     if cfg.data.name in UNLABELLED and (cfg.eval.knn_every_n_steps or cfg.eval.online_probe):
         raise UserError(f"eval.knn_every_n_steps and eval.online_probe need labels, and data.name={cfg.data.name} has "
                         "none; set eval.knn_every_n_steps=0 eval.online_probe=false")
-    if cfg.trainer.accumulate_grad_batches > 1 and getattr(METHODS[method_name(cfg.method)], "family", "") == "flow":
-        raise UserError("trainer.accumulate_grad_batches applies to the joint-embedding methods; the flow methods "
-                        "do not accumulate yet (their EMA follows every batch): set it to 1")
+    if cfg.trainer.memory_format == "channels_last" and cfg.method_cls.family == "flow":
+        raise UserError("trainer.memory_format=channels_last applies to the joint-embedding methods' convolutions; a "
+                        "flow model (SiT) has none but its patch projection: set it to auto or contiguous")
     train = load_dataset(cfg.data, "train")
     info = data_info(cfg, train)
     model = build_method(cfg, info)
@@ -445,7 +422,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
-        export_backbone(getattr(model, "eval_backbone", model.backbone), run_dir / "backbone_init.safetensors", meta)
+        export_backbone(model.eval_backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
     checkpoints = state["checkpoints"] = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
     if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
@@ -481,9 +458,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     finally:
         finish_loggers(trainer, failed)
     if checkpoints.signal_received is not None:
-        import signal as signals
-
-        name = signals.Signals(checkpoints.signal_received).name
+        name = signal.Signals(checkpoints.signal_received).name
         if trainer.is_global_zero:
             write_run_facts(trainer, run_dir, time.perf_counter() - started, "interrupted", signal=name)
             print(f"selfsup: {name} received: stopped after step {trainer.global_step - 1}, checkpoint written; "
@@ -492,12 +467,12 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     if not trainer.is_global_zero:
         return run_dir
     write_run_facts(trainer, run_dir, time.perf_counter() - started)
-    backbone = getattr(model, "eval_backbone", model.backbone).cpu()  # DINO exports its teacher, as its kNN
+    backbone = model.eval_backbone.cpu()  # DINO exports its teacher, as its kNN; a flow run its FlowEncoder
     export_backbone(backbone, run_dir / "backbone.safetensors", meta)
     export_heads(model, run_dir / HEADS_FILE)  # the projector / predictor: eval --embedding reads them beside it
     init_backbone = copy.deepcopy(backbone)
     init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
-    for line in model.end_of_run_report(train, init_backbone, run_dir):
+    for line in end_of_run_report(model, train, init_backbone, run_dir):
         print(line)
     print(f"run folder: {run_dir}")
     return run_dir

@@ -16,10 +16,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
+from torchvision.models import ResNet
 
 from selfsup.errors import UserError
 from selfsup.models.backbones import build_backbone
+from selfsup.models.vit import VisionTransformer
 
 FORMAT = "selfsup-backbone/1"
 
@@ -27,8 +31,6 @@ FORMAT = "selfsup-backbone/1"
 def export_backbone(backbone: nn.Module, path: Path, meta: dict) -> Path:
     """Write ``backbone``'s state dict and ``meta`` (JSON in the safetensors metadata) to ``path``, with the
     module's ``architecture`` and its timm / torchvision recipe (``describe``) in place of any stale ones."""
-    from safetensors.torch import save_file
-
     state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
     meta = {k: v for k, v in meta.items() if k not in ("format", "architecture", "timm", "torchvision")}
     meta = {"format": FORMAT, **meta, **describe(backbone)}
@@ -46,10 +48,6 @@ TIMM_VIT_PATCHES = {"tiny": (16,), "small": (8, 16, 32), "base": (8, 16, 32), "l
 
 def architecture(backbone: nn.Module) -> dict:
     """Every constructor argument of ``backbone`` and the fixed parts a plain rebuild must match."""
-    from torchvision.models import ResNet
-
-    from selfsup.models.vit import VisionTransformer
-
     cls = type(backbone)
     if isinstance(backbone, VisionTransformer):
         k = backbone.kwargs
@@ -161,8 +159,7 @@ def load_timm(path: Path, name: str | None = None, **kwargs) -> nn.Module:
     """The file's backbone as a timm model, in eval mode: built by its own recipe, or by
     ``timm.create_model(name, pretrained=False, num_classes=0, **kwargs)``, refused (one line) where that name's
     architecture is not the file's."""
-    import timm
-    from safetensors.torch import load_file
+    import timm  # lazy: 1.5 s to import, for timm backbones only
 
     path = Path(path)
     meta = read_meta(path)
@@ -208,8 +205,6 @@ def _first_problem(e: RuntimeError) -> str:
 
 def read_meta(path: Path) -> dict:
     """The selfsup metadata of an exported backbone file."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get("selfsup")
@@ -231,8 +226,6 @@ def rebuild_backbone(meta: dict) -> nn.Module:
 
 def load_exported(path: Path) -> tuple[nn.Module, dict]:
     """Rebuild the backbone of an exported file and load its weights; returns (module, meta)."""
-    from safetensors.torch import load_file
-
     meta = read_meta(path)
     backbone = rebuild_backbone(meta)
     try:
@@ -299,8 +292,6 @@ def build_head(spec: dict) -> nn.Module:
 def export_heads(model: nn.Module, path: Path) -> Path | None:
     """Write the method's ``projector`` / ``predictor`` (those ``head_spec`` can describe) to ``path``: their state
     dicts under ``<name>.`` and, in the metadata, their specs; None (nothing written) where the method has none."""
-    from safetensors.torch import save_file
-
     heads = {name: getattr(model, name) for name in HEAD_NAMES if isinstance(getattr(model, name, None), nn.Module)}
     specs = {name: spec for name, head in heads.items() if (spec := head_spec(head)) is not None}
     if not specs:
@@ -313,9 +304,6 @@ def export_heads(model: nn.Module, path: Path) -> Path | None:
 
 def load_heads(path: Path) -> dict[str, nn.Module]:
     """The heads of an ``export_heads`` file, with their weights, in eval mode: {name: module}."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads((f.metadata() or {}).get("selfsup") or "{}")
     if meta.get("format") != HEADS_FORMAT:

@@ -21,8 +21,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from selfsup.config import read_run_config
 from selfsup.errors import UserError
+from selfsup.export import read_meta
 from selfsup.instruments.detectors import read_events
 
 MAX_EVENTS = 50  # rows of the events table (the rest: events.jsonl)
@@ -107,8 +110,6 @@ def load_run(run_dir: str | Path) -> Run:
     run.config = _run_config(path)
     run.facts = _read_json(path / "run.json") or {}
     if (path / "backbone.safetensors").exists():
-        from selfsup.export import read_meta
-
         try:
             run.meta = read_meta(path / "backbone.safetensors")
         except UserError:
@@ -119,8 +120,6 @@ def load_run(run_dir: str | Path) -> Run:
             run.evals[file.stem] = data
     run.eval_images = sorted((path / "eval").glob("*.png"))
     if (path / "embedding_norms.pt").exists():
-        import torch
-
         try:
             norms = torch.load(path / "embedding_norms.pt", weights_only=True)
             run.final_norms = {k: v.float().numpy() for k, v in norms.items()}
@@ -465,7 +464,7 @@ def _spans_decades(values: list[float]) -> bool:
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot, on the one path that draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

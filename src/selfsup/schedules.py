@@ -1,8 +1,23 @@
-"""Per-iteration schedules of the official MoCo v3 / BYOL code, as pure functions of the step."""
+"""Per-iteration schedules of the official codes, as pure functions of the step, and :class:`StepValues`, what a
+method's ``schedule(step, epoch)`` gives one optimiser step."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """One optimiser step's scheduled values (``TrainingBase.schedule``), applied before the step by one hook and
+    logged at logging steps: ``train/lr``, ``train/wd`` and ``train/momentum`` where not None, ``train/<name>`` for
+    each extra."""
+
+    lr: float  # the scheduled lr; each parameter group gets it times its lr_scale
+    peak_lr: float  # the lr of the fixed_lr groups (SimSiam's --fix-pred-lr: the peak), times their lr_scale
+    weight_decay: float | None = None  # the decayed groups' weight decay (DINO's cosine); None: as the optimiser has it
+    momentum: float | None = None  # the momentum m of the step's EMA targets; None: none scheduled
+    extras: dict[str, float] = field(default_factory=dict)  # the method's own (DINO's teacher_temp): set as attributes
 
 
 def warmup_cosine(step: float, total_steps: int, warmup_steps: int, peak: float, final: float = 0.0) -> float:

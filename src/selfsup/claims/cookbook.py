@@ -17,7 +17,6 @@ def measure_byol_no_ema(ctx: Context) -> dict:
                     f"{statistics.fmean(m['pred_lr_1x']):.1f}% (gain {mean_ci(m['gain'])} points)"}
 
 
-
 def measure_sqrt_lr_scaling(ctx: Context) -> dict:
     """SimCLR on digits at batch 32: lr = base_lr·√(B/256) against base_lr·B/256 (the same at B = 256)."""
     small = ["data.batch_size=32", "optim.warmup_epochs=1"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import statistics
 
+from selfsup.claims.embedding_norms import _model
 from selfsup.claims.suite import Claim, Context, Rule, ci, column, knn_pair, knn_top1, mean_ci, pretrain_run
+from selfsup.instruments.dynamics import square_weight
+from selfsup.simulate import byol_dynamics as bd
 
 
 def measure_byol_ode(ctx: Context) -> dict:
     """The DirectPred paper's 3-D dynamical system (p, s, τ): the observations the simulator checks."""
-    from selfsup.simulate import byol_dynamics as bd
-
     cfg = bd.ByolDynamicsConfig()  # seconds: quick and full are the same
     result = bd.run(cfg, progress=ctx.progress)
     rows = bd.checks(result, cfg)
@@ -146,9 +147,6 @@ ALIGNMENT_EPOCHS = 200
 
 def predictor_norm(run_dir, trained: bool) -> float:
     """‖W_p‖ (Frobenius) of the run's linear predictor at init (rebuilt from its seed) or at its end."""
-    from selfsup.claims.embedding_norms import _model
-    from selfsup.instruments.dynamics import square_weight
-
     model, _, _ = _model(run_dir, trained)
     return float(square_weight(model.predictor).detach().norm())
 

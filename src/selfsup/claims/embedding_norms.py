@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from selfsup.claims.suite import Claim, Context, Pilot, Rule, ci, mean_ci
+import math
+
+import statistics
+import warnings
+import torch
+from torch import nn
+from selfsup.checkpoints import load_checkpoint
+from selfsup.claims.suite import (Claim, Context, Pilot, Rule, ci, column, knn_pair, knn_top1, mean_ci,
+                                  pretrain_run)
+from selfsup.config import DataConfig, load_run
+from selfsup.data.datasets import load_dataset
+from selfsup.data.views import EvalTransform
+from selfsup.eval.features import extract_features
+from selfsup.eval.ood import OodConfig, auroc, norm_scores
+from selfsup.eval.spectrum import rankme
+from selfsup.methods.build import build_method, data_info
+from selfsup.runs.evaluate import run_norms_ood
+from selfsup.runs.session import EvalSession
+from selfsup.simulate import norm_convergence as nc
 
 
 def measure_norm_convergence(ctx: Context) -> dict:
     """The embedding-norm paper's simulation: steps to converge by initial norm (γ = 0)."""
-    from selfsup.simulate import norm_convergence as nc
-
     base = nc.NormConvergenceConfig()
     cfg = nc.NormConvergenceConfig(n_pairs=64 if ctx.quick else base.n_pairs, seed=0,
                                    norms=(0.5, 1.0, 2.0, 3.0) if ctx.quick else base.norms,
@@ -55,7 +71,6 @@ def _run(ctx: Context, method: str, name: str, epochs: int, seed: int, extra=())
     """One run of ``method``'s BN-ConvNet preset, its loss logged every step; shared (``pretrain_run``) by every
     claim of this process that asks for the same run (the default runs of norms-grow, cut-init-speedup,
     gradscale-imbalanced and rank-grows-when-norms-stop are one run per seed)."""
-    from selfsup.claims.suite import pretrain_run
 
     return pretrain_run(ctx, NORM_PRESETS[method], name,
                         [f"trainer.seed={seed}", f"trainer.max_epochs={epochs}", "trainer.log_every_n_steps=1",
@@ -68,9 +83,6 @@ def _epochs(ctx: Context, extra=()) -> int:
         return 2
     if not extra:
         return SGD_EPOCHS
-    from selfsup.config import DataConfig
-    from selfsup.data.datasets import load_dataset
-
     imbalance = [float(o.split("=", 1)[1]) for o in extra if o.startswith("data.imbalance=")]
     data = DataConfig(name="digits", imbalance=imbalance[0]) if imbalance else DataConfig(name="digits")
     per_epoch = len(load_dataset(data, "train")) // 256  # the presets' batch; the last partial batch dropped
@@ -79,13 +91,6 @@ def _epochs(ctx: Context, extra=()) -> int:
 
 def _model(run_dir, trained: bool):
     """The run's method (its init, rebuilt from the seed, or its last checkpoint) and training split."""
-    import warnings
-
-    from selfsup.checkpoints import load_checkpoint
-    from selfsup.config import load_run
-    from selfsup.data.datasets import load_dataset
-    from selfsup.methods.build import build_method, data_info
-
     cfg = load_run(run_dir)
     train = load_dataset(cfg.data, "train")
     with warnings.catch_warnings():
@@ -100,12 +105,6 @@ def loss_side_features(run_dir, trained: bool, datasets: list) -> list:
     """Loss-side embeddings (eval mode, un-augmented) of each dataset. A random-init network has no BN statistics, so
     at init its running statistics are first set to the un-augmented training set's (momentum None, no update of
     any parameter); a trained one uses its own, as ``selfsup eval`` does."""
-    import torch
-    from torch import nn
-
-    from selfsup.data.views import EvalTransform
-    from selfsup.eval.features import extract_features
-
     model, cfg, train = _model(run_dir, trained)
     chain = nn.Sequential(model.backbone, *(getattr(model, n) for n in model.loss_embedding))
     info = model.info
@@ -125,8 +124,6 @@ def loss_side_features(run_dir, trained: bool, datasets: list) -> list:
 
 
 def _series(run_dir, key: str) -> list[list[float]]:
-    from selfsup.claims.suite import column
-
     return [[s, v] for s, v in column(run_dir, f"instruments/{key}")]
 
 
@@ -168,14 +165,6 @@ def _growth(ctx: Context, methods: tuple[str, ...]) -> dict:
 def measure_norm_ood(ctx: Context) -> dict:
     """Claim 5: pretrain SimCLR without classes 8 and 9; ``selfsup eval norms-ood`` (its defaults: the held-out
     classes, the loss-side embedding) after training, and the same AUROC at init."""
-    import torch
-
-    from selfsup.config import DataConfig
-    from selfsup.data.datasets import load_dataset
-    from selfsup.eval.api import run_norms_ood
-    from selfsup.eval.ood import OodConfig, auroc, norm_scores
-    from selfsup.eval.session import EvalSession
-
     epochs = 2 if ctx.quick else 30
     trained, init, gain = [], [], []
     held = DataConfig(exclude_classes=[8, 9])
@@ -207,8 +196,6 @@ def _steps_to(curve: list[tuple[int, float]], threshold: float, window: int = 5)
 def speedup(base_run, other_run, fraction: float = 0.5) -> tuple[float, int, int | None]:
     """(steps of ``base_run`` / steps of ``other_run`` to reach the loss ``base_run``'s moving average has at
     ``fraction`` of its steps; the two step counts). A run that never reaches it counts as its whole length + 1."""
-    from selfsup.claims.suite import column
-
     base, other = column(base_run, "train/loss"), column(other_run, "train/loss")
     cut = max(1, int(len(base) * fraction))
     tail = [v for _, v in base[max(0, cut - 5):cut]]
@@ -222,8 +209,6 @@ def speedup(base_run, other_run, fraction: float = 0.5) -> tuple[float, int, int
 def _speedups(ctx: Context, method: str, tag: str, variant: list[str], epochs: int, extra=()) -> dict:
     """Per seed: the default run and the ``variant`` run (the same seed); the variant's speed-up, the kNN top-1 of
     both and the variant's gain; the runs themselves under ``runs``."""
-    from selfsup.claims.suite import knn_top1
-
     out = {"speedup": [], "default": [], "variant": [], "gain": [], "runs": []}
     for seed in ctx.seed_ids():
         base = _run(ctx, method, f"{method}-{tag}-default-s{seed}", epochs, seed, extra)
@@ -344,10 +329,6 @@ def measure_cut_init_dino(ctx: Context) -> dict:
     """Claim 3's DINO half: dino-digits (micro ViT, as the rebuttal's DINO is a ViT) with every parameter ÷ 3
     against the default; the final kNN of the teacher, per seed. The cut divides the LayerNorms and the position
     table too, as the public code's ``cut_weights`` does (selfsup warns that this changes a ViT's function)."""
-    import warnings
-
-    from selfsup.claims.suite import knn_pair
-
     epochs = 1 if ctx.quick else 6  # the preset's own run
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the LayerNorm / attention warning: the cut is the paper's, on purpose
@@ -381,10 +362,7 @@ CUT_ARMS = {"byol": ("byol-digits", ["model.backbone=bn_cnn_micro", "trainer.max
 def measure_cut_init_byol_moco(ctx: Context) -> dict:
     """The rebuttal's ImageNet-100 result at CPU scale: BYOL (on the BN ConvNet) and MoCo v3 (micro ViT), each with
     every parameter ÷ 3 against the default, on the same seeds; the final kNN top-1 of each, per seed."""
-    import statistics
-    import warnings
 
-    from selfsup.claims.suite import knn_pair
 
     m: dict[str, list[float]] = {}
     for method, (preset, extra) in CUT_ARMS.items():
@@ -503,9 +481,6 @@ COLLAPSE_SHARE = 0.25  # "collapse": the normalised run keeps less than a quarte
 
 def _test_rankme(run_dir) -> float:
     """RankMe of the exported backbone's features of the test split (the evaluated representation)."""
-    from selfsup.eval.session import EvalSession
-    from selfsup.eval.spectrum import rankme
-
     feats, _ = EvalSession(run_dir, device="cpu").features("test")
     return rankme(feats)
 
@@ -513,11 +488,6 @@ def _test_rankme(run_dir) -> float:
 def measure_normalized_collapse(ctx: Context) -> dict:
     """Barlow Twins and VICReg on digits, with and without ``method.normalize_embeddings``: the share of the
     pretraining kNN gain over random init that the normalised run keeps, and its RankMe against the plain run's."""
-    import math
-    import statistics
-
-    from selfsup.claims.suite import column, knn_top1, mean_ci, pretrain_run
-
     epochs = 2 if ctx.quick else 8  # the presets' 20 epochs do not fit this machine's budget; 1 warm-up epoch
     m: dict[str, list[float]] = {}
     series: dict[str, list] = {}

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import statistics as st
 import statistics
 
+import torch
+
 from selfsup.claims.suite import Claim, Context, Rule, column, ci, mean_ci, pretrain_run
+from selfsup.config import DataConfig
+from selfsup.data.datasets import load_dataset
+from selfsup.eval.knn import knn_accuracy
+from selfsup.flow.metrics import (MetricClassifier, classifier_features, feature_frechet_distance,
+                                  fit_metric_classifier, heldout_velocity_error)
+from selfsup.flow.sampler import generate, sample_images, sample_labels
+from selfsup.models.sit import fit_images
+from selfsup.runs.source import load_flow_run
 
 
 def measure_self_flow_alignment(ctx: Context) -> dict:
@@ -44,11 +55,6 @@ GENERATION_ARMS = {"flow_matching": ("flow-matching-digits", []), "self_flow": (
 def metric_space(ctx: Context, train, test) -> dict:
     """The one feature space every method is judged in: a small CNN classifier trained on the labelled digits
     (not any method's own encoder, not REPA's), and how much training gained over its random init."""
-    import torch
-
-    from selfsup.eval.knn import knn_accuracy
-    from selfsup.flow.metrics import MetricClassifier, classifier_features, fit_metric_classifier
-
     clf = fit_metric_classifier(train.images, train.labels, train.num_classes, epochs=2 if ctx.quick else 40, seed=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -64,13 +70,6 @@ def metric_space(ctx: Context, train, test) -> dict:
 def judge_generation(run, space: dict, train, test, n: int, steps: int, sampling_seeds: int) -> dict:
     """Encoder Fréchet distance (mean over sampling seeds, Euler ODE, no guidance, classes in turn) in the metric
     space, and the held-out velocity error on the test images at fixed noise."""
-    import statistics as st
-
-    from selfsup.eval.source import load_flow_run
-    from selfsup.flow.metrics import classifier_features, feature_frechet_distance, heldout_velocity_error
-    from selfsup.flow.sampler import generate, sample_images, sample_labels
-    from selfsup.models.sit import fit_images
-
     model, _, info = load_flow_run(run)
     labels = sample_labels(n, model.num_classes)
     fds = []
@@ -84,10 +83,6 @@ def judge_generation(run, space: dict, train, test, n: int, steps: int, sampling
 
 def measure_generation_quality(ctx: Context) -> dict:
     """Flow matching, Self-Flow and REPA at equal steps on digits, judged in one supervised feature space."""
-    from selfsup.config import DataConfig
-    from selfsup.data.datasets import load_dataset
-    from selfsup.flow.metrics import feature_frechet_distance
-
     epochs = 1 if ctx.quick else 10  # 11 steps an epoch at the presets' batch of 128
     steps_per_epoch, n, sample_steps, sampling_seeds = 11, 50 if ctx.quick else 500, 2 if ctx.quick else 10, \
         1 if ctx.quick else 2
@@ -135,9 +130,6 @@ ABLATION_ARMS = {"full": [], "no_rep": ["method.rep_weight=0"], "no_mask": ["met
 def measure_self_flow_ablations(ctx: Context) -> dict:
     """Self-Flow on digits against itself without the representation loss (rep_weight 0: no teacher forward) and
     without the masking (mask_ratio 0), at claim 20's budget and in its feature space."""
-    from selfsup.config import DataConfig
-    from selfsup.data.datasets import load_dataset
-
     epochs = 1 if ctx.quick else 10
     steps_per_epoch, n, sample_steps, sampling_seeds = 11, 50 if ctx.quick else 500, 2 if ctx.quick else 10, \
         1 if ctx.quick else 2

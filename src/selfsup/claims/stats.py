@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from scipy import optimize, stats
+
 LEVEL = 0.95  # two-sided level of the interval; each side at 0.025
 POWER = 0.8
 MAX_SEEDS = 100_000  # beyond this, "seeds needed" is reported as more than MAX_SEEDS
@@ -27,8 +29,6 @@ def summary(values: list[float]) -> tuple[int, float, float | None]:
 
 
 def t_critical(n: int, level: float = LEVEL) -> float:
-    from scipy import stats
-
     return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
@@ -40,8 +40,6 @@ def interval(mean: float, sd: float, n: int, level: float = LEVEL) -> tuple[floa
 
 def power(effect: float, sd: float, n: int, level: float = LEVEL) -> float:
     """Probability that the ``level`` interval lies wholly above 0 when the true mean is ``effect`` > 0."""
-    from scipy import stats
-
     if sd == 0:
         return 1.0 if effect > 0 else 0.0
     return float(stats.nct.sf(t_critical(n, level), n - 1, effect * math.sqrt(n) / sd))
@@ -49,8 +47,6 @@ def power(effect: float, sd: float, n: int, level: float = LEVEL) -> float:
 
 def mde(sd: float, n: int, level: float = LEVEL, target: float = POWER) -> float:
     """The minimum detectable effect: the true distance from the threshold detected with probability ``target``."""
-    from scipy import optimize
-
     if n < 2:
         return math.inf
     if sd == 0:

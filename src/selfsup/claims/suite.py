@@ -23,11 +23,14 @@ The claims themselves live in one module per seed (``self_flow``, ``embedding_no
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
+import importlib
 import inspect
 import json
 import math
+import shutil
 import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +38,9 @@ from pathlib import Path
 from typing import Callable
 
 from selfsup.claims import stats
+from selfsup.config import load_run_config
+from selfsup.data import datasets
+from selfsup.engine import pretrain
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 MIN_SEEDS = 3  # every training claim
@@ -236,11 +242,6 @@ def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str], sha
     """One pretraining run of ``preset`` in ``ctx.work/name`` (replaced if it exists), recorded in ``ctx.runs``.
     ``share``: a run of the same preset and overrides trained earlier in this process (by this claim or another;
     a seeded run is reproducible) is reused instead of trained again."""
-    import shutil
-
-    from selfsup.config import load_run_config
-    from selfsup.engine import pretrain
-
     key = (preset, tuple(overrides), tuple(ctx.overrides))
     if share and key in _SHARED_RUNS and (_SHARED_RUNS[key] / "knn.json").exists():
         ctx.progress(f"shared run {_SHARED_RUNS[key]} (pretrain {preset} {' '.join(overrides)})")
@@ -325,9 +326,6 @@ def definition_hash(claim: Claim) -> str:
     directly (the simulators, ``selfsup.eval.*``, ``selfsup.flow.*``...) and of the presets it names (not its
     ``decide`` text nor its ``pilot``'s figures, which do not change what it measures). Changes
     deeper in the library (the engine, a method's code) are not hashed: rerun without ``--resume`` after those."""
-    import ast
-    import importlib
-
     module = inspect.getmodule(claim.measure)
     sources = {name: Path(inspect.getfile(m)).read_bytes() for name, m in
                (("suite", inspect.getmodule(Claim)), ("stats", stats), (module.__name__, module))}
@@ -365,8 +363,6 @@ def shared_datasets():
     """While it is open, each split of an in-memory dataset (``IN_MEMORY``) is read once per process and shared
     by every run, evaluation and monitor (Fashion-MNIST: 1.5 s per train + test read on this machine); held-out
     classes and long tails are still applied per run (``restrict``), on the shared split."""
-    from selfsup.data import datasets
-
     original = datasets._load_dataset
 
     def shared(cfg, split):
@@ -416,7 +412,7 @@ def run_claim(claim: Claim, ctx: Context) -> dict:
 
 def plot_result(result: dict, path: Path) -> None:
     """The claim's series if it has any, else its per-seed metrics as points."""
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot, on the one path that draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

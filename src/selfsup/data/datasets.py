@@ -16,14 +16,18 @@ import gzip
 import os
 import struct
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torchvision
+from PIL import Image
 from torch import Tensor
 
-from selfsup.data.decode import FolderCrops, eval_resize, resize_center_crop
+from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, resize_center_crop
+from selfsup.data.shards import ShardImages, count_samples, first_image_sizes, shard_urls
 from selfsup.errors import UserError
 
 FASHION_MNIST_DEFAULT = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
@@ -71,8 +75,6 @@ def infer_image_size(cfg, sizes: list[tuple[int, int]], where: str) -> int:
 
 def _header_sizes(files: list[Path]) -> list[tuple[int, int]]:
     """(width, height) of the first readable files, from their headers (nothing decoded)."""
-    from PIL import Image
-
     sizes = []
     for f in files[:SIZE_PROBE]:
         try:
@@ -144,7 +146,7 @@ def _stats(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 def load_digits(split: str, root: str | None = None) -> ImageDataset:
     """scikit-learn's bundled 8×8 handwritten digits (1797 images, 0–16 scaled to 0–255); a fixed 80/20 split."""
-    from sklearn.datasets import load_digits as sk_digits
+    from sklearn.datasets import load_digits as sk_digits  # lazy: 0.2 s, the digits dataset only
 
     bunch = sk_digits()
     images = torch.from_numpy(np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
@@ -184,8 +186,6 @@ def _find_fashion_mnist(root: str | None, download: bool) -> Path:
                    for pair in FASHION_MNIST_FILES.values() for f in pair):
                 return folder
     if download:
-        import torchvision
-
         target = Path(root or "data")
         torchvision.datasets.FashionMNIST(str(target), train=True, download=True)
         torchvision.datasets.FashionMNIST(str(target), train=False, download=True)
@@ -212,8 +212,6 @@ def load_fashion_mnist(split: str, root: str | None = None, download: bool = Fal
 
 def _torchvision_dataset(name: str, split: str, root: str | None, download: bool, unlabeled: bool) -> ImageDataset:
     """CIFAR-10/100 and STL-10 through torchvision, from files already present (``download`` to fetch)."""
-    import torchvision
-
     root_path = root or "data"
     try:
         if name in ("cifar10", "cifar100"):
@@ -253,8 +251,6 @@ class FolderImages:
 
     def open(self, i: int):
         """File ``i`` decoded whole as an RGB (or L) PIL image (a UserError naming a corrupt file)."""
-        from selfsup.data.decode import _decoded, _open
-
         with _open(self.files[i]) as f:
             return _decoded(f, self.files[i], self.channels)
 
@@ -335,8 +331,6 @@ def image_files(base: Path) -> list[Path]:
 
 def _readable(path: Path) -> bool:
     """Whether ``path`` opens as an image (header read; PIL's verify, which checks e.g. PNG chunk CRCs)."""
-    from PIL import Image
-
     try:
         with Image.open(path) as im:
             im.verify()
@@ -358,8 +352,6 @@ def load_images(split: str, cfg) -> ImageDataset:
     if not base.is_dir():
         raise UserError(f"data.root={root} is not a folder; data.name=images reads every image file under a folder")
     candidates = image_files(base)
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:  # file opens wait on the disk
         ok = list(pool.map(_readable, candidates, chunksize=64))
     files = [f for f, good in zip(candidates, ok) if good]
@@ -392,8 +384,6 @@ class StreamDataset(ImageDataset):
 def load_webdataset(split: str, cfg) -> StreamDataset:
     """WebDataset tar shards for pretraining (``selfsup.data.shards``): ``data.root`` the shards, ``data.num_samples``
     the epoch length (None: counted from the local shards' tar headers)."""
-    from selfsup.data.shards import ShardImages, count_samples, shard_urls
-
     if split != "train":
         raise needs_labels("webdataset")
     urls = shard_urls(cfg.root)
@@ -401,8 +391,6 @@ def load_webdataset(split: str, cfg) -> StreamDataset:
     if n < 1:
         raise UserError(f"the shards {urls[0]} ... hold no image samples (members named <key>.jpg, <key>.png, ...)")
     if cfg.image_size is None:
-        from selfsup.data.shards import first_image_sizes
-
         infer_image_size(cfg, first_image_sizes(urls, SIZE_PROBE), urls[0])
     images = ShardImages(urls, n, cfg.image_size, cfg.load_size, cfg.shuffle_buffer, cfg.channels or 3)
     return StreamDataset("webdataset", images, torch.zeros(0, dtype=torch.long), 0, *folder_stats(cfg.channels or 3))

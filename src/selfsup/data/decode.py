@@ -23,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 
+from selfsup.data.views import sample_crop_boxes
 from selfsup.errors import UserError
 
 EVAL_CROP = 0.875  # Resize(256) + CenterCrop(224)
@@ -36,8 +38,6 @@ def eval_resize(size: int) -> int:
 
 
 def _open(path: Path):
-    from PIL import Image
-
     try:
         return Image.open(path)
     except (OSError, SyntaxError, ValueError) as e:
@@ -62,8 +62,6 @@ def _to_tensor(im) -> Tensor:
 
 def resize_center_crop(path: Path, size: int, resize: int | None = None, channels: int = 3) -> Tensor:
     """torchvision ``Resize(resize)`` (shorter side, PIL bilinear) + ``CenterCrop(size)`` as uint8 (C, size, size)."""
-    from PIL import Image
-
     resize = resize or eval_resize(size)
     with _open(path) as f:
         im = _decoded(f, path, channels)
@@ -82,8 +80,6 @@ def resize_center_crop(path: Path, size: int, resize: int | None = None, channel
 def crop_boxes(seed: int, epoch: int, index: int, height: int, width: int, scales, ratio=(3 / 4, 4 / 3)):
     """One (top, left, h, w) per view, torchvision's RandomResizedCrop rule, from a generator seeded by
     (seed, epoch, index): independent of the worker that decodes the image."""
-    from selfsup.data.views import sample_crop_boxes
-
     state = np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint32)
     g = torch.Generator().manual_seed(int(state[0]) << 31 ^ int(state[1]))
     boxes = []
@@ -97,8 +93,6 @@ def decode_crops(path: Path, boxes_of, size, draft: bool = True, channels: int =
     """The views of one file as uint8 (V, C, size, size); ``boxes_of(height, width)`` gives the crop boxes
     in full-resolution pixels (the header's size, read before decoding). ``size`` may be one output size per
     view: the views then come as a list of uint8 (3, s, s)."""
-    from PIL import Image
-
     sizes = None if isinstance(size, int) else [int(s) for s in size]
 
     with _open(path) as f:

@@ -35,6 +35,7 @@ What this guarantees, and what not:
 
 from __future__ import annotations
 
+import glob
 import io
 import random
 import sys
@@ -42,6 +43,7 @@ import tarfile
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch import Tensor
 
 from selfsup.data.decode import crop_boxes, decode_crops, resize_center_crop
@@ -54,7 +56,7 @@ SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 
 def _webdataset():
     try:
-        import webdataset
+        import webdataset  # optional: pip install 'selfsup[webdataset]'
     except ImportError:
         raise UserError("data.name=webdataset needs the webdataset package; "
                         "pip install 'selfsup[webdataset]'") from None
@@ -74,8 +76,6 @@ def shard_urls(root: str | None) -> list[str]:
             raise UserError(f"no .tar shards in {base}; data.name=webdataset reads webdataset tar files")
         return urls
     if _is_local(root) and any(c in root for c in "*?["):
-        import glob
-
         urls = sorted(glob.glob(root.removeprefix("file:")))
     else:
         urls = _webdataset().shardlists.expand_urls(root)
@@ -128,8 +128,6 @@ def count_samples(urls: list[str]) -> int:
 def first_image_sizes(urls: list[str], n: int) -> list[tuple[int, int]]:
     """(width, height) of the first ``n`` images of the first local shard, from their headers; [] for a stream
     (the caller then asks for data.image_size)."""
-    from PIL import Image
-
     path = next((p for p in map(_local_path, urls) if p is not None), None)
     sizes: list[tuple[int, int]] = []
     if path is None:

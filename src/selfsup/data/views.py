@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from selfsup.errors import UserError
+
 __all__ = [
     "AugmentConfig", "CropGroup", "recipe_branches", "local_recipe", "build_view_plan", "MultiViewAugment",
     "EvalTransform", "sample_crop_boxes", "resized_crop_flip", "adjust_brightness", "adjust_contrast",
@@ -98,8 +100,6 @@ def build_view_plan(section, default_recipe: str, image_size: int) -> list[CropG
     branches as global crops at the model size (``global_crops_scale``, the shared and the per-branch
     overrides applied), then ``local_crops_number`` local crops of ``local_crops_size`` (None: 96/224 of the
     model size, DINO's ratio) with ``local_crops_scale`` and the ``local`` overrides. Raises UserError."""
-    from selfsup.errors import UserError
-
     a = section
     recipe = a.recipe or default_recipe
     try:

@@ -32,6 +32,7 @@ from selfsup.data.loader import sequential_loader
 from selfsup.data.views import AugmentConfig, EvalTransform, MultiViewAugment
 from selfsup.eval.knn import topk_accuracy
 from selfsup.eval.mae_recipe import MAERecipe, mixup_fn, soft_target_loss, train_loader
+from selfsup.models.vit import VIT_SIZES
 from selfsup.schedules import scaled_lr, warmup_cosine
 
 
@@ -62,8 +63,6 @@ class FinetuneConfig:
         """The default fine-tuning of a run of ``method`` with ``backbone``: an MAE run's selfsup ViT gets MAE's
         global pool + ``fc_norm`` and a trained position table; the others keep their backbone's pool (the class
         token for the ViT presets) and the fixed table."""
-        from selfsup.models.vit import VIT_SIZES
-
         mae = method == "mae"
         return cls(**{"pool": "global" if mae and backbone in VIT_SIZES else None, "train_pos_embed": mae,
                       **overrides})

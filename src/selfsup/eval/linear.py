@@ -35,6 +35,8 @@ from torch import Tensor, nn
 from selfsup.data.datasets import FolderImages, ImageDataset
 from selfsup.data.views import AugmentConfig, EvalTransform, MultiViewAugment
 from selfsup.eval.knn import topk_accuracy
+from selfsup.optim import LARS
+from selfsup.schedules import scaled_lr, warmup_cosine
 
 
 @dataclass
@@ -214,8 +216,6 @@ class GridSGD:
 
 def grid_points(cfg: ProbeConfig, base_lr: float, batch_size: int) -> list[tuple[float, float, float]]:
     """(base lr, lr = base · batch / 256, weight decay) for every point of the grid."""
-    from selfsup.schedules import scaled_lr
-
     lrs = cfg.lr_grid or (base_lr,)
     wds = cfg.wd_grid or (cfg.weight_decay,)
     return [(b, scaled_lr(b, batch_size), wd) for wd in wds for b in lrs]
@@ -265,8 +265,6 @@ def train_grid(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, de
 def mae_lr(peak: float, epoch: float, cfg: ProbeConfig) -> float:
     """util/lr_sched.py: ``peak · epoch / warmup`` during the warm-up, then a half-cycle cosine to ``min_lr``, on
     the fractional epoch."""
-    from selfsup.schedules import warmup_cosine
-
     return warmup_cosine(epoch, cfg.epochs, cfg.warmup_epochs, peak, cfg.min_lr)
 
 
@@ -274,8 +272,6 @@ def train_lars(dim: int, num_classes: int, points, cfg: ProbeConfig, batches, de
                steps_per_epoch: int) -> tuple[LarsHeads, float]:
     """MAE's probe: ``LarsHeads`` trained by ``optim.LARS``, one parameter group per head at that point's lr and
     weight decay, the lr set before every step on the fractional epoch ``epoch + i / steps_per_epoch``."""
-    from selfsup.optim import LARS
-
     fc = LarsHeads(dim, num_classes, len(points), cfg.feature_bn).to(dev).train()
     opt = LARS([{"params": list(head.parameters()), "peak": lr, "weight_decay": wd}
                 for head, (_, lr, wd) in zip(fc.heads, points)], momentum=cfg.momentum)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image, ImageOps
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from selfsup.data.datasets import FolderImages, ImageDataset
 
@@ -46,7 +46,7 @@ def _posterize(img, bits_to_keep, **_):
 
 def train_transform(size: int, mean, std, recipe: MAERecipe):
     """timm ``create_transform`` with MAE's arguments; one PIL image → normalised (C, size, size) tensor."""
-    from timm.data import create_transform
+    from timm.data import create_transform  # lazy: timm takes 1.5 s to import
 
     t = create_transform(input_size=size, is_training=True, auto_augment=recipe.rand_augment,
                          interpolation="bicubic", re_prob=recipe.reprob, re_mode="pixel", re_count=1,
@@ -85,8 +85,6 @@ class RecipeImages(Dataset):
 def train_loader(dataset: ImageDataset, size: int, mean, std, recipe: MAERecipe, batch_size: int,
                  num_workers: int, seed: int):
     """Shuffled, drop-last batches of (normalised images, labels); workers seeded from ``seed``."""
-    from torch.utils.data import DataLoader
-
     return DataLoader(RecipeImages(dataset, train_transform(size, mean, std, recipe)), batch_size=batch_size,
                       shuffle=True, drop_last=True, num_workers=num_workers,
                       generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0)
@@ -96,7 +94,7 @@ def mixup_fn(recipe: MAERecipe, num_classes: int):
     """timm's Mixup with MAE's settings (batch mode, prob 1), or None when mixup and cutmix are off."""
     if not recipe.mixes:
         return None
-    from timm.data import Mixup
+    from timm.data import Mixup  # lazy: timm takes 1.5 s to import
 
     return Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, prob=1.0,
                  switch_prob=recipe.mixup_switch_prob, mode="batch", label_smoothing=recipe.smoothing,
@@ -105,6 +103,6 @@ def mixup_fn(recipe: MAERecipe, num_classes: int):
 
 def soft_target_loss(logits: Tensor, target: Tensor) -> Tensor:
     """timm's SoftTargetCrossEntropy: mean over the batch of −Σ target · log softmax."""
-    from timm.loss import SoftTargetCrossEntropy
+    from timm.loss import SoftTargetCrossEntropy  # lazy: timm takes 1.5 s to import
 
     return SoftTargetCrossEntropy()(logits, target)

@@ -39,7 +39,7 @@ def auroc(positive: Tensor, negative: Tensor) -> float:
 
 def histogram(in_scores: Tensor, ood_scores: Tensor, path: Path, title: str) -> Path:
     """PNG histogram of the two score distributions (matplotlib, Agg backend)."""
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot, on the one path that draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -23,7 +23,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from selfsup.data.datasets import ImageDataset
 from selfsup.errors import UserError
+from selfsup.eval.features import extract_features
+from selfsup.eval.knn import knn_predict_scores
 
 INCEPTION_WEIGHTS = "weights-inception-2015-12-05-6726825d.pth"  # torch-fidelity's file in torch.hub's cache
 
@@ -62,8 +65,6 @@ def feature_frechet_distance(features1: Tensor, features2: Tensor) -> float:
 def class_fidelity(train_features: Tensor, train_labels: Tensor, sample_features: Tensor, requested: Tensor,
                    k: int = 20, temperature: float | None = 0.07, num_classes: int | None = None) -> dict:
     """Share (%) of samples a kNN classifier on real features assigns to the requested class, overall and per class."""
-    from selfsup.eval.knn import knn_predict_scores
-
     k = min(k, len(train_labels))
     predicted = knn_predict_scores(train_features, train_labels, sample_features, k, temperature,
                                    num_classes).argmax(1).cpu()
@@ -89,7 +90,7 @@ def inception_fid_unavailable() -> str | None:
 @torch.no_grad()
 def inception_fid(real: Tensor, fake: Tensor, batch_size: int = 256, device: torch.device | str = "cpu") -> float:
     """torchmetrics' FID of uint8 N × C × H × W image sets (grey images repeated to 3 channels)."""
-    from torchmetrics.image.fid import FrechetInceptionDistance
+    from torchmetrics.image.fid import FrechetInceptionDistance  # optional: needs torch-fidelity
 
     metric = FrechetInceptionDistance(feature=2048).to(device)
     for images, is_real in ((real, True), (fake, False)):
@@ -101,9 +102,6 @@ def inception_fid(real: Tensor, fake: Tensor, batch_size: int = 256, device: tor
 
 def image_features(source, images: Tensor, batch_size: int = 512, device=None) -> Tensor:
     """Features (N × D) of uint8 images through an evaluation source's frozen backbone and its transform."""
-    from selfsup.data.datasets import ImageDataset
-    from selfsup.eval.features import extract_features
-
     m = source.meta
     fake = ImageDataset("generated", images, torch.zeros(len(images), dtype=torch.long), 1, m["mean"], m["std"])
     return extract_features(source.backbone, fake, m["image_size"], m["mean"], m["std"], batch_size, device)[0]

@@ -36,7 +36,9 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import Tensor
+from torchvision.utils import make_grid
 
 from selfsup.errors import UserError
 
@@ -188,9 +190,6 @@ def to_dataset_size(x: Tensor, size: int, fit: str) -> Tensor:
 
 def save_grid(images: Tensor, path: Path) -> Path:
     """uint8 (N, C, H, W) → a PNG grid about √N wide (grey images as grey)."""
-    from PIL import Image
-    from torchvision.utils import make_grid
-
     grid = make_grid(images, nrow=max(1, math.ceil(math.sqrt(len(images)))), padding=2, pad_value=255)
     array = grid.permute(1, 2, 0).numpy()
     img = Image.fromarray(array[..., 0] if images.shape[1] == 1 else array[..., :3])

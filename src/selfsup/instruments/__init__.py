@@ -20,7 +20,7 @@ def monitor_callbacks(cfg) -> list:
     if not ins.enabled:
         return out
     n = ins.every_n_steps
-    out.append(StepInstruments(n))  # a method's own signs (outputs["instruments"]; DINO's collapse signs)
+    out.append(StepInstruments(n))  # a method's own signs (StepOutput.instruments; DINO's collapse signs)
     if ins.embedding_norms:
         out.append(EmbeddingNorms(n))
     if ins.gradients:

@@ -18,6 +18,7 @@ from pathlib import Path
 from statistics import median
 
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
 PREFIX = "instruments"
@@ -139,8 +140,6 @@ def stepped(trainer) -> bool:
 
 def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
     """``RUN/events.jsonl``, the events also sent to the run's loggers but the CSV one (whose events are that file)."""
-    from lightning.pytorch.loggers import CSVLogger
-
     loggers = [lg for lg in getattr(trainer, "loggers", []) if not isinstance(lg, CSVLogger)]
     return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl", loggers)
 

@@ -1,4 +1,5 @@
-"""Training-dynamics instruments: Lightning callbacks that read the step-output dict and the gradients.
+"""Training-dynamics instruments: Lightning callbacks that read the step's output (``selfsup.step.StepOutput``)
+and the gradients.
 
 They never change training: everything they read is detached, they draw no random numbers from the
 global generators, and a module they put in eval mode is put back. Every value is logged under
@@ -10,16 +11,29 @@ Steps are 0-based optimiser-step indices (the step whose gradient or output is m
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from selfsup.eval.features import extract_features
+from selfsup.eval.spectrum import effective_rank, rankme
 from selfsup.instruments.detectors import SpikeDetector, event_log, log_metrics, measured_step, report_event, stepped
 from selfsup.instruments.measures import QUANTILES, misalignment, norm_summary, per_dim_std, predictor_alignment
+from selfsup.step import StepOutput, step_output
 
 NORM_KEYS = ("embedding", "projection", "prediction")
+TENSORS = {f.name for f in fields(StepOutput)} - {"loss", "scalars", "instruments", "labels"}
+
+
+def step_tensors(names) -> tuple[str, ...]:
+    """``names`` checked to be the StepOutput's detached tensors (a misspelt one would never be measured)."""
+    unknown = set(names) - TENSORS
+    if unknown:
+        raise ValueError(f"{sorted(unknown)} are no StepOutput tensors; use some of {sorted(TENSORS)}")
+    return tuple(names)
 
 
 class EmbeddingNorms(pl.Callback):
@@ -29,15 +43,16 @@ class EmbeddingNorms(pl.Callback):
 
     def __init__(self, every_n_steps: int = 10, keys=NORM_KEYS, run_dir: str | Path | None = None):
         super().__init__()
-        self.every, self.keys, self.run_dir = every_n_steps, tuple(keys), run_dir
+        self.every, self.keys, self.run_dir = every_n_steps, step_tensors(keys), run_dir
         self.last: dict[str, Tensor] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or measured_step(trainer) % self.every or not stepped(trainer):
+        out = step_output(outputs)
+        if out is None or measured_step(trainer) % self.every or not stepped(trainer):
             return
         values = {}
         for key in self.keys:
-            x = outputs.get(key)
+            x = getattr(out, key)
             if isinstance(x, Tensor) and x.ndim == 2:
                 self.last[key] = x.detach().float().norm(dim=1)
                 summary = norm_summary(x)
@@ -188,37 +203,37 @@ class GradientNorms(pl.Callback):
 
 
 class Alignment(pl.Callback):
-    """Every N steps: mean ``1 − cos`` of each (a, b) key pair of the step output present in it: by default
-    the prediction and its target (BYOL, SimSiam, MoCo v3 positives; any method emitting the two keys)
-    and the two views' backbone features."""
+    """Every N steps: mean ``1 − cos`` of each (a, b) pair of the StepOutput's tensors that the step filled: by
+    default the prediction and its target (BYOL, SimSiam, MoCo v3 positives; any method giving both) and the two
+    views' backbone features."""
 
     def __init__(self, every_n_steps: int = 10, pairs=(("prediction", "target"), ("embedding", "embedding2"))):
         super().__init__()
-        self.every, self.pairs = every_n_steps, tuple(tuple(p) for p in pairs)
+        self.every, self.pairs = every_n_steps, tuple(step_tensors(p) for p in pairs)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or measured_step(trainer) % self.every or not stepped(trainer):
+        out = step_output(outputs)
+        if out is None or measured_step(trainer) % self.every or not stepped(trainer):
             return
-        values = {f"align_{a}_{b}": misalignment(outputs[a], outputs[b]) for a, b in self.pairs
-                  if isinstance(outputs.get(a), Tensor) and isinstance(outputs.get(b), Tensor)}
+        values = {f"align_{a}_{b}": misalignment(getattr(out, a), getattr(out, b)) for a, b in self.pairs
+                  if getattr(out, a) is not None and getattr(out, b) is not None}
         log_metrics(trainer, values, measured_step(trainer))
 
 
 class StepInstruments(pl.Callback):
-    """Every N steps: the scalars a method reports under ``outputs["instruments"]`` (name → 0-d tensor on the
-    device, e.g. DINO's teacher-output entropy, KL(teacher ‖ student) and centre norm), read in one copy."""
+    """Every N steps: the collapse signs a method reports in its StepOutput's ``instruments`` (name → 0-d tensor
+    on the device, e.g. DINO's teacher-output entropy, KL(teacher ‖ student) and centre norm), read in one copy."""
 
-    def __init__(self, every_n_steps: int = 10, key: str = "instruments"):
+    def __init__(self, every_n_steps: int = 10):
         super().__init__()
-        self.every, self.key = every_n_steps, key
+        self.every = every_n_steps
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or measured_step(trainer) % self.every or not stepped(trainer):
+        out = step_output(outputs)
+        if out is None or measured_step(trainer) % self.every or not stepped(trainer) or not out.instruments:
             return
-        values = outputs.get(self.key)
-        if isinstance(values, dict) and values:
-            log_metrics(trainer, {k: v for k, v in values.items() if isinstance(v, (Tensor, float, int))},
-                        measured_step(trainer))
+        log_metrics(trainer, {k: v for k, v in out.instruments.items() if isinstance(v, (Tensor, float, int))},
+                    measured_step(trainer))
 
 
 class RankCollapse(pl.Callback):
@@ -226,7 +241,7 @@ class RankCollapse(pl.Callback):
     for 99% of the variance), the per-dimension std of the L2-normalised features and the mean L2 norm
     (``eval_norm_<key>_mean``, the embedding-norm paper's measurement) of the evaluated backbone (``eval_backbone``:
     the online one, DINO's teacher) and, when the method has a ``projector`` (and a ``predictor``), of their outputs.
-    Joint-embedding methods only (``family`` ``joint``, the default when a module names none)."""
+    Joint-embedding methods only (the module's declared ``family`` is ``joint``)."""
 
     def __init__(self, every_n_steps: int = 100, samples: int = 512, seed: int = 0, dataset=None):
         super().__init__()
@@ -236,15 +251,12 @@ class RankCollapse(pl.Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self._batch is None:
             data = self._dataset if self._dataset is not None else getattr(trainer.datamodule, "dataset", None)
-            if data is None or getattr(pl_module, "family", "joint") != "joint":
+            if data is None or pl_module.family != "joint":
                 return  # a joint-embedding method's measure (flow runs have their own feature extractor)
             self._batch = data.subset(self.samples, self.seed)
 
     @torch.no_grad()
     def measure(self, pl_module) -> dict[str, float]:
-        from selfsup.eval.features import extract_features
-        from selfsup.eval.spectrum import effective_rank, rankme
-
         info = pl_module.info
         h, _ = extract_features(pl_module.eval_backbone, self._batch, info.image_size, info.mean, info.std,
                                 len(self._batch), pl_module.device)
@@ -293,12 +305,13 @@ class PredictorAlignment(pl.Callback):
     F of its inputs, and cos(W u_j, u_j) for F's top eigenvectors, every N steps (DirectPred Fig. 2 / Thm. 3).
 
     F is the predictor's own ``correlation`` buffer when it has one (DirectPred keeps it); otherwise this
-    callback keeps ``F ← ρF + (1 − ρ)·mean(f fᵀ)`` each step from the step output's ``input_key``
+    callback keeps ``F ← ρF + (1 − ρ)·mean(f fᵀ)`` each step from the StepOutput's ``input_key`` tensor
     (the predictor's inputs, view 1). Methods without a linear predictor are left alone."""
 
     def __init__(self, every_n_steps: int = 10, top_k: int = 3, rho: float = 0.3, input_key: str = "projection"):
         super().__init__()
-        self.every, self.top_k, self.rho, self.input_key = every_n_steps, top_k, rho, input_key
+        self.every, self.top_k, self.rho = every_n_steps, top_k, rho
+        (self.input_key,) = step_tensors((input_key,))
         self.correlation: Tensor | None = None
         self.active = False
 
@@ -307,13 +320,14 @@ class PredictorAlignment(pl.Callback):
         self.active = isinstance(predictor, nn.Module) and square_weight(predictor) is not None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not self.active or not isinstance(outputs, dict):
+        out = step_output(outputs)
+        if not self.active or out is None:
             return
         predictor = pl_module.predictor
         own = getattr(predictor, "correlation", None)
         if not isinstance(own, Tensor):
-            f = outputs.get(self.input_key)
-            if not isinstance(f, Tensor):
+            f = getattr(out, self.input_key)
+            if f is None:
                 return
             f = f.detach().float()
             batch_corr = f.T @ f / f.shape[0]

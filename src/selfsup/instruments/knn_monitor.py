@@ -48,9 +48,8 @@ class KNNMonitor(pl.Callback):
         subsets; the backbone's mode is restored."""
         train, test, k = self._data
         info = pl_module.info
-        backbone = getattr(pl_module, "eval_backbone", pl_module.backbone)
         ftr, ytr, fte, yte = (t for split in (train, test) for t in extract_features(
-            backbone, split, info.image_size, info.mean, info.std, self.batch_size, pl_module.device))
+            pl_module.eval_backbone, split, info.image_size, info.mean, info.std, self.batch_size, pl_module.device))
         return knn_accuracy(ftr, ytr, fte, yte, k, self.temperature)["top1"]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:

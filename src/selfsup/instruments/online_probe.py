@@ -1,6 +1,6 @@
 """Online linear probe: a Linear classifier trained on the detached ``embedding`` of each training step.
 
-Its own AdamW optimiser, fp32, on the step-output dict (``embedding``, ``labels``; unlabelled −1 ignored);
+Its own AdamW optimiser, fp32, on the step's StepOutput (``embedding``, ``labels``; unlabelled −1 ignored);
 logs ``monitor/probe_acc`` (batch accuracy before the update, %) and ``monitor/probe_loss``. Gradients
 are averaged across processes so every process holds the same probe; its state is checkpointed.
 """
@@ -11,6 +11,8 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from selfsup.step import step_output
 
 
 class OnlineLinearProbe(pl.Callback):
@@ -26,7 +28,7 @@ class OnlineLinearProbe(pl.Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         classes = self.num_classes or trainer.datamodule.dataset.num_classes
         g = torch.Generator().manual_seed(self.seed)  # the same init on every process
-        probe = nn.Linear(getattr(pl_module, "eval_backbone", pl_module.backbone).num_features, classes)
+        probe = nn.Linear(pl_module.eval_backbone.num_features, classes)
         with torch.no_grad():
             probe.weight.normal_(0.0, 0.01, generator=g)
             probe.bias.zero_()
@@ -39,9 +41,10 @@ class OnlineLinearProbe(pl.Callback):
             self._pending = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if not isinstance(outputs, dict) or "embedding" not in outputs or "labels" not in outputs:
+        out = step_output(outputs)
+        if out is None or out.embedding is None or out.labels is None:
             return
-        emb, labels = outputs["embedding"].detach().float(), outputs["labels"]
+        emb, labels = out.embedding.detach().float(), out.labels
         # unlabelled samples (-1) weigh 0; masking instead of selecting keeps the step free of host reads
         # (an all-unlabelled batch gives a zero loss and gradient: Adam's moments still advance, as they
         # would with any zero gradient)

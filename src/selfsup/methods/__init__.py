@@ -39,13 +39,14 @@ METHODS: dict[str, type] = {
 }
 
 
-def method_name(method_cfg) -> str:
-    """The registered name of the method whose Config is exactly ``type(method_cfg)``."""
+def registered_name(method_cfg) -> str:
+    """The registered name of the method whose Config is exactly ``type(method_cfg)`` (``RunConfig.method_name``
+    holds it for a run's config)."""
     for name, cls in METHODS.items():
         if type(method_cfg) is cls.Config:
             return name
     raise KeyError(f"{type(method_cfg).__name__} is the Config of no registered method")
 
 
-__all__ = ["METHODS", "DataInfo", "SSLMethod", "method_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
+__all__ = ["METHODS", "DataInfo", "SSLMethod", "registered_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
            "VICReg", "DINO", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]

@@ -35,6 +35,7 @@ from selfsup.errors import UserError
 from selfsup.losses import barlow_twins_loss, cross_correlation
 from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -88,4 +89,4 @@ class BarlowTwins(SSLMethod):
                                      eps=c.bn_eps)
             corr = (all_reduce_local_grad if c.ddp_gradient == "official" else all_reduce_with_grad)(corr)
             loss = barlow_twins_loss(corr, c.lambd)
-        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}
+        return StepOutput(loss, embedding=h1.detach(), embedding2=h2.detach(), projection=z1.detach())

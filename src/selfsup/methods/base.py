@@ -1,16 +1,21 @@
 """The one training base of every method family, and the joint-embedding family's base.
 
 :class:`TrainingBase` holds, once, what every family's LightningModule needs: the per-step seeded
-generator, the lr schedule (warmup + cosine, ``fixed_lr`` groups, per iteration or per epoch), the step
-counts, EMA targets and their update, ``trainer.compile``, the optimiser (with the fused-AdamW rule),
-logging steps only, the non-finite loss watch, and the checkpoint hooks. A family states what the base
-needs as declarations: ``trainable()`` (the modules the optimiser trains), ``uses_momentum`` (a momentum
-target scheduled by ``method.momentum``), ``post_step_hooks`` (what acts after each optimiser step).
+generator, the schedule (``schedule(step, epoch)``: a pure function giving the step's lr, weight decay, momentum
+and a method's own values, applied by one hook; warmup + cosine, ``fixed_lr`` groups, per iteration or per epoch
+by default), the step counts, EMA targets and their update, ``trainer.compile``, the optimiser (with the
+fused-AdamW rule), the training step and its logging (logging steps only), the non-finite loss watch, and the
+checkpoint hooks. A family states what the base needs as declarations: ``trainable()`` (the modules the
+optimiser trains), ``eval_backbone`` (the backbone it is judged by), ``uses_momentum`` (a momentum target
+scheduled by ``method.momentum``), ``post_step_hooks`` (what acts after each optimiser step),
+``forward_step(batch)`` (the family's step forward). Evaluating it (the end-of-run report) is the application
+layer's (``selfsup.runs.finish``).
 
 A joint-embedding method subclasses :class:`SSLMethod`, builds its heads in ``__init__``, declares
-``trainable()`` and writes ``forward_views``: views in, a dict of named tensors out (``loss`` plus
-detached embeddings/projections/predictions that instruments and online evaluators read). The flow
-family's base is ``selfsup.methods.flow.FlowMatching``.
+``trainable()`` and writes ``forward_views``: views in, a :class:`~selfsup.step.StepOutput` out (the loss plus
+the detached embeddings / projections / predictions that instruments and online evaluators read, and the
+method's own scalars, which the base logs). A method whose official schedule differs overrides ``schedule``
+(DINO, iBOT, SwAV, W-MSE; Self-Flow and REPA). The flow family's base is ``selfsup.methods.flow.FlowMatching``.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from torch import Tensor, nn
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
+from selfsup.interventions import grad_scale
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
-from selfsup.schedules import momentum_cosine, scaled_lr, warmup_cosine
+from selfsup.schedules import StepValues, momentum_cosine, scaled_lr, warmup_cosine
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -183,61 +190,6 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
-_INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
-
-
-def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | None:
-    """A digest of everything a kNN result depends on: the weights and buffers (and the module's class), the
-    in-memory train and test images and labels, and the evaluation settings; None for data not held in memory.
-    Runs that start from the same init (the arms of a seed whose change leaves the backbone's init alone) share
-    one random-init kNN per process."""
-    import hashlib
-
-    if not all(isinstance(d.images, Tensor) for d in (train, test)):
-        return None
-    h = hashlib.sha256(type(model).__qualname__.encode())
-    h.update(repr((info.image_size, info.mean, info.std, cfg.eval.knn_k, cfg.eval.knn_temperature,
-                   cfg.eval.batch_size)).encode())
-    tensors = [t for _, t in sorted(model.state_dict().items())]
-    for t in [*tensors, train.images, train.labels, test.images, test.labels]:
-        h.update(repr((t.dtype, tuple(t.shape))).encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
-    """The weighted kNN (k, T from ``cfg.eval``) on the test split of the trained and of the random-init
-    backbone, written to ``run_dir/knn.json``; the lines the engine prints. The random init's result is
-    computed once per process for the same weights and data (``init_knn_key``)."""
-    import json
-
-    from selfsup.data.datasets import UNLABELLED, load_dataset
-    from selfsup.eval.features import extract_features
-    from selfsup.eval.knn import knn_accuracy
-
-    if cfg.data.name in UNLABELLED:
-        return [f"no kNN report: data.name={cfg.data.name} has no labels "
-                "(selfsup eval knn RUN --data ... on labelled data)"]
-    test = load_dataset(cfg.data, "test")
-    k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
-    out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
-    for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
-        cache = init_knn_key(model, train, test, info, cfg) if key == "random_init" else None
-        if cache in _INIT_KNN:
-            out[key] = copy.deepcopy(_INIT_KNN[cache])
-            continue
-        ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
-        if cache is not None:
-            _INIT_KNN[cache] = copy.deepcopy(out[key])
-    (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
-    lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
-    lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
-              for key in ("pretrained", "random_init")]
-    return lines
-
-
 class TrainingBase(pl.LightningModule):
     """The training plumbing every method family shares; a family subclasses it and declares:
 
@@ -245,7 +197,12 @@ class TrainingBase(pl.LightningModule):
     - ``uses_momentum``: its momentum targets follow ``method.momentum`` / ``method.momentum_schedule``
       (set per step in ``self.momentum``, logged as ``train/momentum``);
     - ``post_step_hooks``: callables run right after each optimiser step, in order (DirectPred's predictor,
-      the flow EMA), before Lightning's callbacks see the step, so a step checkpoint holds their state.
+      the flow EMA), before Lightning's callbacks see the step, so a step checkpoint holds their state;
+    - ``forward_step(batch)``: the family's step forward on a transferred batch, a :class:`StepOutput`.
+
+    ``schedule(step, epoch)`` gives each optimiser step's :class:`StepValues` (a pure function of the step, the
+    epoch, the config and the run's length); ``on_train_batch_start`` applies them, and the training step logs
+    them with the loss and the step's own scalars.
 
     Per-step values leave the device only at Lightning's logging steps (every ``trainer.log_every_n_steps``),
     in one copy, so the steps between run without a host-device sync: on a GPU, ``self.log`` of a Python
@@ -261,15 +218,20 @@ class TrainingBase(pl.LightningModule):
     uses_momentum: ClassVar[bool] = False
     scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
     step_forward: ClassVar[str | None] = "forward_views"  # the method trainer.compile compiles whole (compile_step)
+    progress_bar: ClassVar[tuple[str, ...]] = ("train/loss",)  # the logged values the progress bar shows
+    # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
+    # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
+    loss_embedding: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
         self.cfg, self.info = cfg, info
-        self.lr = 0.0  # set per iteration by on_train_batch_start
+        self.lr = 0.0  # this step's scheduled lr (set per iteration by on_train_batch_start, as step_values)
         # this step's EMA weight 1 − m on the device (0-d, not checkpointed: set before every step with self.momentum)
         self.register_buffer("ema_weight", torch.zeros(()), persistent=False)
         self.momentum = cfg.method.momentum if self.uses_momentum else 0.0
-        self.total_steps, self.steps_per_epoch = 1, 1
+        self.step_values = StepValues(0.0, 0.0, momentum=self.momentum if self.uses_momentum else None)
+        self.total_steps, self.steps_per_epoch, self.max_epochs = 1, 1, 1  # the run's length (on_fit_start)
         self.finite_watch = FiniteLossWatch()
         self.post_step_hooks: list[Callable[[], None]] = []
         self.momentum_pairs: list[tuple[nn.Module, nn.Module]] = []  # (online, EMA target)
@@ -285,6 +247,12 @@ class TrainingBase(pl.LightningModule):
         """The crops the data pipeline makes at decode time from a whole image (folders, shards): each view's
         scale range and output size; None (the flow family): the method takes whole images."""
         return None
+
+    @property
+    def eval_backbone(self) -> nn.Module:
+        """The backbone that is evaluated: exported, the end-of-run kNN (``runs.finish``), the kNN monitor, the online
+        probe, RankMe (the joint family: the online backbone, DINO's teacher; the flow family: its ``FlowEncoder``)."""
+        raise NotImplementedError(f"{type(self).__name__} must declare eval_backbone: the backbone it is judged by")
 
     def momentum_target(self, online: nn.Module) -> nn.Module:
         """A frozen copy of ``online`` that ``update_momentum_encoder`` keeps as its EMA."""
@@ -373,6 +341,7 @@ class TrainingBase(pl.LightningModule):
         else:
             self.total_steps = max(int(t.estimated_stepping_batches), 1)
             self.steps_per_epoch = max(self.total_steps // t.max_epochs, 1)
+        self.max_epochs = t.max_epochs
         if t.log_every_n_steps > self.total_steps:  # a run shorter than the logging interval logs every step
             t.log_every_n_steps = 1
 
@@ -384,32 +353,52 @@ class TrainingBase(pl.LightningModule):
         scale = self.scales_min_lr if o.scale_min_lr is None else o.scale_min_lr
         return scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling) if scale else o.min_lr
 
+    def peak_lr(self) -> float:
+        """``optim.base_lr`` scaled by ``optim.lr_scaling`` to the global batch (``scaled_lr``)."""
+        o = self.cfg.optim
+        return scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
+
+    def warmup_steps(self) -> int:
+        """``optim.warmup_epochs`` in optimiser steps (rounded)."""
+        return int(round(self.cfg.optim.warmup_epochs * self.steps_per_epoch))
+
     def scheduled_lr(self, step: int) -> float:
-        """Warmup then cosine from the peak (``optim.base_lr`` scaled by ``optim.lr_scaling``) to ``final_lr``, at
-        each iteration (``optim.lr_schedule_unit=iteration``) or at each epoch's start (``epoch``: SimSiam's
-        main_simsiam.py ``adjust_learning_rate``, called once per epoch with ``epoch / epochs``)."""
+        """Warmup then cosine from the peak (``peak_lr``) to ``final_lr``, at each iteration
+        (``optim.lr_schedule_unit=iteration``: MoCo v3's ``adjust_learning_rate`` at the fractional epoch, MAE's
+        util/lr_sched.py) or at each epoch's start (``epoch``: SimSiam's main_simsiam.py ``adjust_learning_rate``,
+        called once per epoch with ``epoch / epochs``)."""
         o, spe = self.cfg.optim, self.steps_per_epoch
-        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        final = self.final_lr()
+        peak, final = self.peak_lr(), self.final_lr()
         if o.lr_schedule_unit == "epoch":
             return warmup_cosine(step // spe, max(self.total_steps // spe, 1), o.warmup_epochs, peak, final)
-        return warmup_cosine(step, self.total_steps, int(round(o.warmup_epochs * spe)), peak, final)
+        return warmup_cosine(step, self.total_steps, self.warmup_steps(), peak, final)
+
+    def schedule(self, step: int, epoch: int) -> StepValues:
+        """The values of optimiser step ``step`` (0-based, of ``total_steps``) in epoch ``epoch``: ``scheduled_lr``
+        (``fixed_lr`` groups: the peak) and, where ``uses_momentum``, the momentum: MoCo v3's cosine ramp
+        ``1 − (1 − m0) · ½ (1 + cos(π step / total))`` (BYOL's τ) or constant. Pure: no trainer is read."""
+        m = None
+        if self.uses_momentum:
+            c = self.cfg.method
+            m = momentum_cosine(step, self.total_steps, c.momentum) if c.momentum_schedule == "cosine" else c.momentum
+        return StepValues(self.scheduled_lr(step), self.peak_lr(), momentum=m)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        """Per-step lr (``fixed_lr`` groups keep the peak) and, where ``uses_momentum``, the momentum
-        (cosine ramp or constant)."""
-        step, o = self.trainer.global_step, self.cfg.optim
-        lr = self.scheduled_lr(step)
-        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
+        """Applies this step's ``schedule``: each parameter group's lr (× its ``lr_scale``; ``fixed_lr`` groups the
+        peak) and, where given, weight decay (the ``decayed`` groups), the momentum (``self.momentum`` and the
+        in-step EMA weight) and the method's extras (attributes of their names)."""
+        v = self.schedule(self.trainer.global_step, self.current_epoch)
         for group in self.trainer.optimizers[0].param_groups:
-            group["lr"] = (peak if group["fixed_lr"] else lr) * group["lr_scale"]
-        if self.uses_momentum:
-            m = self.cfg.method
-            self.momentum = (momentum_cosine(step, self.total_steps, m.momentum) if m.momentum_schedule == "cosine"
-                             else m.momentum)
+            group["lr"] = (v.peak_lr if group["fixed_lr"] else v.lr) * group["lr_scale"]
+            if v.weight_decay is not None and group["decayed"]:
+                group["weight_decay"] = v.weight_decay
+        if v.momentum is not None:
+            self.momentum = v.momentum
+        for name, value in v.extras.items():
+            setattr(self, name, value)
         # the in-step EMA acts at an optimiser step's first micro-batch only
         self.ema_weight.fill_(0.0 if micro_batch(self.trainer) else 1.0 - self.momentum)
-        self.lr = lr
+        self.lr, self.step_values = v.lr, v
 
     # ----------------------------------------------------------------- optimiser
     def optimizer_step(self, *args, **kwargs) -> None:
@@ -419,10 +408,38 @@ class TrainingBase(pl.LightningModule):
             hook()
 
     def configure_optimizers(self):
+        """The optimiser over ``param_groups``; each group is marked ``decayed`` (the groups a scheduled weight
+        decay is written to: DINO's param_groups[0], main_dino.py:309-312; with ``optim.decay_1d: false`` the
+        biases and 1-D tensors keep none)."""
         o, t = self.cfg.optim, self.cfg.trainer
         if o.fused and t.precision.startswith("16") and t.gradient_clip_val:  # fp16 clipping needs unscaled grads
             o = dataclasses.replace(o, fused=False)
-        return build_optimizer(param_groups(self.trainable(), o), o)
+        optimizer = build_optimizer(param_groups(self.trainable(), o), o)
+        for group in optimizer.param_groups:
+            group["decayed"] = o.decay_1d or any(p.ndim > 1 for p in group["params"])
+        return optimizer
+
+    # ----------------------------------------------------------------- the step
+    def forward_step(self, batch) -> StepOutput:
+        """The family's step forward on a transferred batch (``SSLMethod``: ``forward_views``; flow:
+        ``forward_flow``)."""
+        raise NotImplementedError
+
+    def training_step(self, batch, batch_idx: int):
+        """``forward_step``, then :meth:`log_step` of the loss, this step's ``step_values`` and the step's own
+        scalars; returns Lightning's ``{"loss", "step"}``: the loss with its graph and the :class:`StepOutput`
+        (its loss detached, the batch's labels added) that callbacks read."""
+        out = self.forward_step(batch)
+        v, loss = self.step_values, out.loss
+        values = {"train/loss": loss, "train/lr": v.lr}
+        if v.weight_decay is not None:
+            values["train/wd"] = v.weight_decay
+        if v.momentum is not None:
+            values["train/momentum"] = v.momentum
+        values.update({f"train/{name}": value for name, value in {**v.extras, **out.scalars}.items()})
+        self.log_step(loss, values, prog_bar=self.progress_bar)
+        out.loss, out.labels = loss.detach(), batch[1]
+        return {"loss": loss, "step": out}
 
     # ----------------------------------------------------------------- logging steps only
     def log_step(self, loss: Tensor, values: dict, prog_bar: tuple[str, ...] = ("train/loss",)) -> None:
@@ -465,9 +482,7 @@ class SSLMethod(TrainingBase):
     family = "joint"
     recipe: str = "moco_v3"
     eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
-    # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
-    # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
-    loss_embedding: tuple[str, ...] = ()
+    reads_labels: ClassVar[bool] = False  # forward_views takes the batch's labels (NNCLR's label-agreement sign)
 
     def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]]:
         """Every view of the plan: its crop scale range and output size."""
@@ -516,8 +531,8 @@ class SSLMethod(TrainingBase):
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
 
     # ----------------------------------------------------------------- to write in a method
-    def forward_views(self, views: list[Tensor]) -> dict[str, Tensor]:
-        """Views → {"loss": ..., other named tensors}."""
+    def forward_views(self, views: list[Tensor]) -> StepOutput:
+        """Views → the step's :class:`StepOutput` (the loss, detached tensors for the instruments, own scalars)."""
         raise NotImplementedError
 
     def step_draws(self, views: list[Tensor]) -> dict[str, Tensor]:
@@ -528,8 +543,6 @@ class SSLMethod(TrainingBase):
 
     def grad_scale(self, z: Tensor) -> Tensor:
         """GradScale (``interventions.grad_scale_p``; identity when 0): see selfsup.interventions for its place."""
-        from selfsup.interventions import grad_scale
-
         return grad_scale(z, self.cfg.interventions.grad_scale_p)
 
     # ----------------------------------------------------------------- memory format
@@ -564,18 +577,10 @@ class SSLMethod(TrainingBase):
             views = [images_in(v, self.memory_format) for v in views]
         return views, labels
 
-    def training_step(self, batch, batch_idx: int):
+    def forward_step(self, batch) -> StepOutput:
+        """``forward_views`` of the augmented views, with the step's draws (and the labels where ``reads_labels``)."""
         views, labels = batch
-        out = self.forward_views(views, **self.step_draws(views))
-        loss = out["loss"]
-        values = {"train/loss": loss, "train/lr": self.lr}
-        if self.uses_momentum:
-            values["train/momentum"] = self.momentum
-        self.log_step(loss, values)
-        out["labels"] = labels
-        return out
-
-    # ----------------------------------------------------------------- end of run
-    def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """What the engine prints after fit: :func:`knn_report` of the trained and the random-init backbone."""
-        return knn_report(self.eval_backbone, init_backbone, self.cfg, self.info, train, run_dir)
+        inputs = self.step_draws(views)
+        if self.reads_labels:
+            inputs["labels"] = labels if isinstance(labels, Tensor) else None
+        return self.forward_views(views, **inputs)

@@ -22,6 +22,7 @@ from selfsup.losses import byol_regression
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views, multicrop_mean
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -80,5 +81,5 @@ class BYOL(SSLMethod):
         loss = byol_regression(p[0], t2, sg) + byol_regression(p[1], t1, sg)
         if len(views) > 2:  # multi-crop (augment.local_crops_number): each local crop predicts both targets
             loss = multicrop_mean(loss, [byol_regression(q, t, sg) for q in p[2:] for t in (t1, t2)])
-        return {"loss": loss, "embedding": h[0].detach(), "embedding2": h[1].detach(), "projection": z[0].detach(),
-                "prediction": p[0].detach(), "target": t2.detach()}
+        return StepOutput(loss, embedding=h[0].detach(), embedding2=h[1].detach(), projection=z[0].detach(),
+                          prediction=p[0].detach(), target=t2.detach())

@@ -33,7 +33,8 @@ from selfsup.errors import UserError
 from selfsup.losses import dino_center, dino_loss
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views
 from selfsup.models.heads import DINOHead
-from selfsup.schedules import dino_cosine, scaled_lr, teacher_temperature
+from selfsup.schedules import StepValues, dino_cosine, teacher_temperature
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -101,7 +102,6 @@ class DINO(SSLMethod):
         self.register_buffer("center", torch.zeros(1, c.out_dim))
         self.register_buffer("step_teacher_temp", torch.ones(()), persistent=False)  # τt on the device, per step
         self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
-        self.weight_decay = cfg.optim.weight_decay
         self.post_step_hooks.append(self.teacher_ema)
 
     def build_head(self, c) -> nn.Module:
@@ -144,7 +144,7 @@ class DINO(SSLMethod):
                      "dino_kl_teacher_student": loss.detach() - entropy,  # mean over pairs of KL(q_i || p_v)
                      "dino_center_norm": self.center.norm()}
         self.update_center(t_logits)
-        return {"loss": loss, "embedding": t_feats[0], "embedding2": t_feats[1], "instruments": signs}
+        return StepOutput(loss, embedding=t_feats[0], embedding2=t_feats[1], instruments=signs)
 
     @torch.no_grad()
     def update_center(self, teacher_logits: torch.Tensor) -> None:
@@ -155,30 +155,17 @@ class DINO(SSLMethod):
                                       self.cfg.method.center_momentum))
 
     # ----------------------------------------------------------------- schedules
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+    def schedule(self, step: int, epoch: int) -> StepValues:
         """Per iteration: lr (warm-up from 0, cosine to min_lr), wd of the decayed groups (cosine to
-        ``weight_decay_end``), teacher momentum (cosine to 1), all ``utils.cosine_scheduler``; τt per epoch."""
-        step, o, c = self.trainer.global_step, self.cfg.optim, self.cfg.method
-        total = self.total_steps
-        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        final = self.final_lr()
-        self.lr = dino_cosine(step, total, int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final)
-        self.weight_decay = dino_cosine(step, total, 0, o.weight_decay, c.weight_decay_end)
-        for group in self.trainer.optimizers[0].param_groups:
-            group["lr"] = self.lr * group["lr_scale"]
-            if group.get("decayed", False):
-                group["weight_decay"] = self.weight_decay
-        self.momentum = dino_cosine(step, total, 0, c.momentum, 1.0) if c.momentum_schedule == "cosine" else c.momentum
-        self.teacher_temp = teacher_temperature(self.current_epoch, c.warmup_teacher_temp, c.teacher_temp,
-                                                c.warmup_teacher_temp_epochs)
-
-    def training_step(self, batch, batch_idx: int):
-        views, labels = batch
-        out = self.forward_views(views, **self.step_draws(views))
-        self.log_step(out["loss"], {"train/loss": out["loss"], "train/lr": self.lr, "train/momentum": self.momentum,
-                                    "train/wd": self.weight_decay, "train/teacher_temp": self.teacher_temp})
-        out["labels"] = labels
-        return out
+        ``weight_decay_end``), teacher momentum (cosine to 1), all ``utils.cosine_scheduler``
+        (main_dino.py:238-251); τt per epoch (main_dino.py:374-378, logged as ``train/teacher_temp``)."""
+        o, c, total = self.cfg.optim, self.cfg.method, self.total_steps
+        peak = self.peak_lr()
+        momentum = dino_cosine(step, total, 0, c.momentum, 1.0) if c.momentum_schedule == "cosine" else c.momentum
+        temp = teacher_temperature(epoch, c.warmup_teacher_temp, c.teacher_temp, c.warmup_teacher_temp_epochs)
+        return StepValues(dino_cosine(step, total, self.warmup_steps(), peak, self.final_lr()), peak,
+                          weight_decay=dino_cosine(step, total, 0, o.weight_decay, c.weight_decay_end),
+                          momentum=momentum, extras={"teacher_temp": temp})
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Per-tensor gradient clipping (utils.clip_gradients: each gradient scaled to norm ≤ ``clip_grad``),
@@ -198,9 +185,3 @@ class DINO(SSLMethod):
     def teacher_ema(self) -> None:
         """The post-step hook: the teacher's EMA with this iteration's momentum (main_dino.py:344-350)."""
         self.ema_step(self.momentum)
-
-    def configure_optimizers(self):
-        optimizer = super().configure_optimizers()
-        for group in optimizer.param_groups:  # the decayed groups follow the wd schedule (official param_groups[0])
-            group["decayed"] = self.cfg.optim.decay_1d or any(p.ndim > 1 for p in group["params"])
-        return optimizer

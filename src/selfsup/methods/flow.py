@@ -11,7 +11,7 @@ registry's questions (``data_info``, ``backbone_meta``, ``backbone_state``) for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +22,10 @@ from selfsup.export import load_backbone
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
-from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
-from selfsup.methods.base import DataInfo, TrainingBase, knn_report
+from selfsup.methods.base import DataInfo, TrainingBase
 from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
-from selfsup.schedules import linear_ramp
+from selfsup.schedules import StepValues, linear_ramp
+from selfsup.step import StepOutput
 
 
 def default_block(depth: int, fraction: float) -> int:
@@ -97,6 +97,16 @@ def check_rep_warmup(steps: int) -> None:
         raise UserError(f"method.rep_warmup_steps={steps} must be >= 0 (0: the full weight from step 0)")
 
 
+def with_rep_weight(values: StepValues, step: int, c) -> StepValues:
+    """Self-Flow's and REPA's schedule: ``values`` plus, where ``method.rep_warmup_steps`` ramps it, the
+    representation-loss weight ``rep_weight`` (``method.rep_weight`` linearly from 0 over those optimiser steps;
+    logged as ``train/rep_weight``). Without a ramp (the official schedule) the weight is ``method.rep_weight``
+    from step 0 and is not scheduled."""
+    if not c.rep_warmup_steps:
+        return values
+    return replace(values, extras={**values.extras, "rep_weight": linear_ramp(step, c.rep_weight, c.rep_warmup_steps)})
+
+
 @dataclass
 class SelfFlowConfig(FlowConfig):
     """Self-Flow: R_M, the student block l, the teacher block k and the weight of 1 − cos."""
@@ -141,6 +151,13 @@ class RepaConfig(FlowConfig):
             raise UserError("method.rep_weight must be >= 0 and method.proj_hidden_dim >= 1")
 
 
+def with_alignment(out: StepOutput, weight: float, rep: Tensor, prediction: Tensor, target: Tensor) -> StepOutput:
+    """The flow loss's ``out`` plus ``weight`` × the representation loss ``rep`` (logged as ``train/rep_loss``),
+    with the head's tokens and their targets, one row per token, for the instruments' alignment."""
+    return replace(out, loss=out.loss + weight * rep, prediction=prediction.detach().flatten(0, 1),
+                   target=target.flatten(0, 1), scalars={**out.scalars, "rep_loss": rep.detach()})
+
+
 def _sit_only(kwargs: dict) -> dict:
     """SiT kwargs with the size name resolved to explicit hidden/depth/heads (stable across size tables)."""
     k = dict(kwargs)
@@ -165,6 +182,7 @@ class FlowMatching(TrainingBase):
     # trainer.compile compiles the student, its EMA and the head module by module: forward_flow draws its noise,
     # levels and masks from the step's generator inside, which a whole-step graph cannot hold (yet)
     step_forward = None
+    progress_bar = ("train/loss", "train/rep_loss")
 
     # ------------------------------------------------------------------ the family's answers to the registry
     @classmethod
@@ -213,6 +231,11 @@ class FlowMatching(TrainingBase):
         c = self.cfg.method
         return FlowEncoder(self.ema, c.eval_block(), c.feature_t, c.fit, self.cfg.trainer.seed)
 
+    @property
+    def eval_backbone(self) -> FlowEncoder:
+        """The evaluated backbone: :attr:`backbone` (exported as ``flow_encoder``)."""
+        return self.backbone
+
     # ------------------------------------------------------------------ data
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """uint8 images → [−1, 1] (float latents unchanged), fitted to the model size; labels → y."""
@@ -240,44 +263,29 @@ class FlowMatching(TrainingBase):
     def draw_noise(self, x0: Tensor) -> Tensor:
         return torch.randn(x0.shape, device=x0.device, dtype=x0.dtype, generator=self.rng(x0.device))
 
-    def rep_weight(self) -> float:
-        """Self-Flow's and REPA's representation-loss weight at this step: ``method.rep_weight``, ramped linearly
-        from 0 over ``method.rep_warmup_steps`` optimiser steps (0, the official schedule: the full weight from
-        step 0; outside a fit: the full weight). A host number: no sync."""
-        c = self.cfg.method
-        if self._trainer is None:
-            return c.rep_weight
-        return linear_ramp(self.trainer.global_step, c.rep_weight, c.rep_warmup_steps)
-
     # ------------------------------------------------------------------ the step
-    def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
+    def forward_step(self, batch) -> StepOutput:
+        """``forward_flow`` of the batch, its labels through ``class_labels``."""
+        x0, labels = batch
+        return self.forward_flow(x0, self.class_labels(labels))
+
+    def flow_output(self, per_token: Tensor, levels: Tensor, h: Tensor) -> StepOutput:
+        """The flow loss's StepOutput: the loss (mean of the per-token loss), the block tokens average-pooled as the
+        embedding, and the scalars logged as ``train/<name>``: ``flow_loss``, its mean per noise-level bucket (NaN
+        when empty) and ``ema_decay`` (the last EMA update's decay: the teacher's and sampling model's)."""
+        b, detached = self.cfg.method.loss_buckets, per_token.detach()
+        means, _ = noise_level_buckets(detached, levels, b)
+        scalars = {"flow_loss": detached.mean(),
+                   **{f"flow_loss_t{i / b:.2f}-{(i + 1) / b:.2f}": means[i] for i in range(b)},
+                   "ema_decay": self.ema_decay}
+        return StepOutput(per_token.mean(), embedding=h.detach().mean(1), scalars=scalars)
+
+    def forward_flow(self, x0: Tensor, y: Tensor) -> StepOutput:
         """Plain flow matching; the eval block's tokens come from the same forward as the loss."""
         noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
         v, (h,) = self.student(interpolate(x0, noise, t), t, y, features=(self.cfg.method.eval_block(),))
-        per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
-        return {"loss": per_token.mean(), "flow_loss": per_token, "levels": t, "embedding": h.detach().mean(1)}
-
-    def training_step(self, batch, batch_idx: int):
-        x0, labels = batch
-        out = self.forward_flow(x0, self.class_labels(labels))
-        loss = out["loss"]
-        per_token, levels = out.pop("flow_loss"), out.pop("levels")
-        out["flow_loss"] = per_token.detach().mean()  # the step's scalars stay in its outputs for callbacks
-        values = {"train/loss": loss, "train/flow_loss": out["flow_loss"]}
-        if "rep_loss" in out:
-            out["rep_loss"] = values["train/rep_loss"] = out["rep_loss"].detach()
-        weight = out.pop("rep_weight", 0.0)
-        if getattr(self.cfg.method, "rep_warmup_steps", 0):  # the ramp's weight (a host number)
-            values["train/rep_weight"] = weight
-        means, counts = noise_level_buckets(per_token, levels, self.cfg.method.loss_buckets)
-        b = self.cfg.method.loss_buckets
-        for i in range(b):  # an empty bucket logs NaN
-            values[f"train/flow_loss_t{i / b:.2f}-{(i + 1) / b:.2f}"] = means[i]
-        values["train/ema_decay"], values["train/lr"] = self.ema_decay, self.lr
-        self.log_step(loss, values, prog_bar=("train/loss", "train/rep_loss"))
-        out["labels"] = labels
-        return out
+        return self.flow_output(per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size), t, h)
 
     # ------------------------------------------------------------------ EMA
     def ema_after_step(self) -> None:
@@ -285,9 +293,10 @@ class FlowMatching(TrainingBase):
         self.update_ema(self.trainer.global_step + 1)
 
     def update_ema(self, step: int) -> None:
-        """EMA after ``step`` optimiser steps: ``ema ← d·ema + (1 − d)·student`` (d ramps up over the warmup)."""
+        """EMA after ``step`` optimiser steps: ``ema ← d·ema + (1 − d)·student``, d = ``method.ema_decay`` ramped
+        linearly from 0 over ``method.ema_warmup_steps`` (``linear_ramp``; 0: the official fixed decay)."""
         c = self.cfg.method
-        self.ema_decay = c.ema_decay * min(1.0, step / c.ema_warmup_steps) if c.ema_warmup_steps else c.ema_decay
+        self.ema_decay = linear_ramp(step, c.ema_decay, c.ema_warmup_steps)
         self.ema_step(self.ema_decay)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -301,24 +310,6 @@ class FlowMatching(TrainingBase):
     # ------------------------------------------------------------------ optimiser
     def trainable(self) -> dict[str, nn.Module]:
         return {"student": self.student}
-
-    # ------------------------------------------------------------------ end of run
-    def end_of_run_report(self, train, init_backbone: nn.Module, run_dir) -> list[str]:
-        """kNN of the EMA model's features (trained vs init; pixel data only) and a grid of EMA samples
-        (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
-        c, lines = self.cfg.method, []
-        if train.images.dtype == torch.uint8:
-            lines += knn_report(self.backbone, init_backbone, self.cfg, self.info, train, run_dir)
-            lines[0] = lines[0].replace(
-                "kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
-            n = 2 * self.ema.num_classes if self.ema.num_classes else 16
-            labels = sample_labels(n, self.ema.num_classes)
-            x = generate(self.ema, labels, steps=25, seed=self.cfg.trainer.seed, device=self.device)
-            info = {"fit": c.fit, "mean": self.info.mean, "std": self.info.std}
-            path = save_grid(sample_images(x, info, self.info.image_size), run_dir / "samples_end.png")
-            lines.append(f"{n} EMA samples (Euler ODE, 25 steps, no guidance): {path}")
-        lines.append(f"more: selfsup generate {run_dir} --n 64 [--cfg 1.5]; selfsup eval generation {run_dir}")
-        return lines
 
 
 class SelfFlow(FlowMatching):
@@ -335,11 +326,16 @@ class SelfFlow(FlowMatching):
         self.l = c.student_block or default_block(depth, 0.3)
         self.k = c.teacher_block or default_block(depth, 0.7)
         self.head = SimpleHead(self.student.hidden)
+        self.rep_weight = c.rep_weight  # this step's weight of 1 − cos (a host number: schedule, with_rep_weight)
 
     def trainable(self) -> dict[str, nn.Module]:
         return {"student": self.student, "head": self.head}
 
-    def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
+    def schedule(self, step: int, epoch: int) -> StepValues:
+        """The family's lr schedule and, where ramped, ``rep_weight`` (:func:`with_rep_weight`)."""
+        return with_rep_weight(super().schedule(step, epoch), step, self.cfg.method)
+
+    def forward_flow(self, x0: Tensor, y: Tensor) -> StepOutput:
         c, B, p = self.cfg.method, x0.shape[0], self.student.patch_size
         noise = self.draw_noise(x0)
         t, s = self.draw_t(B, x0.device), self.draw_t(B, x0.device)
@@ -348,17 +344,13 @@ class SelfFlow(FlowMatching):
         # the student's conditioning per level (t, s), gathered to the tokens: the per-token values, fewer FLOPs
         v, (h,) = self.student(interpolate(x0, noise, levels, p), torch.stack([t, s], dim=1), y,
                                features=(self.l,), token_index=mask.long())
-        per_token = per_token_flow_loss(v, velocity_target(x0, noise), p)
-        out = {"loss": per_token.mean(), "flow_loss": per_token, "levels": levels, "embedding": h.detach().mean(1)}
-        weight = self.rep_weight()
-        if weight == 0:  # no teacher forward, no head: the same loss (flow + 0 · rep) without the wasted compute
+        out = self.flow_output(per_token_flow_loss(v, velocity_target(x0, noise), p), levels, h)
+        if self.rep_weight == 0:  # no teacher forward, no head: the same loss (flow + 0 · rep), no wasted compute
             return out
         with torch.no_grad():  # the teacher: whole image at min(t, s), the same noise, blocks 1..k only
             target = self.ema.block_tokens(interpolate(x0, noise, teacher_level), teacher_level, y, self.k)
         prediction = self.head(h)
-        rep = alignment_loss(prediction, target)
-        return {**out, "loss": out["loss"] + weight * rep, "rep_loss": rep, "rep_weight": weight,
-                "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
+        return with_alignment(out, self.rep_weight, alignment_loss(prediction, target), prediction, target)
 
 
 # --------------------------------------------------------------------------- REPA's frozen encoder
@@ -423,9 +415,14 @@ class Repa(FlowMatching):
         self.register_buffer("enc_std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
         self.l = c.align_block or default_block(self.student.depth, 0.3)
         self.projector = RepaProjector(self.student.hidden, c.proj_hidden_dim, dim)
+        self.rep_weight = c.rep_weight  # this step's weight of −cos (a host number: schedule, with_rep_weight)
 
     def trainable(self) -> dict[str, nn.Module]:
         return {"student": self.student, "projector": self.projector}
+
+    def schedule(self, step: int, epoch: int) -> StepValues:
+        """The family's lr schedule and, where ramped, ``rep_weight`` (:func:`with_rep_weight`)."""
+        return with_rep_weight(super().schedule(step, epoch), step, self.cfg.method)
 
     @torch.no_grad()
     def encoder_tokens(self, x0: Tensor) -> Tensor:
@@ -437,18 +434,14 @@ class Repa(FlowMatching):
         x = fit_images(x, self.encoder_size, "resize")
         return patch_tokens(encoder, x, self.student.grid)
 
-    def forward_flow(self, x0: Tensor, y: Tensor) -> dict:
+    def forward_flow(self, x0: Tensor, y: Tensor) -> StepOutput:
         noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
         v, (h,) = self.student(interpolate(x0, noise, t), t, y, features=(self.l,))
-        per_token = per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size)
-        out = {"loss": per_token.mean(), "flow_loss": per_token, "levels": t, "embedding": h.detach().mean(1)}
-        weight = self.rep_weight()
-        if weight == 0:  # no encoder forward, no projector: the same loss without the wasted compute
+        out = self.flow_output(per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size), t, h)
+        if self.rep_weight == 0:  # no encoder forward, no projector: the same loss without the wasted compute
             return out
         target = self.encoder_tokens(x0)
         prediction = self.projector(h)
-        rep = repa_loss(prediction, target)
-        return {**out, "loss": out["loss"] + weight * rep, "rep_loss": rep, "rep_weight": weight,
-                "prediction": prediction.detach().flatten(0, 1), "target": target.flatten(0, 1)}
+        return with_alignment(out, self.rep_weight, repa_loss(prediction, target), prediction, target)
 

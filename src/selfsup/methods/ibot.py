@@ -28,7 +28,7 @@ and the evaluated teacher are DINO's; τt2 warms up per epoch like τt (shifted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,8 @@ from selfsup.methods.base import encode_views
 from selfsup.methods.dino import DINO, DINOConfig
 from selfsup.models.heads import iBOTHead
 from selfsup.models.vit import VisionTransformer
-from selfsup.schedules import teacher_temperature
+from selfsup.schedules import StepValues, teacher_temperature
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -109,7 +110,6 @@ class iBOT(DINO):
         grid = vit.image_size // vit.patch_size
         self.grid = (grid, grid)
         self.max_blocks = c.pred_max_blocks or default_max_blocks(self.grid, c.pred_ratio, c.pred_ratio_var)
-        self.masking = c.pred_start_epoch <= 0  # patches masked from this epoch on (set per batch)
         self.register_buffer("step_teacher_patch_temp", torch.ones(()), persistent=False)  # τt2 on the device
         self.teacher_patch_temp = (c.warmup_teacher_patch_temp if c.warmup_teacher_temp_epochs or c.pred_start_epoch
                                    else c.teacher_patch_temp)
@@ -155,8 +155,9 @@ class iBOT(DINO):
         """(n, N) bool masks of ``n`` global crops (True = masked) from the step's generator, after the
         augmentation's draws (a resumed run masks as the uninterrupted one); none before ``pred_start_epoch``."""
         c = self.cfg.method
-        ratio = c.pred_ratio if self.masking else (0.0,)
-        var = c.pred_ratio_var if self.masking else (0.0,)
+        masking = self.current_epoch >= c.pred_start_epoch
+        ratio = c.pred_ratio if masking else (0.0,)
+        var = c.pred_ratio_var if masking else (0.0,)
         masks = ibot_masks(n, self.grid, self.rng(device), ratio, var, tuple(c.pred_aspect_ratio), c.pred_shape,
                            self.max_blocks, device)
         return masks.flatten(1)
@@ -191,8 +192,9 @@ class iBOT(DINO):
                      "ibot_center2_norm": self.center2.norm(), "ibot_masked_share": masks.float().mean()}
         self.update_centers(t_cls, t_patch)
         b = views[0].shape[0]
-        return {"loss": loss_cls + loss_patch, "loss_cls": loss_cls.detach(), "loss_patch": loss_patch.detach(),
-                "embedding": t_tokens[:b, 0], "embedding2": t_tokens[b:2 * b, 0], "instruments": signs}
+        return StepOutput(loss_cls + loss_patch, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0],
+                          scalars={"loss_cls": loss_cls.detach(), "loss_patch": loss_patch.detach()},
+                          instruments=signs)
 
     @torch.no_grad()
     def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor) -> None:
@@ -205,23 +207,12 @@ class iBOT(DINO):
         self.center.copy_(dino_center(self.center, total[:, :k], count, c.center_momentum))
         self.center2.copy_(dino_center(self.center2, total[:, k:].view(1, 1, -1), count, c.center_momentum2))
 
-    # ----------------------------------------------------------------- schedules and logging
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        """DINO's schedules, and τt2 per epoch: its warm-up starts at ``pred_start_epoch`` (main_ibot.py:498-512)."""
-        super().on_train_batch_start(batch, batch_idx)
-        c = self.cfg.method
-        epoch = self.current_epoch - c.pred_start_epoch
-        self.masking = epoch >= 0
-        self.teacher_patch_temp = (c.warmup_teacher_patch_temp if epoch < 0 else teacher_temperature(
-            epoch, c.warmup_teacher_patch_temp, c.teacher_patch_temp, c.warmup_teacher_temp_epochs))
-
-    def training_step(self, batch, batch_idx: int):
-        views, labels = batch
-        out = self.forward_views(views, **self.step_draws(views))
-        self.log_step(out["loss"], {"train/loss": out["loss"], "train/loss_cls": out["loss_cls"],
-                                    "train/loss_patch": out["loss_patch"], "train/lr": self.lr,
-                                    "train/momentum": self.momentum, "train/wd": self.weight_decay,
-                                    "train/teacher_temp": self.teacher_temp,
-                                    "train/teacher_patch_temp": self.teacher_patch_temp})
-        out["labels"] = labels
-        return out
+    # ----------------------------------------------------------------- schedules
+    def schedule(self, step: int, epoch: int) -> StepValues:
+        """DINO's schedules, and τt2 per epoch: its warm-up starts at ``pred_start_epoch`` (main_ibot.py:498-512;
+        logged as ``train/teacher_patch_temp``)."""
+        values, c = super().schedule(step, epoch), self.cfg.method
+        e = epoch - c.pred_start_epoch
+        temp = c.warmup_teacher_patch_temp if e < 0 else teacher_temperature(
+            e, c.warmup_teacher_patch_temp, c.teacher_patch_temp, c.warmup_teacher_temp_epochs)
+        return replace(values, extras={**values.extras, "teacher_patch_temp": temp})

@@ -19,6 +19,7 @@ from selfsup.losses import masked_patch_mse, normalized_pixel_target
 from selfsup.methods.base import SSLMethod
 from selfsup.models.mae import MAEDecoder, mae_init_, num_kept, patchify, random_masking, unpatchify
 from selfsup.models.vit import VisionTransformer
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -95,11 +96,11 @@ class MAE(SSLMethod):
         """The mask noise, drawn before the (compiled) step."""
         return {"noise": self.mask_noise(views[0].shape[0], views[0].device)}
 
-    def forward_views(self, views: list[Tensor], noise: Tensor | None = None) -> dict[str, Tensor]:
+    def forward_views(self, views: list[Tensor], noise: Tensor | None = None) -> StepOutput:
         (x,) = views
         noise = self.mask_noise(x.shape[0], x.device) if noise is None else noise
-        loss, latent, _, mask = self.forward_mae(x, noise)
-        return {"loss": loss, "embedding": latent[:, 0].detach(), "mask": mask}
+        loss, latent, _, _ = self.forward_mae(x, noise)
+        return StepOutput(loss, embedding=latent[:, 0].detach())
 
     @torch.no_grad()
     def reconstruct(self, x: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:

@@ -23,6 +23,7 @@ from selfsup.losses import info_nce
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views, multicrop_mean
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -81,5 +82,5 @@ class MoCoV3(SSLMethod):
         loss = info_nce(q[0], keys2, t, rank=rank) + info_nce(q[1], keys1, t, rank=rank)
         if len(views) > 2:  # multi-crop (augment.local_crops_number): each local query against both keys
             loss = multicrop_mean(loss, [info_nce(ql, k, t, rank=rank) for ql in q[2:] for k in (keys1, keys2)])
-        return {"loss": loss, "embedding": h[0].detach(), "embedding2": h[1].detach(), "projection": z[0].detach(),
-                "prediction": q[0].detach(), "target": k2}
+        return StepOutput(loss, embedding=h[0].detach(), embedding2=h[1].detach(), projection=z[0].detach(),
+                          prediction=q[0].detach(), target=k2)

@@ -35,6 +35,7 @@ from selfsup.errors import UserError
 from selfsup.losses import nearest_neighbour, nnclr_loss
 from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -63,6 +64,7 @@ class NNCLR(SSLMethod):
     Config = NNCLRConfig
     recipe = "byol"  # BYOL's augmentations, as the paper is recalled (not verified here)
     loss_embedding = ("projector", "predictor")  # p is normalised by the loss with a gradient
+    reads_labels = True  # the support set keeps them: the neighbours' label agreement (a collapse sign)
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
@@ -95,8 +97,8 @@ class NNCLR(SSLMethod):
                 known = (nn_labels >= 0) & (labels >= 0)
                 signs["nnclr_nn_label_agreement"] = ((nn_labels == labels) & known).sum() / known.sum().clamp_min(1)
         self.update_support(z[0], labels)
-        return {"loss": loss, "embedding": h[0].detach(), "embedding2": h[1].detach(), "projection": z[0].detach(),
-                "prediction": p[0].detach(), "instruments": signs}
+        return StepOutput(loss, embedding=h[0].detach(), embedding2=h[1].detach(), projection=z[0].detach(),
+                          prediction=p[0].detach(), instruments=signs)
 
     @torch.no_grad()
     def update_support(self, z: torch.Tensor, labels: torch.Tensor | None) -> None:
@@ -107,10 +109,3 @@ class NNCLR(SSLMethod):
         if labels is not None:
             self.support_labels.index_copy_(0, rows, gather_no_grad(labels.to(self.support_labels).contiguous()))
         self.support_ptr.copy_((self.support_ptr + new.shape[0]) % self.support.shape[0])
-
-    def training_step(self, batch, batch_idx: int):
-        views, labels = batch
-        out = self.forward_views(views, labels if isinstance(labels, torch.Tensor) else None)
-        self.log_step(out["loss"], {"train/loss": out["loss"], "train/lr": self.lr})
-        out["labels"] = labels
-        return out

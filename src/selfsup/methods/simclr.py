@@ -27,6 +27,7 @@ from selfsup.errors import UserError
 from selfsup.losses import nt_xent
 from selfsup.methods.base import SSLMethod, encode_views, multicrop_mean
 from selfsup.models.heads import mlp
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -97,4 +98,4 @@ class SimCLR(SSLMethod):
                              decoupled=c.decoupled) for z_l in zl for zg, all_g in ((z1, all_z1), (z2, all_z2))]
             loss = multicrop_mean(loss, terms, two_view_terms=1)
         loss = loss * c.loss_scale
-        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}
+        return StepOutput(loss, embedding=h1.detach(), embedding2=h2.detach(), projection=z1.detach())

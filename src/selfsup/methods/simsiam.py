@@ -16,6 +16,7 @@ from selfsup.losses import negative_cosine
 from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -60,5 +61,5 @@ class SimSiam(SSLMethod):
         p1, p2 = self.grad_scale(self.predictor(z1)), self.grad_scale(self.predictor(z2))
         sg = self.cfg.method.stop_gradient
         loss = 0.5 * (negative_cosine(p1, z2, sg) + negative_cosine(p2, z1, sg))
-        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach(),
-                "prediction": p1.detach(), "target": z2.detach()}
+        return StepOutput(loss, embedding=h1.detach(), embedding2=h2.detach(), projection=z1.detach(),
+                          prediction=p1.detach(), target=z2.detach())

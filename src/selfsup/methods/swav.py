@@ -37,7 +37,8 @@ from selfsup.errors import UserError
 from selfsup.losses import sinkhorn_knopp, swav_loss
 from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
-from selfsup.schedules import dino_cosine, scaled_lr
+from selfsup.schedules import StepValues, dino_cosine
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -126,8 +127,8 @@ class SwAV(SSLMethod):
             used = torch.zeros(q.shape[1], device=q.device).index_fill_(0, q.argmax(dim=1), 1.0).mean()
             signs = {"swav_code_entropy": entropy, "swav_prototype_usage": used,
                      "swav_loss_over_log_k": loss.detach() / torch.log(torch.tensor(float(q.shape[1])))}
-        return {"loss": loss, "embedding": feats[0].detach(), "embedding2": feats[1].detach(),
-                "projection": embedding[0], "instruments": signs}
+        return StepOutput(loss, embedding=feats[0].detach(), embedding2=feats[1].detach(), projection=embedding[0],
+                          instruments=signs)
 
     @torch.no_grad()
     def codes(self, i: int, scores: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -160,17 +161,13 @@ class SwAV(SSLMethod):
         self._queue_rows = None  # re-read from the loaded buffer
 
     # ----------------------------------------------------------------- schedules and the frozen prototypes
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+    def schedule(self, step: int, epoch: int) -> StepValues:
         """lr per iteration: ``linspace(start_warmup_lr, peak, warm-up iterations)`` then the cosine to
-        ``optim.min_lr`` (main_swav.py:171-182, the same array as DINO's ``cosine_scheduler``)."""
-        o = self.cfg.optim
-        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
-        self.lr = dino_cosine(self.trainer.global_step, self.total_steps,
-                              int(round(o.warmup_epochs * self.steps_per_epoch)), peak, final,
-                              self.cfg.method.start_warmup_lr)
-        for group in self.trainer.optimizers[0].param_groups:
-            group["lr"] = self.lr * group["lr_scale"]
+        ``optim.min_lr`` scaled as the peak (``final_lr``; main_swav.py:171-182, the same array as DINO's
+        ``cosine_scheduler``)."""
+        peak = self.peak_lr()
+        return StepValues(dino_cosine(step, self.total_steps, self.warmup_steps(), peak, self.final_lr(),
+                                      self.cfg.method.start_warmup_lr), peak)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """The prototypes get ``grad = None`` (not zero: no update, decay or momentum) for the first

@@ -28,6 +28,7 @@ from selfsup.errors import UserError
 from selfsup.losses import vicreg_loss
 from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -79,4 +80,4 @@ class VICReg(SSLMethod):
             z1f, z2f = z1.float(), z2.float()
             loss = vicreg_loss(z1f, z2f, all_z1=gather_with_grad(z1f), all_z2=gather_with_grad(z2f),
                                sim_coeff=c.sim_coeff, std_coeff=c.std_coeff, cov_coeff=c.cov_coeff, eps=c.eps)
-        return {"loss": loss, "embedding": h1.detach(), "embedding2": h2.detach(), "projection": z1.detach()}
+        return StepOutput(loss, embedding=h1.detach(), embedding2=h2.detach(), projection=z1.detach())

@@ -29,7 +29,8 @@ from selfsup.errors import UserError
 from selfsup.losses import wmse_loss
 from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
-from selfsup.schedules import scaled_lr
+from selfsup.schedules import StepValues
+from selfsup.step import StepOutput
 
 
 @dataclass
@@ -108,8 +109,8 @@ class WMSE(SSLMethod):
         perms = list(perms.unbind(0))
         with torch.autocast(h[0].device.type, enabled=False):  # Cholesky in float32
             loss = wmse_loss([x.float() for x in h], perms, w, c.w_eps, c.norm)
-        return {"loss": loss, "embedding": feats[0].detach(), "embedding2": feats[1].detach(),
-                "projection": h[0].detach(), "instruments": self.collapse_signs(h[0].detach().float(), perms[0], w)}
+        return StepOutput(loss, embedding=feats[0].detach(), embedding2=feats[1].detach(), projection=h[0].detach(),
+                          instruments=self.collapse_signs(h[0].detach().float(), perms[0], w))
 
     @torch.no_grad()
     def collapse_signs(self, h: torch.Tensor, perm: torch.Tensor, w: int) -> dict[str, torch.Tensor]:
@@ -123,20 +124,18 @@ class WMSE(SSLMethod):
         return {"wmse_cov_condition": ev[-1] / ev[0].clamp_min(1e-12)}
 
     # ----------------------------------------------------------------- the code's lr schedules
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        c, o = self.cfg.method, self.cfg.optim
+    def schedule(self, step: int, epoch: int) -> StepValues:
+        """``method.lr_schedule`` selfsup: the base's; step / cos: the code's (train.py:43-66), E = the run's
+        ``max_epochs``."""
+        c = self.cfg.method
         if c.lr_schedule == "selfsup":
-            return super().on_train_batch_start(batch, batch_idx)
-        step, spe = self.trainer.global_step, self.steps_per_epoch
-        peak = scaled_lr(o.base_lr, self.global_batch_size, o.lr_scaling)
-        epochs = self.trainer.max_epochs
+            return super().schedule(step, epoch)
+        spe, peak, epochs = self.steps_per_epoch, self.peak_lr(), self.max_epochs
         if step < c.warmup_iters:
             lr = peak * (step + 1) / c.warmup_iters
         elif c.lr_schedule == "step":  # MultiStepLR at epochs E - 50, E - 25, stepped per epoch
             lr = peak * c.lr_drop_factor ** sum(step // spe >= epochs - d for d in c.lr_drops)
         else:  # CosineAnnealingWarmRestarts(T_0 = E, eta_min = min_lr) at the epoch fraction
-            final = scaled_lr(o.min_lr, self.global_batch_size, o.lr_scaling)
+            final = self.final_lr()
             lr = final + (peak - final) * 0.5 * (1 + math.cos(math.pi * (step / spe) / epochs))
-        for group in self.trainer.optimizers[0].param_groups:
-            group["lr"] = lr * group["lr_scale"]
-        self.lr = lr
+        return StepValues(lr, peak)

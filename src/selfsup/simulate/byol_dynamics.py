@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.integrate import solve_ivp
 
 from selfsup.errors import UserError
 
@@ -63,8 +64,6 @@ def rhs(alpha_p: float, sigma2: float, eta: float, beta: float | None):
 
 def integrate(cfg_or_params, y0, t_end: float, beta: float | None = None, points: int = 400, **overrides):
     """Solve the system from y0 = (p, s, τ) on [0, t_end]; returns (t, p, s, τ) at ``points`` times."""
-    from scipy.integrate import solve_ivp
-
     params = dict(alpha_p=cfg_or_params.alpha_p, sigma2=cfg_or_params.sigma2, eta=cfg_or_params.eta)
     params.update(overrides)
     t_eval = np.linspace(0.0, t_end, points)
@@ -272,7 +271,7 @@ def checks(result: dict, cfg: ByolDynamicsConfig) -> list[dict]:
 def plot(result: dict, cfg: ByolDynamicsConfig, path) -> None:
     """Phase portraits (Fig. 3: no weight decay, below and above the threshold), EMA curriculum (Fig. 5),
     the collapse basin against η and τ, and the α_p sweep."""
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot, on the one path that draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

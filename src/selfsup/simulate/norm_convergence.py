@@ -211,7 +211,7 @@ def checks(result: dict) -> list[dict]:
 
 def plot(result: dict, path) -> None:
     """Log-log steps vs initial norm (ours, the paper's, each γ) and steps vs initial angle."""
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot, on the one path that draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

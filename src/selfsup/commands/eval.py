@@ -1,7 +1,7 @@
 """``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``,
 ``reconstruct RUN``): RUN/eval/*.json + a table.
 
-The front end of ``selfsup.eval.api``: the ``*_config(args)`` functions are the only ones that read the command
+The front end of ``selfsup.runs.evaluate``: the ``*_config(args)`` functions are the only ones that read the command
 line and build the protocol's typed config (``KnnConfig``, ``ProbeConfig``, ``FinetuneConfig``, ``SpectrumConfig``,
 ``OodConfig``); argparse takes its defaults from those dataclasses, so every default lives in one place; the
 ``print_*`` functions print the tables of the runners' results.
@@ -12,16 +12,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from selfsup.commands.generate import add_generation_eval_parser
+from selfsup.commands.reconstruct import add_reconstruct_parser
 from selfsup.errors import UserError
-from selfsup.eval import api
 from selfsup.eval.finetune import FinetuneConfig
 from selfsup.eval.knn import DEFAULT_KS, KnnConfig
 from selfsup.eval.linear import MAE_BASE_LR, PROTOCOL_DEFAULTS, PROTOCOLS, ProbeConfig
+from selfsup.eval.mae_recipe import MAERecipe
 from selfsup.eval.ood import OodConfig
 from selfsup.eval.report import print_table
-from selfsup.eval.session import FEATURE_BATCH, EvalSession, positive
 from selfsup.eval.spectrum import SpectrumConfig
 from selfsup.models.sit import FLOW_ENCODER
+from selfsup.models.vit import VIT_SIZES
+from selfsup.runs import evaluate
+from selfsup.runs.session import FEATURE_BATCH, EvalSession, positive
 
 # --------------------------------------------------------------------------- the command line → typed configs
 
@@ -97,8 +101,6 @@ def probe_config(a, session: EvalSession) -> ProbeConfig:
 def finetune_config(a, session: EvalSession) -> FinetuneConfig:
     """The run's defaults (``FinetuneConfig.for_method``: MAE's global pool + ``fc_norm`` and a trained position
     table for MAE runs), the flags on top."""
-    from selfsup.models.vit import VIT_SIZES
-
     backbone = session.source.meta["backbone"]
     if backbone == FLOW_ENCODER:
         raise UserError(f"eval finetune trains an image backbone; {session.source.weights} holds a {backbone} "
@@ -128,8 +130,6 @@ def finetune_config(a, session: EvalSession) -> FinetuneConfig:
 
 def _mae_recipe(a, dataset: str):
     """MAE's data recipe (defaults on for imagefolder, off for the small in-memory sets), with the flags applied."""
-    from selfsup.eval.mae_recipe import MAERecipe
-
     kind = a.recipe or ("mae" if dataset == "imagefolder" else "plain")
     if kind == "plain":
         return None
@@ -144,7 +144,7 @@ def _mae_recipe(a, dataset: str):
                                 f"({'[0, 1)' if flag in ('reprob', 'smoothing') else '>= 0'})")
             setattr(r, field, value)
     if r.rand_augment:
-        from timm.data import rand_augment_transform
+        from timm.data import rand_augment_transform  # lazy: timm takes 1.5 s to import
 
         try:
             rand_augment_transform(r.rand_augment, {})
@@ -219,7 +219,7 @@ PRINTERS = {"knn": print_knn, "linear": print_linear, "finetune": print_finetune
 
 
 def command(name: str, config, **options):
-    """An argparse handler: ``api.run_<name>(session, config(args, session), **{k: f(args)})``, its table printed,
+    """An argparse handler: ``evaluate.run_<name>(session, config(args, session), **{k: f(args)})``, its table printed,
     exit 0 (errors raise UserError)."""
     run = RUNNERS[name]
 
@@ -231,15 +231,15 @@ def command(name: str, config, **options):
     return handler
 
 
-RUNNERS = {"knn": api.run_knn, "linear": api.run_linear, "finetune": api.run_finetune, "rankme": api.run_rankme,
-           "norms-ood": api.run_norms_ood}
+RUNNERS = {"knn": evaluate.run_knn, "linear": evaluate.run_linear, "finetune": evaluate.run_finetune,
+           "rankme": evaluate.run_rankme, "norms-ood": evaluate.run_norms_ood}
 
 
 def cmd_all(args) -> int:
-    """The standard set, each with its config's defaults (``api.run_all``): kNN, linear probe (fast path, the run's
+    """The standard set, each with its config's defaults (``evaluate.run_all``): kNN, linear probe (fast path, the run's
     protocol), RankMe / effective rank / norms, norm OOD if --ood."""
     session = EvalSession.from_args(args)
-    api.run_all(session, ood_config(args) if args.ood else None, lambda name, out: PRINTERS[name](out))
+    evaluate.run_all(session, ood_config(args) if args.ood else None, lambda name, out: PRINTERS[name](out))
     if not args.ood:
         print("(norm OOD scoring skipped: pass --ood DATASET or --ood classes:8,9)")
     return 0
@@ -296,8 +296,6 @@ def _ood_args(p, required: bool) -> None:
 
 def add_eval_parser(subparsers) -> None:
     """The ``selfsup eval`` command and its subcommands (defaults: the protocols' config dataclasses)."""
-    from selfsup.flow.cli import add_generation_eval_parser
-
     ev = subparsers.add_parser("eval",
                                help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
                                     "a flow run's samples: generation")
@@ -393,7 +391,4 @@ def add_eval_parser(subparsers) -> None:
     p.set_defaults(func=cmd_all)
 
     add_generation_eval_parser(sub)
-
-    from selfsup.eval.reconstruct import add_reconstruct_parser
-
     add_reconstruct_parser(sub)

@@ -1,7 +1,7 @@
 """``selfsup generate`` and ``selfsup eval generation``: samples of a flow run, and their quality (a front end;
-the evaluation itself is ``flow.generation.run_generation`` with its ``GenerationConfig``).
+the evaluation itself is ``runs.generation.run_generation`` with its ``GenerationConfig``).
 
-Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``eval.source.load_flow_run``).
+Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``runs.source.load_flow_run``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ import torch
 
 from selfsup.errors import UserError
 from selfsup.eval.report import print_table
-from selfsup.eval.session import checked_device
-from selfsup.eval.source import load_flow_run
-from selfsup.flow.generation import OWN_FEATURES, REPA_NOT_DEFAULT, GenerationConfig, _encoder_location, run_generation
 from selfsup.flow.sampler import check_options, generate, sample_labels, save_grid, to_uint8
-
-__all__ = ["add_generate_parser", "add_generation_eval_parser", "cmd_generate", "eval_generation",
-           "OWN_FEATURES", "REPA_NOT_DEFAULT", "_encoder_location"]  # the last three: flow.generation's
+from selfsup.runs.generation import GenerationConfig, run_generation
+from selfsup.runs.session import checked_device
+from selfsup.runs.source import load_flow_run
 
 
 def _save_tensor(blob: dict, path: Path) -> Path:
@@ -95,7 +92,7 @@ def add_generate_parser(subparsers) -> None:
 
 
 def eval_generation(args) -> int:
-    """``selfsup eval generation``: ``flow.generation.run_generation`` with the flags' ``GenerationConfig``, and
+    """``selfsup eval generation``: ``runs.generation.run_generation`` with the flags' ``GenerationConfig``, and
     its table."""
     cfg = GenerationConfig(encoder=args.encoder, n=args.n, steps=args.steps, sampler=args.sampler, cfg=args.cfg,
                            seed=args.seed, k=args.k, batch_size=args.batch_size, sample_batch=args.sample_batch,
@@ -118,7 +115,7 @@ def eval_generation(args) -> int:
 
 
 def add_generation_eval_parser(sub) -> None:
-    """``selfsup eval generation RUN_DIR`` (registered by selfsup.eval.cli)."""
+    """``selfsup eval generation RUN_DIR`` (registered by selfsup.commands.eval)."""
     p = sub.add_parser("generation", help="a flow run's samples: encoder Fréchet distance, class fidelity, "
                                           "Inception FID when its weights are on disk")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a flow run folder")

@@ -10,15 +10,22 @@ weights they evaluated (``weights_identity``): the run's trained backbone ``knn.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
+from safetensors.torch import load_file
 from torch import nn
 
 from selfsup.checkpoints import load_checkpoint
-from selfsup.config import read_run_config
+from selfsup.config import AugmentSection, DataConfig, read_run_config, resolve
+from selfsup.data.datasets import load_dataset
 from selfsup.errors import UserError
+from selfsup.export import HEADS_FILE, load_exported, load_heads, read_meta, rebuild_backbone
+from selfsup.methods import METHODS, DataInfo
+from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.models.sit import FLOW_ENCODER
 
 WHAT = "pass a selfsup run folder, an exported backbone .safetensors, or a run's checkpoints/*.ckpt"
@@ -68,11 +75,7 @@ def weights_identity(path: Path, run_dir: Path | None, step: int | None = None) 
 
 
 def _run_cfg(run_dir: Path | None):
-    """The run's data and augment sections (without importing the methods and Lightning)."""
-    from types import SimpleNamespace
-
-    from selfsup.config import AugmentSection, DataConfig
-
+    """The run's data and augment sections, read from its config.yaml without resolving the whole config."""
     if run_dir is None or not (run_dir / "config.yaml").exists():
         return None
     raw = read_run_config(run_dir)
@@ -85,8 +88,6 @@ def _run_cfg(run_dir: Path | None):
 
 
 def _from_exported(path: Path, run_dir: Path | None) -> EvalSource:
-    from selfsup.export import load_exported
-
     backbone, meta = load_exported(path)
     out = run_dir / "eval" if run_dir else path.with_name(f"{path.stem}-eval")
     tag, label = weights_identity(path, run_dir)
@@ -95,11 +96,6 @@ def _from_exported(path: Path, run_dir: Path | None) -> EvalSource:
 
 def _from_checkpoint(path: Path) -> EvalSource:
     """The backbone weights (``backbone.*``) of a pretraining checkpoint, rebuilt from the run's config."""
-    from selfsup.data.datasets import load_dataset
-    from selfsup.export import read_meta, rebuild_backbone
-    from selfsup.methods import METHODS
-    from selfsup.methods.build import backbone_meta, data_info
-
     run_dir = next((d for d in (path.parent.parent, path.parent) if (d / "config.yaml").exists()), None)
     if run_dir is None:
         raise UserError(f"{path} is not inside a selfsup run folder (no config.yaml next to checkpoints/); {WHAT}")
@@ -108,8 +104,6 @@ def _from_checkpoint(path: Path) -> EvalSource:
     if init.exists():
         meta = read_meta(init)
     else:
-        from selfsup.config import resolve
-
         full = resolve(read_run_config(run_dir))
         meta = backbone_meta(full, data_info(full, load_dataset(full.data, "train")))
     ckpt = load_checkpoint(path, WHAT)  # weights-only: a file holding code is refused before any of it runs
@@ -159,11 +153,9 @@ HEADS = {"projector": ("projector",), "predictor": ("projector", "predictor")}
 def loss_embedding(source: EvalSource) -> str:
     """``--embedding loss``: the name (``projector`` / ``predictor``) of the embedding the run's loss normalises (the
     method's ``loss_embedding``); ``backbone`` where there is none or no checkpoint holds the heads."""
-    from selfsup.methods import METHODS
-
     ckpt = source.run_dir / "checkpoints" / "last.ckpt" if source.run_dir else None
     method = METHODS.get(source.meta.get("method"))
-    heads = tuple(getattr(method, "loss_embedding", ()))
+    heads = method.loss_embedding if method is not None else ()
     exported = _exported_heads(source)
     saved = (exported is not None and all(name in exported[1] for name in heads)) or (
         ckpt is not None and ckpt.exists() and _heads_fit(source, ckpt))
@@ -185,10 +177,6 @@ def with_heads(source: EvalSource, embedding: str) -> EvalSource:
     The embedding-norm paper scores the embedding the loss sees; a ViT's backbone feature ends in
     LayerNorm, so its norm is nearly constant, while the heads' output norm is not.
     """
-    from selfsup.config import resolve
-    from selfsup.methods import DataInfo
-    from selfsup.methods.build import build_method
-
     exported = _exported_heads(source)
     if exported is not None and all(name in exported[1] for name in HEADS[embedding]):
         path, heads = exported
@@ -227,8 +215,6 @@ def with_heads(source: EvalSource, embedding: str) -> EvalSource:
 def _exported_heads(source: EvalSource) -> tuple[Path, dict[str, nn.Module]] | None:
     """(``RUN/heads.safetensors``, its heads) when the evaluated weights are the run's exported backbone (the heads
     were written with it); None otherwise or where the run has no such file."""
-    from selfsup.export import HEADS_FILE, load_heads
-
     if source.run_dir is None or source.weights.resolve() != (source.run_dir / "backbone.safetensors").resolve():
         return None
     path = source.run_dir / HEADS_FILE
@@ -242,8 +228,6 @@ def _heads_fit(source: EvalSource, ckpt: Path) -> bool:
 
 def _final_step(run_dir: Path) -> int | None:
     """The step the run ended at (``run.json``), None when it has not finished."""
-    import json
-
     try:
         return int(json.loads((run_dir / "run.json").read_text())["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -277,9 +261,6 @@ def with_flow_features(source: EvalSource, t: float | None, block: int | None) -
 
 def _flow_run_config(run_dir: Path):
     """The resolved RunConfig of a flow run folder; any other run is refused."""
-    from selfsup.config import resolve
-    from selfsup.methods import METHODS
-
     raw = read_run_config(run_dir)
     name = (raw.get("method") or {}).get("name")
     if name not in METHODS or METHODS[name].family != "flow":
@@ -297,9 +278,6 @@ def load_flow_run(run_dir) -> tuple[nn.Module, object, dict]:
     data_size (the dataset's own), fit, num_classes (0: unconditional; the null class is num_classes),
     latents (True for a latent dataset), mean/std (pixel data: x = (image − mean)/std in [−1, 1]), weights.
     """
-    from selfsup.export import read_meta, rebuild_backbone
-    from selfsup.methods import METHODS
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a run folder; pass the folder a flow pretrain run made")
@@ -312,8 +290,6 @@ def load_flow_run(run_dir) -> tuple[nn.Module, object, dict]:
     meta = read_meta(meta_file)
     encoder = rebuild_backbone(meta)
     if exported.exists():
-        from safetensors.torch import load_file
-
         state, source = load_file(str(exported)), exported
     elif ckpt.exists():
         full = load_checkpoint(ckpt, "pass a flow run folder made by selfsup pretrain")["state_dict"]

@@ -1,11 +1,12 @@
 """Evaluation from Python: each protocol on a run, with its typed config, returning its results as a dict.
 
-Each runner takes an :class:`~selfsup.eval.session.EvalSession` or a run location (run folder, exported
+Each runner takes an :class:`~selfsup.runs.session.EvalSession` or a run location (run folder, exported
 .safetensors or .ckpt: opened with the session's defaults) and the protocol's config (None: its defaults), writes
 ``RUN/eval/<protocol>[-<embedding>][.<tag>].json`` and returns the same dict. Nothing is printed but warnings; the
-tables of ``selfsup eval`` are the front end's (``eval.cli``)::
+tables of ``selfsup eval`` are the front end's (``commands.eval``)::
 
-    from selfsup.eval import EvalSession, KnnConfig, run_knn, run_linear
+    from selfsup.eval import KnnConfig
+    from selfsup.runs import EvalSession, run_knn, run_linear
     session = EvalSession("runs/moco-v3-digits", device="cpu")
     top1 = run_knn(session, KnnConfig(ks=(20,)))["results"]["k=20"]["top1"]
     probe = run_linear(session)  # the run's default protocol (ProbeConfig.for_method)
@@ -23,13 +24,15 @@ from pathlib import Path
 import torch
 
 from selfsup.errors import UserError
-from selfsup.eval.finetune import FinetuneConfig
+from selfsup.eval.finetune import FinetuneConfig, finetune, load_pretrained
 from selfsup.eval.knn import KnnConfig, knn_sweep, resolve_ks
 from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
 from selfsup.eval.ood import OodConfig, auroc, histogram, norm_scores
 from selfsup.eval.report import write_json
-from selfsup.eval.session import EvalSession, data_config
+from selfsup.runs.session import EvalSession, data_config
 from selfsup.eval.spectrum import SpectrumConfig, effective_rank, norm_stats, rankme, subsample
+from selfsup.export import export_backbone
+from selfsup.models.backbones import build_backbone
 
 
 def open_session(source: EvalSession | str | Path) -> EvalSession:
@@ -86,10 +89,6 @@ def run_finetune(source: EvalSession | str | Path, cfg: FinetuneConfig | None = 
     """End-to-end fine-tuning with layer-wise lr decay (ViTs only) and drop path; the fine-tuned backbone is
     exported to ``RUN/eval/finetuned_backbone[...].safetensors``. ``cfg`` None: the run's defaults
     (``FinetuneConfig.for_method``)."""
-    from selfsup.eval.finetune import finetune, load_pretrained
-    from selfsup.export import export_backbone
-    from selfsup.models.backbones import build_backbone
-
     session = open_session(source)
     meta = session.source.meta
     cfg = cfg or FinetuneConfig.for_method(meta.get("method"), meta["backbone"])

@@ -11,6 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+from selfsup.simulate import byol_dynamics as bd, norm_convergence as nc
+from selfsup.simulate.byol_dynamics import ByolDynamicsConfig
+from selfsup.simulate.norm_convergence import NormConvergenceConfig
+
 
 SIMULATORS = ("byol-dynamics", "norm-convergence")
 
@@ -55,8 +59,6 @@ def _progress(start: float):
 
 
 def cmd_norm_convergence(args) -> int:
-    from selfsup.simulate import norm_convergence as nc
-
     cfg = nc.NormConvergenceConfig(n_pairs=args.n_pairs, dim=args.dim, lr=args.lr, tol=args.tol, norms=args.norms,
                                    gammas=args.gammas, angles_deg=args.angles, max_steps=args.max_steps,
                                    patience=args.patience, seed=args.seed)
@@ -66,8 +68,6 @@ def cmd_norm_convergence(args) -> int:
 
 
 def cmd_byol_dynamics(args) -> int:
-    from selfsup.simulate import byol_dynamics as bd
-
     cfg = bd.ByolDynamicsConfig(alpha_p=args.alpha_p, sigma2=args.sigma2, eta=args.eta, beta=args.beta,
                                 t_end=args.t_end, seed=args.seed)
     result = bd.run(cfg, progress=_progress(time.perf_counter()))
@@ -77,9 +77,6 @@ def cmd_byol_dynamics(args) -> int:
 
 def add_simulate_parser(sub) -> None:
     """``selfsup simulate byol-dynamics | norm-convergence``."""
-    from selfsup.simulate.byol_dynamics import ByolDynamicsConfig
-    from selfsup.simulate.norm_convergence import NormConvergenceConfig
-
     p = sub.add_parser("simulate", help="theory simulators: byol-dynamics (DirectPred paper), norm-convergence "
                                         "(embedding norms paper)")
     p.error = _one_line_error(p)

@@ -1,10 +1,10 @@
 """``selfsup eval generation`` as a function: the samples of a flow run and their quality, with a typed config.
 
-Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``eval.source.load_flow_run``);
+Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (``runs.source.load_flow_run``);
 for the metrics they are brought back to the dataset's size and to uint8, then pass through the encoder's own
 evaluation transform exactly as the real images do (``flow.metrics``). ``run_generation`` writes
 ``RUN/eval/generation.json`` and the sample grid and returns the results; the table is the front end's
-(``flow.cli``).
+(``commands.generate``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import torch
 from selfsup.errors import UserError
 from selfsup.eval.knn import knn_predict_scores, topk_accuracy
 from selfsup.eval.report import write_json
-from selfsup.eval.session import FEATURE_BATCH, EvalSession
-from selfsup.eval.source import load_flow_run
+from selfsup.flow.metrics import (class_fidelity, feature_frechet_distance, image_features, inception_fid,
+                                  inception_fid_unavailable)
+from selfsup.runs.session import FEATURE_BATCH, EvalSession
+from selfsup.runs.source import load_flow_run
 from selfsup.flow.sampler import check_options, generate, sample_images, sample_labels, save_grid
 
 OWN_FEATURES = ("the run's own EMA features (its exported flow_encoder): the model judges its own samples; "
@@ -62,14 +64,6 @@ def run_generation(run_dir: str | Path, cfg: GenerationConfig | None = None, *, 
     ``out``: results folder (default RUN/eval); ``cache``: reuse the real images' cached features; ``verbose``:
     progress lines on stdout. The result also holds ``png`` and ``json`` (the files written) and, where Inception FID
     was not computed, ``inception_fid_note`` says why."""
-    from selfsup.flow.metrics import (
-        class_fidelity,
-        feature_frechet_distance,
-        image_features,
-        inception_fid,
-        inception_fid_unavailable,
-    )
-
     cfg = cfg or GenerationConfig()
     say = print if verbose else (lambda *a, **k: None)
     check_options(cfg.steps, cfg.cfg, cfg.sampler, cfg.n)

@@ -1,4 +1,4 @@
-"""An evaluation session: what is evaluated (an :class:`~selfsup.eval.source.EvalSource`), on which device, on
+"""An evaluation session: what is evaluated (an :class:`~selfsup.runs.source.EvalSource`), on which device, on
 which datasets (the run's own by default, checked against the backbone's channels and input size), with
 the feature cache. ``selfsup eval`` and ``selfsup eval generation`` open one; the protocols take it.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -14,6 +15,8 @@ import torch
 from selfsup.config import DataConfig
 from selfsup.data.datasets import DECODED, UNLABELLED, ImageDataset, load_dataset, needs_labels
 from selfsup.errors import UserError
+from selfsup.eval.cache import features
+from selfsup.runs.source import load_source, loss_embedding, with_flow_features, with_heads
 
 FEATURE_BATCH = 512  # images per feature-extraction forward
 
@@ -88,10 +91,6 @@ class EvalSession:
                  device: str | None = None, batch_size: int = FEATURE_BATCH, out: str | None = None, cache: bool = True,
                  train_limit: int | None = None, embedding: str = "backbone", flow_t: float | None = None,
                  flow_block: int | None = None):
-        import sys
-
-        from selfsup.eval.source import load_source, loss_embedding, with_flow_features, with_heads
-
         self.device = checked_device(device)
         self.resize, self.batch_size, self.cache = resize, batch_size, cache
         self.train_limit = None if train_limit is None else positive(train_limit, "--train-limit")
@@ -112,7 +111,7 @@ class EvalSession:
 
     @classmethod
     def from_args(cls, args) -> "EvalSession":
-        """The session of a ``selfsup eval`` command line (the flags of ``eval.cli``'s common arguments)."""
+        """The session of a ``selfsup eval`` command line (the flags of ``commands.eval``'s common arguments)."""
         return cls(args.ckpt, data=args.data, root=args.root, resize=args.resize, device=args.device,
                    batch_size=args.batch_size, out=args.out, cache=not args.no_cache, train_limit=args.train_limit,
                    embedding=args.embedding, flow_t=args.flow_t, flow_block=args.flow_block)
@@ -147,8 +146,6 @@ class EvalSession:
     def features(self, name: str, cfg=None, resize: bool | None = None, flag: str = "--resize",
                  limit: int | None = None):
         """(features, labels) of a split, through the feature cache."""
-        from selfsup.eval.cache import features
-
         cfg = cfg or self.data_cfg
         limit = self._limit(name, cfg, limit)
         dataset = self.split(name, cfg, resize, flag, limit)
@@ -162,7 +159,7 @@ class EvalSession:
 
     def suffix(self) -> str:
         """File-name suffix of the results: ``-<embedding>`` other than the backbone's, ``.<tag>`` of weights other
-        than the run's trained backbone (``eval.source.weights_identity``: ``.init``, ``.step<N>``)."""
+        than the run's trained backbone (``runs.source.weights_identity``: ``.init``, ``.step<N>``)."""
         embedding = "" if self.source.embedding == "backbone" else f"-{self.source.embedding}"
         return embedding + (f".{self.source.weights_tag}" if self.source.weights_tag else "")
 

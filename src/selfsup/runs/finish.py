@@ -1,0 +1,96 @@
+"""The end-of-run report the engine prints after fit (rank 0), from what the method declares: the weighted kNN of
+its ``eval_backbone`` trained and at its random init (``knn.json``), and for a flow run a grid of its EMA
+model's samples (``samples_end.png``). A method holds its algorithm only; this module evaluates it."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+import torch
+from torch import Tensor, nn
+
+from selfsup.data.datasets import UNLABELLED, load_dataset
+from selfsup.eval.features import extract_features
+from selfsup.eval.knn import knn_accuracy
+from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
+from selfsup.methods.base import DataInfo, TrainingBase
+
+_INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
+
+
+def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | None:
+    """A digest of everything a kNN result depends on: the weights and buffers (and the module's class), the
+    in-memory train and test images and labels, and the evaluation settings; None for data not held in memory.
+    Runs that start from the same init (the arms of a seed whose change leaves the backbone's init alone) share
+    one random-init kNN per process."""
+    if not all(isinstance(d.images, Tensor) for d in (train, test)):
+        return None
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    h.update(repr((info.image_size, info.mean, info.std, cfg.eval.knn_k, cfg.eval.knn_temperature,
+                   cfg.eval.batch_size)).encode())
+    tensors = [t for _, t in sorted(model.state_dict().items())]
+    for t in [*tensors, train.images, train.labels, test.images, test.labels]:
+        h.update(repr((t.dtype, tuple(t.shape))).encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
+    """The weighted kNN (k, T from ``cfg.eval``) on the test split of the trained and of the random-init
+    backbone, written to ``run_dir/knn.json``; the lines the engine prints. The random init's result is
+    computed once per process for the same weights and data (``init_knn_key``)."""
+    if cfg.data.name in UNLABELLED:
+        return [f"no kNN report: data.name={cfg.data.name} has no labels "
+                "(selfsup eval knn RUN --data ... on labelled data)"]
+    test = load_dataset(cfg.data, "test")
+    k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
+    out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
+    for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
+        cache = init_knn_key(model, train, test, info, cfg) if key == "random_init" else None
+        if cache in _INIT_KNN:
+            out[key] = copy.deepcopy(_INIT_KNN[cache])
+            continue
+        ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+        out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
+        if cache is not None:
+            _INIT_KNN[cache] = copy.deepcopy(out[key])
+    (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
+    lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
+    lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
+              for key in ("pretrained", "random_init")]
+    return lines
+
+
+def joint_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
+    """A joint-embedding run: :func:`knn_report` of the trained and the random-init ``eval_backbone``."""
+    return knn_report(model.eval_backbone, init_backbone, model.cfg, model.info, train, run_dir)
+
+
+def flow_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
+    """A flow run: kNN of the EMA model's features (``eval_backbone``, trained vs init; pixel data only) and a grid
+    of EMA samples (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
+    c, info, lines = model.cfg.method, model.info, []
+    if train.images.dtype == torch.uint8:
+        lines += knn_report(model.eval_backbone, init_backbone, model.cfg, info, train, run_dir)
+        lines[0] = lines[0].replace(
+            "kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
+        ema = model.ema
+        n = 2 * ema.num_classes if ema.num_classes else 16
+        labels = sample_labels(n, ema.num_classes)
+        x = generate(ema, labels, steps=25, seed=model.cfg.trainer.seed, device=model.device)
+        fit = {"fit": c.fit, "mean": info.mean, "std": info.std}
+        path = save_grid(sample_images(x, fit, info.image_size), run_dir / "samples_end.png")
+        lines.append(f"{n} EMA samples (Euler ODE, 25 steps, no guidance): {path}")
+    lines.append(f"more: selfsup generate {run_dir} --n 64 [--cfg 1.5]; selfsup eval generation {run_dir}")
+    return lines
+
+
+REPORTS = {"joint": joint_report, "flow": flow_report}  # by the method's declared family
+
+
+def end_of_run_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
+    """The lines the engine prints after fit: the report of the model's family (``REPORTS``)."""
+    return REPORTS[model.family](model, train, init_backbone, run_dir)
