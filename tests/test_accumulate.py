@@ -57,20 +57,26 @@ SAME_VIEWS = ["augment.crop_min=1.0", "augment.hflip_p=0.0", "augment.jitter_p=0
               "augment.blur_p=0.0", "augment.solarize_p=0.0"]
 
 
-def fit(tmp_path, name, batch_size, accumulate, batches):
-    cfg = load_run_config("byol-digits", [
-        *SAME_VIEWS, f"data.batch_size={batch_size}", f"trainer.accumulate_grad_batches={accumulate}",
-        f"trainer.limit_train_batches={batches}", "trainer.max_epochs=2", "optim.warmup_epochs=1",
-        "optim.lr_scaling=linear", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false",
-        "trainer.log_every_n_steps=1", "instruments.enabled=false", f"output_dir={tmp_path}", f"name={name}"])
-    train = load_dataset(cfg.data, "train")
+def train(tmp_path, name, cls, preset, overrides):
+    """``cls`` (a method class) trained on ``preset`` with the budget ``overrides``, a Record callback beside it."""
+    cfg = load_run_config(preset, [*overrides, "trainer.accelerator=cpu", "trainer.devices=1",
+                                   "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
+                                   "instruments.enabled=false", f"output_dir={tmp_path}", f"name={name}"])
+    train_set = load_dataset(cfg.data, "train")
     pl.seed_everything(0, verbose=False)
-    model = LayerNormBYOL(cfg, data_info(cfg, train))
+    model = cls(cfg, data_info(cfg, train_set))
     record = Record()
     trainer = engine.make_trainer(cfg, tmp_path / name)
     trainer.callbacks.append(record)
-    trainer.fit(model, datamodule=engine.PretrainData(cfg, train))
+    trainer.fit(model, datamodule=engine.PretrainData(cfg, train_set))
     return model, record, trainer
+
+
+def fit(tmp_path, name, batch_size, accumulate, batches):
+    return train(tmp_path, name, LayerNormBYOL, "byol-digits", [
+        *SAME_VIEWS, f"data.batch_size={batch_size}", f"trainer.accumulate_grad_batches={accumulate}",
+        f"trainer.limit_train_batches={batches}", "trainer.max_epochs=2", "optim.warmup_epochs=1",
+        "optim.lr_scaling=linear"])
 
 
 def test_accumulated_micro_batches_give_the_large_batch_gradients_and_schedules(tmp_path):
@@ -111,20 +117,10 @@ class OwnDrawsFlow(FlowMatching):
 
 
 def fit_flow(tmp_path, name, batch_size, accumulate, batches):
-    cfg = load_run_config("flow-matching-digits", [
+    return train(tmp_path, name, OwnDrawsFlow, "flow-matching-digits", [
         f"data.batch_size={batch_size}", f"trainer.accumulate_grad_batches={accumulate}",
         f"trainer.limit_train_batches={batches}", "trainer.max_epochs=2", "optim.warmup_epochs=1",
-        "method.label_dropout=0", "method.ema_decay=0.9", "method.ema_warmup_steps=4", "trainer.accelerator=cpu",
-        "trainer.devices=1", "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "instruments.enabled=false",
-        f"output_dir={tmp_path}", f"name={name}"])
-    train = load_dataset(cfg.data, "train")
-    pl.seed_everything(0, verbose=False)
-    model = OwnDrawsFlow(cfg, data_info(cfg, train))
-    record = Record()
-    trainer = engine.make_trainer(cfg, tmp_path / name)
-    trainer.callbacks.append(record)
-    trainer.fit(model, datamodule=engine.PretrainData(cfg, train))
-    return model, record, trainer
+        "method.label_dropout=0", "method.ema_decay=0.9", "method.ema_warmup_steps=4"])
 
 
 def test_accumulated_flow_micro_batches_give_the_large_batch_gradients_schedules_and_ema(tmp_path):

@@ -515,6 +515,17 @@ def load_run_config(name_or_path: str, overrides: list[str] | None = None) -> Ru
     return resolve(merge(load_preset(name_or_path), parse_overrides(overrides or [])))
 
 
+def flatten(mapping: dict, prefix: str = "") -> dict:
+    """A nested config as ``dotted.key`` → value (lists and empty mappings kept whole): the overrides' form."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def read_run_config(run_dir: str | Path) -> dict:
     """The ``config.yaml`` of a run folder as a plain mapping (not resolved: no method is imported)."""
     path = Path(run_dir) / "config.yaml"

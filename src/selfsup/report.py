@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from selfsup.config import read_run_config
+from selfsup.config import flatten, read_run_config
 from selfsup.errors import UserError
 from selfsup.export import read_meta
 from selfsup.instruments.detectors import read_events
@@ -387,20 +387,9 @@ def metrics_section(runs: list[Run]) -> Section:
 NOT_SETTINGS = ("name", "output_dir", "description")  # differ between any two runs, or say nothing of training
 
 
-def _flatten(mapping: dict, prefix: str = "") -> dict:
-    """A nested config as ``dotted.key`` → value (lists and empty mappings kept whole)."""
-    out = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def settings_section(runs: list[Run]) -> Section:
     """The config settings that differ between overlaid runs (``dotted.key``: each run's value; – not set)."""
-    flat = [_flatten(r.config) for r in runs]
+    flat = [flatten(r.config) for r in runs]
     keys = [k for k in dict.fromkeys(k for f in flat for k in f) if k not in NOT_SETTINGS]
     missing = object()
     rows = [[key, *("–" if f.get(key, missing) is missing else _fmt(f[key]) for f in flat)] for key in keys

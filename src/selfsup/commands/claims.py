@@ -88,15 +88,20 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
+def check_known(ids) -> None:
+    """One line naming the first id that is no claim."""
+    for claim_id in ids:
+        if claim_id not in CLAIMS:
+            raise UserError(f"claim {claim_id!r} is not known; `selfsup claims list` names them")
+
+
 def cmd_run(args) -> int:
     if not args.out:
         raise UserError(f"claims run writes DIR/ID.json and DIR/ID.png: give --out DIR (the committed results are "
                         f"{REPO_RESULTS} in a checkout)")
     if args.all == bool(args.ids):
         raise UserError("claims run takes claim ids or --all, not both or neither; `selfsup claims list` names them")
-    for claim_id in args.ids:
-        if claim_id not in CLAIMS:
-            raise UserError(f"claim {claim_id!r} is not known; `selfsup claims list` names them")
+    check_known(args.ids)
     if args.seeds < 0:
         raise UserError(f"--seeds {args.seeds} must be >= 1 (or 0: each claim's own)")
     claims = list(CLAIMS.values()) if args.all else [CLAIMS[i] for i in args.ids]
@@ -157,9 +162,7 @@ def pilot_figures(claim: Claim, result: dict, wall_s: float) -> Pilot:
 def cmd_pilot(args) -> int:
     if not args.out:
         raise UserError("claims pilot writes DIR/ID.pilot.json: give --out DIR")
-    for claim_id in args.ids:
-        if claim_id not in CLAIMS:
-            raise UserError(f"claim {claim_id!r} is not known; `selfsup claims list` names them")
+    check_known(args.ids)
     if args.seeds < 2:
         raise UserError(f"--seeds {args.seeds}: a pilot needs at least 2 seeds to measure a spread")
     out = Path(args.out)

@@ -14,7 +14,7 @@ from selfsup.commands.claims import add_claims_parser
 from selfsup.commands.eval import add_eval_parser
 from selfsup.commands.generate import add_generate_parser
 from selfsup.commands.simulate import add_simulate_parser
-from selfsup.config import (PRESET_DIR, load_run_config, merge, parse_overrides, preset_names, read_run_config,
+from selfsup.config import (PRESET_DIR, flatten, load_run_config, merge, parse_overrides, preset_names, read_run_config,
                             resolve, to_dict)
 from selfsup.engine import pretrain, read_run_facts
 from selfsup.errors import UserError, clean_message
@@ -34,34 +34,24 @@ RESUME_MAY_CHANGE = ("trainer.max_epochs", "trainer.max_steps", "trainer.progres
                      "trainer.checkpoint_every_n_steps", "trainer.checkpoint_every_n_minutes")
 
 
-def _flat(mapping: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def resume_config(run: Path, preset: str | None, items: list[str]):
     """The config a ``--resume`` continues with: the run's own config.yaml, with only ``RESUME_MAY_CHANGE`` keys
     overridden; a preset or an override that contradicts the run is refused in one line."""
     raw = read_run_config(run)
-    current = _flat(to_dict(resolve(raw)))
+    current = flatten(to_dict(resolve(raw)))
     if preset is not None:
-        given = _flat(to_dict(load_run_config(preset, items)))
+        given = flatten(to_dict(load_run_config(preset, items)))
         for key, value in given.items():
             if key not in RESUME_MAY_CHANGE and key not in ("output_dir", "name") and current.get(key) != value:
                 raise UserError(f"--resume {run} continues the run's own config.yaml, and preset {preset} sets "
                                 f"{key}={value} where the run has {current.get(key)}; drop the preset argument")
     cfg = resolve(merge(raw, parse_overrides(items)))
-    for key, value in _flat(to_dict(cfg)).items():
+    for key, value in flatten(to_dict(cfg)).items():
         if key not in RESUME_MAY_CHANGE and current.get(key) != value:
             raise UserError(f"--resume {run} continues the run's own config.yaml: {key}={value} contradicts its "
                             f"{key}={current.get(key)}; drop it (only {', '.join(RESUME_MAY_CHANGE[:2])} extend a "
                             "run) or start a new run")
-    return cfg, {k: v for k, v in _flat(to_dict(cfg)).items() if current.get(k) != v}
+    return cfg, {k: v for k, v in flatten(to_dict(cfg)).items() if current.get(k) != v}
 
 
 def cmd_pretrain(args) -> int:
