@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -242,6 +244,12 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path, e2e):
     assert_user_error(code, err, "has no checkpoints/last.ckpt")
     code, _, err = run_cli("pretrain", "--resume", str(e2e[0]), "optim.base_lr=5")
     assert_user_error(code, err, "optim.base_lr=5.0 contradicts")
+    # the preset (here the run's own YAML) before --resume and the overrides after it: they still reach the check
+    code, _, err = run_cli("pretrain", e2e[0] / "config.yaml", "--resume", str(e2e[0]), "optim.base_lr=5")
+    assert_user_error(code, err, "optim.base_lr=5.0 where the run has")
+    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(io.StringIO()) as err:
+        main(["pretrain", PRESET, "--resume", str(e2e[0]), "--bogus"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --bogus" in err.getvalue()
 
 
 def test_a_new_run_into_an_existing_run_folder(e2e):

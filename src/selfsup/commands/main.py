@@ -120,7 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes print one line on stderr and exit 2."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # `pretrain PRESET --resume RUN key=value`: argparse ends the positionals at the option, so overrides that
+    # follow it come back unparsed; they are overrides all the same
+    if args.command == "pretrain" and extra and all("=" in a and not a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args) or 0
     except UserError as e:
