@@ -92,6 +92,12 @@ def test_dino_plan_from_the_config():
         build_view_plan(AugmentSection(local_crops_number=2, local_crops_size=40), "dino", 28)
     with pytest.raises(UserError, match=r"unknown config key 'augment.local.blur'"):
         build_view_plan(AugmentSection(local_crops_number=2, local={"blur": 1}), "dino", 28)
+    # crop_min and the global scale both name the global crops' lower bound: one wins only where they agree
+    with pytest.raises(UserError, match=r"augment.crop_min=0.2 and augment.global_crops_scale=\[0.4, 1.0\] both set.*"
+                                        r"augment.global_crops_scale=\[0.2, 1.0\]"):
+        build_view_plan(AugmentSection(crop_min=0.2, global_crops_scale=(0.4, 1.0)), "dino", 28)
+    agreed = build_view_plan(AugmentSection(crop_min=0.4, global_crops_scale=(0.4, 1.0)), "dino", 28)
+    assert agreed[0].augment.crop_min == 0.4
 
 
 def test_plan_views_globals_unchanged_by_locals_and_locals_drawn_as_a_group():

@@ -110,6 +110,10 @@ def build_view_plan(section, default_recipe: str, image_size: int) -> list[CropG
               if getattr(a, k) is not None}
     scale = getattr(a, "global_crops_scale", None)
     if scale is not None:
+        if a.crop_min is not None and float(a.crop_min) != float(scale[0]):
+            # both name the global crops' lower scale; neither may silently win
+            raise UserError(f"augment.crop_min={a.crop_min} and augment.global_crops_scale={list(scale)} both set the "
+                            f"global crops' scale; set one: augment.global_crops_scale=[{a.crop_min}, {scale[1]}]")
         shared.update(crop_min=float(scale[0]), crop_max=float(scale[1]))
     fields = set(AugmentConfig.__dataclass_fields__)
 
