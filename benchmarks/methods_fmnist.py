@@ -175,6 +175,12 @@ def main(argv=None) -> int:
     p.add_argument("--combine", nargs="+", metavar="JSON",
                    help="merge the rows of these JSONs (one budget; e.g. one process a seed) into --out")
     p.add_argument("--verbose", action="store_true", help="print the eval runners' tables")
+    p.add_argument("--runs", default="", metavar="DIR",
+                   help="keep the run folders in DIR (PRESET-sSEED), e.g. to plot their instruments with selfsup "
+                        "report (default: a temporary folder)")
+    p.add_argument("--instruments", action="store_true",
+                   help="log the instruments (off by default here); a seeded run is unchanged by them "
+                        "(tests/test_instruments.py), so the rows stay the same rows")
     p.add_argument("--out", default="benchmarks/results/methods_fmnist.json")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -234,13 +240,17 @@ def main(argv=None) -> int:
         for i, (entry, seed) in enumerate(todo):
             preset, *extra = entry.split("+")
             budget = argparse.Namespace(steps=args.steps_per_epoch, batch_size=args.batch_size, seed=seed)
-            o = budget_overrides(budget, fallback, tmp, f"run{i}")
+            o = budget_overrides(budget, fallback, args.runs or tmp, f"{preset}-s{seed}" if args.runs else f"run{i}")
             o = [x for x in o if not x.startswith(("trainer.max_epochs", "optim.warmup_epochs", "trainer.accelerator"))
                  and not (args.steps_per_epoch == 0 and x.startswith("trainer.limit_train_batches"))]
             o += [f"trainer.max_epochs={args.epochs}", f"optim.warmup_epochs={args.epochs / 10:g}",
                   f"trainer.accelerator={args.accelerator}"]
             if fallback:  # digits are 8 px: patch 2 (redundancy.py's fallback), local crops of 4 px
                 o += ["augment.local_crops_size=4"] if "dino" in preset or "ibot" in preset else []
+            if load_run_config(preset, []).augment.global_crops_scale is not None:  # the preset's scale sets the crop
+                o = [x for x in o if not x.startswith("augment.crop_min=")]
+            if args.instruments:
+                o = [x for x in o if not x.startswith("instruments.enabled=")]
             cfg = load_run_config(preset, o + extra)
             method = type(cfg.method).__name__.removesuffix("Config")
             t0 = time.perf_counter()
