@@ -92,6 +92,9 @@ def test_method_step_uses_the_old_centre_then_updates_it_from_the_teacher_global
     torch.testing.assert_close(signs["dino_teacher_entropy"], entropy, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(signs["dino_kl_teacher_student"], out.loss.detach() - entropy, rtol=1e-4, atol=1e-5)
     assert signs["dino_center_norm"].item() == pytest.approx(c0.norm().item(), rel=1e-6)
+    # the logits' spread over the batch in units of τt: per output the sd over the 16 teacher rows, then the mean
+    spread = sum((t[:, k] - t[:, k].mean()).pow(2).sum().div(15).sqrt() for k in range(64)) / 64 / m.teacher_temp
+    torch.testing.assert_close(signs["dino_teacher_spread"], spread, rtol=1e-4, atol=1e-6)
     assert "center" in m.state_dict()  # checkpointed with the weights
 
 

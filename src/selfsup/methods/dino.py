@@ -137,14 +137,21 @@ class DINO(SSLMethod):
             t_logits = self.teacher_head(torch.cat(t_feats))
         s_logits = self.head(torch.cat(encode_views(self.backbone, views, per_view_batch_norm=False)))
         loss = dino_loss(s_logits, t_logits, self.center, c.student_temp, self.step_teacher_temp, self.n_global)
-        with torch.no_grad():  # the collapse signs DINO users watch (the paper's Fig. 7), from this step's tensors
-            log_q = F.log_softmax((t_logits - self.center) / self.step_teacher_temp, dim=-1)
-            entropy = -(log_q.exp() * log_q).sum(-1).mean()
-            signs = {"dino_teacher_entropy": entropy,
-                     "dino_kl_teacher_student": loss.detach() - entropy,  # mean over pairs of KL(q_i || p_v)
-                     "dino_center_norm": self.center.norm()}
+        signs = self.teacher_signs(t_logits)
+        signs["dino_kl_teacher_student"] = loss.detach() - signs["dino_teacher_entropy"]  # mean KL(q_i || p_v)
         self.update_center(t_logits)
         return StepOutput(loss, embedding=t_feats[0], embedding2=t_feats[1], instruments=signs)
+
+    @torch.no_grad()
+    def teacher_signs(self, t_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The collapse signs DINO users watch (the paper's Fig. 7), from this step's teacher logits and the centre
+        before its update: the entropy of the target softmax((t − C)/τt) (log K: uniform), and the logits' spread
+        over the batch (std over its images, mean over the K outputs) in units of τt: under 1, what the centre
+        leaves of the logits is too small against τt for any target to be sharp (benchmarks/dino_cpu.py)."""
+        log_q = F.log_softmax((t_logits - self.center) / self.step_teacher_temp, dim=-1)
+        return {"dino_teacher_entropy": -(log_q.exp() * log_q).sum(-1).mean(),
+                "dino_teacher_spread": t_logits.float().std(0).mean() / self.step_teacher_temp,
+                "dino_center_norm": self.center.norm()}
 
     @torch.no_grad()
     def update_center(self, teacher_logits: torch.Tensor) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from selfsup.data.masks import default_max_blocks, ibot_masks
@@ -185,11 +184,8 @@ class iBOT(DINO):
         loss_cls = dino_loss(s_cls, t_cls, self.center, c.student_temp, self.step_teacher_temp, n) * c.lambda1
         loss_patch = ibot_patch_loss(s_patch, t_patch, self.center2, masks, c.student_temp,
                                      self.step_teacher_patch_temp) * c.lambda2
-        with torch.no_grad():  # DINO's collapse signs on the [CLS] term, and the share of masked patches
-            log_q = F.log_softmax((t_cls - self.center) / self.step_teacher_temp, dim=-1)
-            entropy = -(log_q.exp() * log_q).sum(-1).mean()
-            signs = {"dino_teacher_entropy": entropy, "dino_center_norm": self.center.norm(),
-                     "ibot_center2_norm": self.center2.norm(), "ibot_masked_share": masks.float().mean()}
+        signs = {**self.teacher_signs(t_cls),  # DINO's collapse signs on the [CLS] term, the share of masked patches
+                 "ibot_center2_norm": self.center2.norm(), "ibot_masked_share": masks.float().mean()}
         self.update_centers(t_cls, t_patch)
         b = views[0].shape[0]
         return StepOutput(loss_cls + loss_patch, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0],
