@@ -132,3 +132,30 @@ def test_the_command_lines_defaults_are_the_dataclasses():
         ft.epochs, ft.batch_size, ft.base_lr, ft.layer_decay, ft.drop_path, ft.min_lr)
     s = parse(["eval", "rankme", "RUN"])
     assert (s.split, s.max_samples) == (SpectrumConfig.split, SpectrumConfig.max_samples)
+
+
+def test_knn_on_a_validation_split_carved_from_train_never_reads_the_test_split(run, tmp_path, monkeypatch):
+    from selfsup.eval import KnnConfig, knn_sweep
+    from selfsup.eval.splits import val_split
+    from selfsup.runs import EvalSession, run_knn
+
+    session = EvalSession(run, device="cpu", out=str(tmp_path / "api"))
+    ftr, ytr = session.features("train")
+    read = []
+    features = session.features
+    monkeypatch.setattr(session, "features", lambda split: read.append(split) or features(split))
+    out = run_knn(session, KnnConfig(ks=(10,), val_fraction=0.25))
+    assert read == ["train"] and out["scored_on"] == "val"
+    fit, val = val_split(len(ytr), 0.25, 0)
+    assert (out["train_size"], out["test_size"]) == (len(fit), len(val)) and len(fit) + len(val) == len(ytr)
+    assert set(fit.tolist()).isdisjoint(val.tolist())
+    by_hand = knn_sweep(ftr[fit], ytr[fit], ftr[val], ytr[val], [10], (0.07,))
+    assert out["results"] == next(iter(by_hand.values()))
+    assert json.loads((tmp_path / "api" / "knn-val.json").read_text()) == out
+    # the command line: the same numbers, the flag checked in one line
+    code, _, err = run_cli("eval", "knn", run, "--k", "10", "--val-fraction", "0.25", "--device", "cpu",
+                           "--out", tmp_path / "cli")
+    assert code == 0, err
+    assert json.loads((tmp_path / "cli" / "knn-val.json").read_text())["results"] == out["results"]
+    code, _, err = run_cli("eval", "knn", run, "--val-fraction", "1.5", "--device", "cpu", "--out", tmp_path / "x")
+    assert code == 2 and "--val-fraction 1.5 must be in [0, 1)" in err

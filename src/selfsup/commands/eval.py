@@ -69,7 +69,8 @@ def _parse_temperature(text: str, majority: bool) -> float | None:
 
 
 def knn_config(a, session: EvalSession | None = None) -> KnnConfig:
-    return KnnConfig(ks=_parse_ks(a.k), temperature=_parse_temperature(a.temperature, a.majority))
+    return KnnConfig(ks=_parse_ks(a.k), temperature=_parse_temperature(a.temperature, a.majority),
+                     val_fraction=getattr(a, "val_fraction", 0.0) or 0.0)
 
 
 def probe_config(a, session: EvalSession) -> ProbeConfig:
@@ -166,7 +167,8 @@ def ood_config(a, session: EvalSession | None = None) -> OodConfig:
 
 
 def print_knn(out: dict) -> None:
-    print_table(f"kNN ({out['voting']}) on {out['dataset']}: {out['train_size']} train / {out['test_size']} test",
+    print_table(f"kNN ({out['voting']}) on {out['dataset']}: {out['train_size']} train / {out['test_size']} "
+                f"{'validation (carved from train)' if out.get('scored_on') == 'val' else 'test'}",
                 ["k", "top-1 %", "top-5 %"], [[k[2:], r["top1"], r["top5"]] for k, r in out["results"].items()])
 
 
@@ -304,6 +306,9 @@ def add_eval_parser(subparsers) -> None:
     p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
     _common(p)
     _knn_args(p)
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="score on this seeded share of the training images (after --train-limit), fit on the rest, "
+                        "and leave the test split unread: to choose settings (writes knn-val.json)")
     p.set_defaults(func=command("knn", knn_config))
 
     lin = ProbeConfig

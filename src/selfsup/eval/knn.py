@@ -23,11 +23,14 @@ BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (256 MB of float32; fas
 
 @dataclass
 class KnnConfig:
-    """``selfsup eval knn``: neighbour counts (() = ``DEFAULT_KS`` up to the training-set size) and the vote
-    temperature (DINO's 0.07; None: majority voting)."""
+    """``selfsup eval knn``: neighbour counts (() = ``DEFAULT_KS`` up to the training-set size), the vote
+    temperature (DINO's 0.07; None: majority voting), and where it is scored: the test split, or a validation
+    split carved from the training images (``val_fraction``), the one to choose settings on."""
 
     ks: tuple[int, ...] = ()
     temperature: float | None = 0.07
+    val_fraction: float = 0.0  # > 0: scored on this seeded share of the training images, fit on the rest (not test)
+    seed: int = 0              # of that split (selfsup.eval.splits.val_split)
 
 
 def _check_k(k: int, n_train: int) -> None:

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from selfsup.data.datasets import FolderImages, ImageDataset
 from selfsup.data.views import AugmentConfig, EvalTransform, MultiViewAugment
 from selfsup.eval.knn import topk_accuracy
+from selfsup.eval.splits import val_split
 from selfsup.optim import LARS
 from selfsup.schedules import scaled_lr, warmup_cosine
 
@@ -219,13 +220,6 @@ def grid_points(cfg: ProbeConfig, base_lr: float, batch_size: int) -> list[tuple
     lrs = cfg.lr_grid or (base_lr,)
     wds = cfg.wd_grid or (cfg.weight_decay,)
     return [(b, scaled_lr(b, batch_size), wd) for wd in wds for b in lrs]
-
-
-def val_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """Indices (train, val) of a fixed random split of the training set; val empty when fraction is 0."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1))
-    n_val = int(round(n * fraction)) if fraction > 0 else 0
-    return perm[n_val:].sort().values, perm[:n_val].sort().values
 
 
 def _choose(points, val_scores: Tensor | None, val_y: Tensor | None, test_scores: Tensor, test_y: Tensor) -> dict:

@@ -28,6 +28,7 @@ from selfsup.eval.finetune import FinetuneConfig, finetune, load_pretrained
 from selfsup.eval.knn import KnnConfig, knn_sweep, resolve_ks
 from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
 from selfsup.eval.ood import OodConfig, auroc, histogram, norm_scores
+from selfsup.eval.splits import val_split
 from selfsup.eval.report import write_json
 from selfsup.runs.session import EvalSession, data_config
 from selfsup.eval.spectrum import SpectrumConfig, effective_rank, norm_stats, rankme, subsample
@@ -44,15 +45,25 @@ def run_knn(source: EvalSession | str | Path, cfg: KnnConfig | None = None) -> d
     """Weighted (DINO) or majority-vote kNN for each k: ``results`` = {"k=20": {"top1", "top5"}, ...}."""
     session, cfg = open_session(source), cfg or KnnConfig()
     ftr, ytr = session.features("train")
-    fte, yte = session.features("test")
+    if not 0 <= cfg.val_fraction < 1:
+        raise UserError(f"--val-fraction {cfg.val_fraction} must be in [0, 1) (0: score on the test split)")
+    if cfg.val_fraction:  # scored on a validation split carved from the training images, the test split unread
+        fit, val = val_split(len(ytr), cfg.val_fraction, cfg.seed)
+        if not len(val) or not len(fit):
+            raise UserError(f"--val-fraction {cfg.val_fraction} of {len(ytr)} training images leaves an empty split")
+        (ftr, ytr), (fte, yte) = (ftr[fit], ytr[fit]), (ftr[val], ytr[val])
+    else:
+        fte, yte = session.features("test")
     ks = resolve_ks(cfg.ks, len(ytr))
     t0 = time.perf_counter()
     res = knn_sweep(ftr.to(session.device), ytr, fte.to(session.device), yte, ks, (cfg.temperature,))
     seconds = time.perf_counter() - t0
     (vote, by_k), = res.items()
+    scored_on = "val" if cfg.val_fraction else "test"
     out = {**session.header(), "voting": vote, "temperature": cfg.temperature, "train_size": len(ytr),
-           "test_size": len(yte), "results": by_k, "seconds": seconds}
-    write_json(session.out_dir, f"knn{session.suffix()}", out)
+           "test_size": len(yte), "scored_on": scored_on, "val_fraction": cfg.val_fraction, "results": by_k,
+           "seconds": seconds}
+    write_json(session.out_dir, f"knn{'-val' if cfg.val_fraction else ''}{session.suffix()}", out)
     return out
 
 
