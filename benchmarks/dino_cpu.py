@@ -103,21 +103,28 @@ def init_spread(preset: str, overrides: list[str]) -> dict:
 
 
 def knn_10k(run: Path) -> dict:
+    """kNN@20 fit on a fixed 10k training subset: on the 10k test images (reported), and on a 10k validation split
+    carved from the other training images (``val``: where a setting is chosen; the test split only reports)."""
     from selfsup.config import load_run
     from selfsup.data.datasets import load_dataset
     from selfsup.eval.features import extract_features
     from selfsup.eval.knn import knn_accuracy
+    from selfsup.eval.splits import val_split
     from selfsup.export import load_exported
 
     cfg = load_run(run)
-    train, test = load_dataset(cfg.data, "train").subset(10000), load_dataset(cfg.data, "test")
+    full, test = load_dataset(cfg.data, "train"), load_dataset(cfg.data, "test")
+    rest, val_idx = val_split(len(full), 10000 / len(full), 0)
+    train, val = full.subset(10000), full.select(val_idx)
+    fit_val = full.select(rest).subset(10000)  # the fit set of the validation score: no image of val in it
     out = {}
     for key, file in (("pretrained", "backbone"), ("random_init", "backbone_init")):
         bb, meta = load_exported(run / f"{file}.safetensors")
-        a = extract_features(bb, train, meta["image_size"], meta["mean"], meta["std"], 512, device="cpu")
-        b = extract_features(bb, test, meta["image_size"], meta["mean"], meta["std"], 512, device="cpu")
+        a, b, c, d = (extract_features(bb, ds, meta["image_size"], meta["mean"], meta["std"], 512, device="cpu")
+                      for ds in (train, test, fit_val, val))
         out[key] = round(knn_accuracy(*a, *b, k=20, temperature=0.07)["top1"], 2)
-    return {**out, "train_size": len(train), "test_size": len(test)}
+        out[f"{key}_val"] = round(knn_accuracy(*c, *d, k=20, temperature=0.07)["top1"], 2)
+    return {**out, "train_size": len(train), "test_size": len(test), "val_size": len(val)}
 
 
 def init_weight_left(momentum: float, total_steps: int, schedule: str = "cosine") -> float:
