@@ -355,3 +355,27 @@ def test_cpu_presets_teacher_forgets_its_random_init(preset):
     steps = train_size // cfg.data.batch_size * cfg.trainer.max_epochs
     assert teacher_init_left(cfg.method.momentum, steps) < 0.01
     assert teacher_init_left(0.996, steps) > 0.01  # the official momentum would not do at this length
+
+
+def test_the_curves_benchmark_reads_the_collapse_signs_at_each_fifth_of_a_run(tmp_path):
+    import importlib.util
+    import math
+
+    from ssl_helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("dino_curves", ROOT / "benchmarks" / "dino_curves.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("method:\n  out_dim: 64\n")
+    header = ["step", "instruments/dino_teacher_entropy", "instruments/dino_teacher_spread", "train/lr"]
+    rows = [[s, 4.0 - s / 100, 2.0 - s / 50, ""] for s in range(0, 101, 10)] + [[s, "", "", 0.1] for s in (0, 55)]
+    (run / "metrics.csv").write_text("\n".join(",".join(map(str, r)) for r in [header, *rows]) + "\n")
+    c = bench.curves(run)
+    assert c["steps"] == 101 and c["log_K"] == pytest.approx(math.log(64))
+    assert [r["step"] for r in c["by_fifth"]] == [0, 20, 40, 60, 80, 100]
+    assert [r["entropy"] for r in c["by_fifth"]] == pytest.approx([4.0, 3.8, 3.6, 3.4, 3.2, 3.0])
+    assert c["by_fifth"][3]["spread_over_tau"] == pytest.approx(0.8) and c["by_fifth"][2]["lr"] == 0.1
+    assert c["entropy_min"] == (100, 3.0) and c["entropy_over_log_K_last"] == pytest.approx(3.0 / math.log(64))
+    assert c["series"]["kl"] == []  # not logged: an empty series, not an error
