@@ -14,7 +14,6 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 from safetensors.torch import load_file
 from torch import nn
@@ -31,6 +30,14 @@ from selfsup.models.sit import FLOW_ENCODER
 WHAT = "pass a selfsup run folder, an exported backbone .safetensors, or a run's checkpoints/*.ckpt"
 
 
+@dataclass(frozen=True)
+class RunSections:
+    """What evaluation reads of a run's config: its data and augment sections."""
+
+    data: DataConfig
+    augment: AugmentSection
+
+
 @dataclass
 class EvalSource:
     """A loaded backbone, how to rebuild it (``meta``), where its weights and its run live."""
@@ -40,7 +47,7 @@ class EvalSource:
     weights: Path
     run_dir: Path | None
     out_dir: Path
-    run_cfg: object | None = None  # the run's data and augment sections (``_run_cfg``), when there is a run
+    run_cfg: RunSections | None = None  # the run's data and augment sections, when there is a run
     embedding: str = "backbone"  # backbone | projector | predictor (the backbone followed by the method's heads)
     weights_tag: str = ""  # the results' file-name key of these weights ("" the run's trained backbone)
     weights_label: str = "trained"  # what was evaluated, as the results and the report name it
@@ -74,7 +81,7 @@ def weights_identity(path: Path, run_dir: Path | None, step: int | None = None) 
     return re.sub(r"[^\w-]+", "_", path.stem), path.name
 
 
-def _run_cfg(run_dir: Path | None):
+def _run_cfg(run_dir: Path | None) -> RunSections | None:
     """The run's data and augment sections, read from its config.yaml without resolving the whole config."""
     if run_dir is None or not (run_dir / "config.yaml").exists():
         return None
@@ -84,7 +91,7 @@ def _run_cfg(run_dir: Path | None):
         values = raw.get(key) or {}
         return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
 
-    return SimpleNamespace(data=section(DataConfig, "data"), augment=section(AugmentSection, "augment"))
+    return RunSections(section(DataConfig, "data"), section(AugmentSection, "augment"))
 
 
 def _from_exported(path: Path, run_dir: Path | None) -> EvalSource:
