@@ -67,7 +67,7 @@ VARIANTS = {
 }
 INIT_CASES = [("dino-digits", []), ("dino-digits", ["model.patch_size=4"]), ("dino-digits", ["model.init=moco_v3"]),
               ("dino-digits", ["method.use_bn_in_head=true"]), ("dino-fmnist", ["model.patch_size=7"]),
-              ("dino-fmnist", ["model.patch_size=4"])]
+              ("dino-fmnist", ["model.patch_size=4", "augment.local_crops_size=12"])]
 SIGNS = ("instruments/dino_teacher_entropy", "instruments/dino_kl_teacher_student", "instruments/dino_center_norm")
 
 
