@@ -64,18 +64,27 @@ VARIANTS = {
                                               "method.out_dim=256"]),
     "F12_m08small_f0": ("dino-fmnist", FMNIST + ["method.momentum=0.8", "method.bottleneck_dim=32",
                                                  "method.out_dim=256", "method.freeze_last_layer=0"]),
+    # the centre's time constant against the teacher's (issue 24 item 6): at momentum 0.8 the teacher follows the
+    # student within ~5 steps, the centre (0.9) follows the teacher's batch mean within ~10; the prediction, written
+    # before these ran: a centre faster than the teacher (0.5, 0) keeps the images apart (the logits' spread, the
+    # features' per-dim sd), a slower one (0.99) lets the shared output take over sooner
+    "F13_m08_c05": ("dino-fmnist", FMNIST + ["method.momentum=0.8", "method.center_momentum=0.5"]),
+    "F14_m08_c0": ("dino-fmnist", FMNIST + ["method.momentum=0.8", "method.center_momentum=0.0"]),
+    "F15_m08_c099": ("dino-fmnist", FMNIST + ["method.momentum=0.8", "method.center_momentum=0.99"]),
 }
 INIT_CASES = [("dino-digits", []), ("dino-digits", ["model.patch_size=4"]), ("dino-digits", ["model.init=moco_v3"]),
               ("dino-digits", ["method.use_bn_in_head=true"]), ("dino-fmnist", ["model.patch_size=7"]),
               ("dino-fmnist", ["model.patch_size=4", "augment.local_crops_size=12"])]
 SIGNS = ("instruments/dino_teacher_entropy", "instruments/dino_kl_teacher_student", "instruments/dino_center_norm")
+MORE_SIGNS = {"spread_over_tau": "instruments/dino_teacher_spread",  # logged by runs since dino_teacher_spread
+              "feature_dim_std": "instruments/dim_std_embedding"}    # the rank instrument's, every 20 steps
 
 
 def engine_overrides(root: Path, name: str) -> list[str]:
     return ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false",
             "trainer.log_every_n_steps=5", "instruments.embedding_norms=false", "instruments.gradients=false",
             "instruments.alignment=false", "instruments.spikes=false", "instruments.rank_every_n_steps=0",
-            "instruments.every_n_steps=5", "eval.knn_every_n_steps=20", "eval.knn_monitor_test=1000",
+            "instruments.every_n_steps=5", "instruments.rank_every_n_steps=20", "eval.knn_every_n_steps=20", "eval.knn_monitor_test=1000",
             f"output_dir={root}", f"name={name}"]
 
 
@@ -155,7 +164,9 @@ def collect(run: Path, name: str, preset: str, overrides: list[str]) -> dict:
             "knn20": knn, "gain_over_random_init": round(knn["pretrained"] - knn["random_init"], 2),
             "teacher_entropy": {"first": signs[0][1], "min": min(s[1] for s in signs), "last": signs[-1][1]},
             "kl_last": signs[-1][2], "center_norm_last": signs[-1][3],
-            "signs_every_5_steps": [[s[0], round(s[1], 3), round(s[2], 4), round(s[3], 3)] for s in signs]}
+            "signs_every_5_steps": [[s[0], round(s[1], 3), round(s[2], 4), round(s[3], 3)] for s in signs],
+            **{name: [[int(r["step"]), round(float(r[key]), 5)] for r in rows if r.get(key)]
+               for name, key in MORE_SIGNS.items() if rows and key in rows[0]}}
 
 
 def main(argv=None) -> int:
