@@ -83,8 +83,8 @@ MORE_SIGNS = {"spread_over_tau": "instruments/dino_teacher_spread",  # logged by
 def engine_overrides(root: Path, name: str) -> list[str]:
     return ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false",
             "trainer.log_every_n_steps=5", "instruments.embedding_norms=false", "instruments.gradients=false",
-            "instruments.alignment=false", "instruments.spikes=false", "instruments.rank_every_n_steps=0",
-            "instruments.every_n_steps=5", "instruments.rank_every_n_steps=20", "eval.knn_every_n_steps=20", "eval.knn_monitor_test=1000",
+            "instruments.alignment=false", "instruments.spikes=false", "instruments.rank_every_n_steps=20",
+            "instruments.every_n_steps=5", "eval.knn_every_n_steps=20", "eval.knn_monitor_test=1000",
             f"output_dir={root}", f"name={name}"]
 
 
