@@ -25,6 +25,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -199,6 +200,7 @@ def main(argv=None) -> int:
             import selfsup.engine as engine
             from selfsup.config import load_run_config
 
+            shutil.rmtree(root / name, ignore_errors=True)  # --retrain: the variant's old run goes
             cfg = load_run_config(preset, engine_overrides(root, name) + overrides)
             report = engine.end_of_run_report
             if cfg.data.name != "digits":  # the 10k-subset kNN below instead of 60k features twice
