@@ -6,8 +6,9 @@ one uninterrupted run, then one run SIGKILLed right after the checkpoint of step
 the checkpoint of step 2, and so on: every session but the last trains one step and dies (so every epoch's last
 and first batch is a resume point, after as many resumes as steps). The last session trains to the end. The
 table says whether the final step count, weights and optimiser state equal the uninterrupted run's, bit for bit.
-Kills are forks of this process (no interpreter start per session). Too long for the test suite (about 15 CPU-s
-per method on the default 6 steps); tests/test_kill_resume.py kills at the epoch boundaries.
+Kills are forks of this process (no interpreter start per session: ``forked_session`` of tests/ssl_helpers.py).
+Too long for the test suite (about 15 CPU-s per method on the default 6 steps); tests/test_kill_resume.py kills at
+the epoch boundaries.
 
     .venv/bin/python benchmarks/kill_every_step.py [--methods moco_v3,dino] [--epochs 2] [--batches 3]
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 NARROW = {"proj_hidden_dim": 32, "pred_hidden_dim": 32, "dim": 16, "out_dim": 32, "hidden_dim": 32,
           "bottleneck_dim": 16, "patch_out_dim": 32, "decoder_embed_dim": 16, "decoder_depth": 1,
@@ -69,43 +70,6 @@ def overrides(name: str, epochs: int, batches: int, work: Path) -> list[str]:
     return out
 
 
-def session(cfg_or_run, kill_at: int | None) -> int:
-    """One training session in a forked child, SIGKILLed before step ``kill_at`` (None: to the end); its status."""
-    import lightning.pytorch as pl
-
-    import selfsup.engine as engine
-
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            sys.stdout = sys.stderr = open(os.devnull, "w")
-
-            class Kill(pl.Callback):
-                def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-                    if kill_at is not None and trainer.global_step == kill_at:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-            make = engine.make_trainer
-
-            def patched(cfg, run_dir):
-                trainer = make(cfg, run_dir)
-                trainer.callbacks.insert(0, Kill())
-                return trainer
-
-            engine.make_trainer = patched
-            os.environ.pop("SELFSUP_RUN_DIR", None)
-            if isinstance(cfg_or_run, Path):
-                engine.pretrain(engine.load_run(cfg_or_run), resume=cfg_or_run)
-            else:
-                engine.pretrain(cfg_or_run)
-        except BaseException:
-            code = 3
-        finally:
-            os._exit(code)
-    return os.waitpid(pid, 0)[1]
-
-
 def final(run: Path) -> dict:
     return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
@@ -122,18 +86,20 @@ def same(a: dict, b: dict) -> bool:
 def bench(name: str, epochs: int, batches: int, work: Path) -> dict:
     from selfsup.config import load_run_config
 
+    from ssl_helpers import forked_session
+
     preset = preset_of(name)
     if preset is None:
         return {"method": name, "error": "no *-digits preset"}
     ov = overrides(name, epochs, batches, work)
     steps = epochs * batches
     started = time.perf_counter()
-    assert session(load_run_config(preset, ov + [f"output_dir={work}", f"name={name}-A"]), None) == 0
+    assert forked_session(load_run_config(preset, ov + [f"output_dir={work}", f"name={name}-A"]), quiet=True) == 0
     run_b = work / f"{name}-B"
-    statuses = [session(load_run_config(preset, ov + [f"output_dir={work}", f"name={name}-B"]), 1)]
+    statuses = [forked_session(load_run_config(preset, ov + [f"output_dir={work}", f"name={name}-B"]), 1, quiet=True)]
     for k in range(2, steps):
-        statuses.append(session(run_b, k))
-    statuses.append(session(run_b, None))
+        statuses.append(forked_session(run_b, k, quiet=True))
+    statuses.append(forked_session(run_b, quiet=True))
     killed = sum(os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGKILL for s in statuses[:-1])
     a, b = final(work / f"{name}-A"), final(run_b)
     return {"method": name, "preset": preset, "planned_steps": steps, "steps_straight": int(a["global_step"]),

@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import os
 import re
+import signal
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -190,44 +193,60 @@ def ckpt(run_dir):
     return torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
-def forked_kill(cfg_or_run, step: int, where: str = "start") -> None:
-    """``engine.pretrain`` of a config (a fresh run) or of a run folder (resumed) in a forked child that SIGKILLs
-    itself (no shutdown hook runs, nothing is flushed) before training step ``step`` (``where="start"``: after the
-    checkpoint of ``step`` steps) or right after it (``"end"``: after its optimiser step and post-step updates,
-    before its checkpoint is written); cheap: no new interpreter."""
-    import os
-    import signal
+class SigkillAt(pl.Callback):
+    """SIGKILLs its own process (no shutdown hook runs, nothing is flushed) before training step ``step``
+    (``where="start"``: after the checkpoint of ``step`` steps) or right after it (``"end"``: after its optimiser
+    step and post-step updates, before its checkpoint is written)."""
 
+    def __init__(self, step: int, where: str = "start"):
+        self.step, self.where = step, where
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.where == "start" and trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.where == "end" and trainer.global_step == self.step + 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def forked_session(cfg_or_run, step: int | None = None, where: str = "start", quiet: bool = False) -> int:
+    """``engine.pretrain`` of a config (a fresh run) or of a run folder (resumed) in a forked child, SIGKILLed at
+    ``step`` / ``where`` (``SigkillAt``; None: trained to the end); the child's wait status (exit 0: it finished,
+    3: it failed). Cheap: no new interpreter. ``quiet``: the child's output goes to /dev/null."""
     import selfsup.engine as engine
 
     pid = os.fork()
     if pid == 0:  # the child
+        code = 3
         try:
-            class Kill(pl.Callback):
-                def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-                    if where == "start" and trainer.global_step == step:
-                        os.kill(os.getpid(), signal.SIGKILL)
+            if quiet:
+                sys.stdout = sys.stderr = open(os.devnull, "w")
+            if step is not None:
+                make = engine.make_trainer
 
-                def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-                    if where == "end" and trainer.global_step == step + 1:
-                        os.kill(os.getpid(), signal.SIGKILL)
+                def patched(cfg, run_dir):
+                    trainer = make(cfg, run_dir)
+                    trainer.callbacks.insert(0, SigkillAt(step, where))
+                    return trainer
 
-            make = engine.make_trainer
-
-            def patched(cfg, run_dir):
-                trainer = make(cfg, run_dir)
-                trainer.callbacks.insert(0, Kill())
-                return trainer
-
-            engine.make_trainer = patched
+                engine.make_trainer = patched
             os.environ.pop("SELFSUP_RUN_DIR", None)
             if isinstance(cfg_or_run, Path):
                 engine.pretrain(engine.load_run(cfg_or_run), resume=cfg_or_run)
             else:
                 engine.pretrain(cfg_or_run)
+            code = 0
+        except BaseException:
+            code = 3
         finally:
-            os._exit(3)  # never reached after the kill: training ended without it, or failed
-    _, status = os.waitpid(pid, 0)
+            os._exit(code)
+    return os.waitpid(pid, 0)[1]
+
+
+def forked_kill(cfg_or_run, step: int, where: str = "start") -> None:
+    """``forked_session`` that must end by its SIGKILL."""
+    status = forked_session(cfg_or_run, step, where)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"child ended with status {status}"
 
 
