@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from selfsup.claims.embedding_norms import _model
-from selfsup.claims.suite import Claim, Context, Rule, ci, column, knn_pair, knn_top1, mean_ci, pretrain_run
+from selfsup.claims.suite import Claim, Context, Pilot, Rule, ci, column, knn_pair, knn_top1, mean_ci, pretrain_run
 from selfsup.instruments.dynamics import square_weight
 from selfsup.simulate import byol_dynamics as bd
 
@@ -139,10 +139,20 @@ def measure_weight_decay(ctx: Context) -> dict:
                     f"spread at wd 100 ×{statistics.fmean(m['strong_spread_ratio']):.3f} of wd 0.1's"}
 
 
-# DirectPred's STL-10 training (its Fig. 2): SGD lr 0.03, momentum 0.9, wd 4e-4 (reference METHODS.md); 1,000 steps
-# here (200 digits epochs at 256), for W_p to move (issue 23 item 3: its norm at least doubling, reported per seed)
+# DirectPred's STL-10 training (its Fig. 2): ResNet-18, SGD lr 0.03, momentum 0.9, wd 4e-4 (reference METHODS.md);
+# here the suite's BN ConvNet for ResNet-18 (as the embedding-norm claims) for 1,000 steps (200 digits epochs at 256).
+# Issue 23 item 3 asks for W_p's norm at least doubling: the pilot shows no length reaches it here (the claim's note).
 SGD = ["optim.name=sgd", "optim.base_lr=0.03", "optim.momentum=0.9", "optim.weight_decay=4e-4"]
 ALIGNMENT_EPOCHS = 200
+ALIGNMENT_BACKBONE = "model.backbone=bn_cnn_micro"
+# `selfsup claims pilot eigenspace-alignment --seeds 2` (seeds 1000, 1001; claims/results/pilots), 2026-12-02; the
+# same pilot on the micro ViT first (pilots/eigenspace-alignment.micro-vit.pilot.json: 33.6 min, ratio 0.65, sd 0.03)
+PILOT_ALIGNMENT = Pilot(
+    seeds=2, steps=1000, wall_s=187.1, sd=(("commutator_ratio", 0.0472),),
+    note="‖W_p‖ grows ×1.08 in 1,000 steps (×1.09 on the micro ViT), short of the doubling issue 23 asks for, and no "
+         "length reaches it here: on both backbones the commutator, the asymmetry and W_p stop moving after about "
+         "200 steps, as the loss falls to 0.015 and the prediction's effective rank from 60 to 3. The budget stays "
+         "at 1,000 steps, on the BN ConvNet (ResNet-18's stand-in, 11× cheaper than the micro ViT)")
 
 
 def predictor_norm(run_dir, trained: bool) -> float:
@@ -152,16 +162,17 @@ def predictor_norm(run_dir, trained: bool) -> float:
 
 
 def measure_eigenspace_alignment(ctx: Context) -> dict:
-    """BYOL on digits with a gradient-trained linear predictor (no symmetry imposed), under SGD as DirectPred's
-    Fig. 2: the normalised commutator ‖[F, W_p]‖ / (‖F‖ ‖W_p‖) and the asymmetry ‖W_p − W_pᵀ‖ / ‖W_p‖ over training
-    (``PredictorAlignment``), and how far ‖W_p‖ grew."""
+    """BYOL on digits (BN ConvNet) with a gradient-trained linear predictor (no symmetry imposed), under SGD as
+    DirectPred's Fig. 2: the normalised commutator ‖[F, W_p]‖ / (‖F‖ ‖W_p‖) and the asymmetry ‖W_p − W_pᵀ‖ / ‖W_p‖
+    over training (``PredictorAlignment``), and how far ‖W_p‖ grew."""
     m = {"commutator_ratio": [], "asymmetry_ratio": [], "commutator_first": [], "commutator_last": [],
          "wp_norm_growth": []}
     series = {}
     for seed in ctx.seed_ids():
         run = pretrain_run(ctx, "byol-digits", f"linear-s{seed}",
                            [f"trainer.seed={seed}", f"trainer.max_epochs={2 if ctx.quick else ALIGNMENT_EPOCHS}",
-                            "method.predictor=linear", "instruments.every_n_steps=10", *SHORT, *SGD])
+                            "method.predictor=linear", ALIGNMENT_BACKBONE, "instruments.every_n_steps=10", *SHORT,
+                            *SGD])
         m["wp_norm_growth"].append(predictor_norm(run, True) / predictor_norm(run, False))
         comm = column(run, "instruments/pred_commutator")
         asym = column(run, "instruments/pred_asymmetry")
@@ -235,7 +246,8 @@ CLAIMS = (
           "shrinks) over training.",
           "Fig. 2 (BYOL, ResNet-18, STL-10): the eigenspaces align and W_p moves towards symmetry",
           (Rule("commutator_ratio", "<", 0.5),), measure_eigenspace_alignment,
-          "micro ViT on 8×8 digits, BYOL with a linear predictor for 200 epochs (1,000 steps) under SGD as Fig. 2 (lr "
-          "0.03, momentum 0.9, wd 4e-4); ratio of the mean of the last three logged commutators to the first; ‖W_p‖'s "
-          "growth reported (it should at least double); no pilot yet"),
+          "8×8 digits, a 4-layer BN ConvNet for ResNet-18, BYOL with a linear predictor for 200 epochs (1,000 "
+          "steps) under SGD as Fig. 2 (lr 0.03, momentum 0.9, wd 4e-4); ratio of the mean of the last three logged "
+          "commutators to the first; ‖W_p‖'s growth reported",
+          pilot=PILOT_ALIGNMENT),
 )
