@@ -75,4 +75,39 @@ AFTER_RUN: dict[str, str] = {
         "97–99%, the digits' ceiling. The rebuttal gives no cut-init figures for these methods. At this spread 8 "
         "seeds would decide SwAV's sign; whether any speed-up shows in accuracy needs data away from its "
         "ceiling (the BN ConvNet on Fashion-MNIST).",
+    "eigenspace-alignment":
+        "At 1,000 SGD steps on the BN ConvNet the normalised commutator falls to 0.67 [0.26, 1.09] of its start "
+        "(per seed 0.84, 0.51, 0.66), and the asymmetry to 0.86. Both move in the direction of Fig. 2, but the "
+        "interval reaches past the rule's 0.5 and past 1. The seeds spread 3.5 times the pilot's 2-seed sd (0.17 "
+        "against 0.047), so 10 seeds would be needed at this spread. Seed count is not the limit, though. W_p "
+        "stops learning after about 200 steps: the loss falls to 0.015, the prediction's effective rank from 60 to "
+        "3, and ‖W_p‖ ends ×1.08 [1.06, 1.10], never doubling. The micro ViT pilot stalls the same way. Deciding "
+        "it needs a run in which BYOL keeps learning under SGD: the paper's ResNet-18 on STL-10 for its epochs, "
+        "or a GPU-sized stand-in.",
+    "self-flow-ablations":
+        "At 110 steps × 3 training seeds the two measures disagree. Judged on the held-out velocity error, as the "
+        "rule was fixed before this run, removing the masking does not hurt. It lowers the error by 0.030 [0.025, "
+        "0.034], every seed agreeing, so that rule is not reproduced. One candidate reason, not measured: the "
+        "masked model trains on a harder input than the clean one it is scored on. The encoder FD points the "
+        "paper's way for the masking: without it the FD rises by +29.6 [+16.2, +42.9]. Without the "
+        "representation loss the velocity error changes by −0.058 [−0.117, +0.000], and the FD by −18.7 [−47.1, "
+        "+9.7], so both measures lean against the paper there, and 4 seeds would decide the velocity rule. The "
+        "paper's ablations are FID on SiT-XL/2 over hundreds of thousands of steps; at 110 steps of a micro SiT the "
+        "representation loss has only just ramped in (28 steps).",
+    "self-flow-generation-quality":
+        "At 110 steps × 3 training seeds Self-Flow's held-out velocity error is 0.94 [0.89, 1.00], against 0.85 "
+        "for flow matching and for REPA. The gains are −0.094 [−0.193, +0.005] and −0.093 [−0.220, +0.035], leaning "
+        "against the claim with the intervals just touching 0; 4–5 seeds would decide them. The encoder FD gains "
+        "(+10 [−51, +71] and +4 [−86, +95]) are far inside their noise. Self-Flow's extra terms (the masked input "
+        "and the representation loss) cost held-out velocity error at this length. Whether they pay off in "
+        "sample quality, as the paper's FID over hundreds of thousands of steps says, needs runs far longer than "
+        "110 steps and an FD over more than 2 × 500 samples.",
+    "byol-no-ema-predictor-lr":
+        "At one Fashion-MNIST epoch BYOL without EMA (m = 0) does not fail at the preset's predictor lr: it scores "
+        "73.8% kNN top-1. So there is little for a 10× predictor lr to rescue, and the gain is −1.43 [−13.6, "
+        "+10.7] points. The per-seed gains are −7.0, +0.8 and +2.0: one seed's 10× run (67.7%) lost 7 points, and "
+        "that run's spread is what leaves the interval wide (94 seeds at this spread for the observed 1.4). The "
+        "cookbook's statement comes from DirectPred's STL-10 runs, where BYOL without EMA fails at 1×. Deciding it "
+        "needs a budget at which the m = 0 run fails first: longer runs, or the symmetric predictor, whose no-EMA "
+        "failure symmetric-predictor-needs-ema reproduces.",
 }
