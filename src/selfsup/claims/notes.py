@@ -116,6 +116,6 @@ AFTER_RUN: dict[str, str] = {
         "events a run (per seed +1, −2, −1), and the kNN gain is −0.04 [−2.6, +2.5] points (the paper's +1.7 is "
         "under this budget's MDE of 3.3; 6 seeds would detect it at this spread). Both arms still train to 76–78%, "
         "against 80.3% at the preset's lr (moco-v3-momentum's default runs). So 10× the lr here does not reach "
-        "the dips and recoveries of the paper's ViT-B, which the frozen projection removes. Deciding it needs a larger lr multiple or a deeper ViT, where the learned run's dips appear "
-        "first.",
+        "the dips and recoveries of the paper's ViT-B, which the frozen projection removes. Deciding it needs a "
+        "larger lr multiple or a deeper ViT, where the learned run's dips appear first.",
 }
