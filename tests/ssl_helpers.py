@@ -218,27 +218,18 @@ def forked_session(cfg_or_run, step: int | None = None, where: str = "start", qu
 
     pid = os.fork()
     if pid == 0:  # the child
-        code = 3
+        code = 3  # unless training ends normally
         try:
             if quiet:
                 sys.stdout = sys.stderr = open(os.devnull, "w")
             if step is not None:
-                make = engine.make_trainer
-
-                def patched(cfg, run_dir):
-                    trainer = make(cfg, run_dir)
-                    trainer.callbacks.insert(0, SigkillAt(step, where))
-                    return trainer
-
-                engine.make_trainer = patched
+                with_callback(pytest.MonkeyPatch(), SigkillAt(step, where))  # never undone: the child exits
             os.environ.pop("SELFSUP_RUN_DIR", None)
             if isinstance(cfg_or_run, Path):
                 engine.pretrain(engine.load_run(cfg_or_run), resume=cfg_or_run)
             else:
                 engine.pretrain(cfg_or_run)
             code = 0
-        except BaseException:
-            code = 3
         finally:
             os._exit(code)
     return os.waitpid(pid, 0)[1]
