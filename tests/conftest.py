@@ -8,8 +8,10 @@ import pytest
 import torch
 
 # Tiny models on a few shared cores: one thread each (OpenMP spinning across busy cores costs 5x here);
-# subprocesses (the CLI, DDP workers) inherit it through the environment.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# subprocesses (the CLI, DDP workers) inherit it through the environment. Set, not defaulted: a test that
+# compares an in-process run with a subprocess run bit for bit needs both on one thread count (a user's
+# OMP_NUM_THREADS=2 gave the child two threads, other reduction orders, and a resume that differed by 1e-6).
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 from ssl_helpers import TINY  # noqa: E402  (after the thread settings)
