@@ -216,6 +216,11 @@ def test_pilot_runs_on_its_own_seeds_and_prints_the_figures_for_the_definition(t
     assert figures["steps"] == 2 and set(figures["sd"]) == {"growth_simclr", "growth_simsiam"}  # TINY: 2 batches
     pilot = eval(out.split("pilot=", 1)[1].strip(), {"Pilot": Pilot})
     assert pilot.sd == tuple(figures["sd"].items()) and str(pilot) == result["pilot"]
+    from selfsup.claims.planning import sd_upper  # and the spread a cautious plan assumes, from 2 seeds
+
+    assert figures["sd_upper"] == {m: pytest.approx(sd_upper(sd, 2)) for m, sd in figures["sd"].items()}
+    assert all(figures["mde_at_3_seeds_at_sd_upper"][m] >= figures["mde_at_3_seeds"][m] for m in figures["sd"])
+    assert "at the sd's 80% upper bound (2 pilot seeds): growth_simclr: sd ≤" in out
     assert main(["claims", "pilot", "norms-grow", "--seeds", "1", "--out", str(tmp_path)]) == 2  # no spread
     assert "at least 2 seeds" in capsys.readouterr().err
 

@@ -19,11 +19,12 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from selfsup.claims import stats
+from selfsup.claims import planning, stats
 from selfsup.claims.notes import AFTER_RUN
 from selfsup.claims.registry import CLAIMS, PAPERS
-from selfsup.claims.suite import (INCONCLUSIVE, NOT_REPRODUCED, PILOT_FIRST_SEED, TEST_IMAGES, Claim, Context, Pilot,
-                                  binomial_sd, definition_hash, judge_result, mean_ci, plot_result, run_claim)
+from selfsup.claims.suite import (INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, PILOT_FIRST_SEED, TEST_IMAGES, Claim,
+                                  Context, Pilot, binomial_sd, definition_hash, judge_result, mean_ci, plot_result,
+                                  run_claim)
 from selfsup.errors import UserError
 
 RESULTS = Path(str(resources.files("selfsup.claims").joinpath("results")))  # the committed results
@@ -178,11 +179,17 @@ def cmd_pilot(args) -> int:
         result = run_claim(claim, Context(quick=args.quick, seeds=args.seeds, work=work, overrides=args.set,
                                           progress=progress, first_seed=PILOT_FIRST_SEED))
         pilot = pilot_figures(claim, result, time.perf_counter() - claim_start)
+        upper = {m: planning.sd_upper(sd, pilot.seeds) for m, sd in pilot.sd}
+        planned = {m: planning.planned_mde(sd, pilot.seeds, MIN_SEEDS) for m, sd in pilot.sd}
         result.update(pilot=str(pilot), pilot_figures={"seeds": pilot.seeds, "steps": pilot.steps,
                                                        "wall_s": pilot.wall_s, "sd": dict(pilot.sd),
-                                                       "mde_at_3_seeds": pilot.mde()})
+                                                       "mde_at_3_seeds": pilot.mde(), "sd_upper": upper,
+                                                       "sd_upper_level": planning.UPPER_LEVEL,
+                                                       "mde_at_3_seeds_at_sd_upper": planned})
         (out / f"{claim_id}.pilot.json").write_text(json.dumps(result, indent=1))
-        print(f"{claim_id}: pilot {pilot}\n    pilot={pilot!r}", flush=True)
+        caution = "; ".join(f"{m}: sd ≤ {upper[m]:.3g} → MDE at {MIN_SEEDS} seeds {planned[m]:.3g}" for m in upper)
+        print(f"{claim_id}: pilot {pilot}\n    at the sd's {planning.UPPER_LEVEL:.0%} upper bound "
+              f"({pilot.seeds} pilot seeds): {caution or 'no spread measured'}\n    pilot={pilot!r}", flush=True)
     return 0
 
 
@@ -401,7 +408,9 @@ def add_claims_parser(sub) -> None:
     tb.set_defaults(func=cmd_table)
     pl = names.add_parser("pilot", help="a short pilot of claims on other seeds: the figures that set a budget")
     pl.add_argument("ids", nargs="+", metavar="ID", help="claim ids (selfsup claims list); one process shares runs")
-    pl.add_argument("--seeds", type=int, default=2, help=f"pilot seeds, from {PILOT_FIRST_SEED} (default 2)")
+    pl.add_argument("--seeds", type=int, default=3,
+                    help=f"pilot seeds, from {PILOT_FIRST_SEED} (default 3: two understate the spread up to ×4, "
+                         "see claims/planning.py)")
     pl.add_argument("--out", default="", metavar="DIR", help="folder for ID.pilot.json")
     pl.add_argument("--quick", action="store_true", help="the pilot of the quick budget (for tests)")
     pl.add_argument("--work", default="runs/claims", metavar="DIR", help="folder for the pilots' runs (ID-pilot/)")
