@@ -121,13 +121,14 @@ AFTER_RUN: dict[str, str] = {
     "weight-decay-window":
         "At one Fashion-MNIST epoch of BYOL on the micro ViT, moderate weight decay (AdamW 0.1) against none gains "
         "+0.32 [−0.41, +1.05] points (wd 0: 76.6%, 0.1: 76.9%; MDE 0.96 at 3 seeds, 9 seeds would decide it at "
-        "this spread). Too strong decay (100) costs 51 points of kNN (25.8%) in every seed, but the rule reads "
-        "collapse as the projection's spread, and that fell under a fifth of the moderate run's in one seed of "
-        "three (ratio 0.02; 1.09 and 1.14 in the others): strong decay destroys the representation without the "
-        "collapse to a point the rule looks for. Not measured here, one candidate reason: the projector's "
-        "BatchNorm rescales whatever small signal the decayed weights leave, so the normalised outputs still "
-        "spread. Deciding the collapse half needs a collapse sign that BN cannot hide (the backbone's feature "
-        "spread or its effective rank), fixed before a re-run; the gain half needs about 9 seeds.",
+        "this spread). Too strong decay (100) costs 51 points of kNN (25.8%) in every seed, and the backbone's "
+        "embedding norm falls from 11.3 to 0.02–0.03 (the moderate run ends at 11.1). The rule reads collapse as "
+        "the projection's spread at the last logged step, and that is under a fifth of the moderate run's in one "
+        "seed of three (0.02; 1.09 and 1.14 in the others). Over the run's logged steps after step 40 the strong "
+        "run's spread is under a fifth of the moderate one's at 72%, 72% and 59% of them (per seed, read from the "
+        "runs' metrics.csv after the verdict): it swings between about 0.001 and 0.9, so one step's reading is "
+        "chance. Deciding the collapse half needs a rule fixed before a re-run on a signal that does not swing, "
+        "such as the spread averaged after the warm-up or the embedding norm; the gain half needs about 9 seeds.",
     "self-flow-alignment-curve":
         "At 3 training seeds of the micro SiT on digits (440 steps, the full representation weight from step 0): "
         "1 − cos starts at 1.07 [0.97, 1.16] as the thread says, but by step 30 it is still at 0.21 [0.17, 0.25], "
