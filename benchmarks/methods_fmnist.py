@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from redundancy import overrides as budget_overrides  # noqa: E402  (the shared fixed-budget overrides)
+from throughput import cpu_kind  # noqa: E402  (model name and torch's vector ISA: what the wall times depend on)
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
            "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "mae-fmnist", "swav-fmnist", "wmse-fmnist", "nnclr-fmnist")
@@ -127,6 +128,23 @@ def groups(results: dict) -> list[tuple[str, list[dict]]]:
                   key=lambda kv: order.get(kv[1][0]["preset"], len(order)))
 
 
+def machine(row: dict) -> str:
+    """Where a row trained, short: torch's CPU ISA (AVX2, AVX512, ...), the GPU's name, or ? for rows measured
+    before rows recorded it."""
+    where = row.get("machine", "?")
+    return where.split("torch ISA ")[1].split(";")[0] if "torch ISA " in where else where
+
+
+def wall(rows: list[dict]) -> str:
+    """The mean training wall time per seed, one figure per machine kind the rows ran on (they differ ×2-3)."""
+    kinds: dict[str, list[float]] = {}
+    for r in rows:
+        kinds.setdefault(machine(r), []).append(r["train_wall_s"])
+    if len(kinds) == 1 and "?" in kinds:
+        return f"{sum(kinds['?']) / len(kinds['?']):.0f}"
+    return ", ".join(f"{sum(v) / len(v):.0f} ({k})" for k, v in sorted(kinds.items()))
+
+
 def table(results: dict) -> str:
     budget = results["budget"]
     data = "Fashion-MNIST" if results["dataset"] == "fashion-mnist" else results["dataset"]
@@ -148,9 +166,8 @@ def table(results: dict) -> str:
             ref += f" / {ci([f['finetune_top1'] for f in floors])}"
         gain = ci([r["knn20_top1"] - f["knn20_top1"] for r, f in zip(rows, floors)])
         sd = binomial_sd(sum(knn) / len(knn), n_test)
-        wall = sum(r["train_wall_s"] for r in rows) / len(rows)
         lines.append(f"| `{name}` | {len(rows)} | {ci(knn)} | {ci([r['linear_top1'] for r in rows])} | {ft} | "
-                     f"{ref} | {gain} | {sd:.2f} | {wall:.0f} |")
+                     f"{ref} | {gain} | {sd:.2f} | {wall(rows)} |")
     return "\n".join(lines)
 
 
@@ -255,9 +272,11 @@ def main(argv=None) -> int:
             method = type(cfg.method).__name__.removesuffix("Config")
             t0 = time.perf_counter()
             run = engine.pretrain(cfg, preset)
-            wall = time.perf_counter() - t0
+            train_s = time.perf_counter() - t0
             finetune = method in FINETUNED
-            row = {"preset": preset, "overrides": extra, "seed": seed, "method": method, "train_wall_s": round(wall, 1),
+            where = torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_kind()
+            row = {"preset": preset, "overrides": extra, "seed": seed, "method": method, "train_wall_s": round(train_s, 1),
+                   "machine": where,
                    **evaluate(run / "backbone.safetensors", Path(tmp) / f"eval{i}", args, finetune)}
             key = digest(run / "backbone_init.safetensors")
             floor = results["random_init"].get(key)
