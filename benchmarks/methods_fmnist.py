@@ -275,8 +275,8 @@ def main(argv=None) -> int:
             train_s = time.perf_counter() - t0
             finetune = method in FINETUNED
             where = torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_kind()
-            row = {"preset": preset, "overrides": extra, "seed": seed, "method": method, "train_wall_s": round(train_s, 1),
-                   "machine": where,
+            row = {"preset": preset, "overrides": extra, "seed": seed, "method": method,
+                   "train_wall_s": round(train_s, 1), "machine": where,
                    **evaluate(run / "backbone.safetensors", Path(tmp) / f"eval{i}", args, finetune)}
             key = digest(run / "backbone_init.safetensors")
             floor = results["random_init"].get(key)
