@@ -140,8 +140,6 @@ def wall(rows: list[dict]) -> str:
     kinds: dict[str, list[float]] = {}
     for r in rows:
         kinds.setdefault(machine(r), []).append(r["train_wall_s"])
-    if len(kinds) == 1 and "?" in kinds:
-        return f"{sum(kinds['?']) / len(kinds['?']):.0f}"
     return ", ".join(f"{sum(v) / len(v):.0f} ({k})" for k, v in sorted(kinds.items()))
 
 
