@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from throughput import cpu_model_and_flags  # the /proc/cpuinfo parser the benchmarks share
+
 PRESETS = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits",
            "byol-directpred-fmnist", "self-flow-digits", "flow-matching-digits", "repa-digits")
 TINY = ["data.batch_size=64", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
@@ -46,17 +48,12 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def cpu_kind() -> dict:
+def cpu_record() -> dict:
     """The processor's name and the widest vector ISA it has (what decides the kernels oneDNN picks)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-
-    def line(key: str) -> str:
-        return next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith(key)), "")
-
-    flags = set(line("flags").split())
-    isa = next((name for name, flag in (("amx", "amx_tile"), ("avx512", "avx512f"), ("avx2", "avx2"))
-                if flag in flags), "other")
-    return {"model": line("model name"), "isa": isa}
+    name, flags = cpu_model_and_flags()
+    isa = next((isa for isa, flag in (("amx", "amx_tile"), ("avx512", "avx512f"), ("avx2", "avx2")) if flag in flags),
+               "other")
+    return {"model": name, "isa": isa}
 
 
 def same_run(old: dict, new: dict, exact: bool) -> bool:
@@ -89,7 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = {p: record(p, Path(tmp)) for p in args.presets}
-    report = {"presets": runs, "overrides": TINY, "cpu": cpu_kind()}
+    report = {"presets": runs, "overrides": TINY, "cpu": cpu_record()}
     if args.compare:
         before = json.loads(Path(args.compare).read_text())
         old = before["presets"]

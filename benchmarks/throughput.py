@@ -66,9 +66,8 @@ def run_config(method: str, dataset: str, batch_size: int, max_epochs: int, out_
     })
 
 
-def cpu_kind() -> str:
-    """The CPU's model name, torch's vector ISA on it (AVX2 / AVX512) and its AMX / AVX-512 FP16 flags, which
-    decide what the CPU kernels run (from /proc/cpuinfo where there is one)."""
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """The CPU's model name and its /proc/cpuinfo flags (no flags where there is no /proc/cpuinfo)."""
     name, flags = platform.processor() or "unknown CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -79,6 +78,13 @@ def cpu_kind() -> str:
                 flags = set(value.split())
     except OSError:
         pass
+    return name, flags
+
+
+def cpu_kind() -> str:
+    """The CPU's model name, torch's vector ISA on it (AVX2 / AVX512) and its AMX / AVX-512 FP16 flags, which
+    decide what the CPU kernels run."""
+    name, flags = cpu_model_and_flags()
     extra = [f for f in ("amx_bf16", "amx_tile", "avx512_fp16", "avx512_bf16") if f in flags]
     return f"{name}; torch ISA {torch.backends.cpu.get_cpu_capability()}" + (f"; {' '.join(extra)}" if extra else "")
 
