@@ -379,3 +379,26 @@ def test_the_curves_benchmark_reads_the_collapse_signs_at_each_fifth_of_a_run(tm
     assert c["by_fifth"][3]["spread_over_tau"] == pytest.approx(0.8) and c["by_fifth"][2]["lr"] == 0.1
     assert c["entropy_min"] == (100, 3.0) and c["entropy_over_log_K_last"] == pytest.approx(3.0 / math.log(64))
     assert c["series"]["kl"] == []  # not logged: an empty series, not an error
+
+
+def test_the_teacher_usage_benchmark_counts_the_outputs_the_targets_use():
+    import importlib.util
+
+    from ssl_helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("teacher_usage", ROOT / "benchmarks" / "teacher_usage.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    winners = torch.tensor([0, 0, 0, 1, 1, 2])
+    logits = 10.0 * F.one_hot(winners, 4).float()
+    labels = torch.tensor([5, 5, 3, 3, 3, 7])
+    v = torch.tensor([1.0, 2.0, 3.0])
+    feats = torch.stack([v, -v, 2 * v, -3 * v, v, -v])  # one direction: effective rank 1
+    u = bench.usage(logits, torch.zeros(1, 4), 1.0, feats, labels)
+    assert u["outputs"] == 4 and u["argmax_used"] == 3 and u["top_share"] == 0.5
+    assert u["purity"] == pytest.approx(5 / 6, abs=1e-4)  # outputs {5,5,3}, {3,3}, {7}: 2 + 2 + 1 of 6
+    h = torch.distributions.Categorical(logits=torch.tensor([10.0, 0, 0, 0])).entropy().item()
+    assert u["entropy"] == pytest.approx(h, abs=1e-4) and u["log_k"] == pytest.approx(math.log(4), abs=1e-4)
+    assert u["feature_eff_rank"] == pytest.approx(1.0)
+    shifted = bench.usage(logits, torch.tensor([[20.0, 0, 0, 0]]), 1.0, feats, labels)  # the centre is subtracted
+    assert shifted["argmax_used"] == 2 and shifted["top_share"] == pytest.approx(5 / 6, abs=1e-4)  # 0,1,2 tie to 1

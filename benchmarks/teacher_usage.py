@@ -1,0 +1,103 @@
+"""What a DINO or iBOT teacher's [CLS] targets do with the images: how many of the K outputs they use.
+
+The per-step instruments (``dino_teacher_entropy``, ``dino_teacher_spread``) tell a uniform teacher from a sharp
+one, but not a sharp teacher that sends every image to one of a handful of outputs (a partial collapse of the K
+prototypes). This reads a finished run's ``checkpoints/last.ckpt`` and its random init (the same seeded build) and
+scores the teacher's targets softmax((t − C) / τt) on N test images, τt the run's final teacher temperature:
+
+- ``argmax_used``: how many of the K outputs are some image's argmax; ``top_share``: the largest one's share;
+- ``entropy``: the mean entropy of a target (0: one-hot, log K: uniform);
+- ``purity``: the share of images whose argmax output's majority label is their own (10 classes: 0.1 if the
+  outputs ignore the class, 1.0 if each output holds one class);
+- ``feature_eff_rank``: the effective rank (exp of the entropy of the normalised singular values) of the teacher's
+  centred, L2-normalised [CLS] features, the ones kNN and the linear probe read.
+
+::
+
+    python benchmarks/teacher_usage.py runs/methods5/ibot-fmnist-s0 --out benchmarks/results/teacher_usage.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from selfsup.config import load_run
+from selfsup.data.views import EvalTransform
+from selfsup.methods.build import build_method, data_info
+from selfsup.runs.session import EvalSession
+
+
+@torch.no_grad()
+def teacher_outputs(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(teacher [CLS] logits, teacher [CLS] features) of a DINO or iBOT module (iBOT's head takes every token)."""
+    model.eval()
+    if hasattr(model, "center2"):  # iBOT: the head maps all tokens to ([CLS] logits, patch logits)
+        tokens = model.teacher_backbone(x, return_all_tokens=True)
+        return model.teacher_head(tokens)[0], tokens[:, 0]
+    feats = model.teacher_backbone(x)
+    return model.teacher_head(feats), feats
+
+
+def effective_rank(feats: torch.Tensor) -> float:
+    """exp(H(σ / Σσ)) of the centred, L2-normalised features' singular values σ."""
+    f = F.normalize(feats.double(), dim=-1)
+    s = torch.linalg.svdvals(f - f.mean(0))
+    p = s[s > 0] / s.sum()
+    return math.exp(-(p * p.log()).sum().item())
+
+
+def usage(logits: torch.Tensor, center: torch.Tensor, tau: float, feats: torch.Tensor, labels: torch.Tensor) -> dict:
+    q = torch.softmax((logits.double() - center.double()) / tau, dim=-1)
+    winner = q.argmax(-1)
+    counts = torch.bincount(winner, minlength=q.shape[1])
+    majority = sum(torch.bincount(labels[winner == k]).max().item() for k in winner.unique())
+    return {"outputs": q.shape[1], "argmax_used": int((counts > 0).sum()),
+            "top_share": round(counts.max().item() / len(winner), 4),
+            "entropy": round(-(q * q.clamp_min(1e-300).log()).sum(-1).mean().item(), 4),
+            "log_k": round(math.log(q.shape[1]), 4), "purity": round(majority / len(winner), 4),
+            "feature_eff_rank": round(effective_rank(feats), 2)}
+
+
+def score(run: Path, n: int) -> dict:
+    cfg = load_run(run)
+    if not hasattr(cfg.method, "teacher_temp"):
+        raise SystemExit(f"{run} is a {cfg.method_name} run; this reads a DINO or iBOT teacher")
+    test = EvalSession(str(run)).split("test", limit=n)
+    info = data_info(cfg, test)
+    x = EvalTransform(info.image_size, info.mean, info.std)(test.images[:n])
+    labels = test.labels[:n]
+    out = {"run": str(run), "method": cfg.method_name, "images": len(labels), "teacher_temp": cfg.method.teacher_temp}
+    init = build_method(cfg, info)  # the same seeded build as the run's start (centre 0)
+    logits, feats = teacher_outputs(init, x)
+    out["init"] = usage(logits, init.center, cfg.method.teacher_temp, feats, labels)
+    trained = build_method(cfg, info)
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    trained.load_state_dict(state)
+    logits, feats = teacher_outputs(trained, x)
+    out["trained"] = usage(logits, trained.center, cfg.method.teacher_temp, feats, labels)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="finished DINO / iBOT run folders")
+    p.add_argument("--images", type=int, default=2000, help="test images scored (default 2000)")
+    p.add_argument("--out", type=Path, help="JSON to write (default: print only)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    results = [score(run, args.images) for run in args.runs]
+    for r in results:
+        for tag in ("init", "trained"):
+            print(r["run"], tag, json.dumps(r[tag]))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
