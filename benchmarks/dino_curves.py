@@ -22,7 +22,8 @@ from pathlib import Path
 
 SIGNS = {"entropy": "instruments/dino_teacher_entropy", "kl": "instruments/dino_kl_teacher_student",
          "spread_over_tau": "instruments/dino_teacher_spread", "center_norm": "instruments/dino_center_norm",
-         "feature_dim_std": "instruments/dim_std_embedding", "feature_eff_rank": "instruments/eff_rank_embedding"}
+         "feature_dim_std": "instruments/dim_std_embedding", "feature_eff_rank": "instruments/eff_rank_embedding",
+         "feature_rankme": "instruments/rankme_embedding"}
 SCHEDULES = {"lr": "train/lr", "momentum": "train/momentum", "teacher_temp": "train/teacher_temp"}
 
 
