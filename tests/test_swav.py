@@ -130,3 +130,25 @@ def test_config_errors_are_one_line():
         tiny_method("swav", {"queue_length": 8}, augment=MULTICROP)  # below the batch of 16
     with raises_user_error("method.epsilon"):
         tiny_config("swav", {"epsilon": 0})
+
+
+def test_the_floor_sweep_variants_resolve_and_an_unknown_one_is_one_line(capsys):
+    """benchmarks/floor_sweep.py: every variant's overrides are valid keys of its preset (a typo would only
+    surface an hour into the sweep), and ``--only`` naming no variant exits 2 before any training."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from selfsup.config import load_run_config
+    from ssl_helpers import ROOT
+
+    path = ROOT / "benchmarks" / "floor_sweep.py"
+    sys.path.insert(0, str(path.parent))  # its import of dino_cpu
+    spec = importlib.util.spec_from_file_location("floor_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for name, (preset, overrides) in sweep.VARIANTS.items():
+        cfg = load_run_config(preset, sweep.engine_overrides(Path("/tmp"), name, 2) + overrides)
+        assert cfg.trainer.max_epochs == 2 and cfg.trainer.seed == 0
+    assert sweep.main(["--only", "S9", "--out", "/nonexistent/x.json"]) == 2
+    assert "no such variant" in capsys.readouterr().err
