@@ -28,15 +28,14 @@ import argparse
 import csv
 import json
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dino_cpu import knn_10k  # noqa: E402  (the validation-split kNN of the DINO sweep)
+from dino_cpu import knn_10k, train_variant  # noqa: E402  (the DINO sweep's training and validation-split kNN)
+from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
 
 VARIANTS = {
     "S0": ("swav-fmnist", []),
@@ -82,9 +81,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import selfsup.engine as engine
-    from selfsup.config import load_run_config
-
     out, root = Path(args.out), Path(args.runs)
     results = json.loads(out.read_text()) if out.exists() else {}
     done = {r["name"]: r for r in results.get("variants", [])}
@@ -97,16 +93,7 @@ def main(argv=None) -> int:
         preset, overrides = VARIANTS[name]
         run, wall = root / name, None
         if not (run / "backbone.safetensors").exists():
-            shutil.rmtree(run, ignore_errors=True)
-            cfg = load_run_config(preset, engine_overrides(root, name, args.epochs) + overrides)
-            report, engine.end_of_run_report = engine.end_of_run_report, lambda *a, **k: []  # knn_10k instead
-            t0 = time.perf_counter()
-            try:
-                engine.pretrain(cfg, preset)
-            finally:
-                engine.end_of_run_report = report
-            wall = round(time.perf_counter() - t0)
-            print(f"{name}: {wall} s", flush=True)
+            wall = round(train_variant(run, preset, engine_overrides(root, name, args.epochs) + overrides))
         knn = knn_10k(run)
         done[name] = {"name": name, "preset": preset, "overrides": overrides, "epochs": args.epochs,
                       "train_wall_s": wall if wall is not None else done.get(name, {}).get("train_wall_s"),
@@ -117,8 +104,7 @@ def main(argv=None) -> int:
                        "shared with other work; kNN@20 T 0.07 of the backbone; val: 10k carved from train "
                        "(benchmarks/dino_cpu.py knn_10k)",
                "variants": [done[n] for n in VARIANTS if n in done]}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_report(results, out)
     print(f"wrote {out}")
     return 0
 
