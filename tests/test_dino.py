@@ -98,6 +98,43 @@ def test_method_step_uses_the_old_centre_then_updates_it_from_the_teacher_global
     assert "center" in m.state_dict()  # checkpointed with the weights
 
 
+def reference_sinkhorn(teacher, teacher_temp, iterations=3):
+    """DINOv2's sinkhorn_knopp_teacher (dinov2/loss/dino_clstoken_loss.py) written out in float64 for one
+    process: Q = exp(t / τt)ᵀ, Q /= ΣQ; per round rows to 1/K, columns to 1/B; Q · B, transposed."""
+    q = torch.exp(teacher.double() / teacher_temp).t()
+    k, b = q.shape
+    q = q / q.sum()
+    for _ in range(iterations):
+        q = q / q.sum(dim=1, keepdim=True) / k
+        q = q / q.sum(dim=0, keepdim=True) / b
+    return (q * b).t()
+
+
+def test_sinkhorn_knopp_centring_equals_dinov2s_targets_and_leaves_the_centre():
+    m = dino({"centering": "sinkhorn_knopp"})
+    views = plan_views(m)
+    c0 = torch.randn(1, 64) * 0.1
+    m.center.copy_(c0)
+    with torch.no_grad():
+        t = m.teacher_head(m.teacher_backbone(torch.cat(views[:2])))
+        s = m.head(torch.cat([m.backbone(torch.cat(views[:2])), m.backbone(torch.cat(views[2:]))]))
+    out = m.forward_views(views)
+    q = reference_sinkhorn(t, m.teacher_temp)  # over the 2B teacher rows at once (ssl_meta_arch.py)
+    assert q.sum(1).sub(1).abs().max() < 1e-9  # each target a distribution
+    ls = F.log_softmax(s.double() / 0.1, dim=-1).chunk(4)
+    qs = q.chunk(2)
+    ref = sum(-(qs[i] * ls[v]).sum(-1).mean() for i in range(2) for v in range(4) if v != i) / 6
+    torch.testing.assert_close(out.loss.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.center, c0)  # DINOv2 neither uses nor updates the centre under Sinkhorn-Knopp
+    entropy = -(q * q.log()).sum(-1).mean()
+    torch.testing.assert_close(out.instruments["dino_teacher_entropy"].double(), entropy, rtol=1e-4, atol=1e-5)
+
+
+def test_centering_is_checked():
+    with pytest.raises(UserError, match="method.centering='sinkhorn'"):
+        dino({"centering": "sinkhorn"})
+
+
 # ----------------------------------------------------------------------------- the head
 
 @pytest.mark.parametrize("norm_last_layer", [True, False])

@@ -159,17 +159,24 @@ def dino_teacher_probs(teacher_logits: Tensor, center: Tensor, teacher_temp: flo
 
 def dino_loss(student_logits: Tensor, teacher_logits: Tensor, center: Tensor, student_temp: float,
               teacher_temp: float | Tensor, n_global: int = 2) -> Tensor:
-    """DINO's multi-crop cross-entropy (facebookresearch/dino main_dino.py:380-402).
+    """DINO's multi-crop cross-entropy (facebookresearch/dino main_dino.py:380-402) with the centred, sharpened
+    targets ``softmax((t − c) / τt)``: ``dino_cross_entropy`` of ``dino_teacher_probs``.
 
     ``student_logits`` (V·B, K) are all V crops crop-major (globals first), ``teacher_logits`` (n_global·B, K)
-    the teacher's on the global crops. For every (teacher crop i, student crop v) pair with v ≠ i, the batch
-    mean of ``−Σ_k q_i log softmax(s_v / τs)`` with ``q_i = softmax((t_i − c) / τt)``; the mean over the
-    ``n_global · V − n_global`` pairs (the official loop's sum of per-pair means over its count).
-    """
-    n_crops = student_logits.shape[0] // (teacher_logits.shape[0] // n_global)
-    q = dino_teacher_probs(teacher_logits, center, teacher_temp).chunk(n_global)
-    log_p = F.log_softmax(student_logits / student_temp, dim=-1).chunk(n_crops)
-    q, log_p = torch.stack(q), torch.stack(log_p)  # (n_global, B, K), (V, B, K)
+    the teacher's on the global crops."""
+    return dino_cross_entropy(student_logits, dino_teacher_probs(teacher_logits, center, teacher_temp), student_temp,
+                              n_global)
+
+
+def dino_cross_entropy(student_logits: Tensor, teacher_probs: Tensor, student_temp: float, n_global: int = 2) -> Tensor:
+    """The multi-crop cross-entropy of DINO (main_dino.py:392-402) and DINOv2 (dino_clstoken_loss.py ``forward``)
+    given the teacher's targets ``teacher_probs`` (n_global·B, K), however they were centred (the EMA centre:
+    ``dino_teacher_probs``; DINOv2's Sinkhorn-Knopp: ``sinkhorn_knopp(t, τt, 3)``). For every (teacher crop i,
+    student crop v) pair with v ≠ i, the batch mean of ``−Σ_k q_i log softmax(s_v / τs)``; the mean over the
+    ``n_global · V − n_global`` pairs (the official loop's sum of per-pair means over its count)."""
+    n_crops = student_logits.shape[0] // (teacher_probs.shape[0] // n_global)
+    log_p = torch.stack(F.log_softmax(student_logits / student_temp, dim=-1).chunk(n_crops))  # (V, B, K)
+    q = torch.stack(teacher_probs.detach().to(log_p.dtype).chunk(n_global))  # (n_global, B, K)
     ce = -torch.einsum("ibk,vbk->iv", q, log_p) / q.shape[1]  # per-pair batch means
     pairs = ~torch.eye(n_global, n_crops, dtype=torch.bool, device=ce.device)  # v ≠ i
     return torch.where(pairs, ce, 0.0).sum() / (n_global * n_crops - n_global)  # (no data-dependent shape)

@@ -25,12 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_loss
+from selfsup.losses import dino_center, dino_cross_entropy, dino_teacher_probs, sinkhorn_knopp
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views
 from selfsup.models.heads import DINOHead
 from selfsup.schedules import StepValues, dino_cosine, teacher_temperature
@@ -54,6 +53,12 @@ class DINOConfig:
     warmup_teacher_temp: float = 0.04
     warmup_teacher_temp_epochs: int = 0  # code default 0 (its help text says 30; the README recipe uses 30)
     center_momentum: float = 0.9
+    # How the teacher's targets are centred: ``centering`` (DINO's EMA centre C, main_dino.py:388-416) or
+    # ``sinkhorn_knopp`` (DINOv2's, dinov2/loss/dino_clstoken_loss.py ``sinkhorn_knopp_teacher``: Sinkhorn-Knopp
+    # at ε = τt over the global batch, ``sinkhorn_iterations`` rounds; the centre is then neither used nor
+    # updated, as DINOv2's ssl_meta_arch.py does). The small-data presets use sinkhorn_knopp (their comments).
+    centering: str = "centering"
+    sinkhorn_iterations: int = 3  # DINOv2's n_iterations
     weight_decay_end: float = 0.4  # wd cosine from optim.weight_decay (0.04) to this, per iteration
     clip_grad: float = 3.0  # per-parameter-tensor gradient norm bound; 0 = off
     freeze_last_layer: int = 1  # epochs during which the last layer's gradients are dropped
@@ -65,6 +70,10 @@ class DINOConfig:
         for key in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
             if not getattr(self, key) > 0:
                 raise UserError(f"method.{key}={getattr(self, key)} must be > 0")
+        if self.centering not in ("centering", "sinkhorn_knopp"):
+            raise UserError(f"method.centering={self.centering!r} is not one of: centering, sinkhorn_knopp")
+        if self.sinkhorn_iterations < 1:
+            raise UserError(f"method.sinkhorn_iterations={self.sinkhorn_iterations} must be >= 1")
         if not 0 <= self.center_momentum < 1:
             raise UserError(f"method.center_momentum={self.center_momentum} must be in [0, 1)")
         for key in ("warmup_teacher_temp_epochs", "freeze_last_layer", "clip_grad", "weight_decay_end"):
@@ -136,20 +145,33 @@ class DINO(SSLMethod):
             t_feats = encode_views(self.teacher_backbone, views[:self.n_global], per_view_batch_norm=False)
             t_logits = self.teacher_head(torch.cat(t_feats))
         s_logits = self.head(torch.cat(encode_views(self.backbone, views, per_view_batch_norm=False)))
-        loss = dino_loss(s_logits, t_logits, self.center, c.student_temp, self.step_teacher_temp, self.n_global)
-        signs = self.teacher_signs(t_logits)
+        q = self.teacher_targets(t_logits)
+        loss = dino_cross_entropy(s_logits, q, c.student_temp, self.n_global)
+        signs = self.teacher_signs(t_logits, q)
         signs["dino_kl_teacher_student"] = loss.detach() - signs["dino_teacher_entropy"]  # mean KL(q_i || p_v)
-        self.update_center(t_logits)
+        if c.centering == "centering":
+            self.update_center(t_logits)
         return StepOutput(loss, embedding=t_feats[0], embedding2=t_feats[1], instruments=signs)
 
     @torch.no_grad()
-    def teacher_signs(self, t_logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The collapse signs DINO users watch (the paper's Fig. 7), from this step's teacher logits and the centre
-        before its update: the entropy of the target softmax((t − C)/τt) (log K: uniform), and the logits' spread
-        over the batch (std over its images, mean over the K outputs) in units of τt: under 1, what the centre
-        leaves of the logits is too small against τt for any target to be sharp (benchmarks/dino_cpu.py)."""
-        log_q = F.log_softmax((t_logits - self.center) / self.step_teacher_temp, dim=-1)
-        return {"dino_teacher_entropy": -(log_q.exp() * log_q).sum(-1).mean(),
+    def teacher_targets(self, t_logits: torch.Tensor) -> torch.Tensor:
+        """The teacher's targets q (2B, K): ``softmax((t − C) / τt)`` with DINO's centre, or DINOv2's Sinkhorn-Knopp
+        at ε = τt over the global batch (``method.centering``; one Sinkhorn, SwAV's ``losses.sinkhorn_knopp``)."""
+        c = self.cfg.method
+        if c.centering == "sinkhorn_knopp":
+            _, size = world()
+            return sinkhorn_knopp(t_logits, self.step_teacher_temp, c.sinkhorn_iterations, world_size=size,
+                                  all_reduce=all_reduce_sum)
+        return dino_teacher_probs(t_logits, self.center, self.step_teacher_temp)
+
+    @torch.no_grad()
+    def teacher_signs(self, t_logits: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The collapse signs DINO users watch (the paper's Fig. 7), from this step's teacher logits, its targets
+        ``q`` and the centre before its update: the mean entropy of the targets (log K: uniform), and the logits'
+        spread over the batch (std over its images, mean over the K outputs) in units of τt: under 1, what the
+        centre leaves of the logits is too small against τt for any target to be sharp (benchmarks/dino_cpu.py)."""
+        q = q.float()
+        return {"dino_teacher_entropy": -torch.special.xlogy(q, q).sum(-1).mean(),
                 "dino_teacher_spread": t_logits.float().std(0).mean() / self.step_teacher_temp,
                 "dino_center_norm": self.center.norm()}
 

@@ -36,7 +36,7 @@ from torch import nn
 from selfsup.data.masks import default_max_blocks, ibot_masks
 from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_loss, ibot_patch_loss
+from selfsup.losses import dino_center, dino_cross_entropy, dino_teacher_probs, ibot_patch_loss
 from selfsup.methods.base import encode_views
 from selfsup.methods.dino import DINO, DINOConfig
 from selfsup.models.heads import iBOTHead
@@ -71,6 +71,9 @@ class iBOTConfig(DINOConfig):
         super().validate()
         if self.patch_out_dim < 1:
             raise UserError(f"method.patch_out_dim={self.patch_out_dim} must be >= 1")
+        if self.centering != "centering":
+            raise UserError(f"method.centering={self.centering}: iBOT centres with its EMA centres C and C2 "
+                            "(main_ibot.py); use method.centering=centering")
         for key in ("warmup_teacher_patch_temp", "teacher_patch_temp"):
             if not getattr(self, key) > 0:
                 raise UserError(f"method.{key}={getattr(self, key)} must be > 0")
@@ -181,10 +184,12 @@ class iBOT(DINO):
         s_cls, s_patch = self.head(s_tokens)
         if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
             s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
-        loss_cls = dino_loss(s_cls, t_cls, self.center, c.student_temp, self.step_teacher_temp, n) * c.lambda1
+        q_cls = dino_teacher_probs(t_cls, self.center, self.step_teacher_temp)
+        loss_cls = dino_cross_entropy(s_cls, q_cls, c.student_temp, n) * c.lambda1
         loss_patch = ibot_patch_loss(s_patch, t_patch, self.center2, masks, c.student_temp,
                                      self.step_teacher_patch_temp) * c.lambda2
-        signs = {**self.teacher_signs(t_cls),  # DINO's collapse signs on the [CLS] term, the share of masked patches
+        # DINO's collapse signs on the [CLS] term, the share of masked patches
+        signs = {**self.teacher_signs(t_cls, q_cls),
                  "ibot_center2_norm": self.center2.norm(), "ibot_masked_share": masks.float().mean()}
         self.update_centers(t_cls, t_patch)
         b = views[0].shape[0]
