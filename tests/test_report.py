@@ -180,7 +180,7 @@ def test_a_run_without_events_or_evaluations_says_so(tmp_path):
     out = write_report([run])
     assert sorted(p.name for p in out.glob("*.png")) == ["loss.png"]
     md = (out / "report.md").read_text()
-    assert "No events: no gradient spike and no kNN dip was detected." in md
+    assert "No events: no gradient spike, no kNN dip and no collapse was detected." in md
     assert "No kNN result or evaluation in this folder." in md
     assert "| wall time | not recorded |" in md and "| devices | auto (auto; not recorded) |" in md
     assert "| epochs | 3 of 50 |" in md  # from the metrics' epoch column when run.json is absent

@@ -39,7 +39,8 @@ def test_prototypes_renormalised_before_the_forward_and_loss_from_global_codes()
         codes = [sinkhorn_knopp(scores[s], 0.05, 3) for s in (0, 1)]
         expected = swav_loss(scores, codes, (0, 1), 0.1)
     torch.testing.assert_close(out.loss.detach(), expected)
-    assert set(out.instruments) == {"swav_code_entropy", "swav_prototype_usage", "swav_loss_over_log_k"}
+    assert set(out.instruments) == {"swav_code_entropy", "swav_code_entropy_over_log_k", "swav_prototype_usage",
+                                    "swav_loss_over_log_k"}
     assert 0 < out.instruments["swav_prototype_usage"] <= 1
 
 

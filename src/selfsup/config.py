@@ -240,6 +240,11 @@ class InstrumentsConfig:
     predictor_top_k: int = 3
     correlation_rho: float = 0.3  # running correlation F of the predictor inputs (when the predictor keeps none)
     knn_dip: float = 3.0  # kNN monitor dip: points below the running best (0 = off); needs eval.knn_every_n_steps
+    # The collapse alarm (instruments/collapse.py): a sign past its threshold for collapse_window consecutive
+    # measurements (every every_n_steps) writes a `collapse` event and one console line with the remedies.
+    collapse_alarm: bool = True
+    collapse_window: int = 5
+    collapse_rank_fraction: float = 0.25  # eff_rank_batch: the features' effective rank under this x its first value
 
     def validate(self) -> None:
         for key in ("every_n_steps", "spike_window", "spike_min_history", "rank_samples", "predictor_top_k"):
@@ -256,6 +261,10 @@ class InstrumentsConfig:
             raise UserError(f"instruments.correlation_rho={self.correlation_rho} must be in [0, 1)")
         if self.knn_dip < 0:
             raise UserError(f"instruments.knn_dip={self.knn_dip} must be >= 0 (0 turns the dip detector off)")
+        if self.collapse_window < 1:
+            raise UserError(f"instruments.collapse_window={self.collapse_window} must be >= 1")
+        if not 0 < self.collapse_rank_fraction < 1:
+            raise UserError(f"instruments.collapse_rank_fraction={self.collapse_rank_fraction} must be in (0, 1)")
 
 
 @dataclass

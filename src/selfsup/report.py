@@ -329,10 +329,28 @@ def headline_section(runs: list[Run]) -> Section:
                    [Table(["measure", *[r.name for r in runs]], rows)] if rows else ["No kNN result or evaluation."])
 
 
+def collapse_section(runs: list[Run]) -> list[Section]:
+    """The collapse alarm's events (instruments/collapse.py), the report's first section when there are any: the
+    sign, its value, the step and the method's usual remedies."""
+    rows = []
+    for run in runs:
+        for e in run.events:
+            if e.get("kind") == "collapse":
+                rows.append(([run.name] if len(runs) > 1 else []) + [
+                    str(e.get("step", "?")), str(e.get("sign", "?")), _fmt(e.get("value")), _fmt(e.get("baseline")),
+                    str(e.get("remedy", ""))])
+    if not rows:
+        return []
+    header = (["run"] if len(runs) > 1 else []) + ["step", "sign", "value", "threshold", "try"]
+    lead = (f"This run's representation collapsed: {len(rows)} sign" + ("s" if len(rows) > 1 else "")
+            + " stayed past the alarm's threshold for instruments.collapse_window measurements in a row.")
+    return [Section("collapse", "Collapse", [lead, Table(header, rows)])]
+
+
 def events_section(runs: list[Run]) -> Section:
     events = sorted(((r, e) for r in runs for e in r.events), key=lambda re_: (re_[1].get("step", 0), re_[0].name))
     if not events:
-        return Section("events", "Events", ["No events: no gradient spike and no kNN dip was detected."])
+        return Section("events", "Events", ["No events: no gradient spike, no kNN dip and no collapse was detected."])
     counts: dict[str, int] = {}
     for _, e in events:
         counts[str(e.get("kind", "?"))] = counts.get(str(e.get("kind", "?")), 0) + 1
@@ -587,9 +605,9 @@ def plots_section(runs: list[Run], out: Path) -> Section:
 
 
 def build_report(runs: list[Run], out: Path) -> list[Section]:
-    """The report's model: (overlays: the settings that differ,) header, headline numbers, events, plots, every
-    metric."""
-    return ([settings_section(runs)] if len(runs) > 1 else []) + [
+    """The report's model: (a collapse: its alarm's events,) (overlays: the settings that differ,) header, headline
+    numbers, events, plots, every metric."""
+    return collapse_section(runs) + ([settings_section(runs)] if len(runs) > 1 else []) + [
         header_section(runs), headline_section(runs), events_section(runs), plots_section(runs, out),
         metrics_section(runs)]
 

@@ -1,5 +1,6 @@
 """Online evaluators and training-dynamics instruments for pretraining, as Lightning callbacks."""
 
+from selfsup.instruments.collapse import CollapseAlarm, collapse_signs
 from selfsup.instruments.dynamics import (Alignment, EmbeddingNorms, GradientNorms, PredictorAlignment,
                                           RankCollapse, StepInstruments)
 from selfsup.instruments.knn_monitor import KNNMonitor
@@ -20,7 +21,9 @@ def monitor_callbacks(cfg) -> list:
     if not ins.enabled:
         return out
     n = ins.every_n_steps
-    out.append(StepInstruments(n))  # a method's own signs (StepOutput.instruments; DINO's collapse signs)
+    alarm = (CollapseAlarm(ins.collapse_window, collapse_signs(ins.collapse_rank_fraction)) if ins.collapse_alarm
+             else None)
+    out.append(StepInstruments(n, alarm))  # a method's own signs (StepOutput.instruments), the collapse alarm
     if ins.embedding_norms:
         out.append(EmbeddingNorms(n))
     if ins.gradients:
@@ -35,5 +38,5 @@ def monitor_callbacks(cfg) -> list:
     return out
 
 
-__all__ = ["Alignment", "EmbeddingNorms", "GradientNorms", "KNNMonitor", "OnlineLinearProbe", "PredictorAlignment",
-           "RankCollapse", "StepInstruments", "monitor_callbacks"]
+__all__ = ["Alignment", "CollapseAlarm", "EmbeddingNorms", "GradientNorms", "KNNMonitor", "OnlineLinearProbe",
+           "PredictorAlignment", "RankCollapse", "StepInstruments", "monitor_callbacks"]

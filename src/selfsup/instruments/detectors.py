@@ -111,19 +111,22 @@ def read_events(path: str | Path) -> list[dict]:
     return out
 
 
-def log_metrics(trainer, values: dict, step: int, prefix: str = PREFIX) -> None:
+def log_metrics(trainer, values: dict, step: int, prefix: str = PREFIX) -> dict[str, float]:
     """Write ``values`` (floats or 0-d tensors, read back in one sync) under ``prefix/`` at ``step`` straight to
     the run's loggers (CSV, TensorBoard; rank 0 only): a value appears once, labelled with the step it measures,
-    whatever ``trainer.log_every_n_steps`` is (``LightningModule.log`` would repeat it at later logging steps)."""
+    whatever ``trainer.log_every_n_steps`` is (``LightningModule.log`` would repeat it at later logging steps).
+    Returns the values as host floats (empty on the other ranks)."""
     if not values or not trainer.is_global_zero:
-        return
+        return {}
     tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
     if tensors:
         read = torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).tolist()
         values = {**values, **dict(zip(tensors, read))}
-    metrics = {f"{prefix}/{k}": float(v) for k, v in values.items()}
+    values = {k: float(v) for k, v in values.items()}
+    metrics = {f"{prefix}/{k}": v for k, v in values.items()}
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=step)
+    return values
 
 
 def measured_step(trainer) -> int:
@@ -142,6 +145,13 @@ def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
     """``RUN/events.jsonl``, the events also sent to the run's loggers but the CSV one (whose events are that file)."""
     loggers = [lg for lg in getattr(trainer, "loggers", []) if not isinstance(lg, CSVLogger)]
     return EventLog(Path(run_dir or trainer.default_root_dir) / "events.jsonl", loggers)
+
+
+def report_collapse(event: dict) -> None:
+    """The collapse alarm's one console line: the sign, its value, the step and the method's usual remedies."""
+    print(f"selfsup: collapse at step {event['step']}: {event['sign']} = {event['value']:.4g} ({event['meaning']}; "
+          f"threshold {event['baseline']:.4g}, past it for {event['window']} measurements); try: {event['remedy']}",
+          file=sys.stderr)
 
 
 def report_event(event: dict) -> None:

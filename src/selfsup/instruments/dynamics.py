@@ -20,8 +20,11 @@ from torch import Tensor, nn
 
 from selfsup.eval.features import extract_features
 from selfsup.eval.spectrum import effective_rank, rankme
-from selfsup.instruments.detectors import SpikeDetector, event_log, log_metrics, measured_step, report_event, stepped
-from selfsup.instruments.measures import QUANTILES, misalignment, norm_summary, per_dim_std, predictor_alignment
+from selfsup.instruments.collapse import CollapseAlarm
+from selfsup.instruments.detectors import (SpikeDetector, event_log, log_metrics, measured_step, report_collapse,
+                                           report_event, stepped)
+from selfsup.instruments.measures import (QUANTILES, batch_effective_rank, misalignment, norm_summary, per_dim_std,
+                                          predictor_alignment)
 from selfsup.step import StepOutput, step_output
 
 NORM_KEYS = ("embedding", "projection", "prediction")
@@ -222,18 +225,37 @@ class Alignment(pl.Callback):
 
 class StepInstruments(pl.Callback):
     """Every N steps: the collapse signs a method reports in its StepOutput's ``instruments`` (name → 0-d tensor
-    on the device, e.g. DINO's teacher-output entropy, KL(teacher ‖ student) and centre norm), read in one copy."""
+    on the device, e.g. DINO's teacher-output entropy, KL(teacher ‖ student) and centre norm), read in one copy.
+    With a ``CollapseAlarm`` (``instruments.collapse_alarm``) it also measures the effective rank of the step's
+    backbone features (``eff_rank_batch``, joint-embedding methods) and feeds the read values to the alarm: a sign
+    that fires becomes a ``collapse`` event and one console line naming the method's remedies."""
 
-    def __init__(self, every_n_steps: int = 10):
+    def __init__(self, every_n_steps: int = 10, alarm: CollapseAlarm | None = None, run_dir: str | Path | None = None):
         super().__init__()
-        self.every = every_n_steps
+        self.every, self.alarm, self.run_dir = every_n_steps, alarm, run_dir
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         out = step_output(outputs)
-        if out is None or measured_step(trainer) % self.every or not stepped(trainer) or not out.instruments:
+        if out is None or measured_step(trainer) % self.every or not stepped(trainer):
             return
-        log_metrics(trainer, {k: v for k, v in out.instruments.items() if isinstance(v, (Tensor, float, int))},
-                    measured_step(trainer))
+        values = {k: v for k, v in (out.instruments or {}).items() if isinstance(v, (Tensor, float, int))}
+        if self.alarm is not None and out.embedding is not None and pl_module.family == "joint":
+            values["eff_rank_batch"] = batch_effective_rank(out.embedding)
+        read = log_metrics(trainer, values, measured_step(trainer))
+        if self.alarm is None or not read:
+            return
+        for sign, value, compared in self.alarm.observe(read):
+            event = event_log(trainer, self.run_dir).write(
+                measured_step(trainer), "collapse", compared, sign.threshold, sign=sign.name, raw=value,
+                meaning=sign.meaning, window=self.alarm.window, remedy=pl_module.collapse_remedy)
+            report_collapse(event)
+
+    def state_dict(self) -> dict:
+        return {"alarm": self.alarm.state_dict()} if self.alarm is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if self.alarm is not None and "alarm" in state_dict:
+            self.alarm.load_state_dict(state_dict["alarm"])
 
 
 class RankCollapse(pl.Callback):

@@ -33,6 +33,17 @@ def per_dim_std(x: Tensor) -> float:
     return float(z.std(dim=0).mean())
 
 
+def batch_effective_rank(x: Tensor, variance: float = 0.99) -> Tensor:
+    """The effective rank of a batch of features ``x`` (N, D) as a 0-d tensor on its device (no host read): the
+    fewest principal components of the centred rows whose variances sum to ``variance`` of the total
+    (``eval.spectrum.effective_rank``'s measure; 0 for a constant batch)."""
+    x = x.detach().float()
+    s2 = torch.linalg.svdvals(x - x.mean(0, keepdim=True)) ** 2
+    total = s2.sum()
+    cum = torch.cumsum(s2, 0) / total.clamp_min(torch.finfo(s2.dtype).tiny)
+    return torch.where(total > 0, (cum < variance - 1e-6).sum() + 1, 0).float()
+
+
 def predictor_alignment(weight: Tensor, correlation: Tensor, top_k: int = 3) -> dict[str, float]:
     """How a square linear predictor W relates to the correlation F of its inputs (DirectPred).
 

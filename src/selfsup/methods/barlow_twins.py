@@ -65,6 +65,8 @@ class BarlowTwins(SSLMethod):
     """z = projector(backbone(x)) per view; C = bn(z1)ᵀ bn(z2) / N over the global batch; L_BT(C)."""
 
     Config = BarlowTwinsConfig
+    collapse_remedy = ("keep method.lambd > 0 (the redundancy term) and the projector's BatchNorm; lower "
+                       "optim.base_lr")
     recipe = "byol"  # the official augmentations are BYOL's: blur 1.0 / 0.1, solarize 0 / 0.2 (main.py:290-326)
 
     def __init__(self, cfg, info):

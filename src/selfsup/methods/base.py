@@ -216,6 +216,8 @@ class TrainingBase(pl.LightningModule):
     Config: ClassVar[type]
     family: ClassVar[str]
     uses_momentum: ClassVar[bool] = False
+    # What the collapse alarm (instruments/collapse.py) suggests when this method's representation collapses.
+    collapse_remedy: ClassVar[str] = "lower optim.base_lr or lengthen optim.warmup_epochs"
     scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
     step_forward: ClassVar[str | None] = "forward_views"  # the method trainer.compile compiles whole (compile_step)
     progress_bar: ClassVar[tuple[str, ...]] = ("train/loss",)  # the logged values the progress bar shows

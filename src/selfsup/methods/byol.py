@@ -50,6 +50,8 @@ class BYOL(SSLMethod):
     """p = predictor(projector(backbone(x))); z' = target_projector(target_backbone(x'))."""
 
     Config = BYOLConfig
+    collapse_remedy = ("keep the predictor and a momentum target (method.momentum < 1); raise the predictor's lr "
+                       "(optim.predictor_lr_mult); lower optim.base_lr")
     recipe = "byol"
     loss_embedding = ("projector", "predictor")  # the predictions are normalised by the loss
     uses_momentum = True

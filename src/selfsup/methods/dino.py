@@ -94,6 +94,9 @@ def _without_drop_path(module: nn.Module) -> nn.Module:
 
 class DINO(SSLMethod):
     """Student ``head(backbone(x))`` on every crop, EMA teacher on the two global crops, centred targets."""
+    collapse_remedy = ("method.centering=sinkhorn_knopp (DINOv2's targets); a higher method.teacher_temp or its "
+                       "warm-up (method.warmup_teacher_temp_epochs); a lower optim.base_lr; a smaller "
+                       "method.out_dim")
 
     Config = DINOConfig
     recipe = "dino"

@@ -101,6 +101,8 @@ class iBOTConfig(DINOConfig):
 
 class iBOT(DINO):
     """DINO's student / teacher on the [CLS] token plus self-distillation of masked patch tokens."""
+    collapse_remedy = ("a higher method.teacher_temp / method.teacher_patch_temp or their warm-up; a lower "
+                       "optim.base_lr; a smaller method.out_dim / method.patch_out_dim")
 
     Config = iBOTConfig
 

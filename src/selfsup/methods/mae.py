@@ -52,6 +52,7 @@ class MAE(SSLMethod):
     """pred = decoder(encoder(x[kept]), ids_restore); loss = mean over removed patches of ‖pred − target‖² / (p²C)."""
 
     Config = MAEConfig
+    collapse_remedy = "a lower optim.base_lr or a longer optim.warmup_epochs; method.mask_ratio in 0.6-0.8"
     recipe = "mae"
     scales_min_lr = False  # util/lr_sched.py: args.min_lr + (args.lr − args.min_lr) · cosine; min_lr as given
 

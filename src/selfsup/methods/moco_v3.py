@@ -52,6 +52,7 @@ class MoCoV3(SSLMethod):
     """q = predictor(projector(backbone(x))); k = momentum_projector(momentum_backbone(x))."""
 
     Config = MoCoV3Config
+    collapse_remedy = "a lower optim.base_lr; a larger batch (more negatives); method.temperature 0.2"
     recipe = "moco_v3"
     loss_embedding = ("projector", "predictor")  # the predictions are normalised by the loss
     uses_momentum = True

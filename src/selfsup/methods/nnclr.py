@@ -62,6 +62,7 @@ class NNCLR(SSLMethod):
     """z = projector(backbone(x)), p = predictor(z); InfoNCE between NN(z) of one view and p of the other."""
 
     Config = NNCLRConfig
+    collapse_remedy = "a lower optim.base_lr; a smaller support set (method.queue_size) early on"
     recipe = "byol"  # BYOL's augmentations, as the paper is recalled (not verified here)
     loss_embedding = ("projector", "predictor")  # p is normalised by the loss with a gradient
     reads_labels = True  # the support set keeps them: the neighbours' label agreement (a collapse sign)

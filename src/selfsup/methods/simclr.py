@@ -59,6 +59,7 @@ class SimCLR(SSLMethod):
     """z = projector(backbone(x)) for both views at once; loss = NT-Xent(z1, z2)."""
 
     Config = SimCLRConfig
+    collapse_remedy = "a lower optim.base_lr; a larger batch (more negatives); method.temperature 0.1-0.5"
     recipe = "simclr"
     loss_embedding = ("projector",)  # the projector outputs are normalised by NT-Xent
 

@@ -41,6 +41,8 @@ class SimSiam(SSLMethod):
     """z = projector(backbone(x)); p = predictor(z)."""
 
     Config = SimSiamConfig
+    collapse_remedy = ("keep the predictor and the stop-gradient; a fixed predictor lr (SimSiam's fix_pred_lr); a "
+                       "lower optim.base_lr or a larger optim.weight_decay")
     recipe = "simsiam"
     loss_embedding = ("projector", "predictor")  # the predictions are normalised by the loss
 

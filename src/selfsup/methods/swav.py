@@ -26,6 +26,8 @@ per iteration); LARC over every parameter is ``optim.name: larc``.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +79,8 @@ class SwAV(SSLMethod):
     """Codes of the global crops by Sinkhorn-Knopp, predicted from every other crop through the prototypes."""
 
     Config = SwAVConfig
+    collapse_remedy = ("sharper codes: method.epsilon=0.025 with method.temperature=0.2; fewer prototypes "
+                       "(method.nmb_prototypes); a longer method.freeze_prototypes_niters")
     recipe = "simclr"  # multicropdataset.py: RRC, flip, jitter (0.8, 0.8, 0.8, 0.2) p 0.8, grey 0.2, blur 0.5
     loss_embedding = ("projector",)  # z is L2-normalised with a gradient before the prototypes
 
@@ -125,8 +129,9 @@ class SwAV(SSLMethod):
             q = codes[0]
             entropy = -(q * q.clamp_min(1e-12).log()).sum(dim=1).mean()
             used = torch.zeros(q.shape[1], device=q.device).index_fill_(0, q.argmax(dim=1), 1.0).mean()
-            signs = {"swav_code_entropy": entropy, "swav_prototype_usage": used,
-                     "swav_loss_over_log_k": loss.detach() / torch.log(torch.tensor(float(q.shape[1])))}
+            log_k = math.log(q.shape[1])
+            signs = {"swav_code_entropy": entropy, "swav_code_entropy_over_log_k": entropy / log_k,
+                     "swav_prototype_usage": used, "swav_loss_over_log_k": loss.detach() / log_k}
         return StepOutput(loss, embedding=feats[0].detach(), embedding2=feats[1].detach(), projection=embedding[0],
                           instruments=signs)
 

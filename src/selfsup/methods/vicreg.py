@@ -58,6 +58,8 @@ class VICReg(SSLMethod):
     """z = projector(backbone(x)) per view; L = λ s(z, z') + μ v(Z) + ν c(Z), Z the global batch."""
 
     Config = VICRegConfig
+    collapse_remedy = ("keep method.std_coeff and method.cov_coeff > 0 (the variance and covariance terms are what"
+                       " prevent collapse); a lower optim.base_lr")
     recipe = "byol"  # the official augmentations are BYOL's: blur 1.0 / 0.1, solarize 0 / 0.2 (augmentations.py)
 
     def __init__(self, cfg, info):
