@@ -132,7 +132,9 @@ def wmse_values(warmup_iters=5, drops=(2, 1), factor=0.2):
     def values(step, epoch):
         if step < warmup_iters:
             return StepValues(PEAK * (step + 1) / warmup_iters, PEAK)
-        return StepValues(PEAK * factor ** sum(step // SPE >= EPOCHS - d for d in drops), PEAK)
+        milestones = [EPOCHS - d for d in drops]  # MultiStepLR's: reached after epoch m − 1, never when negative
+        return StepValues(PEAK * factor ** sum(0 <= m <= step // SPE and m * SPE >= warmup_iters for m in milestones),
+                          PEAK)
     return values
 
 

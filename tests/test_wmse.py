@@ -68,4 +68,76 @@ def test_the_codes_lr_schedules():
     assert math.isclose(lr_at(19), peak) and math.isclose(lr_at(20), peak * 0.2)  # epoch E - 2 = 2
     assert math.isclose(lr_at(30), peak * 0.04)
     m.cfg.method.lr_schedule = "cos"
-    assert math.isclose(lr_at(20), peak * 0.5 * (1 + math.cos(math.pi * 2 / 4)))
+    # set after iteration 19 from its position 19 / 10 (train.py scheduler.step(ep + n_iter / iters))
+    assert math.isclose(lr_at(20), peak * 0.5 * (1 + math.cos(math.pi * 1.9 / 4)))
+
+
+def official_lrs(peak, epochs, spe, schedule, warmup=500, drops=(50, 25), gamma=0.2, eta_min=0.0):
+    """The lr of each iteration as htdt/self-supervised train.py runs it, with torch's own schedulers: Adam at
+    ``lr``; MultiStepLR(milestones = [E − d]) stepped after each epoch, or CosineAnnealingWarmRestarts(T_0 = E)
+    stepped with ``ep + n_iter / iters`` after each iteration once the warm-up is over; the warm-up sets every
+    group's lr to ``lr · (k + 1) / warmup`` before each of the first ``warmup`` iterations."""
+    from torch.optim.lr_scheduler import CosineAnnealingWarmRestarts, MultiStepLR
+
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    if schedule == "step":
+        sched = MultiStepLR(opt, milestones=[epochs - d for d in drops], gamma=gamma)
+    else:
+        sched = CosineAnnealingWarmRestarts(opt, T_0=epochs, T_mult=1, eta_min=eta_min)
+    done, lrs = (0 if warmup else 500), []
+    for ep in range(epochs):
+        for n_iter in range(spe):
+            if done < 500:  # train.py's warm-up counter: 500 iterations, (k + 1) / 500
+                opt.param_groups[0]["lr"] = peak * (done + 1) / 500
+                done += 1
+            lrs.append(opt.param_groups[0]["lr"])
+            if schedule == "cos" and done >= 500:
+                sched.step(ep + n_iter / spe)
+        if schedule == "step":
+            sched.step()
+    return lrs
+
+
+def test_the_step_and_cos_schedules_are_the_codes_at_every_iteration():
+    """The three ways a short run meets the code's schedule (issue 37): a run shorter than 50 epochs never reaches
+    the negative milestones (no drop: the lr stays at its peak, not at 4% of it); a drop reached inside the 500
+    warm-up iterations is overwritten by the warm-up and never comes back; a drop after it acts. The cosine is
+    set after each iteration from that iteration's position."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+    for epochs, spe, drops, schedule in ((20, 60, [50, 25], "step"),  # both milestones negative
+                                         (60, 60, [50, 25], "step"),  # milestone 10 (600 >= 500), 35
+                                         (60, 40, [58, 25], "step"),  # milestone 2 at iteration 80 < 500: lost
+                                         (12, 60, [50, 25], "cos"), (30, 7, [50, 25], "cos")):
+        m = wmse(lr_schedule=schedule, warmup_iters=500, lr_drops=drops)
+        m.steps_per_epoch, m.max_epochs, peak = spe, epochs, m.cfg.optim.base_lr * 16 / 256
+        m.cfg.optim.min_lr = 0.0
+        want = official_lrs(peak, epochs, spe, schedule, drops=drops)
+        got = [m.schedule(step, step // spe).lr for step in range(epochs * spe)]
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15), (epochs, spe, drops, schedule, step, a, b)
+    m = wmse(lr_schedule="step", warmup_iters=500)
+    m.steps_per_epoch, m.max_epochs = 234, 5  # wmse-fmnist's length: 5 epochs, no drop
+    assert m.schedule(5 * 234 - 1, 4).lr == m.peak_lr()
+
+
+def test_the_replaced_conv1_keeps_pytorchs_init_as_the_codes_model_py():
+    """get_model makes the 3x3 conv1 after torchvision's init, so it keeps nn.Conv2d's kaiming-uniform (a = √5):
+    a bound of 1 / √fan_in; torchvision's kaiming-normal (fan_out) has an sd of √(2 / fan_out)."""
+    from selfsup.methods.build import build_method
+    from selfsup.methods import DataInfo
+    from ssl_helpers import tiny_config
+
+    def conv1(init):
+        cfg = tiny_config("wmse", {"conv1_init": init}, data={"batch_size": 16},
+                          model={"backbone": "resnet18", "small_stem": True, "stop_grad_conv1": False})
+        torch.manual_seed(0)
+        return build_method(cfg, DataInfo(3, 8, (0.5,) * 3, (0.25,) * 3)).backbone.conv1.weight.detach()
+
+    code, torchvision_init = conv1("pytorch"), conv1("kaiming_normal")
+    fan_in = 3 * 3 * 3
+    assert code.abs().max() <= 1 / math.sqrt(fan_in) and code.std() < 0.3 / math.sqrt(fan_in) * 2
+    assert math.isclose(float(torchvision_init.std()), math.sqrt(2 / (64 * 9)), rel_tol=0.1)
+    with raises_user_error("method.conv1_init"):
+        tiny_method("wmse", {"conv1_init": "xavier"})

@@ -16,6 +16,10 @@ the embedding width (the recipes use 2×: 128 for 64, 256 for 128); w_size must 
 The official code has no DDP gather (issue #7): each process whitens its own batch, as here. lr: the code's
 linear warm-up over ``warmup_iters`` iterations, then ``lr_schedule`` step (×0.2 at E − 50 and E − 25, the
 code's default), cos (CosineAnnealingWarmRestarts with T_0 = E) or selfsup's warm-up + cosine (``optim.*``).
+The schedules are the lr train.py's loop actually sets (pinned against torch's own schedulers in
+tests/test_wmse.py): a milestone E − d < 0 (a run shorter than d epochs) is never reached, a drop reached inside
+the warm-up is overwritten by it and lost, and the cosine of iteration k is the one set after iteration k − 1.
+The ResNet's replaced 3×3 conv1 keeps nn.Conv2d's own init, as model.py (``method.conv1_init``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ class WMSEConfig:
     warmup_iters: int = 500  # step / cos: linear warm-up lr·(k + 1) / warmup_iters (train.py:43, :50-54)
     lr_drops: list[int] = field(default_factory=lambda: [50, 25])  # step: x lr_drop_factor at E - 50, E - 25
     lr_drop_factor: float = 0.2
+    # The ResNet's replaced 3x3 conv1 (model.small_stem): pytorch keeps nn.Conv2d's own init, as the code's
+    # model.py get_model does (the conv is made after torchvision's init); kaiming_normal is torchvision's
+    # init of its convolutions (selfsup's ResNet stem, and this method's before issue 37).
+    conv1_init: str = "pytorch"
 
     def validate(self) -> None:
         for key in ("emb", "head_size", "head_layers", "w_iter"):
@@ -60,6 +68,8 @@ class WMSEConfig:
             raise UserError(f"method.w_eps={self.w_eps} must be in [0, 1) (0: the code's plain covariance)")
         if self.lr_schedule not in ("selfsup", "step", "cos"):
             raise UserError(f"method.lr_schedule={self.lr_schedule!r} is not known; use selfsup, step or cos")
+        if self.conv1_init not in ("pytorch", "kaiming_normal"):
+            raise UserError(f"method.conv1_init={self.conv1_init!r} is not known; use pytorch or kaiming_normal")
         if self.warmup_iters < 0 or not 0 < self.lr_drop_factor <= 1:
             raise UserError("method.warmup_iters must be >= 0 and method.lr_drop_factor in (0, 1]")
 
@@ -84,6 +94,9 @@ class WMSE(SSLMethod):
             raise UserError(f"method.w_size={w} must exceed method.emb={c.emb}: the covariance of {w} samples has "
                             f"rank <= {w - 1} and its Cholesky factor fails; use w_size >= {2 * c.emb} (the "
                             "recipes' 2x) or a larger data.batch_size")
+        if c.conv1_init == "pytorch" and cfg.model.small_stem and isinstance(getattr(self.backbone, "conv1", None),
+                                                                              torch.nn.Conv2d):
+            self.backbone.conv1.reset_parameters()  # model.py get_model: the new conv keeps nn.Conv2d's init
         self.projector = mlp(self.backbone.num_features, c.head_size, c.emb, c.head_layers, bias=True,
                              hidden_bn=c.add_bn)  # model.py:5-16: Linear (bias) -> BN -> ReLU, then Linear
 
@@ -126,6 +139,15 @@ class WMSE(SSLMethod):
         return {"wmse_cov_condition": ev[-1] / ev[0].clamp_min(1e-12)}
 
     # ----------------------------------------------------------------- the code's lr schedules
+    def drops_applied(self, epoch: int) -> int:
+        """How many of the step schedule's drops act in ``epoch``, as train.py runs MultiStepLR(milestones = [E − d
+        for d in drop]), stepped after each epoch: a milestone m acts from epoch m on; a negative one (a run
+        shorter than d epochs) is never reached; one reached inside the warm-up (m · steps per epoch <
+        ``warmup_iters``) is lost, as the warm-up sets every group's lr to ``lr · (k + 1) / 500`` after it and
+        MultiStepLR only multiplies the lr it finds at its milestone."""
+        c, spe = self.cfg.method, self.steps_per_epoch
+        return sum(0 <= m <= epoch and m * spe >= c.warmup_iters for m in (self.max_epochs - d for d in c.lr_drops))
+
     def schedule(self, step: int, epoch: int) -> StepValues:
         """``method.lr_schedule`` selfsup: the base's; step / cos: the code's (train.py:43-66), E = the run's
         ``max_epochs``."""
@@ -135,9 +157,10 @@ class WMSE(SSLMethod):
         spe, peak, epochs = self.steps_per_epoch, self.peak_lr(), self.max_epochs
         if step < c.warmup_iters:
             lr = peak * (step + 1) / c.warmup_iters
-        elif c.lr_schedule == "step":  # MultiStepLR at epochs E - 50, E - 25, stepped per epoch
-            lr = peak * c.lr_drop_factor ** sum(step // spe >= epochs - d for d in c.lr_drops)
-        else:  # CosineAnnealingWarmRestarts(T_0 = E, eta_min = min_lr) at the epoch fraction
+        elif c.lr_schedule == "step":
+            lr = peak * c.lr_drop_factor ** self.drops_applied(step // spe)
+        else:  # CosineAnnealingWarmRestarts(T_0 = E, eta_min = min_lr), stepped after each iteration with that
+            # iteration's epoch fraction: iteration k trains at the cosine of k − 1 (of 0 for the first)
             final = self.final_lr()
-            lr = final + (peak - final) * 0.5 * (1 + math.cos(math.pi * (step / spe) / epochs))
+            lr = final + (peak - final) * 0.5 * (1 + math.cos(math.pi * (max(step - 1, 0) / spe) / epochs))
         return StepValues(lr, peak)
