@@ -56,10 +56,10 @@ METHODS = ("moco_v3", "byol", "simsiam", "simclr")
 FLOW_METHODS = ("self_flow", "flow_matching")  # SiT steps (selfsup.flow); preset heads only, no lightly peer
 # more joint-embedding / masked steps, preset heads only, no lightly peer: DINO's multi-crop step (2 global crops and
 # the preset's local crops, two resolutions in one step), MAE's (the encoder on the kept 25% of the patches)
-OTHER_METHODS = ("dino", "mae")
+OTHER_METHODS = ("dino", "ibot", "mae")
 PRESETS = {  # the CPU recipes (Fashion-MNIST; digits where the Fashion-MNIST files are absent)
     "moco_v3": "moco-v3-vit-{}", "byol": "byol-{}", "simsiam": "simsiam-{}", "simclr": "simclr-{}",
-    "dino": "dino-{}", "mae": "mae-{}",
+    "dino": "dino-{}", "ibot": "ibot-{}", "mae": "mae-{}",
     "self_flow": "self-flow-{}", "flow_matching": "flow-matching-{}",
 }
 # 1024-wide heads (lightly's default MoCo/BYOL widths scaled to the micro ViT): hidden 1024, output 256

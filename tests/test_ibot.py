@@ -235,6 +235,36 @@ def test_step_against_the_official_formulas():
     assert {"center", "center2"} <= set(m.state_dict())
 
 
+def test_the_student_patch_head_runs_on_the_patches_a_mask_can_hold_only():
+    """k = ceil(max ratio · N) patches per crop (8 of 16 for the recipe), every masked one among them; the loss and
+    every gradient equal the official head's on all N patches (issue 37: iBOT's step spent most of its head on
+    patches whose loss weight is 0)."""
+    m = tiny_ibot(RECIPE)
+    assert m.max_masked == 8
+    masks = m.draw_masks(4096, "cpu")
+    index = m.loss_patches(masks)
+    assert index.shape == (4096, 8) and masks.sum(1).max() <= 8
+    assert torch.equal(masks.gather(1, index).sum(1), masks.sum(1))  # every masked patch is projected
+    views = plan_views(m)
+    masks = m.draw_masks(2 * views[0].shape[0], "cpu")
+
+    def loss_and_grads(k):
+        m.zero_grad(set_to_none=True)
+        m.max_masked = k
+        loss = m.forward_views(views, masks).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    full_loss, full = loss_and_grads(16)  # every patch: the official head
+    m.load_state_dict(state)  # the step moved the centres
+    part_loss, part = loss_and_grads(8)
+    torch.testing.assert_close(part_loss, full_loss, rtol=1e-6, atol=1e-7)
+    assert part.keys() == full.keys()
+    for name in full:
+        torch.testing.assert_close(part[name], full[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
 @pytest.mark.parametrize("student,teacher", [(False, True), (True, False), (True, True), (False, False)])
 def test_head_sharing_and_the_teacher_ema_over_common_names(student, teacher):
     m = tiny_ibot({"shared_head": student, "shared_head_teacher": teacher})

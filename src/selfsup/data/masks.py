@@ -42,10 +42,16 @@ def prediction_ratios(n: int, pred_ratio, pred_ratio_var, generator: torch.Gener
     return draws.gather(1, pick[:, None]).squeeze(1)
 
 
+def max_masked_patches(grid: tuple[int, int], pred_ratio, pred_ratio_var) -> int:
+    """The most patches a crop's mask can hold, ``ceil(max ratio · H · W)`` (at most H · W): the block loop stops
+    at its target ``ratio · H · W`` and never passes it, the random one takes ``int(ratio · H · W)``."""
+    top = max(float(r) + float(v) for r, v in zip(pred_ratio, pred_ratio_var))
+    return min(int(math.ceil(top * grid[0] * grid[1])), grid[0] * grid[1])
+
+
 def default_max_blocks(grid: tuple[int, int], pred_ratio, pred_ratio_var) -> int:
     """The most rounds of the block loop that can each add a patch: ``ceil(max ratio · H · W)``."""
-    top = max(float(r) + float(v) for r, v in zip(pred_ratio, pred_ratio_var))
-    return max(int(math.ceil(top * grid[0] * grid[1])), 1)
+    return max(max_masked_patches(grid, pred_ratio, pred_ratio_var), 1)
 
 
 def block_masks(ratio: Tensor, grid: tuple[int, int], generator: torch.Generator,

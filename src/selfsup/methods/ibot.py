@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from selfsup.data.masks import default_max_blocks, ibot_masks
+from selfsup.data.masks import default_max_blocks, ibot_masks, max_masked_patches
 from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
 from selfsup.losses import dino_center, dino_cross_entropy, dino_teacher_probs, ibot_patch_loss
@@ -114,6 +114,7 @@ class iBOT(DINO):
         grid = vit.image_size // vit.patch_size
         self.grid = (grid, grid)
         self.max_blocks = c.pred_max_blocks or default_max_blocks(self.grid, c.pred_ratio, c.pred_ratio_var)
+        self.max_masked = max_masked_patches(self.grid, c.pred_ratio, c.pred_ratio_var)
         self.register_buffer("step_teacher_patch_temp", torch.ones(()), persistent=False)  # τt2 on the device
         self.teacher_patch_temp = (c.warmup_teacher_patch_temp if c.warmup_teacher_temp_epochs or c.pred_start_epoch
                                    else c.teacher_patch_temp)
@@ -183,12 +184,18 @@ class iBOT(DINO):
             t_tokens = self.teacher_backbone(x, return_all_tokens=True)
             t_cls, t_patch = self.teacher_head(t_tokens)
         s_tokens = self.backbone(x, masks if c.use_masked_im_modeling else None, return_all_tokens=True)
-        s_cls, s_patch = self.head(s_tokens)
+        index = self.loss_patches(masks)
+        s_cls, s_patch = self.head(s_tokens, patch_index=index)
+        if index is not None:  # the teacher's targets and the masks at the same patches
+            t_patch_loss = t_patch.gather(1, index[..., None].expand(-1, -1, t_patch.shape[-1]))
+            masks_loss = masks.gather(1, index)
+        else:
+            t_patch_loss, masks_loss = t_patch, masks
         if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
             s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
         q_cls = dino_teacher_probs(t_cls, self.center, self.step_teacher_temp)
         loss_cls = dino_cross_entropy(s_cls, q_cls, c.student_temp, n) * c.lambda1
-        loss_patch = ibot_patch_loss(s_patch, t_patch, self.center2, masks, c.student_temp,
+        loss_patch = ibot_patch_loss(s_patch, t_patch_loss, self.center2, masks_loss, c.student_temp,
                                      self.step_teacher_patch_temp) * c.lambda2
         # DINO's collapse signs on the [CLS] term, the share of masked patches
         signs = {**self.teacher_signs(t_cls, q_cls),
@@ -198,6 +205,16 @@ class iBOT(DINO):
         return StepOutput(loss_cls + loss_patch, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0],
                           scalars={"loss_cls": loss_cls.detach(), "loss_patch": loss_patch.detach()},
                           instruments=signs)
+
+    def loss_patches(self, masks: torch.Tensor) -> torch.Tensor | None:
+        """(2B, k) the patches the student's patch head projects: every masked patch of each crop first (in patch
+        order), then unmasked ones, k = ``max_masked_patches`` (the most a mask can hold; None when that is all N).
+        The patch term weighs only masked patches, and the head is per token, so the loss and its gradients are
+        the official head's on all N (main_ibot.py runs it on every token); the static k keeps the step free of
+        host reads and data-dependent shapes. The teacher's head still sees every patch: C2 is their mean."""
+        if self.max_masked >= masks.shape[1]:
+            return None
+        return masks.to(torch.uint8).argsort(dim=1, descending=True, stable=True)[:, :self.max_masked]
 
     @torch.no_grad()
     def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor) -> None:

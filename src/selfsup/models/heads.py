@@ -108,8 +108,13 @@ class iBOTHead(DINOHead):
         self.last_layer2 = (self.last_layer if shared_head
                             else WeightNormLinear(bottleneck_dim, patch_out_dim, norm_last_layer))
 
-    def forward(self, x):
+    def forward(self, x, patch_index=None):
+        """``patch_index`` (B, k) long: the patch tokens to project (0-based among the N patches), in that order;
+        the head is per token, so the others are skipped, not computed and dropped (None: all N)."""
         if x.ndim == 2:
             return super().forward(x)
+        if patch_index is not None:
+            patches = x[:, 1:].gather(1, patch_index[..., None].expand(-1, -1, x.shape[-1]))
+            x = torch.cat([x[:, :1], patches], dim=1)
         z = nn.functional.normalize(self.mlp(x), dim=-1, p=2)
         return self.last_layer(z[:, 0]), self.last_layer2(z[:, 1:])
