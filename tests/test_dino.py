@@ -130,6 +130,19 @@ def test_sinkhorn_knopp_centring_equals_dinov2s_targets_and_leaves_the_centre():
     torch.testing.assert_close(out.instruments["dino_teacher_entropy"].double(), entropy, rtol=1e-4, atol=1e-5)
 
 
+def test_no_centring_is_sharpening_only_and_leaves_the_centre():
+    m = dino({"centering": "none"})
+    views = plan_views(m)
+    c0 = torch.randn(1, 64) * 0.1
+    m.center.copy_(c0)
+    with torch.no_grad():
+        t = m.teacher_head(m.teacher_backbone(torch.cat(views[:2])))
+        s = m.head(torch.cat([m.backbone(torch.cat(views[:2])), m.backbone(torch.cat(views[2:]))]))
+    ref, _ = reference_loss(s, t, torch.zeros(1, 64), 0.1, m.teacher_temp, 4)
+    torch.testing.assert_close(m.forward_views(views).loss.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.center, c0)
+
+
 def test_centering_is_checked():
     with pytest.raises(UserError, match="method.centering='sinkhorn'"):
         dino({"centering": "sinkhorn"})

@@ -56,7 +56,8 @@ class DINOConfig:
     # How the teacher's targets are centred: ``centering`` (DINO's EMA centre C, main_dino.py:388-416) or
     # ``sinkhorn_knopp`` (DINOv2's, dinov2/loss/dino_clstoken_loss.py ``sinkhorn_knopp_teacher``: Sinkhorn-Knopp
     # at ε = τt over the global batch, ``sinkhorn_iterations`` rounds; the centre is then neither used nor
-    # updated, as DINOv2's ssl_meta_arch.py does). The small-data presets use sinkhorn_knopp (their comments).
+    # updated, as DINOv2's ssl_meta_arch.py does); ``none``: sharpening only, softmax(t / τt) (the DINO paper's
+    # Fig. 7 ablation: it collapses to one output; the collapse alarm's test case).
     centering: str = "centering"
     sinkhorn_iterations: int = 3  # DINOv2's n_iterations
     weight_decay_end: float = 0.4  # wd cosine from optim.weight_decay (0.04) to this, per iteration
@@ -70,8 +71,8 @@ class DINOConfig:
         for key in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
             if not getattr(self, key) > 0:
                 raise UserError(f"method.{key}={getattr(self, key)} must be > 0")
-        if self.centering not in ("centering", "sinkhorn_knopp"):
-            raise UserError(f"method.centering={self.centering!r} is not one of: centering, sinkhorn_knopp")
+        if self.centering not in ("centering", "sinkhorn_knopp", "none"):
+            raise UserError(f"method.centering={self.centering!r} is not one of: centering, sinkhorn_knopp, none")
         if self.sinkhorn_iterations < 1:
             raise UserError(f"method.sinkhorn_iterations={self.sinkhorn_iterations} must be >= 1")
         if not 0 <= self.center_momentum < 1:
@@ -165,7 +166,8 @@ class DINO(SSLMethod):
             _, size = world()
             return sinkhorn_knopp(t_logits, self.step_teacher_temp, c.sinkhorn_iterations, world_size=size,
                                   all_reduce=all_reduce_sum)
-        return dino_teacher_probs(t_logits, self.center, self.step_teacher_temp)
+        center = self.center if c.centering == "centering" else torch.zeros_like(self.center)  # none: sharpening only
+        return dino_teacher_probs(t_logits, center, self.step_teacher_temp)
 
     @torch.no_grad()
     def teacher_signs(self, t_logits: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,0 +1,124 @@
+"""The collapse alarm both ways (issue 37 item 4): it fires on runs that collapse by construction, and stays
+silent on healthy ones.
+
+Collapse by construction (each at its digits preset, one change):
+
+* ``vicreg-inv``: VICReg with only its invariance term (``method.std_coeff=0 method.cov_coeff=0``): the loss is
+  minimal at a constant; ``vicreg-digits`` ends at kNN 37.9% against its init's 58.5%.
+* ``simsiam-nosg``: SimSiam without stop-gradient and predictor (SimSiam §4.1: it collapses at once).
+* ``dino-nocenter``: DINO with sharpening only (``method.centering=none``; the DINO paper's Fig. 7: one output wins).
+* ``wmse-10lr``: W-MSE at 10x its lr.
+
+Healthy: every SSL micro-ViT ``*-digits`` preset with its own defaults (the false alarms; 0 is the goal), and
+with ``--fmnist`` the changed ``*-fmnist`` presets at their 5-epoch budget are read from the methods table's run
+folders instead (``--runs-from``). Each run records its events, the end-of-run kNN against its random init,
+and the alarm's overhead is measured separately by ``instrument_overhead.py``.
+
+    python benchmarks/collapse_alarm.py                     # all (~25 CPU-min on one thread)
+    python benchmarks/collapse_alarm.py --only vicreg-inv,dino-digits
+    python benchmarks/collapse_alarm.py --scan runs/methods_fmnist   # read the alarm events of finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+
+COLLAPSES = {
+    "vicreg-inv": ("vicreg-digits", ["method.std_coeff=0", "method.cov_coeff=0"]),
+    "simsiam-nosg": ("simsiam-digits", ["method.stop_gradient=false", "method.predictor=none"]),
+    "dino-nocenter": ("dino-digits", ["method.centering=none"]),
+    "wmse-10lr": ("wmse-digits", ["optim.base_lr=1.5e-2"]),
+}
+HEALTHY = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits", "barlow-twins-digits",
+           "vicreg-digits", "nnclr-digits", "dino-digits", "ibot-digits", "mae-digits", "swav-digits", "wmse-digits")
+
+
+def run_one(name: str, preset: str, overrides: list[str], root: Path, seed: int) -> dict:
+    """``selfsup pretrain`` in this process (one thread); the collapse events and the kNN it wrote."""
+    from selfsup.commands.main import main
+    from selfsup.instruments.detectors import read_events
+
+    run = root / name
+    if not (run / "knn.json").exists():
+        t0 = time.perf_counter()
+        code = main(["pretrain", preset, *overrides, f"output_dir={root}", f"name={name}", f"trainer.seed={seed}",
+                     "trainer.progress_bar=false"])
+        if code:
+            raise SystemExit(f"{name}: selfsup pretrain exited {code}")
+        wall = round(time.perf_counter() - t0, 1)
+    else:
+        wall = None
+    return scored(run, name, preset, overrides, wall, read_events)
+
+
+def scored(run: Path, name: str, preset: str, overrides: list[str], wall, read_events) -> dict:
+    events = [e for e in read_events(run / "events.jsonl") if e.get("kind") == "collapse"]
+    knn = json.loads((run / "knn.json").read_text()) if (run / "knn.json").exists() else {}
+    top1 = {k: v.get("top1") for k, v in knn.items() if isinstance(v, dict) and "top1" in v}
+    return {"name": name, "preset": preset, "overrides": overrides, "fired": bool(events),
+            "collapse_events": [{k: e[k] for k in ("step", "sign", "value", "baseline")} for e in events],
+            "knn_top1": top1, "train_wall_s": wall}
+
+
+def scan(folder: Path) -> list[dict]:
+    """The collapse events of every finished run under ``folder`` (e.g. the 5-epoch table's runs)."""
+    from selfsup.config import read_run_config
+    from selfsup.instruments.detectors import read_events
+
+    out = []
+    for run in sorted(p.parent for p in folder.rglob("run.json")):
+        method = read_run_config(run).get("method", {}).get("name", "?") if (run / "config.yaml").exists() else "?"
+        out.append(scored(run, run.name, str(method), [], None, read_events))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", help="comma list of case names (the collapses' names, or healthy preset names)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", default="runs/collapse_alarm", help="folder of the runs (a finished run is re-read)")
+    p.add_argument("--scan", metavar="FOLDER", help="only read the collapse events of the finished runs under it")
+    p.add_argument("--out", default="benchmarks/results/collapse_alarm.json")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.scan:
+        rows = scan(Path(args.scan))
+        write_report({"scanned": args.scan, "runs": rows, "fired": sum(r["fired"] for r in rows)}, out)
+        print(json.dumps({r["name"]: r["fired"] for r in rows}))
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cases = {**COLLAPSES, **{n: (n, []) for n in HEALTHY}}
+    names = args.only.split(",") if args.only else list(cases)
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        print(f"error: --only {','.join(unknown)}: no such case; choose from {', '.join(cases)}", file=sys.stderr)
+        return 2
+    results = json.loads(out.read_text()) if out.exists() else {}
+    done = {r["name"]: r for r in results.get("collapse", []) + results.get("healthy", [])}
+    for name in names:
+        preset, overrides = cases[name]
+        done[name] = run_one(name, preset, overrides, Path(args.runs), args.seed)
+        print(json.dumps({k: done[name][k] for k in ("name", "fired", "collapse_events", "knn_top1")}), flush=True)
+    collapse = [done[n] for n in COLLAPSES if n in done]
+    healthy = [done[n] for n in HEALTHY if n in done]
+    write_report({"note": f"seed {args.seed}, digits presets, one thread on a 2-core machine shared with other work",
+                  "collapse": collapse, "healthy": healthy,
+                  "fired_on_collapse": f"{sum(r['fired'] for r in collapse)} of {len(collapse)}",
+                  "false_alarms": f"{sum(r['fired'] for r in healthy)} of {len(healthy)}"}, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
