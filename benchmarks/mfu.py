@@ -286,6 +286,19 @@ def timm_twin(vit: torch.nn.Module) -> torch.nn.Module:
 
 
 # ---------------------------------------------------------------------------------------- measuring
+def flop_twin(step, cfg, info, device, autocast):
+    """The step whose FLOPs are counted: ``step`` itself, or for a compiled selfsup step (``--compile``) its eager
+    twin with the same weights: FlopCounterMode is a torch dispatch mode, which torch.compile refuses to trace
+    under ("non-infra torch dispatch mode present"), and the compiled graph runs the same operators."""
+    if not (isinstance(step, (SelfsupStep, FlowStep)) and args_compile(cfg)):
+        return step
+    eager_cfg = copy.deepcopy(cfg)
+    eager_cfg.trainer.compile = False
+    twin = type(step)(eager_cfg, info, device, autocast)
+    twin.model.load_state_dict(step.model.state_dict())
+    return twin
+
+
 def count_flops(step, views) -> tuple[int, dict[str, int]]:
     """FLOPs of one forward + backward of ``step`` (no optimiser step), total and per operator."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -500,7 +513,7 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
     if (args.lightly and method in METHODS
             and isinstance(steps["selfsup"].model.backbone, VisionTransformer)):  # the peer's twin: timm's ViT
         steps["lightly"] = LightlyStep(method, cfg, steps["selfsup"].model.backbone, device, autocast)
-    flops = {k: count_flops(s, batches[0]) for k, s in steps.items()}
+    flops = {k: count_flops(flop_twin(s, cfg, info, device, autocast), batches[0]) for k, s in steps.items()}
     compile_info = None
     if args.compare_compile:  # the compiled step beside the eager one, the same weights (trainer.compile=true)
         compiled_cfg = copy.deepcopy(cfg)
@@ -550,10 +563,11 @@ def run_flow_case(method: str, dataset: str, device, args, peaks: list[float]) -
     if args.compile:
         cfg.trainer.compile = True  # as for every family: torch.compile of the step's modules in place
     train = load_dataset(cfg.data, "train")
-    step = FlowStep(cfg, data_info(cfg, train), device, autocast_for(device, args))
+    info, autocast = data_info(cfg, train), autocast_for(device, args)
+    step = FlowStep(cfg, info, device, autocast)
     raw = [[t.to(device) for t in train[i * args.batch_size:(i + 1) * args.batch_size]] for i in range(args.batches)]
     batches = [step.prepare(*b) for b in raw]
-    flops, by_op = count_flops(step, batches[0])
+    flops, by_op = count_flops(flop_twin(step, cfg, info, device, autocast), batches[0])
     times = time_reps({"selfsup": step}, batches, device, args, peaks, method)["selfsup"]
     sit = step.model.student
     out = {"preset": preset_name(method, dataset, args),

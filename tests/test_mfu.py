@@ -190,6 +190,25 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
         assert r["speedup_vs_lightly_bound"] == pytest.approx(1 / r["lightly"]["flop_kernels"]["flop_kernels_share"])
 
 
+def test_mfu_benchmark_compile_counts_flops_on_the_eager_twin_and_times_the_compiled_step(tmp_path):
+    """``mfu.py --compile`` (it crashed: FlopCounterMode is a dispatch mode torch.compile refuses to trace under):
+    the FLOPs are the eager step's, the timed step is the compiled one. In a fresh interpreter (compiled backward)."""
+    in_fresh_interpreter("test_mfu", "check_mfu_compile", str(tmp_path))
+
+
+def check_mfu_compile(tmp: str) -> None:
+    out = Path(tmp) / "mfu.json"
+    common = ["--quick", "--methods", "moco_v3", "--threads", "1", "--no-lightly"]
+    assert mfu_benchmark().main(common + ["--out", str(out.with_name("eager.json"))]) == 0
+    assert mfu_benchmark().main(common + ["--compile", "--set", "trainer.compile_backend=aot_eager",
+                                          "--out", str(out)]) == 0
+    eager = json.loads(out.with_name("eager.json").read_text())["results"]["moco_v3/preset"]["selfsup"]
+    report = json.loads(out.read_text())
+    compiled = report["results"]["moco_v3/preset"]["selfsup"]
+    assert compiled["flops_per_step"] == eager["flops_per_step"] > 0
+    assert compiled["step_ms_best"] > 0 and report["settings"]["compile"] is True
+
+
 def test_flop_count_of_a_self_flow_step_matches_a_hand_count():
     """Self-Flow on the micro SiT (D 64, depth 4, 2 heads; 8x8 patch 2: 16 tokens): the student's forward
     and backward with its two levels per sample, the head, and the EMA teacher's forward of blocks 1..k."""
