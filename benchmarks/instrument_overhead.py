@@ -10,6 +10,10 @@ the share of the "on" run's step time spent inside the instruments' per-step hoo
 
     python benchmarks/instrument_overhead.py                       # 1 rep × 100 steps each way
     python benchmarks/instrument_overhead.py --preset simclr-fmnist --steps 100
+    python benchmarks/instrument_overhead.py --toggle instruments.collapse_alarm --reps 4   # the collapse alarm alone
+
+``--toggle KEY`` flips another boolean key between the two runs instead (the other instruments stay on): the
+collapse alarm's cost is its step time ratio and the difference of the two runs' shares inside the hooks.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ class StepTimer(pl.Callback):
             setattr(callback, name, timed)
 
 
-def timed_run(preset: str, instruments: bool, steps: int, warmup: int, extra: list[str]) -> float:
+def timed_run(preset: str, instruments: bool, steps: int, warmup: int, extra: list[str],
+              toggle: str = "instruments.enabled") -> float:
     from selfsup.config import load_run_config
     from selfsup.data.datasets import load_dataset
     from selfsup.engine import PretrainData, make_trainer
@@ -65,7 +70,7 @@ def timed_run(preset: str, instruments: bool, steps: int, warmup: int, extra: li
 
     with tempfile.TemporaryDirectory() as tmp:
         total = steps + warmup
-        cfg = load_run_config(preset, [f"instruments.enabled={str(instruments).lower()}", "trainer.progress_bar=false",
+        cfg = load_run_config(preset, [f"{toggle}={str(instruments).lower()}", "trainer.progress_bar=false",
                                        "trainer.accelerator=cpu", "trainer.devices=1", f"output_dir={tmp}",
                                        "trainer.max_epochs=1000", *extra])
         train = load_dataset(cfg.data, "train")
@@ -89,32 +94,35 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "instrument_overhead.json"))
+    parser.add_argument("--toggle", default="instruments.enabled", help="the boolean key that is on in one run, off in "
+                        "the other")
     parser.add_argument("extra", nargs="*", help="config overrides for both runs")
     args = parser.parse_args()
     import warnings
 
     warnings.filterwarnings("ignore")
-    on, off, share = [], [], []
+    on, off, share, share_off = [], [], [], []
     for rep in range(args.reps):
         for flag, bucket in ((False, off), (True, on)) if rep % 2 == 0 else ((True, on), (False, off)):
-            step, hooks = timed_run(args.preset, flag, args.steps, args.warmup, args.extra)
+            step, hooks = timed_run(args.preset, flag, args.steps, args.warmup, args.extra, args.toggle)
             bucket.append(step)
-            if flag:
-                share.append(hooks)
-            print(f"rep {rep} instruments {'on ' if flag else 'off'}: {1000 * step:.1f} ms/step"
-                  + (f", {100 * hooks:.2f}% of it inside the instruments' hooks" if flag else ""), flush=True)
+            (share if flag else share_off).append(hooks)
+            print(f"rep {rep} {args.toggle} {'on ' if flag else 'off'}: {1000 * step:.1f} ms/step, "
+                  f"{100 * hooks:.2f}% of it inside the instruments' hooks", flush=True)
     ratios = [a / b - 1 for a, b in zip(on, off)]
-    result = {"preset": args.preset, "steps": args.steps, "warmup": args.warmup, "reps": args.reps,
-              "extra_overrides": args.extra, "ms_per_step_on": [1000 * t for t in on],
+    result = {"toggle": args.toggle, "preset": args.preset, "steps": args.steps, "warmup": args.warmup,
+              "reps": args.reps, "extra_overrides": args.extra, "ms_per_step_on": [1000 * t for t in on],
               "ms_per_step_off": [1000 * t for t in off], "overhead_per_rep": ratios,
               "overhead_median": statistics.median(ratios), "hook_share_per_rep": share,
-              "hook_share_median": statistics.median(share), "threads": torch.get_num_threads(),
+              "hook_share_median": statistics.median(share), "hook_share_off_per_rep": share_off,
+              "threads": torch.get_num_threads(),
               "host": platform.node(), "cpus": os.cpu_count(),
               "note": "shared machine: other jobs were running; the alternating order limits drift bias, and the "
                       "share of time inside the instruments' hooks (same run) is the steadier figure"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"default instruments: {100 * result['hook_share_median']:.2f}% of the step time inside their hooks; "
+    print(f"{args.toggle} on: {100 * result['hook_share_median']:.2f}% of the step time inside the instruments' hooks "
+          f"(off: {100 * statistics.median(share_off):.2f}%); "
           f"on/off step time {100 * result['overhead_median']:+.1f}% (per rep: "
           f"{', '.join(f'{100 * r:+.1f}%' for r in ratios)}); wrote {args.out}")
 

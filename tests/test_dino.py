@@ -143,6 +143,39 @@ def test_no_centring_is_sharpening_only_and_leaves_the_centre():
     torch.testing.assert_close(m.center, c0)
 
 
+def reference_koleo(x, eps=1e-8):
+    """DINOv2's KoLeoLoss (dinov2/loss/koleo_loss.py) written out row by row in float64: normalise, the nearest
+    other row by inner product, −mean log(‖x_i − x_nn + eps‖ + eps)."""
+    x = x.double() / x.double().norm(dim=1, keepdim=True).clamp_min(eps)
+    total = 0.0
+    for i in range(len(x)):
+        j = max((k for k in range(len(x)) if k != i), key=lambda k: float(x[i] @ x[k]))
+        total += -math.log(float((x[i] - x[j] + eps).norm()) + eps)
+    return total / len(x)
+
+
+def test_koleo_is_dinov2s_and_adds_its_weighted_sum_over_the_global_crops():
+    from selfsup.losses import koleo_loss
+
+    x = torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
+    loss, dist = koleo_loss(x)
+    assert loss.item() == pytest.approx(reference_koleo(x), rel=1e-5)
+    assert 0 < dist.item() < 2
+    m = dino({"koleo_loss_weight": 0.1})
+    views = plan_views(m)
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    out = m.forward_views(views)
+    with torch.no_grad():
+        g = [m.backbone(v) for v in views[:2]]
+    koleo = 0.1 * sum(reference_koleo(f) for f in g)
+    assert out.instruments["koleo_loss"].item() == pytest.approx(koleo, rel=1e-4)
+    m.load_state_dict(state)
+    m.cfg.method.koleo_loss_weight = 0.0
+    plain = m.forward_views(views)
+    assert (out.loss - plain.loss).item() == pytest.approx(koleo, rel=1e-4)
+    assert "koleo_loss" not in plain.instruments and "koleo_nn_distance" in out.instruments
+
+
 def test_centering_is_checked():
     with pytest.raises(UserError, match="method.centering='sinkhorn'"):
         dino({"centering": "sinkhorn"})

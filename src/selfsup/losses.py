@@ -182,6 +182,18 @@ def dino_cross_entropy(student_logits: Tensor, teacher_probs: Tensor, student_te
     return torch.where(pairs, ce, 0.0).sum() / (n_global * n_crops - n_global)  # (no data-dependent shape)
 
 
+def koleo_loss(x: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor]:
+    """DINOv2's KoLeo regulariser (dinov2/loss/koleo_loss.py; Sablayrolles et al. 2018): the rows of ``x`` (B, D)
+    L2-normalised (eps 1e-8), each row's nearest other row by inner product, ``−mean log(‖x_i − x_nn(i)‖ + eps)``
+    (PairwiseDistance's eps 1e-8 added to the difference), in float32. Returns (the loss, the mean nearest-neighbour
+    distance it acts on, detached)."""
+    x = F.normalize(x.float(), eps=eps, p=2, dim=-1)
+    dots = x @ x.t()
+    dots = dots.masked_fill(torch.eye(x.shape[0], dtype=torch.bool, device=x.device), -1.0)  # not itself
+    distances = (x - x[dots.argmax(dim=1)] + eps).norm(dim=-1)
+    return -torch.log(distances + eps).mean(), distances.detach().mean()
+
+
 def dino_center(center: Tensor, teacher_sum: Tensor, count: int, momentum: float) -> Tensor:
     """The next DINO centre ``m · c + (1 − m) · Σ t / count`` (main_dino.py:406-416): ``teacher_sum`` (1, K) the
     teacher outputs of the global crops summed over the global batch (all-reduced), ``count`` = 2 · B · world."""

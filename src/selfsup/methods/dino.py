@@ -29,7 +29,7 @@ from torch import nn
 
 from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_cross_entropy, dino_teacher_probs, sinkhorn_knopp
+from selfsup.losses import dino_center, dino_cross_entropy, dino_teacher_probs, koleo_loss, sinkhorn_knopp
 from selfsup.methods.base import SSLMethod, check_momentum, encode_views
 from selfsup.models.heads import DINOHead
 from selfsup.schedules import StepValues, dino_cosine, teacher_temperature
@@ -60,6 +60,9 @@ class DINOConfig:
     # Fig. 7 ablation: it collapses to one output; the collapse alarm's test case).
     centering: str = "centering"
     sinkhorn_iterations: int = 3  # DINOv2's n_iterations
+    # DINOv2's KoLeo term (ssl_meta_arch.py: koleo_loss_weight, 0.1 in ssl_default_config.yaml; 0 here: DINO has
+    # none): weight × Σ over the 2 global crops of koleo(the student backbone's features of that crop).
+    koleo_loss_weight: float = 0.0
     weight_decay_end: float = 0.4  # wd cosine from optim.weight_decay (0.04) to this, per iteration
     clip_grad: float = 3.0  # per-parameter-tensor gradient norm bound; 0 = off
     freeze_last_layer: int = 1  # epochs during which the last layer's gradients are dropped
@@ -77,7 +80,8 @@ class DINOConfig:
             raise UserError(f"method.sinkhorn_iterations={self.sinkhorn_iterations} must be >= 1")
         if not 0 <= self.center_momentum < 1:
             raise UserError(f"method.center_momentum={self.center_momentum} must be in [0, 1)")
-        for key in ("warmup_teacher_temp_epochs", "freeze_last_layer", "clip_grad", "weight_decay_end"):
+        for key in ("warmup_teacher_temp_epochs", "freeze_last_layer", "clip_grad", "weight_decay_end",
+                    "koleo_loss_weight"):
             if getattr(self, key) < 0:
                 raise UserError(f"method.{key}={getattr(self, key)} must be >= 0")
         check_momentum(self)
@@ -148,11 +152,18 @@ class DINO(SSLMethod):
         with torch.no_grad():  # the teacher sees the global crops only, in one call per resolution
             t_feats = encode_views(self.teacher_backbone, views[:self.n_global], per_view_batch_norm=False)
             t_logits = self.teacher_head(torch.cat(t_feats))
-        s_logits = self.head(torch.cat(encode_views(self.backbone, views, per_view_batch_norm=False)))
+        s_feats = encode_views(self.backbone, views, per_view_batch_norm=False)
+        s_logits = self.head(torch.cat(s_feats))
         q = self.teacher_targets(t_logits)
         loss = dino_cross_entropy(s_logits, q, c.student_temp, self.n_global)
         signs = self.teacher_signs(t_logits, q)
         signs["dino_kl_teacher_student"] = loss.detach() - signs["dino_teacher_entropy"]  # mean KL(q_i || p_v)
+        if c.koleo_loss_weight > 0:  # per global crop: not between two crops of one image (ssl_meta_arch.py)
+            terms = [koleo_loss(f) for f in s_feats[:self.n_global]]
+            koleo = c.koleo_loss_weight * sum(t[0] for t in terms)
+            loss = loss + koleo
+            signs["koleo_loss"] = koleo.detach()
+            signs["koleo_nn_distance"] = sum(t[1] for t in terms) / len(terms)
         if c.centering == "centering":
             self.update_center(t_logits)
         return StepOutput(loss, embedding=t_feats[0], embedding2=t_feats[1], instruments=signs)
