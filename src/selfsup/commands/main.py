@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from selfsup.commands.claims import add_claims_parser
+from selfsup.commands.data import add_data_parser
 from selfsup.commands.eval import add_eval_parser
 from selfsup.commands.generate import add_generate_parser
 from selfsup.commands.simulate import add_simulate_parser
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     add_simulate_parser(sub)
     add_claims_parser(sub)
+    add_data_parser(sub)
     return parser
 
 

@@ -1,0 +1,79 @@
+"""``selfsup data check ROOT``: the files of an image folder that would stop a run, before the run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from selfsup.data.check import check_folder
+from selfsup.errors import UserError
+
+MAX_LISTED = 50  # bad files printed (all of them go to --out)
+
+
+def add_data_parser(sub) -> None:
+    p = sub.add_parser("data", help="look at a dataset before training: selfsup data check ROOT")
+    data = p.add_subparsers(dest="data_command", required=True)
+    c = data.add_parser("check", help="decode every image under ROOT in parallel; list unreadable, empty, truncated, "
+                                      "over-size (decompression bomb) and too-small files, the colour modes, the "
+                                      "files per class folder and the image sizes; exit 2 when a file is bad")
+    c.add_argument("root", metavar="ROOT", help="a folder of images (flat, nested, or train/<class>/...)")
+    c.add_argument("--min-size", type=int, default=16, help="a shorter side under this many pixels is too small")
+    c.add_argument("--workers", type=int, default=None, help="decoding threads (default: one per core)")
+    c.add_argument("--out", metavar="JSON", help="also write the whole report, every file named, as JSON")
+    c.set_defaults(func=cmd_data_check)
+
+
+class Progress:
+    """``checked i/n`` on stderr, redrawn at most every 0.2 s on a terminal, once at the end otherwise."""
+
+    def __init__(self):
+        self.last, self.tty = 0.0, sys.stderr.isatty()
+
+    def __call__(self, i: int, n: int) -> None:
+        now = time.perf_counter()
+        if i == n or (self.tty and now - self.last > 0.2):
+            self.last = now
+            print(f"\rchecked {i}/{n} files", end="\n" if i == n else "", file=sys.stderr, flush=True)
+
+
+def cmd_data_check(args) -> int:
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UserError(f"{root} is not a folder; selfsup data check reads every image file under a folder")
+    start = time.perf_counter()
+    report = check_folder(root, args.min_size, args.workers, Progress())
+    if report.files == 0 and not report.symlink_loops:
+        raise UserError(f"no image files under {root} (looked for .jpg, .png, ... at any depth)")
+    print(f"{report.files} image files under {root}, each decoded whole in {time.perf_counter() - start:.1f} s")
+    if report.n_bad:
+        kinds = ", ".join(f"{k} {len(v)}" for k, v in report.bad.items())
+        print(f"bad files: {report.n_bad} ({kinds}); remove or replace them before training")
+        listed = [r for v in report.bad.values() for r in v][:MAX_LISTED]
+        for r in listed:
+            print(f"  {r.status:<10} {Path(r.path).relative_to(root)}  {r.reason}")
+        if report.n_bad > len(listed):
+            print(f"  ... {report.n_bad - len(listed)} more" + (f" (all in {args.out})" if args.out else ""))
+    else:
+        print("bad files: none")
+    converted = [m for m in report.modes if m not in ("RGB", "L")]
+    modes = ", ".join(f"{m} {n}" for m, n in report.modes.items())
+    print(f"modes: {modes}" + (f" ({', '.join(converted)} are converted to RGB or L when read)" if converted else ""))
+    counts = sorted(report.classes.values())
+    if len(report.classes) > 1:
+        print(f"class folders: {len(report.classes)}, {counts[0]}-{counts[-1]} files each "
+              f"(fewest: {min(report.classes, key=report.classes.get)})")
+    if report.empty_folders:
+        print(f"folders with no image: {', '.join(report.empty_folders)}")
+    if report.symlink_loops:
+        print(f"symlink loops (not followed): {'; '.join(report.symlink_loops)}")
+    if report.shorter_side:
+        s = report.shorter_side
+        print(f"shorter side (px): min {s['min']}, 10% {s['p10']:g}, median {s['median']:g}, 90% {s['p90']:g}, "
+              f"max {s['max']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(asdict(report), indent=2))
+    return 2 if report.n_bad or report.symlink_loops else 0
