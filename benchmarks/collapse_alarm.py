@@ -17,6 +17,12 @@ and the alarm's overhead is measured separately by ``instrument_overhead.py``.
     python benchmarks/collapse_alarm.py                     # all (~25 CPU-min on one thread)
     python benchmarks/collapse_alarm.py --only vicreg-inv,dino-digits
     python benchmarks/collapse_alarm.py --scan runs/methods_fmnist   # read the alarm events of finished runs
+    python benchmarks/collapse_alarm.py --cost simclr-fmnist,dino-fmnist   # its cost beside the training step
+
+``--cost``: the alarm's own work at a measurement step (the effective rank of the step's backbone features, a
+(batch, width) SVD on the device, then ``observe``) timed against the preset's training step (``mfu.py``'s
+SelfsupStep: forward, backward, optimiser) in the same process, alternating, in process CPU time; amortised over
+``instruments.every_n_steps`` (10). Its one host read rides on the instruments' existing one.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -80,15 +87,65 @@ def scan(folder: Path) -> list[dict]:
     return out
 
 
+def alarm_cost(preset: str, reps: int = 5) -> dict:
+    """Process-CPU seconds of one alarm measurement and of one training step of ``preset``, side by side."""
+    import argparse as ap
+
+    import torch
+    from mfu import SelfsupStep, make_views
+
+    from selfsup.config import load_run_config
+    from selfsup.data.datasets import load_dataset
+    from selfsup.instruments.collapse import CollapseAlarm
+    from selfsup.instruments.measures import batch_effective_rank
+    from selfsup.methods.build import data_info
+
+    cfg = load_run_config(preset, ["trainer.seed=0"])
+    info = data_info(cfg, load_dataset(cfg.data, "train"))
+    args = ap.Namespace(synthetic=False, batch_size=cfg.data.batch_size, dataset=cfg.data.name)
+    batches, _, _ = make_views(cfg, info, torch.device("cpu"), 2, args)
+    step = SelfsupStep(cfg, info, torch.device("cpu"), nullcontext)
+    with torch.no_grad():
+        embedding = step.model.forward_views(batches[0], **step.model.step_draws(batches[0])).embedding
+    alarm = CollapseAlarm()
+    steps, checks = [], []
+    step(batches[0])  # warm-up
+    for i in range(reps):
+        c = time.process_time()
+        step(batches[i % 2])
+        steps.append(time.process_time() - c)
+        c = time.process_time()
+        for _ in range(10):
+            alarm.observe({"eff_rank_batch": float(batch_effective_rank(embedding))})
+        checks.append((time.process_time() - c) / 10)
+    step_s, check_s = sorted(steps)[len(steps) // 2], sorted(checks)[len(checks) // 2]
+    return {"preset": preset, "embedding": list(embedding.shape), "step_cpu_ms": round(1000 * step_s, 2),
+            "alarm_measurement_cpu_ms": round(1000 * check_s, 3),
+            "overhead_at_every_10_steps": round(check_s / step_s / 10, 6)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", help="comma list of case names (the collapses' names, or healthy preset names)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="runs/collapse_alarm", help="folder of the runs (a finished run is re-read)")
     p.add_argument("--scan", metavar="FOLDER", help="only read the collapse events of the finished runs under it")
+    p.add_argument("--cost", metavar="PRESETS", help="only time the alarm against these presets' training steps")
     p.add_argument("--out", default="benchmarks/results/collapse_alarm.json")
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.cost:
+        import torch
+
+        torch.set_num_threads(1)
+        rows = [alarm_cost(preset) for preset in args.cost.split(",")]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        cost_out = out.with_name(out.stem + "_cost.json")
+        write_report({"note": "process CPU time, one thread, medians of 5 alternating repetitions", "rows": rows},
+                     cost_out)
+        print(f"wrote {cost_out}")
+        return 0
     if args.scan:
         rows = scan(Path(args.scan))
         write_report({"scanned": args.scan, "runs": rows, "fired": sum(r["fired"] for r in rows)}, out)
