@@ -368,3 +368,14 @@ def test_pretrain_on_an_unlabelled_nested_folder_and_eval_asks_for_labels(tmp_pa
     code, _, err = run_cli("pretrain", PRESET, *TINY, *images, "eval.knn_every_n_steps=1", f"output_dir={tmp_path}",
                            "name=r2")
     assert_user_error(code, err, "need labels", "eval.knn_every_n_steps=0")
+
+
+def test_version_and_the_package_says_what_it_is(capsys):
+    import selfsup
+    from selfsup.commands.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"selfsup {selfsup.__version__}"
+    assert "DINO" in selfsup.__doc__ and "MAE" in selfsup.__doc__ and "Self-Flow" in selfsup.__doc__
+    assert (Path(selfsup.__file__).parent / "py.typed").exists()

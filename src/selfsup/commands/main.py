@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from selfsup import __version__
 from selfsup.commands.claims import add_claims_parser
 from selfsup.commands.data import add_data_parser
 from selfsup.commands.eval import add_eval_parser
@@ -96,6 +97,7 @@ def cmd_report(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="selfsup", description="Self-supervised visual representation learning.")
+    parser.add_argument("--version", action="version", version=f"selfsup {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("presets", help="list the shipped recipes")
     p.set_defaults(func=cmd_presets)
