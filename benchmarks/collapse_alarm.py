@@ -76,14 +76,36 @@ def scored(run: Path, name: str, preset: str, overrides: list[str], wall, read_e
 
 
 def scan(folder: Path) -> list[dict]:
-    """The collapse events of every finished run under ``folder`` (e.g. the 5-epoch table's runs)."""
-    from selfsup.config import read_run_config
+    """The alarm's current rule replayed (``CollapseAlarm.replay``) over the logged series of every finished run
+    under ``folder`` (the values it observes are the ones a run logs), judged from the run's warm-up on; beside
+    the collapse events the run itself wrote (an older rule's, where it ran with one)."""
+    import csv
+
+    import yaml
+
+    from selfsup.instruments.collapse import CollapseAlarm, collapse_signs
     from selfsup.instruments.detectors import read_events
 
     out = []
     for run in sorted(p.parent for p in folder.rglob("run.json")):
-        method = read_run_config(run).get("method", {}).get("name", "?") if (run / "config.yaml").exists() else "?"
-        out.append(scored(run, run.name, str(method), [], None, read_events))
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        facts = json.loads((run / "run.json").read_text())
+        spe = facts["global_step"] / max(facts["epochs"], 1)
+        warmup = int(round(float(cfg["optim"]["warmup_epochs"]) * spe))
+        ins = cfg.get("instruments", {})
+        alarm = CollapseAlarm(ins.get("collapse_window", 5), collapse_signs(ins.get("collapse_rank_fraction", 0.25)))
+        series: dict = {}
+        with (run / "metrics.csv").open(newline="") as f:
+            for row in csv.DictReader(f):
+                for name in alarm.names():
+                    if row.get(f"instruments/{name}"):
+                        series.setdefault(name, []).append((int(row["step"]), float(row[f"instruments/{name}"])))
+        logged = [{k: e[k] for k in ("step", "sign", "value")} for e in read_events(run / "events.jsonl")
+                  if e.get("kind") == "collapse"]
+        fired = alarm.replay(series, warmup)
+        out.append({"name": run.name, "method": cfg["method"]["name"], "warmup_steps": warmup,
+                    "measured": {k: len(v) for k, v in series.items()}, "fired": bool(fired), "replayed": fired,
+                    "events_the_run_wrote": logged})
     return out
 
 

@@ -45,6 +45,19 @@ def test_the_alarm_state_resumes_where_it_stopped():
     assert fired == fired_whole == [False] * 6 + [True]
 
 
+def test_a_dip_in_the_warm_up_that_recovers_is_no_collapse_and_the_replay_is_the_runs_alarm():
+    """The shape the healthy 5-epoch dino-fmnist seeds (Sinkhorn-Knopp) logged: effective rank 16, down to 3 in the
+    117 warm-up steps, back to 17 after; judged from step 0 it fired at step 70. The same dip after the warm-up
+    fires; ``replay`` of the logged series gives what the run raised."""
+    dip = [16, 10, 5, 3, 3, 3, 3, 3, 4, 4, 5, 6, 8, 9, 11, 13, 15, 17, 17, 17]
+    series = {"eff_rank_batch": [(10 * i, float(v)) for i, v in enumerate(dip)]}
+    assert CollapseAlarm(5, collapse_signs()).replay(series, warmup_steps=117) == []
+    fired = CollapseAlarm(5, collapse_signs()).replay(series, warmup_steps=0)
+    assert [(e["step"], e["sign"], e["raw"]) for e in fired] == [(70, "eff_rank_batch", 3.0)]
+    late = {"eff_rank_batch": [(0, 16.0)] + [(200 + 10 * i, 3.0) for i in range(6)]}
+    assert [e["step"] for e in CollapseAlarm(5, collapse_signs()).replay(late, warmup_steps=117)] == [240]
+
+
 def test_the_rank_fraction_is_configurable_and_the_default_signs_are_named_as_the_instruments_log_them():
     assert {s.name: s.threshold for s in collapse_signs(0.1)}["eff_rank_batch"] == 0.1
     assert {s.name for s in SIGNS} == {"eff_rank_batch", "dino_teacher_spread", "swav_code_entropy_over_log_k",
@@ -63,7 +76,7 @@ def test_step_instruments_write_one_collapse_event_and_line_with_the_methods_rem
     from selfsup.instruments import StepInstruments
 
     trainer = SimpleNamespace(is_global_zero=True, loggers=[], global_step=0, default_root_dir=str(tmp_path))
-    module = SimpleNamespace(family="joint", collapse_remedy="keep method.std_coeff > 0")
+    module = SimpleNamespace(family="joint", collapse_remedy="keep method.std_coeff > 0", warmup_steps=lambda: 0)
     cb = StepInstruments(every_n_steps=1, alarm=CollapseAlarm(window=2, signs=collapse_signs()))
     g = torch.Generator().manual_seed(0)
     for step in range(6):  # full-rank features, then every row the same direction (rank 1)

@@ -241,7 +241,8 @@ class InstrumentsConfig:
     correlation_rho: float = 0.3  # running correlation F of the predictor inputs (when the predictor keeps none)
     knn_dip: float = 3.0  # kNN monitor dip: points below the running best (0 = off); needs eval.knn_every_n_steps
     # The collapse alarm (instruments/collapse.py): a sign past its threshold for collapse_window consecutive
-    # measurements (every every_n_steps) writes a `collapse` event and one console line with the remedies.
+    # measurements (every every_n_steps) after the lr warm-up writes a `collapse` event and one console line with
+    # the remedies.
     collapse_alarm: bool = True
     collapse_window: int = 5
     collapse_rank_fraction: float = 0.25  # eff_rank_batch: the features' effective rank under this x its first value

@@ -227,8 +227,9 @@ class StepInstruments(pl.Callback):
     """Every N steps: the collapse signs a method reports in its StepOutput's ``instruments`` (name → 0-d tensor
     on the device, e.g. DINO's teacher-output entropy, KL(teacher ‖ student) and centre norm), read in one copy.
     With a ``CollapseAlarm`` (``instruments.collapse_alarm``) it also measures the effective rank of the step's
-    backbone features (``eff_rank_batch``, joint-embedding methods) and feeds the read values to the alarm: a sign
-    that fires becomes a ``collapse`` event and one console line naming the method's remedies."""
+    backbone features (``eff_rank_batch``, joint-embedding methods) and feeds the read values to the alarm, which
+    judges them once the lr warm-up is over: a sign that fires becomes a ``collapse`` event and one console line
+    naming the method's remedies."""
 
     def __init__(self, every_n_steps: int = 10, alarm: CollapseAlarm | None = None, run_dir: str | Path | None = None):
         super().__init__()
@@ -244,7 +245,8 @@ class StepInstruments(pl.Callback):
         read = log_metrics(trainer, values, measured_step(trainer))
         if self.alarm is None or not read:
             return
-        for sign, value, compared in self.alarm.observe(read):
+        judge = measured_step(trainer) >= pl_module.warmup_steps()  # not while the lr warms up (collapse.py)
+        for sign, value, compared in self.alarm.observe(read, judge):
             event = event_log(trainer, self.run_dir).write(
                 measured_step(trainer), "collapse", compared, sign.threshold, sign=sign.name, raw=value,
                 meaning=sign.meaning, window=self.alarm.window, remedy=pl_module.collapse_remedy)
