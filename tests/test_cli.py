@@ -210,15 +210,29 @@ def test_a_model_that_does_not_fit_the_images_leaves_no_run_folder(tmp_path, tin
 
 def test_corrupt_image_in_an_imagefolder(tmp_path):
     root = tmp_path / "images"
-    for cls in ("a", "b"):
-        (root / "train" / cls).mkdir(parents=True)
-        for i in range(4):
-            Image.new("RGB", (10, 10), (40 * i, 90, 30)).save(root / "train" / cls / f"{i}.png")
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(12):  # 24 training images: the end-of-run kNN's k = 20 fits
+                Image.new("RGB", (10, 10), (20 * i, 90, 30)).save(root / split / cls / f"{i}.png")
     bad = root / "train" / "b" / "2.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
-    code, _, err = run_cli("pretrain", PRESET, *TINY, "data.name=imagefolder", f"data.root={root}",
-                           "data.image_size=8", "data.batch_size=8", f"output_dir={tmp_path}", "name=r")
+    folder = [*TINY, "data.name=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=8"]
+    code, _, err = run_cli("pretrain", PRESET, *folder, "data.on_bad_file=error", f"output_dir={tmp_path}", "name=r")
     assert_user_error(code, err, str(bad), "corrupt", only_line=False)
+    # the default, data.on_bad_file=skip: the next readable file stands in, the run ends and names the file
+    code, out, err = run_cli("pretrain", PRESET, *folder, "trainer.limit_train_batches=3",  # every image once
+                             f"output_dir={tmp_path}", "name=s")
+    assert code == 0, err
+    assert f"skipped an unreadable image: unreadable image file {bad}" in err
+    assert "1 unreadable training image(s) were skipped" in out and str(bad) in out
+    assert [json.loads(line)["path"] for line in (tmp_path / "s" / "bad_files.jsonl").read_text().splitlines()][0] \
+        == str(bad)
+    # past the cap (at least 1 file; here 2 of 24): one line naming the count and the files
+    (root / "train" / "a" / "1.png").write_bytes(b"")
+    code, _, err = run_cli("pretrain", PRESET, *folder, f"output_dir={tmp_path}", "name=t")
+    assert_user_error(code, err, "2 of 24 images could not be read", "data.max_bad_fraction",
+                      "selfsup data check", only_line=False)  # after the skipped files' lines
 
 
 def test_resume_with_a_checkpoint_of_another_model(e2e, tmp_path):

@@ -174,11 +174,44 @@ def test_imagefolder_classes_labels_and_shapes(tmp_path):
     assert [b[0].shape for b in batches] == [(3, 3, 16, 16)] * 2
 
 
+def test_an_unreadable_training_file_is_replaced_by_the_next_readable_one(tmp_path):
+    """data.on_bad_file=skip: file i unreadable → the views of the first readable file after it, with that file's
+    own seeded boxes (the same in any worker and after a resume); files are read in a cycle."""
+    from selfsup.data.decode import FolderCrops
+
+    make_folder(tmp_path, {"train": {"a": 3, "b": 2}})
+    files = sorted((tmp_path / "train").rglob("*.png"))
+    files[1].write_bytes(b"")
+    files[2].write_bytes(b"no image")
+    noise = np.random.default_rng(0).integers(0, 256, (12, 20, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(files[3])  # texture: crops of other boxes differ
+    crops = FolderCrops(files, 8, [(0.3, 1.0), (0.3, 1.0)], seed=3).skip_bad_files(0.5, tmp_path / "bad.jsonl")
+    assert torch.equal(crops.crop(1, 2), crops.crop(3, 2)) and torch.equal(crops.crop(2, 2), crops.crop(3, 2))
+    assert not torch.equal(crops.crop(1, 2), crops.crop(3, 1))  # the stand-in's boxes of that epoch
+    assert sorted(crops.bad) == [1, 2] and len((tmp_path / "bad.jsonl").read_text().splitlines()) == 2
+    strict = FolderCrops(files, 8, [(0.3, 1.0)], seed=3)
+    with raises_user_error(str(files[1])):
+        strict.crop(1, 0)
+    capped = FolderCrops(files, 8, [(0.3, 1.0)], seed=3).skip_bad_files(0.0)
+    capped.crop(2, 0)  # one bad file (2, then 3 stands in) is always allowed
+    with raises_user_error("2 of 5 images could not be read", "data.max_bad_fraction"):
+        capped.crop(1, 0)
+
+
+def test_evaluation_features_skip_an_unreadable_file_as_training_does(tmp_path):
+    make_folder(tmp_path, {"train": {"a": 2, "b": 2}})
+    (tmp_path / "train" / "b" / "00.png").write_bytes(b"")
+    train = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8), "train")
+    images, labels = train[torch.tensor([2, 3])]
+    assert torch.equal(images[0], images[1]) and labels.tolist() == [1, 1]  # b/01 stands in, b's label kept
+
+
 def test_imagefolder_corrupt_file_names_it(tmp_path):
     make_folder(tmp_path, {"train": {"a": 2, "b": 2}})
     bad = tmp_path / "train" / "b" / "01.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20)
-    train = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8), "train")
+    train = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=8, on_bad_file="error"),
+                         "train")
     train[torch.tensor([0, 1])]  # the good ones decode
     with raises_user_error(str(bad), "corrupt"):
         train[torch.tensor([2, 3])]

@@ -40,6 +40,13 @@ class DataConfig:
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
     # decoding workers (imagefolder, images, webdataset: one shard stream each); in-memory datasets need none
     num_workers: int = 0
+    # A training image of a folder (imagefolder, images) that cannot be decoded: error stops the run naming it;
+    # skip replaces it by the next readable file of the list (a deterministic choice: resume stays exact), prints
+    # one line, logs it in RUN/bad_files.jsonl and names the files at the end; past max_bad_fraction of the files
+    # (at least 1 is allowed; counted per loader worker) the run stops in one line. `selfsup data check ROOT` finds
+    # them before a run.
+    on_bad_file: str = "skip"
+    max_bad_fraction: float = 0.001
     # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
     load_size: int | None = None
     unlabeled: bool = False  # stl10: pretrain on train + unlabeled
@@ -56,6 +63,10 @@ class DataConfig:
     imbalance_seed: int = 0  # the draw of the kept images (the same subsample for every trainer.seed)
 
     def validate(self) -> None:
+        if self.on_bad_file not in ("error", "skip"):
+            raise UserError(f"data.on_bad_file={self.on_bad_file!r} is not one of: error, skip")
+        if not 0 <= self.max_bad_fraction < 1:
+            raise UserError(f"data.max_bad_fraction={self.max_bad_fraction} must be in [0, 1)")
         if self.name not in DATASETS:
             raise UserError(f"data.name={self.name!r} is not known; use one of {', '.join(DATASETS)}")
         if self.batch_size < 1:

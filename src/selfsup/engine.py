@@ -90,6 +90,8 @@ class PretrainData(pl.LightningDataModule):
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
             scales, sizes = plan
             crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes)
+            if self.cfg.data.on_bad_file == "skip":  # the files it skips, listed at the end of the run
+                crops.bad_log = Path(self.trainer.default_root_dir) / BAD_FILES
             dataset = dataclasses.replace(dataset, images=crops)
         sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,
@@ -115,6 +117,23 @@ class PretrainData(pl.LightningDataModule):
         return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
                              self.cfg.data.num_workers,
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
+
+
+BAD_FILES = "bad_files.jsonl"  # data.on_bad_file=skip: one JSON line per unreadable file a loader met
+
+
+def bad_files(run_dir: Path) -> list[str]:
+    """The unreadable training files a run skipped (each once, in the order first met)."""
+    path = run_dir / BAD_FILES
+    if not path.exists():
+        return []
+    seen: dict[str, None] = {}
+    for line in path.read_text().splitlines():
+        try:
+            seen.setdefault(json.loads(line)["path"], None)
+        except (json.JSONDecodeError, KeyError):
+            continue
+    return list(seen)
 
 
 def new_run_dir(cfg: RunConfig, preset: str) -> Path:
@@ -474,5 +493,9 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
     for line in end_of_run_report(model, train, init_backbone, run_dir):
         print(line)
+    bad = bad_files(run_dir)
+    if bad:
+        print(f"{len(bad)} unreadable training image(s) were skipped, the next readable file standing in (all in "
+              f"{run_dir / BAD_FILES}): {', '.join(bad[:5])}" + (" ..." if len(bad) > 5 else ""))
     print(f"run folder: {run_dir}")
     return run_dir

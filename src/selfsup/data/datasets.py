@@ -26,7 +26,7 @@ import torchvision
 from PIL import Image
 from torch import Tensor
 
-from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, resize_center_crop
+from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, record_bad_file, resize_center_crop
 from selfsup.data.shards import ShardImages, count_samples, first_image_sizes, shard_urls
 from selfsup.errors import UserError
 
@@ -238,9 +238,12 @@ class FolderImages:
     """Lazily decoded image files for evaluation: shorter side resized to ``resize`` (default size / 0.875),
     centre ``size`` crop (torchvision Resize + CenterCrop), as uint8 C×size×size (``channels``: 3 RGB, 1 gray)."""
 
-    def __init__(self, files: list[Path], size: int, resize: int | None = None, channels: int = 3):
+    def __init__(self, files: list[Path], size: int, resize: int | None = None, channels: int = 3,
+                 max_bad_fraction: float | None = None):
         self.files, self.size, self.resize = files, size, resize or eval_resize(size)
         self.channels = channels
+        self.max_bad_fraction = max_bad_fraction  # None: data.on_bad_file=error
+        self.bad: dict[int, str] = {}
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -255,12 +258,25 @@ class FolderImages:
             return _decoded(f, self.files[i], self.channels)
 
     def load(self, i: int) -> Tensor:
-        return resize_center_crop(self.files[i], self.size, self.resize, self.channels)
+        """File ``i`` resized and centre-cropped; under ``data.on_bad_file=skip`` an unreadable file's place is
+        taken by the next readable one, as in training (its label stays: at most ``max_bad_fraction`` of the
+        features are a neighbour's), within the same cap."""
+        n = len(self.files)
+        for k in range(n if self.max_bad_fraction is not None else 1):
+            j = (i + k) % n
+            try:
+                return resize_center_crop(self.files[j], self.size, self.resize, self.channels)
+            except UserError as e:
+                if self.max_bad_fraction is None:
+                    raise
+                record_bad_file(self.bad, j, self.files, str(e), self.max_bad_fraction, None)
+        raise UserError(f"none of the {n} images can be read (the first: {self.files[0]})")
 
     def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None) -> FolderCrops:
         """The same files as training views: one random resized crop per scale in ``scales``, per image
         (at ``sizes``, one per view, for a multi-crop plan; default: all at the model size)."""
-        return FolderCrops(self.files, self.size, scales, seed, ratio, sizes=sizes, channels=self.channels)
+        crops = FolderCrops(self.files, self.size, scales, seed, ratio, sizes=sizes, channels=self.channels)
+        return crops if self.max_bad_fraction is None else crops.skip_bad_files(self.max_bad_fraction)
 
     def __getitem__(self, index) -> Tensor:
         if isinstance(index, Tensor):
@@ -271,6 +287,11 @@ class FolderImages:
 
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+
+
+def bad_fraction(cfg) -> float | None:
+    """``data.max_bad_fraction`` under ``data.on_bad_file=skip``, None under ``error``."""
+    return cfg.max_bad_fraction if cfg.on_bad_file == "skip" else None
 
 
 def load_imagefolder(split: str, cfg) -> ImageDataset:
@@ -300,8 +321,8 @@ def load_imagefolder(split: str, cfg) -> ImageDataset:
             [f for d in sorted(p for p in train.iterdir() if p.is_dir()) for f in sorted(d.rglob("*"))
              if f.suffix.lower() in IMAGE_SUFFIXES][:SIZE_PROBE]
         infer_image_size(cfg, _header_sizes(_spread(probe)), train)
-    return ImageDataset("imagefolder", FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3),
-                        torch.tensor(labels), len(classes), *folder_stats(cfg.channels or 3))
+    images = FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3, bad_fraction(cfg))
+    return ImageDataset("imagefolder", images, torch.tensor(labels), len(classes), *folder_stats(cfg.channels or 3))
 
 
 def _spread(files: list[Path]) -> list[Path]:
@@ -363,8 +384,8 @@ def load_images(split: str, cfg) -> ImageDataset:
         suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
         raise UserError(f"no readable image files under {base} (looked for {suffixes} at any depth)")
     infer_image_size(cfg, _header_sizes(_spread(files)), base)
-    return ImageDataset("images", FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3),
-                        torch.full((len(files),), -1), 0, *folder_stats(cfg.channels or 3))
+    images = FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3, bad_fraction(cfg))
+    return ImageDataset("images", images, torch.full((len(files),), -1), 0, *folder_stats(cfg.channels or 3))
 
 
 @dataclass
@@ -458,7 +479,7 @@ def _take(dataset: ImageDataset, index: Tensor) -> ImageDataset:
     """The samples at ``index`` (sorted); lazily decoded folders stay lazy (their file list is cut)."""
     if isinstance(dataset.images, FolderImages):
         f = dataset.images
-        images = FolderImages([f.files[i] for i in index.tolist()], f.size, f.resize, f.channels)
+        images = FolderImages([f.files[i] for i in index.tolist()], f.size, f.resize, f.channels, f.max_bad_fraction)
         return ImageDataset(dataset.name, images, dataset.labels[index], dataset.num_classes, dataset.mean,
                             dataset.std)
     return dataset.select(index)

@@ -18,7 +18,9 @@ Images are decoded to RGB, or to one grayscale channel (``channels=1``, ``data.c
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +116,24 @@ def decode_crops(path: Path, boxes_of, size, draft: bool = True, channels: int =
     return views if sizes else torch.stack(views)
 
 
+def record_bad_file(bad: dict, j: int, files: list, reason: str, max_fraction: float, log: Path | None) -> None:
+    """Note unreadable file ``j`` in ``bad`` (once): one line on stderr, a JSON line in ``log``; more than
+    ``max(1, max_fraction · len(files))`` of them stop the run in one line (``data.on_bad_file=skip``)."""
+    if j in bad:
+        return
+    bad[j] = reason
+    print(f"selfsup: skipped an unreadable image: {reason.split(' (')[0].removeprefix('corrupt or ')}; the next "
+          "readable file stands in", file=sys.stderr)
+    if log is not None:
+        with open(log, "a") as f:
+            f.write(json.dumps({"index": j, "path": str(files[j]), "reason": reason}) + "\n")
+    if len(bad) > max(1, int(max_fraction * len(files))):
+        first = ", ".join(str(files[b]) for b in list(bad)[:3])
+        raise UserError(f"{len(bad)} of {len(files)} images could not be read (first: {first}), more than "
+                        f"data.max_bad_fraction={max_fraction:g} allows; list them with `selfsup data check ROOT` "
+                        "and remove or replace them, or raise data.max_bad_fraction")
+
+
 class FolderCrops:
     """Training views of image files, decoded and cropped per (epoch, index): ``crops(indices, epoch)`` →
     uint8 (B, V, C, size, size), view v a RandomResizedCrop with ``scales[v]``; with ``sizes`` (one output
@@ -127,6 +147,14 @@ class FolderCrops:
         if sizes is not None and len(sizes) != len(self.scales):
             raise ValueError(f"{len(sizes)} crop sizes for {len(self.scales)} crop scales")
         self.sizes = None if sizes is None or all(s == size for s in sizes) else sizes
+        self.on_bad_file, self.max_bad_fraction, self.bad_log = "error", 0.0, None
+        self.bad: dict[int, str] = {}  # the unreadable files this process met: index -> reason
+
+    def skip_bad_files(self, max_fraction: float, log: Path | None = None) -> "FolderCrops":
+        """``data.on_bad_file=skip``: an unreadable file is replaced by the next readable one (``replacement``),
+        logged (one line, and a JSON line in ``log``); more than ``max(1, max_fraction · n)`` of them stop the run."""
+        self.on_bad_file, self.max_bad_fraction, self.bad_log = "skip", max_fraction, log
+        return self
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -136,8 +164,24 @@ class FolderCrops:
         return len(self.files)
 
     def crop(self, i: int, epoch: int):
-        return decode_crops(self.files[i], lambda h, w: crop_boxes(self.seed, epoch, i, h, w, self.scales, self.ratio),
-                            self.sizes or self.size, self.draft, self.channels)
+        """The views of file ``i``; under ``skip`` those of the first readable file from ``i`` on (cyclically), with
+        that file's own seeded boxes: which file stands in depends on the files alone, so a resumed run (and any
+        worker) takes the same one."""
+        n = len(self.files)
+        for k in range(n):
+            j = (i + k) % n
+            try:
+                return decode_crops(self.files[j],
+                                    lambda h, w, j=j: crop_boxes(self.seed, epoch, j, h, w, self.scales, self.ratio),
+                                    self.sizes or self.size, self.draft, self.channels)
+            except UserError as e:
+                if self.on_bad_file == "error":
+                    raise
+                self._record_bad(j, str(e))
+        raise UserError(f"none of the {n} training images can be read (the first: {self.files[0]})")
+
+    def _record_bad(self, j: int, reason: str) -> None:
+        record_bad_file(self.bad, j, self.files, reason, self.max_bad_fraction, self.bad_log)
 
     def crops(self, index: Tensor, epoch: int):
         if self.sizes is None:
