@@ -19,11 +19,6 @@ construction and on healthy presets):
   collapse by construction) falls 16 → 2 on digits (0.13 of the init; 10 → 2 at batch 64) while its preset rises
   16 → 24; the SwAV and W-MSE Fashion-MNIST runs that learnt nothing in 2 epochs (floor sweep) fell to 0.21-0.30,
   a third of W-MSE's lr (it learnt) to 0.43. Threshold: under 0.25 of the first value.
-* ``dim_std_projection_batch`` (the methods whose step gives its projections): SimSiam §4.1's collapse measure, the
-  per-dimension std of the L2-normalised projections, over its first value. SimSiam without stop-gradient and
-  predictor (a collapse by construction) falls 0.0053 → 0.0001 on digits (0.02) while its backbone's rank only
-  wavers between 2 and 14; healthy runs raise it from a random init's near-constant outputs (VICReg 0.0044 →
-  0.038). Threshold: under 0.1 of the first value.
 * ``dino_teacher_spread`` (DINO, iBOT): the teacher logits' spread over the batch in units of τt. In every 5-epoch
   seed of ``dino-fmnist`` (centre cancelling one collapsed output) it fell under 0.05 by step 70 and to 0.002;
   it is 1.3 at init. Threshold: under 0.05 (targets that no longer depend on the image).
@@ -62,8 +57,6 @@ class Sign:
 
 SIGNS = (
     Sign("eff_rank_batch", 0.25, relative=True, meaning="the backbone features' effective rank over its first value"),
-    Sign("dim_std_projection_batch", 0.1, relative=True, meaning="the per-dimension std of the L2-normalised "
-         "projections over its first value"),
     Sign("dino_teacher_spread", 0.05, meaning="the teacher's logits no longer vary over the batch (spread in tau_t)"),
     Sign("swav_code_entropy_over_log_k", 0.9, above=True, meaning="the codes are near uniform (entropy / log K)"),
     Sign("wmse_cov_condition", 1e6, above=True, meaning="the whitened covariance is near singular (condition "

@@ -44,12 +44,6 @@ def batch_effective_rank(x: Tensor, variance: float = 0.99) -> Tensor:
     return torch.where(total > 0, (cum < variance - 1e-6).sum() + 1, 0).float()
 
 
-def batch_dim_std(x: Tensor) -> Tensor:
-    """``per_dim_std`` as a 0-d tensor on the device (no host read): the mean over dimensions of the std of the
-    L2-normalised rows of ``x`` (N, D)."""
-    return F.normalize(x.detach().float(), dim=1).std(dim=0).mean()
-
-
 def predictor_alignment(weight: Tensor, correlation: Tensor, top_k: int = 3) -> dict[str, float]:
     """How a square linear predictor W relates to the correlation F of its inputs (DirectPred).
 
