@@ -93,3 +93,26 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     assert "is not a folder" in capsys.readouterr().err
     assert main(["data", "check", str(tmp_path)]) == 2
     assert "no image files under" in capsys.readouterr().err
+
+
+def test_shards_name_the_bad_member_and_where_a_truncated_shard_stops(tmp_path, capsys):
+    from selfsup.data.check import check_shard
+    from shard_files import write_shards
+
+    folder = write_shards(tmp_path / "shards", [3, 3], corrupt=(4,))
+    good, second = sorted(folder.glob("*.tar"))
+    assert [c.status for c in check_shard(good)] == ["ok"] * 3
+    assert [c.status for c in check_shard(second)] == ["ok", "unreadable", "ok"]
+    assert check_shard(second)[1].path == f"{second}:00004.png"
+    import tarfile
+
+    with tarfile.open(second) as tar:
+        first = tar.getmembers()[0]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(second.read_bytes()[:first.offset_data + first.size // 2])  # inside the first image
+    last = check_shard(cut)[-1]
+    assert last.status == "truncated" and "offset" in last.reason and str(cut) in last.path
+    assert main(["data", "check", str(folder), "--min-size", "8"]) == 2
+    out = capsys.readouterr().out
+    assert "6 image files" in out and "shard-000001.tar:00004.png" in out and "symlink" not in out
+    assert main(["data", "check", str(good), "--min-size", "8"]) == 0  # one shard alone

@@ -42,19 +42,21 @@ class Progress:
 
 def cmd_data_check(args) -> int:
     root = Path(args.root)
-    if not root.is_dir():
-        raise UserError(f"{root} is not a folder; selfsup data check reads every image file under a folder")
+    if not (root.is_dir() or (root.is_file() and root.suffix == ".tar")):
+        raise UserError(f"{root} is not a folder or a .tar shard; selfsup data check reads every image file under a "
+                        "folder (and the image members of its .tar shards)")
     start = time.perf_counter()
     report = check_folder(root, args.min_size, args.workers, Progress())
     if report.files == 0 and not report.symlink_loops:
-        raise UserError(f"no image files under {root} (looked for .jpg, .png, ... at any depth)")
+        raise UserError(f"no image files under {root} (looked for .jpg, .png, ... and .tar shards at any depth)")
     print(f"{report.files} image files under {root}, each decoded whole in {time.perf_counter() - start:.1f} s")
     if report.n_bad:
         kinds = ", ".join(f"{k} {len(v)}" for k, v in report.bad.items())
         print(f"bad files: {report.n_bad} ({kinds}); remove or replace them before training")
         listed = [r for v in report.bad.values() for r in v][:MAX_LISTED]
         for r in listed:
-            print(f"  {r.status:<10} {Path(r.path).relative_to(root)}  {r.reason}")
+            name = Path(r.path).relative_to(root) if root.is_dir() and Path(r.path).is_relative_to(root) else r.path
+            print(f"  {r.status:<10} {name}  {r.reason}")
         if report.n_bad > len(listed):
             print(f"  ... {report.n_bad - len(listed)} more" + (f" (all in {args.out})" if args.out else ""))
     else:
