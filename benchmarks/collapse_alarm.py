@@ -90,6 +90,8 @@ def scan(folder: Path) -> list[dict]:
     for run in sorted(p.parent for p in folder.rglob("run.json")):
         cfg = yaml.safe_load((run / "config.yaml").read_text())
         facts = json.loads((run / "run.json").read_text())
+        if facts.get("status") != "finished":
+            continue
         spe = facts["global_step"] / max(facts["epochs"], 1)
         warmup = int(round(float(cfg["optim"]["warmup_epochs"]) * spe))
         ins = cfg.get("instruments", {})
