@@ -18,7 +18,7 @@ construction and on healthy presets):
   step's backbone features, over its value at the first measurement. VICReg with its invariance term only (a
   collapse by construction) falls 16 → 2 on digits (0.13 of the init; 10 → 2 at batch 64) while its preset rises
   16 → 24; the SwAV and W-MSE Fashion-MNIST runs that learnt nothing in 2 epochs (floor sweep) fell to 0.21-0.30,
-  a third of W-MSE's lr (it learnt) to 0.43. Threshold: under 0.25 of the first value.
+  a third of W-MSE's lr (it learnt) to 0.47. Threshold: under 0.25 of the first value.
 * ``dino_teacher_spread`` (DINO, iBOT): the teacher logits' spread over the batch in units of τt. In every 5-epoch
   seed of ``dino-fmnist`` (centre cancelling one collapsed output) it fell under 0.05 by step 70 and to 0.002;
   it is 1.3 at init. Threshold: under 0.05 (targets that no longer depend on the image).
@@ -27,6 +27,11 @@ construction and on healthy presets):
   at 0.48 learnt. Threshold: above 0.9.
 * ``wmse_cov_condition`` (W-MSE): the condition number of the covariance its whitening inverts. The preset
   whose features fell to rank 12 reached 3e6, a third of its lr kept it at 8e4. Threshold: above 1e6.
+
+What it does not catch (``results/collapse_alarm.json``): SimSiam without stop-gradient and predictor, whose
+projector collapses while its backbone's rank wavers and its kNN stays above the init; W-MSE at 10x its lr, which
+ends under its init with no sign moving. A run that stops learning without collapsing needs an accuracy signal:
+the kNN monitor's dips (``eval.knn_every_n_steps``, ``instruments.knn_dip``).
 """
 
 from __future__ import annotations
