@@ -110,14 +110,20 @@ def reference_sinkhorn(teacher, teacher_temp, iterations=3):
     return (q * b).t()
 
 
-def test_sinkhorn_knopp_centring_equals_dinov2s_targets_and_leaves_the_centre():
-    m = dino({"centering": "sinkhorn_knopp"})
+def logits_with_a_centre(m):
+    """The 2 + 2 crop views, a random centre set on ``m``, and the teacher's and student's logits before the step."""
     views = plan_views(m)
     c0 = torch.randn(1, 64) * 0.1
     m.center.copy_(c0)
     with torch.no_grad():
         t = m.teacher_head(m.teacher_backbone(torch.cat(views[:2])))
         s = m.head(torch.cat([m.backbone(torch.cat(views[:2])), m.backbone(torch.cat(views[2:]))]))
+    return views, c0, t, s
+
+
+def test_sinkhorn_knopp_centring_equals_dinov2s_targets_and_leaves_the_centre():
+    m = dino({"centering": "sinkhorn_knopp"})
+    views, c0, t, s = logits_with_a_centre(m)
     out = m.forward_views(views)
     q = reference_sinkhorn(t, m.teacher_temp)  # over the 2B teacher rows at once (ssl_meta_arch.py)
     assert q.sum(1).sub(1).abs().max() < 1e-9  # each target a distribution
@@ -132,12 +138,7 @@ def test_sinkhorn_knopp_centring_equals_dinov2s_targets_and_leaves_the_centre():
 
 def test_no_centring_is_sharpening_only_and_leaves_the_centre():
     m = dino({"centering": "none"})
-    views = plan_views(m)
-    c0 = torch.randn(1, 64) * 0.1
-    m.center.copy_(c0)
-    with torch.no_grad():
-        t = m.teacher_head(m.teacher_backbone(torch.cat(views[:2])))
-        s = m.head(torch.cat([m.backbone(torch.cat(views[:2])), m.backbone(torch.cat(views[2:]))]))
+    views, c0, t, s = logits_with_a_centre(m)
     ref, _ = reference_loss(s, t, torch.zeros(1, 64), 0.1, m.teacher_temp, 4)
     torch.testing.assert_close(m.forward_views(views).loss.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.center, c0)

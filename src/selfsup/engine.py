@@ -89,9 +89,8 @@ class PretrainData(pl.LightningDataModule):
         folder = isinstance(dataset.images, FolderImages) and plan is not None
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
             scales, sizes = plan
-            crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes)
-            if self.cfg.data.on_bad_file == "skip":  # the files it skips, listed at the end of the run
-                crops.bad_log = Path(self.trainer.default_root_dir) / BAD_FILES
+            crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes,
+                                               bad_log=Path(self.trainer.default_root_dir) / BAD_FILES)
             dataset = dataclasses.replace(dataset, images=crops)
         sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,

@@ -24,7 +24,8 @@ from typing import Callable
 
 from PIL import Image, UnidentifiedImageError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif"}
+from selfsup.data.datasets import IMAGE_SUFFIXES  # the files training reads
+
 BAD = ("empty", "unreadable", "truncated", "bomb", "too_small")
 
 

@@ -26,7 +26,7 @@ import torchvision
 from PIL import Image
 from torch import Tensor
 
-from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, record_bad_file, resize_center_crop
+from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, first_readable, resize_center_crop
 from selfsup.data.shards import ShardImages, count_samples, first_image_sizes, shard_urls
 from selfsup.errors import UserError
 
@@ -261,22 +261,16 @@ class FolderImages:
         """File ``i`` resized and centre-cropped; under ``data.on_bad_file=skip`` an unreadable file's place is
         taken by the next readable one, as in training (its label stays: at most ``max_bad_fraction`` of the
         features are a neighbour's), within the same cap."""
-        n = len(self.files)
-        for k in range(n if self.max_bad_fraction is not None else 1):
-            j = (i + k) % n
-            try:
-                return resize_center_crop(self.files[j], self.size, self.resize, self.channels)
-            except UserError as e:
-                if self.max_bad_fraction is None:
-                    raise
-                record_bad_file(self.bad, j, self.files, str(e), self.max_bad_fraction, None)
-        raise UserError(f"none of the {n} images can be read (the first: {self.files[0]})")
+        return first_readable(lambda j: resize_center_crop(self.files[j], self.size, self.resize, self.channels), i,
+                              self.files, self.max_bad_fraction, self.bad)
 
-    def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None) -> FolderCrops:
+    def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None, bad_log: Path | None = None
+                    ) -> FolderCrops:
         """The same files as training views: one random resized crop per scale in ``scales``, per image
-        (at ``sizes``, one per view, for a multi-crop plan; default: all at the model size)."""
+        (at ``sizes``, one per view, for a multi-crop plan; default: all at the model size); the files skipped
+        under ``data.on_bad_file=skip`` are logged in ``bad_log``."""
         crops = FolderCrops(self.files, self.size, scales, seed, ratio, sizes=sizes, channels=self.channels)
-        return crops if self.max_bad_fraction is None else crops.skip_bad_files(self.max_bad_fraction)
+        return crops if self.max_bad_fraction is None else crops.skip_bad_files(self.max_bad_fraction, bad_log)
 
     def __getitem__(self, index) -> Tensor:
         if isinstance(index, Tensor):

@@ -116,6 +116,22 @@ def decode_crops(path: Path, boxes_of, size, draft: bool = True, channels: int =
     return views if sizes else torch.stack(views)
 
 
+def first_readable(read, i: int, files: list, max_fraction: float | None, bad: dict, log: Path | None = None):
+    """``read(i)``; under ``data.on_bad_file=skip`` (``max_fraction`` not None) an unreadable file's place is taken by
+    the first readable one after it (cyclically): which one depends on the files alone, so a resumed run and any
+    worker take the same. Each unreadable file is noted once (``record_bad_file``)."""
+    n = len(files)
+    for k in range(n if max_fraction is not None else 1):
+        j = (i + k) % n
+        try:
+            return read(j)
+        except UserError as e:
+            if max_fraction is None:
+                raise
+            record_bad_file(bad, j, files, str(e), max_fraction, log)
+    raise UserError(f"none of the {n} images can be read (the first: {files[0]})")
+
+
 def record_bad_file(bad: dict, j: int, files: list, reason: str, max_fraction: float, log: Path | None) -> None:
     """Note unreadable file ``j`` in ``bad`` (once): one line on stderr, a JSON line in ``log``; more than
     ``max(1, max_fraction · len(files))`` of them stop the run in one line (``data.on_bad_file=skip``)."""
@@ -147,13 +163,14 @@ class FolderCrops:
         if sizes is not None and len(sizes) != len(self.scales):
             raise ValueError(f"{len(sizes)} crop sizes for {len(self.scales)} crop scales")
         self.sizes = None if sizes is None or all(s == size for s in sizes) else sizes
-        self.on_bad_file, self.max_bad_fraction, self.bad_log = "error", 0.0, None
+        self.max_bad_fraction: float | None = None  # None: data.on_bad_file=error
+        self.bad_log: Path | None = None
         self.bad: dict[int, str] = {}  # the unreadable files this process met: index -> reason
 
     def skip_bad_files(self, max_fraction: float, log: Path | None = None) -> "FolderCrops":
-        """``data.on_bad_file=skip``: an unreadable file is replaced by the next readable one (``replacement``),
+        """``data.on_bad_file=skip``: an unreadable file is replaced by the next readable one (``first_readable``),
         logged (one line, and a JSON line in ``log``); more than ``max(1, max_fraction · n)`` of them stop the run."""
-        self.on_bad_file, self.max_bad_fraction, self.bad_log = "skip", max_fraction, log
+        self.max_bad_fraction, self.bad_log = max_fraction, log
         return self
 
     @property
@@ -167,21 +184,11 @@ class FolderCrops:
         """The views of file ``i``; under ``skip`` those of the first readable file from ``i`` on (cyclically), with
         that file's own seeded boxes: which file stands in depends on the files alone, so a resumed run (and any
         worker) takes the same one."""
-        n = len(self.files)
-        for k in range(n):
-            j = (i + k) % n
-            try:
-                return decode_crops(self.files[j],
-                                    lambda h, w, j=j: crop_boxes(self.seed, epoch, j, h, w, self.scales, self.ratio),
-                                    self.sizes or self.size, self.draft, self.channels)
-            except UserError as e:
-                if self.on_bad_file == "error":
-                    raise
-                self._record_bad(j, str(e))
-        raise UserError(f"none of the {n} training images can be read (the first: {self.files[0]})")
-
-    def _record_bad(self, j: int, reason: str) -> None:
-        record_bad_file(self.bad, j, self.files, reason, self.max_bad_fraction, self.bad_log)
+        def read(j: int):
+            return decode_crops(self.files[j], lambda h, w: crop_boxes(self.seed, epoch, j, h, w, self.scales,
+                                                                      self.ratio),
+                                self.sizes or self.size, self.draft, self.channels)
+        return first_readable(read, i, self.files, self.max_bad_fraction, self.bad, self.bad_log)
 
     def crops(self, index: Tensor, epoch: int):
         if self.sizes is None:

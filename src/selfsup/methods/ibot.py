@@ -36,7 +36,7 @@ from torch import nn
 from selfsup.data.masks import default_max_blocks, ibot_masks, max_masked_patches
 from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_cross_entropy, dino_teacher_probs, ibot_patch_loss
+from selfsup.losses import dino_center, dino_cross_entropy, ibot_patch_loss
 from selfsup.methods.base import encode_views
 from selfsup.methods.dino import DINO, DINOConfig
 from selfsup.models.heads import iBOTHead
@@ -193,7 +193,7 @@ class iBOT(DINO):
             t_patch_loss, masks_loss = t_patch, masks
         if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
             s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
-        q_cls = dino_teacher_probs(t_cls, self.center, self.step_teacher_temp)
+        q_cls = self.teacher_targets(t_cls)  # DINO's centred targets (iBOT allows method.centering=centering only)
         loss_cls = dino_cross_entropy(s_cls, q_cls, c.student_temp, n) * c.lambda1
         loss_patch = ibot_patch_loss(s_patch, t_patch_loss, self.center2, masks_loss, c.student_temp,
                                      self.step_teacher_patch_temp) * c.lambda2
