@@ -121,6 +121,27 @@ def ibot_values(start=1, temps=(0.03, 0.07)):
     return values
 
 
+def dinov2_scheduler(base, final, total_iters, warmup_iters=0, start_warmup=0.0):
+    """dinov2/utils/utils.py ``CosineScheduler``: linspace warm-up over ``warmup_iters``, then the cosine over the
+    rest; an iteration at or past ``total_iters`` gets ``final``."""
+    warmup = np.linspace(start_warmup, base, warmup_iters)
+    iters = np.arange(total_iters - warmup_iters)
+    schedule = np.concatenate((warmup, final + 0.5 * (base - final) * (1 + np.cos(np.pi * iters / len(iters)))))
+    return lambda it: final if it >= total_iters else schedule[it]
+
+
+def dinov2_values(m0=0.992, wd=0.05, wd_end=0.4, temps=(0.02, 0.05, 3), freeze=1):
+    """train.py:65-101 (epochs of SPE iterations): lr at base · sqrt(batch / 1024), wd, momentum; τt over
+    ``warmup_teacher_temp_epochs`` (a CosineScheduler whose warm-up is all of it), the last layer's lr 0."""
+    peak = BASE_LR * math.sqrt(BATCH / 1024)
+    lr = dinov2_scheduler(peak, MIN_LR, TOTAL, WARMUP * SPE)
+    wds, momenta = dinov2_scheduler(wd, wd_end, TOTAL), dinov2_scheduler(m0, 1, TOTAL)
+    tt = dinov2_scheduler(temps[1], temps[1], temps[2] * SPE, temps[2] * SPE, temps[0])
+    return lambda step, epoch: StepValues(lr(step), peak, weight_decay=wds(step), momentum=momenta(step),
+                                          extras={"teacher_temp": tt(step)},
+                                          frozen=("last_layer",) if step < freeze * SPE else ())
+
+
 def swav_values(start_warmup=1e-5):
     lr = cosine_scheduler(PEAK, MIN_LR * BATCH / 256, EPOCHS, SPE, WARMUP, start_warmup)  # final_lr scaled
     return lambda step, epoch: StepValues(lr[step], PEAK)
@@ -170,6 +191,8 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
     "dino": (lambda tmp: joint("dino", DINO_TEMPS, optim={"decay_1d": False}), dino_values()),
     "ibot": (lambda tmp: joint("ibot", {**DINO_TEMPS, "warmup_teacher_patch_temp": 0.03, "teacher_patch_temp": 0.07,
                                         "pred_start_epoch": 1}, optim={"decay_1d": False}), ibot_values()),
+    "dinov2": (lambda tmp: joint("dinov2", {**DINO_TEMPS, "momentum": 0.992, "freeze_last_layer": 1},
+                                 optim={"lr_scaling": "sqrt_1024", "weight_decay": 0.05}), dinov2_values()),
     "mae": (lambda tmp: joint("mae", model={"backbone": "vit_micro", "stop_grad_conv1": False}),
             with_warmup_cosine(MIN_LR)),  # min_lr as given
     "swav": (lambda tmp: joint("swav", {"start_warmup_lr": 1e-5}), swav_values()),
@@ -196,6 +219,7 @@ def test_each_methods_schedule_is_its_official_one(name, tmp_path):
     for step in STEPS:
         got, want = method.schedule(step, step // SPE), official(step, step // SPE)
         assert isinstance(got, StepValues)
+        assert got.frozen == want.frozen, (step, got.frozen)
         for key in ("lr", "peak_lr", "weight_decay", "momentum"):
             a, b = getattr(got, key), getattr(want, key)
             assert (a is None) == (b is None) and (a is None or a == pytest.approx(b, rel=1e-12, abs=1e-15)), \

@@ -132,6 +132,9 @@ class ModelConfig:
     pos_embed: str = "sincos"
     final_norm: bool = True  # ViT: false drops the final LayerNorm (MoCo v3 §6.2: average pooling needs it gone)
     init: str = "moco_v3"  # ViT init: moco_v3 | trunc_normal (DINO / timm: Linear weights, cls, pos std .02)
+    registers: int = 0  # ViT register tokens (DINOv2 "registers": 4), after the class token, dropped from outputs
+    ffn: str = "mlp"  # ViT block FFN: mlp (GELU) | swiglu (DINOv2 ViT-L/g's swiglufused)
+    drop_path_uniform: bool = False  # ViT: every block the same drop-path rate (DINOv2), not rising linearly
 
     def validate(self) -> None:
         if self.pos_embed not in ("sincos", "learned", "none"):
@@ -140,6 +143,10 @@ class ModelConfig:
             raise UserError(f"model.init={self.init!r} is not known; use moco_v3 or trunc_normal")
         if self.pool not in ("cls", "avg"):
             raise UserError(f"model.pool={self.pool!r} is not known; use cls or avg")
+        if self.ffn not in ("mlp", "swiglu"):
+            raise UserError(f"model.ffn={self.ffn!r} is not known; use mlp or swiglu")
+        if self.registers < 0:
+            raise UserError(f"model.registers={self.registers} must be >= 0")
         if self.layer_scale < 0:
             raise UserError(f"model.layer_scale={self.layer_scale} must be >= 0 (0 turns LayerScale off)")
         if not 0 <= self.drop_path_rate < 1:

@@ -84,12 +84,15 @@ def timm_recipe(arch: dict) -> dict | None:
     architecture exactly (None: no timm equivalent). A ViT's fixed sin-cos table loads into timm's learned
     ``pos_embed`` (the same values, zeros for ``none``; timm would train it if fine-tuned); ``pool=avg`` is timm's
     ``global_pool='avg'`` over the final-norm tokens, hence ``fc_norm=False``; ``pool=global`` (MAE's) is
-    ``global_pool='avg', fc_norm=True``; ``final_norm=False`` is timm's."""
+    ``global_pool='avg', fc_norm=True``; ``final_norm=False`` is timm's. Register tokens and the SwiGLU FFN have no
+    recipe here (the selfsup ViT rebuilds them)."""
     if arch["family"] == "timm":
         return {"model": arch["model"], "kwargs": dict(arch["kwargs"])}
     if arch["family"] != "vit":
         return None
     k = arch["kwargs"]
+    if k.get("registers") or k.get("ffn", "mlp") != "mlp":  # timm orders and names these otherwise: no recipe
+        return None
     D, L, p = k["embed_dim"], k["depth"], k["patch_size"]
     size = TIMM_VIT_SIZES.get((D, L)) or min(TIMM_VIT_SIZES.items(), key=lambda kv: abs(kv[0][0] - D))[1]
     patch = p if p in TIMM_VIT_PATCHES[size] else 16

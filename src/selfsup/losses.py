@@ -216,6 +216,19 @@ def ibot_patch_loss(student_patch: Tensor, teacher_patch: Tensor, center2: Tenso
     return ((ce * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
 
 
+def dinov2_patch_loss(student_patch: Tensor, teacher_probs: Tensor, weights: Tensor, n_crops: int,
+                      student_temp: float) -> Tensor:
+    """DINOv2's iBOT term on the masked patch tokens only (dinov2/loss/ibot_patch_loss.py ``forward_masked``):
+    ``−Σ_u w_u Σ_k q_u log softmax(s_u / τs) / n_crops``, u over a flat buffer of patch tokens, ``w_u`` =
+    1 / (the masked patches of u's crop) for a masked patch and 0 for padding (``masks_weight``), ``n_crops`` the
+    global crops of the batch (``student_masks_flat.shape[0]``): the per-crop mean over masked patches, averaged
+    over every crop, unmasked crops counting 0; equal to :func:`ibot_patch_loss` with the same targets.
+
+    ``student_patch`` (U, K) logits, ``teacher_probs`` (U, K) the teacher's centred targets, ``weights`` (U,)."""
+    ce = (teacher_probs.detach().float() * F.log_softmax(student_patch.float() / student_temp, dim=-1)).sum(-1)
+    return -(ce * weights).sum() / n_crops
+
+
 def normalized_pixel_target(patches: Tensor, eps: float = 1e-6) -> Tensor:
     """MAE's ``norm_pix_loss`` target: each patch (B, L, p²·C) as ``(x − mean) / sqrt(var + 1e-6)``, mean and the
     unbiased variance (torch.var) over its p²·C values (models_mae.py forward_loss)."""
@@ -236,21 +249,31 @@ def masked_patch_mse(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
 
 @torch.no_grad()
 def sinkhorn_knopp(scores: Tensor, epsilon: float = 0.05, iterations: int = 3, *, world_size: int = 1,
-                   all_reduce=None) -> Tensor:
+                   all_reduce=None, valid: Tensor | None = None) -> Tensor:
     """SwAV's codes (swav main_swav.py:353-376 ``distributed_sinkhorn``), no gradient, in float32.
 
     ``scores`` (B_loc, K) are this process's prototype scores (its queue rows included); ``all_reduce`` sums a
     tensor over the processes (None: one process), ``world_size`` the processes. Q = exp(scores / ε)ᵀ (no max
     subtraction, as the code), Q /= ΣQ (all-reduced); ``iterations`` times: each prototype's row sum,
     all-reduced, to 1/K; each sample's column (local) to 1/B, with B = B_loc · world_size; finally Q · B, so
-    each sample's code sums to 1. Returns (B_loc, K)."""
+    each sample's code sums to 1. Returns (B_loc, K).
+
+    ``valid`` (B_loc,) 0/1: only those rows are samples (DINOv2's masked patch tokens in a static buffer,
+    ibot_patch_loss.py ``sinkhorn_knopp_teacher``: B = the masked patches counted over the processes); the others
+    get all-zero codes and weigh nothing."""
     reduce = all_reduce if all_reduce is not None else (lambda t: t)
     q = torch.exp(scores.float() / epsilon).t()  # (K, B_loc)
-    b, k = q.shape[1] * world_size, q.shape[0]
+    k = q.shape[0]
+    if valid is None:
+        b = q.shape[1] * world_size
+    else:
+        q = q * valid.float()
+        b = reduce(valid.float().sum())
     q = q / reduce(q.sum())
     for _ in range(iterations):
         q = q / reduce(q.sum(dim=1, keepdim=True)) / k  # prototypes: rows sum to 1/K over the global batch
-        q = q / q.sum(dim=0, keepdim=True) / b  # samples: columns sum to 1/B
+        columns = q.sum(dim=0, keepdim=True)
+        q = (q / (columns if valid is None else columns.clamp(min=torch.finfo(q.dtype).tiny))) / b  # samples: 1/B
     return (q * b).t()
 
 

@@ -101,7 +101,8 @@ class OptimConfig:
     min_lr: float = 0.0
     scale_min_lr: bool | None = None  # None: the method's official rule (scaled as base_lr; DINO, iBOT, MAE: as given)
     decay_1d: bool = True  # AdamW/SGD: decay biases and norm weights too (the official MoCo v3 / SimSiam code does)
-    lr_scaling: str = "linear"  # linear: base_lr * batch/256 | sqrt: base_lr * sqrt(batch/256) (cookbook §3.5)
+    # linear: base_lr * batch/256 | sqrt: base_lr * sqrt(batch/256) (cookbook §3.5) | sqrt_1024: DINOv2's
+    lr_scaling: str = "linear"
     predictor_lr_mult: float = 1.0  # predictor lr = mult × scheduled lr (DirectPred studies 1–10×)
     predictor_weight_decay: float | None = None  # None: same as weight_decay
     fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
@@ -115,8 +116,8 @@ class OptimConfig:
         for key in ("base_lr", "weight_decay", "warmup_epochs", "min_lr", "predictor_lr_mult", "lr_1d_mult"):
             if getattr(self, key) < 0:
                 raise UserError(f"optim.{key}={getattr(self, key)} must be >= 0")
-        if self.lr_scaling not in ("linear", "sqrt"):
-            raise UserError(f"optim.lr_scaling={self.lr_scaling!r} is not known; use linear or sqrt")
+        if self.lr_scaling not in ("linear", "sqrt", "sqrt_1024"):
+            raise UserError(f"optim.lr_scaling={self.lr_scaling!r} is not known; use linear, sqrt or sqrt_1024")
         if self.lr_schedule_unit not in ("iteration", "epoch"):
             raise UserError(f"optim.lr_schedule_unit={self.lr_schedule_unit!r} is not known; use iteration or epoch")
         if not 0 <= self.momentum < 1:

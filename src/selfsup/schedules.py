@@ -18,6 +18,7 @@ class StepValues:
     weight_decay: float | None = None  # the decayed groups' weight decay (DINO's cosine); None: as the optimiser has it
     momentum: float | None = None  # the momentum m of the step's EMA targets; None: none scheduled
     extras: dict[str, float] = field(default_factory=dict)  # the method's own (DINO's teacher_temp): set as attributes
+    frozen: tuple[str, ...] = ()  # names of parameter groups whose lr is 0 this step (DINOv2's last layer, epoch 0)
 
 
 def warmup_cosine(step: float, total_steps: int, warmup_steps: int, peak: float, final: float = 0.0) -> float:
@@ -43,13 +44,17 @@ def momentum_cosine(step: float, total_steps: int, m0: float) -> float:
 
 
 def scaled_lr(base_lr: float, batch_size: int, rule: str = "linear") -> float:
-    """``lr = base_lr · batch / 256`` (linear rule, Goyal et al.) or ``base_lr · sqrt(batch / 256)`` (the square-root
-    rule of SimCLR's appendix B.1, which the SSL cookbook §3.5 recommends for small batches); batch = global batch."""
+    """``lr = base_lr · batch / 256`` (linear rule, Goyal et al.), ``base_lr · sqrt(batch / 256)`` (the square-root
+    rule of SimCLR's appendix B.1, which the SSL cookbook §3.5 recommends for small batches) or ``base_lr ·
+    sqrt(batch / 1024)`` (``sqrt_1024``: DINOv2's only rule, dinov2/utils/config.py:21-26 ``sqrt_wrt_1024``);
+    batch = global batch."""
     if rule == "linear":
         return base_lr * batch_size / 256
     if rule == "sqrt":
         return base_lr * math.sqrt(batch_size / 256)
-    raise ValueError(f"unknown lr scaling rule {rule!r}; use linear or sqrt")
+    if rule == "sqrt_1024":
+        return base_lr * math.sqrt(batch_size / 1024)
+    raise ValueError(f"unknown lr scaling rule {rule!r}; use linear, sqrt or sqrt_1024")
 
 
 def dino_cosine(step: int, total_steps: int, warmup_steps: int, base: float, final: float,

@@ -57,11 +57,20 @@ def default_max_blocks(grid: tuple[int, int], pred_ratio, pred_ratio_var) -> int
 def block_masks(ratio: Tensor, grid: tuple[int, int], generator: torch.Generator,
                 aspect_ratio: tuple[float, float] = (0.3, 1 / 0.3), max_blocks: int | None = None) -> Tensor:
     """(n, H, W) bool block-wise masks, mask i with the target ``ratio[i] · H · W`` (BEiT / iBOT block loop)."""
-    n, (H, W), dev = ratio.shape[0], grid, ratio.device
+    H, W = grid
+    return block_loop(ratio.float() * H * W, grid, generator, aspect_ratio, max_blocks,
+                      low=float((min(H, W) // 3) ** 2))
+
+
+def block_loop(high: Tensor, grid: tuple[int, int], generator: torch.Generator,
+               aspect_ratio: tuple[float, float] = (0.3, 1 / 0.3), max_blocks: int | None = None, *,
+               low: float, block_max: float | None = None) -> Tensor:
+    """(n, H, W) bool masks by the block loop, mask i grown to at most ``high[i]`` patches: each round's rectangles
+    have an area ``U(low, min(high − masked, block_max))`` (iBOT: ``low = (min(H, W) // 3)²``, no ``block_max``;
+    DINOv2's MaskingGenerator: ``low = min_num_patches = 4``, ``block_max = max_num_patches = 0.5 · H · W``)."""
+    n, (H, W), dev = high.shape[0], grid, high.device
     rounds = H * W if max_blocks is None else max_blocks  # H · W: enough for any ratio
-    low = float((min(H, W) // 3) ** 2)
     log_lo, log_hi = math.log(aspect_ratio[0]), math.log(aspect_ratio[1])
-    high = ratio.float() * H * W
     mask = torch.zeros(n, H, W, dtype=torch.bool, device=dev)
     count = torch.zeros(n, device=dev)
     active = count < high  # the official ``while mask_count < high``
@@ -70,6 +79,8 @@ def block_masks(ratio: Tensor, grid: tuple[int, int], generator: torch.Generator
     sample = torch.arange(n, device=dev)
     for _ in range(rounds):
         remaining = (high - count)[:, None]  # max_mask_patches
+        if block_max is not None:
+            remaining = remaining.clamp(max=block_max)
         u = torch.rand(4, n, ATTEMPTS, generator=generator, device=dev)
         area = low + (remaining - low) * u[0]  # random.uniform(low, remaining), either order
         aspect = torch.exp(log_lo + (log_hi - log_lo) * u[1])
@@ -113,3 +124,42 @@ def ibot_masks(n: int, grid: tuple[int, int], generator: torch.Generator, pred_r
     if max_blocks is None:
         max_blocks = default_max_blocks(grid, pred_ratio, pred_ratio_var)
     return block_masks(ratio, grid, generator, aspect_ratio, max_blocks)
+
+
+def dinov2_masks(n: int, grid: tuple[int, int], generator: torch.Generator, probability: float = 0.5,
+                 ratio_min_max: tuple[float, float] = (0.1, 0.5), device=None) -> Tensor:
+    """(n, H, W) bool masks of the ``n`` global crops of one process's batch, as DINOv2's collate
+    (dinov2/data/collate.py:20-36, train.py:170-173, data/masking.py):
+
+    * ``k = int(n · probability)`` crops are masked; crop i < k gets the target ``int(N · U(p_i, p_{i+1}))``
+      patches with ``p = linspace(min, max, k + 1)`` (the ratios stratified over the range); the others none;
+    * each target by the block loop with ``min_num_patches`` 4 and at most ``0.5 · N`` patches per block
+      (``max_num_patches = 0.5 · H · W``), aspect ratio log-uniform in (0.3, 1/0.3);
+    * the n masks shuffled over the crops (``random.shuffle``): here by a random permutation.
+
+    The draws come from the step's generator on the device, as :func:`ibot_masks`."""
+    H, W = grid
+    N, k = H * W, int(n * probability)
+    p = torch.linspace(ratio_min_max[0], ratio_min_max[1], k + 1, device=device)
+    u = torch.rand(k, generator=generator, device=device)
+    counts = torch.zeros(n, device=device)
+    counts[:k] = (N * (p[:-1] + (p[1:] - p[:-1]) * u)).floor()  # int(N · random.uniform(p_i, p_i+1))
+    counts = counts[torch.randperm(n, generator=generator, device=device)]
+    rounds = dinov2_max_masked(grid, ratio_min_max)
+    masks = block_loop(counts, grid, generator, (0.3, 1 / 0.3), max(rounds, 1), low=4.0, block_max=0.5 * N)
+    return masks
+
+
+def dinov2_max_masked(grid: tuple[int, int], ratio_min_max: tuple[float, float] = (0.1, 0.5)) -> int:
+    """The most patches one crop's DINOv2 mask holds, ``int(N · max ratio)`` (a target never passes it)."""
+    return int(grid[0] * grid[1] * torch.tensor(ratio_min_max[1]))
+
+
+def dinov2_upperbound(n: int, grid: tuple[int, int], probability: float = 0.5,
+                      ratio_min_max: tuple[float, float] = (0.1, 0.5)) -> int:
+    """DINOv2's ``upperbound`` (collate.py:24-30): ``Σ_i int(N · p_{i+1})`` over the ``int(n · probability)`` masked
+    crops, the most masked patches a batch of ``n`` global crops holds: the static length of the flat buffer of
+    masked patch tokens the heads run on."""
+    N, k = grid[0] * grid[1], int(n * probability)
+    p = torch.linspace(ratio_min_max[0], ratio_min_max[1], k + 1)  # float32, as the collate's
+    return int((N * p[1:]).floor().sum())

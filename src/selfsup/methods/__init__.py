@@ -9,6 +9,7 @@ from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
 from selfsup.methods.dino import DINO
+from selfsup.methods.dinov2 import DINOv2
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.ibot import iBOT
 from selfsup.methods.mae import MAE
@@ -32,6 +33,7 @@ METHODS: dict[str, type] = {
     "wmse": WMSE,
     "nnclr": NNCLR,
     "ibot": iBOT,
+    "dinov2": DINOv2,
     "mae": MAE,
     "flow_matching": FlowMatching,
     "self_flow": SelfFlow,
@@ -49,4 +51,4 @@ def registered_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "registered_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "DINO", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]
+           "VICReg", "DINO", "DINOv2", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]

@@ -187,6 +187,8 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
                 **({"pos_embed": m.pos_embed} if m.pos_embed != "sincos" else {}),
                 **({"final_norm": False} if not m.final_norm else {}),
                 **({"init": m.init} if m.init != "moco_v3" else {}),
+                **({"registers": m.registers} if m.registers else {}), **({"ffn": m.ffn} if m.ffn != "mlp" else {}),
+                **({"drop_path_uniform": True} if m.drop_path_uniform else {}),
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 
@@ -387,11 +389,13 @@ class TrainingBase(pl.LightningModule):
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         """Applies this step's ``schedule``: each parameter group's lr (× its ``lr_scale``; ``fixed_lr`` groups the
-        peak) and, where given, weight decay (the ``decayed`` groups), the momentum (``self.momentum`` and the
+        peak; the ``frozen`` groups 0) and, where given, weight decay (the ``decayed`` groups), the momentum (``self.momentum`` and the
         in-step EMA weight) and the method's extras (attributes of their names)."""
         v = self.schedule(self.trainer.global_step, self.current_epoch)
         for group in self.trainer.optimizers[0].param_groups:
             group["lr"] = (v.peak_lr if group["fixed_lr"] else v.lr) * group["lr_scale"]
+            if group.get("name") in v.frozen:
+                group["lr"] = 0.0
             if v.weight_decay is not None and group["decayed"]:
                 group["weight_decay"] = v.weight_decay
         if v.momentum is not None:

@@ -158,15 +158,21 @@ class DINO(SSLMethod):
         loss = dino_cross_entropy(s_logits, q, c.student_temp, self.n_global)
         signs = self.teacher_signs(t_logits, q)
         signs["dino_kl_teacher_student"] = loss.detach() - signs["dino_teacher_entropy"]  # mean KL(q_i || p_v)
-        if c.koleo_loss_weight > 0:  # per global crop: not between two crops of one image (ssl_meta_arch.py)
-            terms = [koleo_loss(f) for f in s_feats[:self.n_global]]
-            koleo = c.koleo_loss_weight * sum(t[0] for t in terms)
+        if c.koleo_loss_weight > 0:
+            koleo, koleo_signs = self.koleo(s_feats[:self.n_global])
             loss = loss + koleo
-            signs["koleo_loss"] = koleo.detach()
-            signs["koleo_nn_distance"] = sum(t[1] for t in terms) / len(terms)
+            signs.update(koleo_signs)
         if c.centering == "centering":
             self.update_center(t_logits)
         return StepOutput(loss, embedding=t_feats[0], embedding2=t_feats[1], instruments=signs)
+
+    def koleo(self, global_feats) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """DINOv2's KoLeo term on the student backbone's features of each global crop, not across the crops of one
+        image (ssl_meta_arch.py:313-320): ``koleo_loss_weight · Σ_crops koleo(crop)``; and its signs, the term
+        and the mean nearest-neighbour distance it acts on."""
+        terms = [koleo_loss(f) for f in global_feats]
+        koleo = self.cfg.method.koleo_loss_weight * sum(t[0] for t in terms)
+        return koleo, {"koleo_loss": koleo.detach(), "koleo_nn_distance": sum(t[1] for t in terms) / len(terms)}
 
     @torch.no_grad()
     def teacher_targets(self, t_logits: torch.Tensor) -> torch.Tensor:

@@ -42,17 +42,21 @@ def _timm_backbone(model_name: str, in_chans: int, image_size: int, drop_path_ra
 
 def _vit(name: str, *, in_chans: int, image_size: int, patch_size: int = 16, drop_path_rate: float = 0.0,
          pool: str = "cls", stop_grad_conv1: bool = False, layer_scale: float = 0.0, pos_embed: str = "sincos",
-         init: str = "moco_v3", final_norm: bool = True, **_) -> nn.Module:
+         init: str = "moco_v3", final_norm: bool = True, registers: int = 0, ffn: str = "mlp",
+         drop_path_uniform: bool = False, **_) -> nn.Module:
     return VisionTransformer(image_size=image_size, patch_size=patch_size, in_chans=in_chans,
                              drop_path_rate=drop_path_rate, pool=pool, stop_grad_conv1=stop_grad_conv1,
                              layer_scale=layer_scale, pos_embed=pos_embed, init=init, final_norm=final_norm,
-                             **VIT_SIZES[name])
+                             registers=registers, ffn=ffn, drop_path_uniform=drop_path_uniform, **VIT_SIZES[name])
 
 
 def _vit_only(name: str, layer_scale: float = 0.0, pos_embed: str = "sincos", init: str = "moco_v3",
-              final_norm: bool = True) -> None:
-    """LayerScale, the position-embedding kind, the init scheme and dropping the final norm belong to the
-    selfsup ViTs."""
+              final_norm: bool = True, registers: int = 0, ffn: str = "mlp", drop_path_uniform: bool = False) -> None:
+    """LayerScale, the position-embedding kind, the init scheme, dropping the final norm, registers, the SwiGLU
+    FFN and a uniform drop path belong to the selfsup ViTs."""
+    if registers or ffn != "mlp" or drop_path_uniform:
+        raise ValueError(f"model.registers / model.ffn / model.drop_path_uniform apply to the selfsup ViTs "
+                         f"({', '.join(VIT_SIZES)}), not to {name}; leave them at 0 / mlp / false")
     if pos_embed != "sincos" or init != "moco_v3" or not final_norm:
         raise ValueError(f"model.pos_embed / model.init / model.final_norm apply to the selfsup ViTs "
                          f"({', '.join(VIT_SIZES)}), not to {name}; leave them at sincos / moco_v3 / true")
@@ -63,20 +67,21 @@ def _vit_only(name: str, layer_scale: float = 0.0, pos_embed: str = "sincos", in
 
 def _resnet(name: str, *, in_chans: int, small_stem: bool = False, zero_init_residual: bool = False,
             layer_scale: float = 0.0, pos_embed: str = "sincos", init: str = "moco_v3", final_norm: bool = True,
-            **_) -> nn.Module:
-    _vit_only(name, layer_scale, pos_embed, init, final_norm)
+            registers: int = 0, ffn: str = "mlp", drop_path_uniform: bool = False, **_) -> nn.Module:
+    _vit_only(name, layer_scale, pos_embed, init, final_norm, registers, ffn, drop_path_uniform)
     return resnet(name, in_chans=in_chans, small_stem=small_stem, zero_init_residual=zero_init_residual)
 
 
 def _convnet(name: str, *, in_chans: int, layer_scale: float = 0.0, pos_embed: str = "sincos", init: str = "moco_v3",
-             **_) -> nn.Module:
-    _vit_only(name, layer_scale, pos_embed, init)
+             registers: int = 0, ffn: str = "mlp", drop_path_uniform: bool = False, **_) -> nn.Module:
+    _vit_only(name, layer_scale, pos_embed, init, True, registers, ffn, drop_path_uniform)
     return convnet(name, in_chans=in_chans)
 
 
 def _timm(name: str, *, in_chans: int, image_size: int, drop_path_rate: float = 0.0, layer_scale: float = 0.0,
-          pos_embed: str = "sincos", init: str = "moco_v3", final_norm: bool = True, **_) -> nn.Module:
-    _vit_only(name, layer_scale, pos_embed, init, final_norm)
+          pos_embed: str = "sincos", init: str = "moco_v3", final_norm: bool = True, registers: int = 0,
+          ffn: str = "mlp", drop_path_uniform: bool = False, **_) -> nn.Module:
+    _vit_only(name, layer_scale, pos_embed, init, final_norm, registers, ffn, drop_path_uniform)
     return _timm_backbone(name[len(TIMM_PREFIX):], in_chans, image_size, drop_path_rate)
 
 
@@ -88,7 +93,8 @@ def _flow_encoder(name: str, **kwargs) -> nn.Module:
 # (``methods.base.backbone_kwargs``: in_chans, image_size, patch_size, drop_path_rate, pool, ...) and
 # ignore the others; ``flow_encoder`` takes ``FlowEncoder.build``'s (sit, block, t, fit, seed).
 IMAGE_KEYS = {"in_chans", "image_size", "patch_size", "drop_path_rate", "pool", "stop_grad_conv1", "small_stem",
-              "zero_init_residual", "layer_scale", "pos_embed", "init", "final_norm"}
+              "zero_init_residual", "layer_scale", "pos_embed", "init", "final_norm", "registers", "ffn",
+              "drop_path_uniform"}
 BUILDERS: dict[str, Callable[..., nn.Module]] = {**{n: _vit for n in VIT_SIZES}, **{n: _resnet for n in RESNET_NAMES},
                                                  **{n: _convnet for n in CONVNET_SIZES}, FLOW_ENCODER: _flow_encoder}
 

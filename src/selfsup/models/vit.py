@@ -142,6 +142,22 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+class SwiGLUFFN(nn.Module):
+    """DINOv2's ``swiglufused`` FFN (dinov2/layers/swiglu_ffn.py ``SwiGLUFFNFused``): ``w3(silu(a) · b)`` with
+    ``a, b = w12(x).chunk(2)``; the hidden width is ``hidden · 2/3`` rounded up to a multiple of 8 (4096 → 2736 in
+    ViT-L/14), so the parameter count stays near the GELU MLP's."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        hidden = (int(hidden * 2 / 3) + 7) // 8 * 8
+        self.w12 = nn.Linear(dim, 2 * hidden)
+        self.w3 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.w12(x).chunk(2, dim=-1)
+        return self.w3(F.silu(a) * b)
+
+
 class LayerScale(nn.Module):
     """Per-channel scale ``gamma`` of a residual branch, initialised to a small constant (Touvron et al. 2021,
     CaiT); timm name ``ls1.gamma`` / ``ls2.gamma``."""
@@ -156,16 +172,16 @@ class LayerScale(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + dp(ls1(attn(norm1(x)))); x + dp(ls2(mlp(norm2(x)))); ls = identity
-    unless ``layer_scale`` > 0."""
+    unless ``layer_scale`` > 0; ``ffn``: mlp (GELU) or swiglu (DINOv2's ViT-L/g)."""
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, drop_path: float,
-                 layer_scale: float = 0.0):
+                 layer_scale: float = 0.0, ffn: str = "mlp"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.ls1 = LayerScale(dim, layer_scale) if layer_scale > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = (SwiGLUFFN if ffn == "swiglu" else Mlp)(dim, int(dim * mlp_ratio))
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale > 0 else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
@@ -203,6 +219,9 @@ class VisionTransformer(nn.Module):
         pos_embed: str = "sincos",
         init: str = "moco_v3",
         final_norm: bool = True,
+        registers: int = 0,
+        ffn: str = "mlp",
+        drop_path_uniform: bool = False,
     ):
         super().__init__()
         if pool not in ("cls", "avg", "global"):
@@ -210,6 +229,8 @@ class VisionTransformer(nn.Module):
         if pos_embed not in ("sincos", "learned", "none") or init not in ("moco_v3", "trunc_normal"):
             raise ValueError(f"pos_embed must be sincos, learned or none and init moco_v3 or trunc_normal, "
                              f"got {pos_embed!r}, {init!r}")
+        if ffn not in ("mlp", "swiglu") or registers < 0:
+            raise ValueError(f"ffn must be mlp or swiglu and registers >= 0, got {ffn!r}, {registers}")
         if image_size % patch_size != 0:
             raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}; "
                              "choose a patch size that divides the image size")
@@ -217,7 +238,8 @@ class VisionTransformer(nn.Module):
                            depth=depth, num_heads=num_heads, mlp_ratio=float(mlp_ratio), qkv_bias=qkv_bias,
                            drop_path_rate=float(drop_path_rate), pool=pool, stop_grad_conv1=stop_grad_conv1,
                            layer_scale=float(layer_scale), pos_embed=pos_embed,
-                           init=init, final_norm=bool(final_norm))  # every constructor argument (the export's metadata)
+                           init=init, final_norm=bool(final_norm), registers=int(registers), ffn=ffn,
+                           drop_path_uniform=bool(drop_path_uniform))  # every constructor argument (the export's metadata)
         self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth, self.pool = depth, pool
@@ -230,8 +252,16 @@ class VisionTransformer(nn.Module):
         table = torch.zeros(1, 1 + grid * grid, embed_dim) if self.no_pos else \
             build_2d_sincos_position_embedding(grid, embed_dim)
         self.pos_embed = nn.Parameter(table, requires_grad=self.learned_pos)
-        rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r, layer_scale) for r in rates])
+        # stochastic depth rising linearly over the blocks (timm / DINO), or the same in each (DINOv2's
+        # drop_path_uniform, vision_transformer.py:118-121)
+        rates = [drop_path_rate if drop_path_uniform else drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, r, layer_scale, ffn)
+                                      for r in rates])
+        # DINOv2's register tokens ("Vision Transformers Need Registers", dinov2 vision_transformer.py:96-98, :225):
+        # learned tokens after the class token, without positions, dropped from every output
+        self.registers = int(registers)
+        if self.registers:
+            self.register_tokens = nn.Parameter(torch.zeros(1, self.registers, embed_dim))
         if pool == "global":  # MAE: the final norm moves after the pooling (timm's fc_norm)
             self.norm, self.fc_norm = nn.Identity(), nn.LayerNorm(embed_dim, eps=1e-6)
         else:
@@ -250,6 +280,8 @@ class VisionTransformer(nn.Module):
         if self.learned_pos:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if self.registers:
+            nn.init.normal_(self.register_tokens, std=1e-6)  # dinov2 vision_transformer.py:190-191
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -278,6 +310,8 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
         nn.init.normal_(self.cls_token, std=1e-6)
+        if self.registers:
+            nn.init.normal_(self.register_tokens, std=1e-6)
         proj = self.patch_embed.proj
         bound = math.sqrt(6.0 / (self.in_chans * self.patch_size**2 + self.embed_dim))
         nn.init.uniform_(proj.weight, -bound, bound)
@@ -327,7 +361,16 @@ class VisionTransformer(nn.Module):
         if mask is not None:
             x = torch.where(mask.reshape(x.shape[0], -1, 1), self.masked_embed.to(x.dtype), x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos
-        return self.norm(self.blocks(x))
+        return self._blocks_and_norm(x)
+
+    def _blocks_and_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The blocks and the final norm on (B, 1+N, D) tokens; register tokens, if any, are inserted after the
+        class token before the blocks and removed after the norm."""
+        if not self.registers:
+            return self.norm(self.blocks(x))
+        x = torch.cat([x[:, :1], self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype), x[:, 1:]], dim=1)
+        x = self.norm(self.blocks(x))
+        return torch.cat([x[:, :1], x[:, 1 + self.registers:]], dim=1)
 
     def forward_visible(self, x: torch.Tensor, ids_keep: torch.Tensor) -> torch.Tensor:
         """The encoder on a subset of patches (MAE models_mae.py ``forward_encoder``): positions are added to
@@ -338,7 +381,7 @@ class VisionTransformer(nn.Module):
         x = self.patch_embed(x) + self.pos_embed[:, 1:]
         x = torch.gather(x, 1, ids_keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
-        return self.norm(self.blocks(torch.cat([cls, x], dim=1)))
+        return self._blocks_and_norm(torch.cat([cls, x], dim=1))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 return_all_tokens: bool = False) -> torch.Tensor:
@@ -354,7 +397,7 @@ class VisionTransformer(nn.Module):
 
     def layer_id(self, param_name: str) -> int:
         """Depth index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 for the rest."""
-        if param_name.startswith(("patch_embed", "cls_token", "pos_embed", "masked_embed")):
+        if param_name.startswith(("patch_embed", "cls_token", "pos_embed", "masked_embed", "register_tokens")):
             return 0
         if param_name.startswith("blocks."):
             return int(param_name.split(".")[1]) + 1

@@ -1,0 +1,329 @@
+"""DINOv2 (Oquab et al. 2023), as facebookresearch/dinov2 ``dinov2/train/ssl_meta_arch.py`` and ``train/train.py``.
+
+DINO's [CLS] self-distillation (``methods.dino``) and iBOT's masked-patch term, with DINOv2's own choices; per step
+(ssl_meta_arch.py:132-346, file:line of the official code throughout; docs/DINOV2.md lists them):
+
+    m = masks of the 2B global crops: half of them masked, ratios stratified over (0.1, 0.5)   # collate.py:20-36
+    t_cls, t_patch = teacher_head(teacher_backbone(x_global))[cls], [masked patches only]      # no gradient
+    q_cls, q_patch = centre(t_cls), centre(t_patch): DINO's EMA centres, or Sinkhorn-Knopp at τt (3 rounds, over
+                     the global batch; the patches' over the masked ones of every process)
+    s = backbone(x_global, mask=m), backbone(x_local)                                           # mask token
+    L_dino  = Σ over (teacher crop g, student crop v ≠ g) of H(q_cls,g, s_cls,v) / (2 + max(2L, 1))
+    L_koleo = 0.1 · Σ over the 2 global crops of KoLeo(student backbone [CLS])
+    L_ibot  = Σ over masked patches of H(q_patch, s_patch) / (patches masked in its crop) / 2B
+    loss = w_dino · L_dino + L_koleo + w_ibot · L_ibot
+    optimiser step (AdamW, layer-wise lr decay, patch-embedding lr × 0.2, the last layers at lr 0 in the first
+    epoch, each student module's gradient clipped to norm 3); teacher ← EMA of the student (every module)
+
+Where DINOv2 differs from ``methods.dino`` / ``methods.ibot`` (and how it is reproduced here):
+
+- the heads: DINO's head (weight-normalised last layer whose norm starts at 1 and *trains*: ``norm_last_layer``
+  false, dinov2/layers/dino_head.py:22-23) for the [CLS] token and, shared or separate (``ibot_separate_head``), a
+  whole second DINOHead for the patches (iBOT's heads share the MLP); the heads run on the [CLS] tokens and the
+  masked patch tokens only (the static buffer of ``upperbound`` tokens of ssl_meta_arch.py:169-194, 249-262);
+- the loss normalisation: every [CLS] term over ``2 + max(2L, 1)`` (``n_global_crops_loss_terms +
+  n_local_crops_loss_terms``, :147-148, :282, :291-304): with local crops DINO's mean over pairs, without them
+  2/3 of it; the patch term over the 2B crops (``forward_masked``, :322-334; ``loss_scales · ibot_loss_scale`` = 1);
+- one teacher temperature for both terms, warmed up linearly per *iteration* (train.py:84-90), not per epoch;
+- the masks (data.masks.dinov2_masks), the patch centre (the mean over the masked patch tokens of each process,
+  averaged over the processes; ibot_patch_loss.py:128-151), Sinkhorn-Knopp over the masked patches only;
+- the optimiser: per-parameter lr multipliers ``layerwise_decay^(depth + 1 − layer)`` and ×
+  ``patch_embed_lr_mult`` on the patch embedding, no weight decay on biases, norms and LayerScale gammas
+  (param_groups.py:9-90); the ``last_layer`` parameters at lr 0 (not dropped gradients: AdamW's moments still
+  move) during ``freeze_last_layer`` epochs (train.py:97-101, :113-119); clipping by the global norm of each
+  student module (backbone, heads; train.py:250-259), not per tensor as DINO;
+- the lr rule ``base_lr · sqrt(batch / 1024)`` (``optim.lr_scaling=sqrt_1024`` in the presets; config.py:21-26).
+
+An "epoch" of the official schedules is ``OFFICIAL_EPOCH_LENGTH`` = 1250 iterations whatever the data; here it is a
+pass over the data (the same at batch 1024 on ImageNet-1k: 1251 iterations). The official student drops the
+residual of a random subset of the batch (``drop_add_residual_stochastic_depth``, its rate above 0.1); here
+per-sample stochastic depth (the same expectation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from selfsup.data.masks import dinov2_masks, dinov2_upperbound
+from selfsup.distributed import all_reduce_sum, world
+from selfsup.errors import UserError
+from selfsup.losses import dino_center, dino_cross_entropy, dinov2_patch_loss, sinkhorn_knopp
+from selfsup.methods.base import encode_views
+from selfsup.methods.dino import DINO, DINOConfig
+from selfsup.models.heads import DINOHead
+from selfsup.models.vit import VisionTransformer
+from selfsup.optim import build_optimizer
+from selfsup.schedules import StepValues, dino_cosine
+from selfsup.step import StepOutput
+
+
+@dataclass
+class DINOv2Config(DINOConfig):
+    """DINOv2 hyper-parameters; defaults are dinov2/configs/ssl_default_config.yaml (file:line in docs/DINOV2.md)."""
+
+    out_dim: int = 65536  # dino.head_n_prototypes
+    norm_last_layer: bool = False  # DINOv2's head: the last layer's norm starts at 1 and trains
+    momentum: float = 0.992  # teacher.momentum_teacher (cosine to final_momentum_teacher 1)
+    teacher_temp: float = 0.07  # τt of both terms after the warm-up
+    warmup_teacher_temp: float = 0.04
+    warmup_teacher_temp_epochs: int = 30  # linear per iteration
+    koleo_loss_weight: float = 0.1  # dino.koleo_loss_weight
+    dino_loss_weight: float = 1.0  # dino.loss_weight
+    ibot_loss_weight: float = 1.0  # ibot.loss_weight; 0: no masks, no patch term
+    mask_sample_probability: float = 0.5  # the share of global crops masked
+    mask_ratio_min_max: tuple[float, float] = (0.1, 0.5)  # masked crops' ratios, stratified over this range
+    ibot_separate_head: bool = False  # a DINOHead of its own for the patches (true in the ViT-L/g configs)
+    ibot_out_dim: int = 65536  # ibot.head_n_prototypes (the separate head's)
+    ibot_hidden_dim: int = 2048
+    ibot_bottleneck_dim: int = 256
+    ibot_head_layers: int = 3
+    layerwise_decay: float = 0.9  # optim.layerwise_decay: lr × decay^(depth + 1 − layer_id) in the backbone
+    patch_embed_lr_mult: float = 0.2  # optim.patch_embed_lr_mult
+    clip_grad: float = 3.0  # each student module's gradients scaled to a global norm ≤ 3; 0 = off
+    freeze_last_layer: int = 1  # optim.freeze_last_layer_epochs: the last layers' lr is 0
+    # OFFICIAL_EPOCH_LENGTH: the iterations of one "epoch" of every schedule above and of optim.warmup_epochs (1250
+    # in the official configs, whatever the data; the presets then give trainer.max_steps = epochs x 1250); 0: one
+    # pass over the data, as every other method here
+    epoch_length: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("ibot_out_dim", "ibot_hidden_dim", "ibot_bottleneck_dim", "ibot_head_layers"):
+            if getattr(self, key) < 1:
+                raise UserError(f"method.{key}={getattr(self, key)} must be >= 1")
+        if self.centering == "none":
+            raise UserError("method.centering=none: DINOv2 centres with centering or sinkhorn_knopp")
+        for key in ("dino_loss_weight", "ibot_loss_weight", "patch_embed_lr_mult", "epoch_length"):
+            if getattr(self, key) < 0:
+                raise UserError(f"method.{key}={getattr(self, key)} must be >= 0")
+        if not 0 < self.layerwise_decay <= 1:
+            raise UserError(f"method.layerwise_decay={self.layerwise_decay} must be in (0, 1]")
+        lo, hi = self.mask_ratio_min_max
+        if not 0 <= lo <= hi < 1 or (self.ibot_loss_weight > 0 and not hi > 0):
+            raise UserError(f"method.mask_ratio_min_max={list(self.mask_ratio_min_max)} must be 0 <= min <= max < 1 "
+                            "with max > 0 (ssl_meta_arch.py:91)")
+        if not 0 <= self.mask_sample_probability <= 1:
+            raise UserError(f"method.mask_sample_probability={self.mask_sample_probability} must be in [0, 1]")
+        if self.use_bn_in_head:
+            raise UserError("method.use_bn_in_head=true: the DINOv2 heads run on token sets; set it to false")
+
+
+def dinov2_param_groups(modules: dict[str, nn.Module], weight_decay: float, layerwise_decay: float,
+                        patch_embed_lr_mult: float) -> list[dict]:
+    """DINOv2's parameter groups (dinov2/utils/param_groups.py ``get_params_groups_with_decay`` + ``fuse``): per
+    parameter an lr multiplier (in a ViT backbone ``decay^(depth + 1 − layer_id)``: 0 the embeddings, the class,
+    mask and register tokens; i + 1 block i; depth + 1 the rest; × ``patch_embed_lr_mult`` on the patch
+    embedding), no weight decay for names ending ``.bias`` or holding ``norm`` or ``gamma``, and ``last_layer``
+    parameters in groups of their own (named ``last_layer``: the schedule's ``frozen``); groups fused by those
+    three keys. Each group carries ``lr_scale``, ``fixed_lr``, ``name`` and its initial ``weight_decay``."""
+    fused: dict[tuple, dict] = {}
+    for module_name, module in modules.items():
+        depth = module.depth if isinstance(module, VisionTransformer) else None
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            scale = 1.0
+            if depth is not None:
+                scale = layerwise_decay ** (depth + 1 - module.layer_id(name))
+                if "patch_embed" in name:
+                    scale *= patch_embed_lr_mult
+            decayed = not (name.endswith(".bias") or "norm" in name or "gamma" in name)
+            last = "last_layer" in name
+            key = (scale, decayed, last)
+            if key not in fused:
+                fused[key] = dict(params=[], lr_scale=scale, fixed_lr=False, decayed=decayed,
+                                  name="last_layer" if last else module_name,
+                                  weight_decay=weight_decay if decayed else 0.0)
+            fused[key]["params"].append(p)
+    return list(fused.values())
+
+
+class DINOv2(DINO):
+    """DINO's [CLS] distillation + iBOT's masked patches + KoLeo, with DINOv2's heads, masks and optimiser."""
+    collapse_remedy = ("method.centering=sinkhorn_knopp; a higher method.teacher_temp or its warm-up; a lower "
+                       "optim.base_lr; a smaller method.out_dim")
+
+    Config = DINOv2Config
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c, vit = cfg.method, self.backbone
+        if c.ibot_separate_head:  # a whole DINOHead of its own (ssl_meta_arch.py:95-109)
+            self.ibot_head = DINOHead(vit.num_features, c.ibot_out_dim, c.ibot_hidden_dim, c.ibot_bottleneck_dim,
+                                      c.ibot_head_layers, False, c.norm_last_layer)
+            self.teacher_ibot_head = self.momentum_target(self.ibot_head)
+        self.backbone.add_mask_token()  # after the teacher's copy: only the student uses it
+        self.patch_dim = c.ibot_out_dim if c.ibot_separate_head else c.out_dim
+        self.register_buffer("center2", torch.zeros(1, 1, self.patch_dim))
+        grid = vit.image_size // vit.patch_size
+        self.grid = (grid, grid)
+
+    def upperbound(self, n_crops: int) -> int:
+        """The static length of the masked-token buffer for ``n_crops`` global crops (0 without the patch term)."""
+        c = self.cfg.method
+        if c.ibot_loss_weight == 0:
+            return 0
+        return dinov2_upperbound(n_crops, self.grid, c.mask_sample_probability, tuple(c.mask_ratio_min_max))
+
+    def build_head(self, c) -> nn.Module:
+        vit = self.backbone
+        if not isinstance(vit, VisionTransformer) or vit.pool != "cls":
+            raise UserError(f"method dinov2 needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
+                            f"deit_small, vit_small, vit_base, vit_large), not model.backbone="
+                            f"{self.cfg.model.backbone!r}, model.pool={self.cfg.model.pool!r}")
+        return super().build_head(c)
+
+    def trainable(self):
+        heads = {"ibot_head": self.ibot_head} if self.cfg.method.ibot_separate_head else {}
+        return {"backbone": self.backbone, "head": self.head, **heads}
+
+    def configure_optimizers(self):
+        """AdamW over :func:`dinov2_param_groups` (train.py:61-62; the betas are ``optim.betas``)."""
+        c, o = self.cfg.method, self.cfg.optim
+        return build_optimizer(dinov2_param_groups(self.trainable(), o.weight_decay, c.layerwise_decay,
+                                                   c.patch_embed_lr_mult), o)
+
+    # ----------------------------------------------------------------- the step
+    def step_draws(self, views) -> dict[str, torch.Tensor]:
+        """The global crops' masks (2B, N), drawn before the (compiled) step from the step's generator."""
+        n = sum(v.shape[0] for v in views[:self.n_global])
+        c = self.cfg.method  # drawn whatever ibot_loss_weight: the collate masks the student's crops regardless
+        masks = dinov2_masks(n, self.grid, self.rng(views[0].device), c.mask_sample_probability,
+                             tuple(c.mask_ratio_min_max), views[0].device)
+        return {"masks": masks.flatten(1)}
+
+    def masked_tokens(self, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The static buffer of masked patch tokens (collate.py:37-39; ssl_meta_arch.py:169-194): ``index`` (U,)
+        into the (2B·N) flattened patch tokens, every masked patch first in order (``mask_indices_list``) then
+        padding, U = ``upperbound``; ``valid`` (U,) 1 for a masked patch; ``weights`` (U,) 1 / (masked patches of
+        its crop) for a masked patch, 0 for padding (``masks_weight``). No host read, no data-dependent shape."""
+        flat = masks.flatten()
+        index = flat.to(torch.uint8).argsort(descending=True, stable=True)[:self.upperbound(masks.shape[0])]
+        valid = flat[index].float()
+        per_crop = 1.0 / masks.sum(-1).clamp(min=1).float()
+        weights = valid * per_crop.repeat_interleave(masks.shape[1])[index]
+        return index, valid, weights
+
+    def forward_views(self, views, masks: torch.Tensor | None = None):
+        """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
+        crops (default: :meth:`step_draws`)."""
+        c, n = self.cfg.method, self.n_global
+        if len(views) < n:
+            raise UserError(f"DINOv2 needs the 2 global crops of its view plan, got {len(views)} view(s)")
+        x = torch.cat(views[:n])
+        if masks is None:
+            masks = self.step_draws(views)["masks"]
+        index, valid, weights = self.masked_tokens(masks)
+        n_cls, n_local = x.shape[0], len(views) - n
+        with torch.no_grad():
+            t_tokens = self.teacher_backbone(x, return_all_tokens=True)
+            t_patch = t_tokens[:, 1:].flatten(0, 1)[index]
+            t_cls_logits, t_patch_logits = self.heads(self.teacher_head, self.teacher_ibot_head
+                                                      if c.ibot_separate_head else None, t_tokens[:, 0], t_patch)
+        s_tokens = self.backbone(x, masks, return_all_tokens=True)
+        s_cls, s_patch = s_tokens[:, 0], s_tokens[:, 1:].flatten(0, 1)[index]
+        s_local = torch.cat(encode_views(self.backbone, views[n:], False)) if n_local else s_cls[:0]
+        s_cls_logits, s_patch_logits = self.heads(self.head, self.ibot_head if c.ibot_separate_head else None,
+                                                  torch.cat([s_cls, s_local]), s_patch)
+        q_cls, q_patch = self.targets(t_cls_logits, t_patch_logits, valid)
+        pairs, terms = n * (n + n_local) - n, n * (n - 1) + max(n_local * n, 1)  # ssl_meta_arch.py:147-148
+        loss_dino = dino_cross_entropy(s_cls_logits, q_cls, c.student_temp, n) * (pairs / terms)
+        loss = c.dino_loss_weight * loss_dino
+        signs = self.teacher_signs(t_cls_logits, q_cls)
+        scalars = {"loss_dino": loss_dino.detach()}
+        if c.koleo_loss_weight > 0:
+            koleo, koleo_signs = self.koleo(s_cls.chunk(n))
+            loss = loss + koleo
+            signs.update(koleo_signs)
+            scalars["loss_koleo"] = koleo.detach()
+        if index.numel():
+            loss_ibot = dinov2_patch_loss(s_patch_logits, q_patch, weights, n_cls, c.student_temp)
+            loss = loss + c.ibot_loss_weight * loss_ibot
+            scalars["loss_ibot"] = loss_ibot.detach()
+            q = q_patch.float()
+            entropy = -torch.special.xlogy(q, q).sum(-1)
+            signs.update(dinov2_patch_teacher_entropy=(entropy * valid).sum() / valid.sum().clamp(min=1),
+                         dinov2_center2_norm=self.center2.norm(), dinov2_masked_share=masks.float().mean())
+        if c.centering == "centering":
+            self.update_centers(t_cls_logits, t_patch_logits, valid)
+        b = views[0].shape[0]
+        return StepOutput(loss, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0], scalars=scalars,
+                          instruments=signs)
+
+    def heads(self, dino_head: nn.Module, ibot_head: nn.Module | None, cls: torch.Tensor,
+              patch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The [CLS] tokens through the DINO head and the masked patch tokens through the iBOT head, or both
+        through the shared DINO head in one call (its rows are independent: the official block-diagonal call)."""
+        if ibot_head is not None:
+            return dino_head(cls), ibot_head(patch)
+        out = dino_head(torch.cat([cls, patch]))
+        return out[:cls.shape[0]], out[cls.shape[0]:]
+
+    @torch.no_grad()
+    def targets(self, t_cls: torch.Tensor, t_patch: torch.Tensor,
+                valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's targets at one temperature τt: DINO's centres, ``softmax((t − C) / τt)`` and
+        ``softmax((t − C2) / τt)``, or Sinkhorn-Knopp (3 rounds, ε = τt) over the global batch's [CLS] rows and
+        over the masked patch rows of every process (ssl_meta_arch.py:199-222)."""
+        c, tau = self.cfg.method, self.step_teacher_temp
+        if c.centering == "sinkhorn_knopp":
+            _, size = world()
+            q_patch = (sinkhorn_knopp(t_patch, tau, c.sinkhorn_iterations, world_size=size, all_reduce=all_reduce_sum,
+                                      valid=valid) if t_patch.shape[0] else t_patch)
+            return self.teacher_targets(t_cls), q_patch
+        return self.teacher_targets(t_cls), torch.softmax((t_patch.float() - self.center2[0]) / tau, dim=-1)
+
+    @torch.no_grad()
+    def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor, valid: torch.Tensor) -> None:
+        """C ← m C + (1 − m) Σ t_cls / (2B · world) (dino_clstoken_loss.py:76-99); C2 ← m C2 + (1 − m) ·
+        Σ_processes (mean over its masked patches of t_patch) / world (ibot_patch_loss.py:128-151: the buffer is
+        (1, masked, K), so its "mean over patches" is over the masked tokens and its count 1); one all-reduce."""
+        _, size = world()
+        k = t_cls.shape[1]
+        patch_mean = (t_patch.float() * valid[:, None]).sum(0) / valid.sum().clamp(min=1)
+        total = all_reduce_sum(torch.cat([t_cls.float().sum(0), patch_mean])[None])
+        m = self.cfg.method.center_momentum
+        self.center.copy_(dino_center(self.center, total[:, :k], t_cls.shape[0] * size, m))
+        if t_patch.shape[0]:
+            self.center2.copy_(dino_center(self.center2, total[:, k:].view(1, 1, -1), size, m))
+
+    # ----------------------------------------------------------------- schedules
+    @property
+    def epoch_steps(self) -> int:
+        """The iterations of one schedule epoch: ``method.epoch_length`` (the official 1250), else a data pass."""
+        return self.cfg.method.epoch_length or self.steps_per_epoch
+
+    def warmup_steps(self) -> int:
+        """``optim.warmup_epochs`` schedule epochs in iterations (train.py:71)."""
+        return int(round(self.cfg.optim.warmup_epochs * self.epoch_steps))
+
+    def schedule(self, step: int, epoch: int) -> StepValues:
+        """Per iteration (train.py:65-101, dinov2/utils/utils.py ``CosineScheduler``): lr warm-up from 0 and
+        cosine to ``min_lr``; wd cosine to ``weight_decay_end``; teacher momentum cosine to 1; τt linear from
+        ``warmup_teacher_temp`` over ``warmup_teacher_temp_epochs`` then constant; the ``last_layer`` groups at lr
+        0 during ``freeze_last_layer`` epochs."""
+        o, c, total, spe = self.cfg.optim, self.cfg.method, self.total_steps, self.epoch_steps
+        peak = self.peak_lr()
+        momentum = dino_cosine(step, total, 0, c.momentum, 1.0) if c.momentum_schedule == "cosine" else c.momentum
+        warm = c.warmup_teacher_temp_epochs * spe
+        temp = dino_cosine(step, warm, warm, c.teacher_temp, c.teacher_temp, c.warmup_teacher_temp) \
+            if step < warm else c.teacher_temp
+        frozen = ("last_layer",) if step < c.freeze_last_layer * spe else ()
+        return StepValues(dino_cosine(step, total, self.warmup_steps(), peak, self.final_lr()), peak,
+                          weight_decay=dino_cosine(step, total, 0, o.weight_decay, c.weight_decay_end),
+                          momentum=momentum, extras={"teacher_temp": temp}, frozen=frozen)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Each student module's gradients scaled to a global norm ≤ ``clip_grad`` (FSDP ``clip_grad_norm_`` per
+        module, train.py:257-259: ``min(1, clip / (‖g‖ + 1e-6))``), on the device, no host read."""
+        clip = self.cfg.method.clip_grad
+        if clip <= 0:
+            return
+        for module in self.trainable().values():
+            grads = [p.grad for p in module.parameters() if p.grad is not None]
+            if grads:
+                norm = torch.stack(torch._foreach_norm(grads)).float().norm()
+                torch._foreach_mul_(grads, (clip / (norm + 1e-6)).clamp(max=1.0))
