@@ -389,8 +389,8 @@ class TrainingBase(pl.LightningModule):
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         """Applies this step's ``schedule``: each parameter group's lr (× its ``lr_scale``; ``fixed_lr`` groups the
-        peak; the ``frozen`` groups 0) and, where given, weight decay (the ``decayed`` groups), the momentum (``self.momentum`` and the
-        in-step EMA weight) and the method's extras (attributes of their names)."""
+        peak; the ``frozen`` groups 0) and, where given, weight decay (the ``decayed`` groups), the momentum
+        (``self.momentum`` and the in-step EMA weight) and the method's extras (attributes of their names)."""
         v = self.schedule(self.trainer.global_step, self.current_epoch)
         for group in self.trainer.optimizers[0].param_groups:
             group["lr"] = (v.peak_lr if group["fixed_lr"] else v.lr) * group["lr_scale"]

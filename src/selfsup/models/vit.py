@@ -239,7 +239,7 @@ class VisionTransformer(nn.Module):
                            drop_path_rate=float(drop_path_rate), pool=pool, stop_grad_conv1=stop_grad_conv1,
                            layer_scale=float(layer_scale), pos_embed=pos_embed,
                            init=init, final_norm=bool(final_norm), registers=int(registers), ffn=ffn,
-                           drop_path_uniform=bool(drop_path_uniform))  # every constructor argument (the export's metadata)
+                           drop_path_uniform=bool(drop_path_uniform))  # every constructor argument (the metadata)
         self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth, self.pool = depth, pool
