@@ -311,3 +311,19 @@ def test_registers_and_swiglu_leave_the_outputs_shaped_as_before():
     assert v.register_tokens.shape == (1, 4, 32) and v.layer_id("register_tokens") == 0
     assert [b.drop_path.p for b in v.blocks] == [0.2, 0.2]
     assert v.blocks[0].mlp.w3.in_features == (int(128 * 2 / 3) + 7) // 8 * 8
+
+
+def test_the_instruments_of_both_heads_and_of_koleo():
+    m = dinov2()
+    out = m.forward_views(crops(), masks_of())
+    signs = out.instruments
+    for key in ("dino_teacher_entropy", "dino_teacher_spread", "dino_center_norm", "dinov2_patch_teacher_entropy",
+                "dinov2_patch_teacher_spread", "dinov2_center2_norm", "koleo_loss", "koleo_nn_distance"):
+        assert key in signs and torch.isfinite(signs[key]), key
+    masks = masks_of()
+    with torch.no_grad():
+        tt = m.teacher_backbone(torch.cat(crops()[:2]), return_all_tokens=True)
+        t_patch = m.teacher_head(tt[:, 1:][masks])
+    torch.testing.assert_close(signs["dinov2_patch_teacher_spread"], t_patch.std(0).mean() / m.teacher_temp)
+    assert 0 < float(signs["dinov2_patch_teacher_entropy"]) <= math.log(64) + 1e-4
+    assert set(out.scalars) == {"loss_dino", "loss_koleo", "loss_ibot"}

@@ -131,7 +131,8 @@ class ModelConfig:
     # ViT positions: sincos (fixed, MoCo v3) | learned (DINO / timm; bicubic for other crop sizes) | none (zeros)
     pos_embed: str = "sincos"
     final_norm: bool = True  # ViT: false drops the final LayerNorm (MoCo v3 §6.2: average pooling needs it gone)
-    init: str = "moco_v3"  # ViT init: moco_v3 | trunc_normal (DINO / timm: Linear weights, cls, pos std .02)
+    # ViT init: moco_v3 | trunc_normal (DINO / timm: Linear weights, cls, pos std .02) | dinov2 (the same, cls std 1e-6)
+    init: str = "moco_v3"
     registers: int = 0  # ViT register tokens (DINOv2 "registers": 4), after the class token, dropped from outputs
     ffn: str = "mlp"  # ViT block FFN: mlp (GELU) | swiglu (DINOv2 ViT-L/g's swiglufused)
     drop_path_uniform: bool = False  # ViT: every block the same drop-path rate (DINOv2), not rising linearly
@@ -139,8 +140,8 @@ class ModelConfig:
     def validate(self) -> None:
         if self.pos_embed not in ("sincos", "learned", "none"):
             raise UserError(f"model.pos_embed={self.pos_embed!r} is not known; use sincos, learned or none")
-        if self.init not in ("moco_v3", "trunc_normal"):
-            raise UserError(f"model.init={self.init!r} is not known; use moco_v3 or trunc_normal")
+        if self.init not in ("moco_v3", "trunc_normal", "dinov2"):
+            raise UserError(f"model.init={self.init!r} is not known; use moco_v3, trunc_normal or dinov2")
         if self.pool not in ("cls", "avg"):
             raise UserError(f"model.pool={self.pool!r} is not known; use cls or avg")
         if self.ffn not in ("mlp", "swiglu"):

@@ -243,15 +243,26 @@ class DINOv2(DINO):
             loss_ibot = dinov2_patch_loss(s_patch_logits, q_patch, weights, n_cls, c.student_temp)
             loss = loss + c.ibot_loss_weight * loss_ibot
             scalars["loss_ibot"] = loss_ibot.detach()
-            q = q_patch.float()
-            entropy = -torch.special.xlogy(q, q).sum(-1)
-            signs.update(dinov2_patch_teacher_entropy=(entropy * valid).sum() / valid.sum().clamp(min=1),
-                         dinov2_center2_norm=self.center2.norm(), dinov2_masked_share=masks.float().mean())
+            signs.update(self.patch_signs(t_patch_logits, q_patch, valid), dinov2_masked_share=masks.float().mean())
         if c.centering == "centering":
             self.update_centers(t_cls_logits, t_patch_logits, valid)
         b = views[0].shape[0]
         return StepOutput(loss, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0], scalars=scalars,
                           instruments=signs)
+
+    @torch.no_grad()
+    def patch_signs(self, t_patch: torch.Tensor, q: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """DINO's collapse signs for the patch head, over the masked patch rows: the targets' mean entropy (log K:
+        uniform), the teacher logits' spread (std over the rows, mean over the K outputs) in units of τt, and the
+        patch centre's norm."""
+        n = valid.sum().clamp(min=2)
+        q, t = q.float(), t_patch.float()
+        entropy = (-torch.special.xlogy(q, q).sum(-1) * valid).sum() / n
+        mean = (t * valid[:, None]).sum(0) / n
+        var = (((t - mean) ** 2) * valid[:, None]).sum(0) / (n - 1)
+        return {"dinov2_patch_teacher_entropy": entropy,
+                "dinov2_patch_teacher_spread": var.sqrt().mean() / self.step_teacher_temp,
+                "dinov2_center2_norm": self.center2.norm()}
 
     def heads(self, dino_head: nn.Module, ibot_head: nn.Module | None, cls: torch.Tensor,
               patch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

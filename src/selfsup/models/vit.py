@@ -226,8 +226,8 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if pool not in ("cls", "avg", "global"):
             raise ValueError(f"pool must be 'cls', 'avg' or 'global', got {pool!r}")
-        if pos_embed not in ("sincos", "learned", "none") or init not in ("moco_v3", "trunc_normal"):
-            raise ValueError(f"pos_embed must be sincos, learned or none and init moco_v3 or trunc_normal, "
+        if pos_embed not in ("sincos", "learned", "none") or init not in ("moco_v3", "trunc_normal", "dinov2"):
+            raise ValueError(f"pos_embed must be sincos, learned or none and init moco_v3, trunc_normal or dinov2, "
                              f"got {pos_embed!r}, {init!r}")
         if ffn not in ("mlp", "swiglu") or registers < 0:
             raise ValueError(f"ffn must be mlp or swiglu and registers >= 0, got {ffn!r}, {registers}")
@@ -267,19 +267,23 @@ class VisionTransformer(nn.Module):
         else:
             self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if final_norm else nn.Identity()
         self._other_grids: dict = {}  # fixed sin-cos tables of other grid sizes, per (grid, device)
-        if init == "trunc_normal":
-            self._init_trunc_normal(stop_grad_conv1)
+        if init in ("trunc_normal", "dinov2"):
+            self._init_trunc_normal(stop_grad_conv1, cls_std=1e-6 if init == "dinov2" else 0.02)
         else:
             self._init_weights(stop_grad_conv1)
 
     @torch.no_grad()
-    def _init_trunc_normal(self, stop_grad_conv1: bool) -> None:
+    def _init_trunc_normal(self, stop_grad_conv1: bool, cls_std: float = 0.02) -> None:
         """DINO / timm init (DINO vision_transformer.py:161-172): truncated normal std .02 for every Linear
         weight, the class token and a learned position table; zero Linear biases; LayerNorm 1 / 0; the patch
-        convolution keeps PyTorch's default init."""
+        convolution keeps PyTorch's default init. ``cls_std`` 1e-6 (``init=dinov2``): DINOv2's class token,
+        normal, not truncated."""
         if self.learned_pos:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if cls_std == 0.02:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        else:  # DINOv2 (dinov2 vision_transformer.py:173-178): normal, std 1e-6
+            nn.init.normal_(self.cls_token, std=cls_std)
         if self.registers:
             nn.init.normal_(self.register_tokens, std=1e-6)  # dinov2 vision_transformer.py:190-191
         for m in self.modules():
