@@ -16,16 +16,17 @@ PACKAGE = Path(selfsup.__file__).parent
 # the layers, from the top: the front end (commands; cli is its old entry point), the application (claims, runs,
 # engine, report), config, the methods, and below them the lower layers (instruments, eval, flow, export, models,
 # data and the one-module ones)
-UPPER = ("cli", "commands", "claims", "runs", "engine", "report", "config")
+UPPER = ("cli", "commands", "api", "claims", "runs", "engine", "report", "config")
 ONE_MODULE = ("losses", "schedules", "optim", "distributed", "predictors", "interventions", "memory_format", "host",
               "checkpoints", "step", "errors")
 # (importer prefix, forbidden prefixes): a module matches a prefix when it is that module or inside that package
 FORBIDDEN = [
     ("cli", ("claims", "runs", "engine", "report", "config")),  # the old entry point: only the front end's main
     ("commands", ("cli",)),
-    ("claims", ("cli", "commands")),
-    ("runs", ("cli", "commands", "claims", "engine", "report")),
-    ("engine", ("cli", "commands", "claims", "report")),
+    ("api", ("cli", "commands", "claims", "report")),  # selfsup.pretrain / evaluate: the engine and runs/, as the CLI
+    ("claims", ("cli", "commands", "api")),
+    ("runs", ("cli", "commands", "api", "claims", "engine", "report")),
+    ("engine", ("cli", "commands", "api", "claims", "report")),
     ("report", ("cli", "commands", "claims", "runs", "engine", "methods")),
     ("config", ("cli", "commands", "claims", "runs", "engine", "report", "instruments", "eval", "flow", "export")),
     ("methods", (*UPPER, "instruments", "eval", "flow.sampler", "flow.metrics")),  # flow.path / flow.objective: yes

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from selfsup import __version__
+from selfsup import api
 from selfsup.commands.claims import add_claims_parser
 from selfsup.commands.data import add_data_parser
 from selfsup.commands.eval import add_eval_parser
@@ -83,8 +84,7 @@ def cmd_pretrain(args) -> int:
     if not args.preset:
         raise UserError("selfsup pretrain needs a preset name or YAML file (see `selfsup presets`), "
                         "or --resume RUN_DIR")
-    cfg = load_run_config(args.preset, args.overrides)
-    pretrain(cfg, preset=args.preset)
+    api.pretrain(args.preset, args.overrides)
     return 0
 
 

@@ -1,0 +1,116 @@
+"""selfsup from Python, the same code as the command line: ``pretrain`` a preset into a :class:`Run`, ``evaluate`` it.
+
+    import selfsup
+    run = selfsup.pretrain("simclr-digits", trainer={"max_epochs": 1})   # = selfsup pretrain simclr-digits ...
+    run.backbone, run.config.method, run.metrics[-1]                      # the trained network, its config, logs
+    selfsup.evaluate(run, "knn")["results"]["k=20"]["top1"]               # = selfsup eval knn RUN
+
+Overrides are the CLI's ``dotted.key=value`` items, given as sections (``trainer={"max_epochs": 1}``), as a mapping
+of dotted keys (``{"trainer.max_epochs": 1}``) or as the strings themselves; the typed config checks them as the
+CLI does (an unknown key or a bad value raises :class:`selfsup.errors.UserError`, one line naming the fix).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from selfsup.config import RunConfig, load_run, load_run_config
+from selfsup.errors import UserError
+from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
+from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
+from selfsup.runs.source import load_source
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run folder: its ``config``, its evaluated ``backbone`` (loaded on first use), its logged ``metrics`` (the
+    rows of metrics.csv) and its ``facts`` (run.json: steps, epochs, status)."""
+
+    path: Path
+
+    @property
+    def config(self) -> RunConfig:
+        return load_run(self.path)
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The exported backbone (DINO's teacher, a flow run's encoder: what the run is judged by), eval mode."""
+        return load_source(self.path).backbone.eval()
+
+    @property
+    def metrics(self) -> list[dict[str, float]]:
+        path = self.path / "metrics.csv"
+        if not path.exists():
+            return []
+        with open(path) as f:
+            return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        path = self.path / "run.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
+def override_items(overrides: dict[str, Any] | list[str] | None = None, **sections: dict[str, Any]) -> list[str]:
+    """The CLI's ``key=value`` items of ``overrides`` (a mapping of dotted keys, or the items themselves) and of
+    ``sections`` (``trainer={"max_epochs": 1}`` → ``trainer.max_epochs=1``). Values are written as YAML reads them."""
+    items: list[str] = []
+    if isinstance(overrides, (list, tuple)):
+        items += [str(o) for o in overrides]
+    elif overrides:
+        items += [f"{k}={_yaml(v)}" for k, v in overrides.items()]
+    for section, values in sections.items():
+        if not isinstance(values, dict):
+            raise UserError(f"selfsup.pretrain({section}=...) takes a mapping of that section's keys, e.g. "
+                            f"{section}={{'key': value}}; got {type(values).__name__}")
+        items += [f"{section}.{k}={_yaml(v)}" for k, v in values.items()]
+    return items
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    return str(value)
+
+
+def pretrain(preset: str, overrides: dict[str, Any] | list[str] | None = None, **sections: dict[str, Any]) -> Run:
+    """Train ``preset`` (a name from ``selfsup presets`` or a YAML file) with ``overrides``, as ``selfsup pretrain``
+    (which calls this): the run folder, the checkpoints, the exported backbone and the end-of-run report. A run is
+    continued with ``selfsup pretrain --resume RUN`` (its rules on what may change live there)."""
+    from selfsup import engine  # the Trainer and Lightning: imported when a run starts
+
+    return Run(Path(engine.pretrain(load_run_config(preset, override_items(overrides, **sections)), preset=preset)))
+
+
+PROTOCOLS = {"knn": (run_knn, KnnConfig), "linear": (run_linear, ProbeConfig),
+             "finetune": (run_finetune, FinetuneConfig), "rankme": (run_rankme, SpectrumConfig),
+             "norms-ood": (run_norms_ood, OodConfig)}
+
+
+def evaluate(run: Run | str | Path, protocol: str = "knn", **options: Any) -> dict:
+    """Evaluate a run folder, exported ``.safetensors`` or ``.ckpt`` with one protocol, as ``selfsup eval
+    <protocol>``: ``options`` are fields of its config (``KnnConfig``, ``ProbeConfig``, ``FinetuneConfig``,
+    ``SpectrumConfig``, ``OodConfig``; e.g. ``evaluate(run, "knn", ks=(20,), val_fraction=0.2)``). Returns the
+    results dict, also written to ``RUN/eval/``."""
+    if protocol not in PROTOCOLS:
+        raise UserError(f"selfsup.evaluate: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    runner, config = PROTOCOLS[protocol]
+    fields = set(config.__dataclass_fields__)
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise UserError(f"selfsup.evaluate(..., {protocol!r}): unknown option(s) {', '.join(unknown)}; "
+                        f"{config.__name__} has {', '.join(sorted(fields))}")
+    return runner(Path(run), config(**options) if options else None)
