@@ -1,4 +1,4 @@
-"""Evaluation from Python (``selfsup.runs.evaluate``): the README's snippet on a tiny pretrained run gives the command
+"""Evaluation from Python (``selfsup.runs.evaluate``): docs/evaluation.md's snippet on a tiny pretrained run gives the command
 line's results; the probe's protocol defaults are written once; the projection heads exported by pretraining are
 what ``--embedding projector|predictor`` reads, identical to the checkpoint rebuild it replaces."""
 
@@ -12,7 +12,7 @@ import torch
 
 from ssl_helpers import TINY_TRAINER, run_cli
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
 PRESET = "simsiam-cnn-digits"
 TINY_SIMSIAM = ["method.proj_hidden_dim=64", "method.pred_hidden_dim=32", "method.dim=64", "data.batch_size=64",
                 *(f"trainer.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in TINY_TRAINER.items()),
@@ -29,9 +29,9 @@ def run(tmp_path_factory):
 
 
 def readme_snippet() -> str:
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
               if "from selfsup.runs import" in b and "EvalSession(" in b]
-    assert len(blocks) == 1, "README.md must hold exactly one python block evaluating a run with EvalSession"
+    assert len(blocks) == 1, "docs/evaluation.md must hold exactly one python block evaluating a run with EvalSession"
     return blocks[0]
 
 
@@ -39,7 +39,7 @@ def test_the_readme_snippet_runs_and_gives_the_command_lines_results(run, tmp_pa
     snippet = readme_snippet()
     assert '"runs/simsiam-cnn-digits"' in snippet
     scope: dict = {}
-    exec(compile(snippet.replace('"runs/simsiam-cnn-digits"', repr(str(run))), "README.md", "exec"), scope)
+    exec(compile(snippet.replace('"runs/simsiam-cnn-digits"', repr(str(run))), "docs/evaluation.md", "exec"), scope)
     printed = capsys.readouterr().out.split()
     knn, probe = scope["knn"], scope["probe"]
     assert float(printed[0]) == knn["results"]["k=20"]["top1"] and set(knn["results"]) == {"k=10", "k=20"}

@@ -1,5 +1,5 @@
 """The exported backbone file: its metadata holds the whole architecture and the timm / torchvision recipe;
-the README's ``rebuild`` (run without selfsup importable) gives selfsup's features; ``load_timm`` refuses a
+docs/export.md's ``rebuild`` (run without selfsup importable) gives selfsup's features; ``load_timm`` refuses a
 timm name whose architecture is not the file's."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from selfsup.models.backbones import build_backbone
 from selfsup.models.resnet import resnet
 from selfsup.models.vit import VisionTransformer
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 
 CASES = {  # name -> (backbone, build_backbone kwargs)
     "vit_cls": ("vit_micro", dict(in_chans=1, image_size=8, patch_size=2, pool="cls")),
@@ -50,10 +50,10 @@ def trained_like(backbone: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def readme_rebuild_snippet() -> str:
-    """The README's python block that defines ``rebuild``."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    """docs/export.md's python block that defines ``rebuild``."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
     found = [b for b in blocks if "def rebuild(" in b]
-    assert len(found) == 1, "README.md must hold exactly one python block defining rebuild()"
+    assert len(found) == 1, "docs/export.md must hold exactly one python block defining rebuild()"
     assert not re.search(r"^\s*(import|from)\s+selfsup", found[0], flags=re.M)
     return found[0]
 
@@ -72,7 +72,7 @@ class NoSelfsup(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NoSelfsup())
 work = Path(sys.argv[1])
-exec(compile((work / "snippet.py").read_text(), "README.md", "exec"))
+exec(compile((work / "snippet.py").read_text(), "docs/export.md", "exec"))
 import torch
 from safetensors.torch import load_file, save_file
 inputs = load_file(str(work / "inputs.safetensors"))
@@ -89,7 +89,7 @@ print("imported:", "timm" in sys.modules, "torchvision" in sys.modules)
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """Each case exported, and the README's rebuild run on all of them in one selfsup-free subprocess."""
+    """Each case exported, and the page's rebuild run on all of them in one selfsup-free subprocess."""
     work = tmp_path_factory.mktemp("export")
     models, inputs = {}, {}
     for i, (case, (name, kwargs)) in enumerate(CASES.items()):
@@ -127,7 +127,7 @@ def test_the_metadata_holds_every_constructor_argument(exported):
     assert vit["kwargs"] | {"drop_path_rate": None} == dict(
         image_size=16, patch_size=4, in_chans=3, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0, qkv_bias=True,
         drop_path_rate=None, pool="cls", stop_grad_conv1=False, layer_scale=0.1, pos_embed="sincos", init="moco_v3",
-        final_norm=True)
+        final_norm=True, registers=0, ffn="mlp", drop_path_uniform=False)
     assert (vit["class_token"], vit["pos_embed"], vit["norm_layer"], vit["norm_eps"], vit["mlp_hidden"]) == (
         True, "sincos_2d", "LayerNorm", 1e-6, 512)
     r18 = read_meta(work / "resnet_small_stem.safetensors")["architecture"]

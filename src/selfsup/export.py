@@ -55,7 +55,10 @@ def architecture(backbone: nn.Module) -> dict:
                 "class_token": True,
                 "pos_embed": {"learned": "learned", "none": "none"}.get(k["pos_embed"], "sincos_2d"),
                 "pos_embed_trainable": k["pos_embed"] == "learned",
-                "num_prefix_tokens": 1, "mlp_hidden": int(k["embed_dim"] * k["mlp_ratio"]), "act_layer": "GELU",
+                "num_prefix_tokens": 1 + k.get("registers", 0),  # the class token and any register tokens
+                "mlp_hidden": (backbone.blocks[0].mlp.w3.in_features if k.get("ffn", "mlp") == "swiglu"
+                               else int(k["embed_dim"] * k["mlp_ratio"])),
+                "act_layer": "SwiGLU" if k.get("ffn", "mlp") == "swiglu" else "GELU",
                 "norm_layer": "LayerNorm", "pre_norm": False, "num_features": backbone.num_features,
                 **({"norm_eps": backbone.fc_norm.eps, "final_norm": "fc_norm"} if k["pool"] == "global" else
                    {"norm_eps": backbone.blocks[0].norm1.eps,
