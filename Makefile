@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,10 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -n 2  # one worker a core (each test runs one torch thread)
 
+docs: $(STAMP)
+	$(BIN)/pip install --quiet "mkdocs>=1.6" "mkdocs-material>=9" "mkdocstrings[python]>=0.26"
+	$(BIN)/python -m selfsup.config_reference > docs/config.md
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

@@ -1,5 +1,5 @@
-"""Evaluation from Python (``selfsup.runs.evaluate``): docs/evaluation.md's snippet on a tiny pretrained run gives the command
-line's results; the probe's protocol defaults are written once; the projection heads exported by pretraining are
+"""Evaluation from Python (``selfsup.runs.evaluate``): docs/evaluation.md's snippet on a tiny pretrained run gives the
+command line's results; the probe's protocol defaults are written once; the projection heads exported by pretraining are
 what ``--embedding projector|predictor`` reads, identical to the checkpoint rebuild it replaces."""
 
 import json

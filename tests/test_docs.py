@@ -1,0 +1,126 @@
+"""The README and the docs pages stay true: every python block parses, every ``selfsup`` command of a shell block
+parses with the CLI's own parser (and a pretrain of a shipped preset resolves its overrides into a typed config),
+every relative link points at a file, every page is in the site's navigation, and the config reference is the one
+the dataclasses generate today. The pages' runnable snippets are executed by their own tests (test_eval_api.py,
+test_export.py, test_api.py)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"```([a-z]*)\n(.*?)```", re.S)
+
+
+def blocks(kind: str):
+    for page in PAGES:
+        for lang, body in FENCE.findall(page.read_text()):
+            if (kind == "python") == (lang == "python"):
+                yield page, body
+
+
+def commands():
+    """Each ``selfsup ...`` command of the shell blocks, comments and a synopsis' ``[--flags]`` cut, lines with
+    placeholders (``<...>``, ``…``) left out."""
+    for page, body in blocks("shell"):
+        for line in body.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                part = re.sub(r"\[-[^\]]*\]", "", part).strip()  # a synopsis' [--optional flags]
+                if part.startswith("srun "):
+                    part = part[len("srun "):]
+                if not part.startswith("selfsup ") or "<" in part or "…" in part or "..." in part:
+                    continue
+                yield page.name, shlex.split(part, comments=True)[1:]
+
+
+def test_every_python_block_parses():
+    found = list(blocks("python"))
+    assert len(found) >= 4
+    for page, body in found:
+        ast.parse(body, filename=str(page))
+
+
+def test_every_selfsup_command_parses():
+    from selfsup.commands.main import build_parser
+    from selfsup.config import load_run_config, preset_names
+
+    parser, presets, checked = build_parser(), set(preset_names()), 0
+    for page, argv in commands():
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{page}: `selfsup {' '.join(argv)}` does not parse")
+        if argv[0] == "pretrain" and not args.resume and args.preset in presets:
+            load_run_config(args.preset, args.overrides)  # an unknown key or a bad value raises UserError
+            checked += 1
+    assert checked >= 5
+
+
+def test_every_relative_link_points_at_a_file():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (page.parent / target).exists(), f"{page.name}: link to {target} points at nothing"
+
+
+def test_every_docs_page_is_in_the_site_navigation():
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+
+    def pages(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for v in node.values():
+                yield from pages(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from pages(v)
+
+    listed = set(pages(nav))
+    on_disk = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert on_disk == listed, f"not in mkdocs.yml nav: {sorted(on_disk - listed)}; missing: {sorted(listed - on_disk)}"
+
+
+def test_the_config_reference_is_fresh():
+    from selfsup.config_reference import render
+
+    assert (ROOT / "docs" / "config.md").read_text() == render(), \
+        "docs/config.md is stale: python -m selfsup.config_reference > docs/config.md"
+
+
+def test_the_config_reference_names_every_key_its_type_default_and_presets():
+    from selfsup.config_reference import field_comments, render
+    from selfsup.methods.dinov2 import DINOv2Config
+
+    page = render()
+    assert "| `method.koleo_loss_weight` | `float` | `0.1` | dino.koleo_loss_weight |" in page  # DINOv2's own
+    row = next(line for line in page.splitlines() if line.startswith("| `optim.lr_scaling`"))
+    assert "sqrt_1024" in row and "dinov2-digits" in row
+    assert field_comments(DINOv2Config)["epoch_length"].startswith("OFFICIAL_EPOCH_LENGTH")
+
+
+def site_home(readme: str) -> str:
+    """The site's home page: the README with its links made relative to docs/ (CONTRIBUTING.md is outside)."""
+    text = readme.replace("](docs/", "](")
+    text = text.replace("[development](development.md), [CONTRIBUTING](CONTRIBUTING.md)",
+                        "[development](development.md) (and CONTRIBUTING.md in the repository)")
+    return text.replace("\nThe site: `make docs` builds it with MkDocs into `site/` (`mkdocs.yml`).\n", "\n")
+
+
+def test_the_site_home_is_the_readme():
+    assert (ROOT / "docs" / "index.md").read_text() == site_home((ROOT / "README.md").read_text()), \
+        "docs/index.md is stale: it is the README with links relative to docs/ (tests/test_docs.py site_home)"
+
+
+def test_the_readme_is_a_front_door():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert readme.index("make demo") < readme.index("## ") and "make test" in readme.split("## ")[0]
