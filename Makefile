@@ -22,6 +22,8 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	# the public Python API typed and checked (selfsup.api and what it names; imports followed silently)
+	$(BIN)/mypy --ignore-missing-imports --follow-imports=silent src/selfsup/__init__.py src/selfsup/api.py src/selfsup/config_reference.py
 
 test: lint
 	$(BIN)/python -m pytest -n 2  # one worker a core (each test runs one torch thread)

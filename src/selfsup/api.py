@@ -13,7 +13,9 @@ CLI does (an unknown key or a bad value raises :class:`selfsup.errors.UserError`
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,9 +97,9 @@ def pretrain(preset: str, overrides: dict[str, Any] | list[str] | None = None, *
     return Run(Path(engine.pretrain(load_run_config(preset, override_items(overrides, **sections)), preset=preset)))
 
 
-PROTOCOLS = {"knn": (run_knn, KnnConfig), "linear": (run_linear, ProbeConfig),
-             "finetune": (run_finetune, FinetuneConfig), "rankme": (run_rankme, SpectrumConfig),
-             "norms-ood": (run_norms_ood, OodConfig)}
+PROTOCOLS: dict[str, tuple[Callable[..., dict], type]] = {
+    "knn": (run_knn, KnnConfig), "linear": (run_linear, ProbeConfig), "finetune": (run_finetune, FinetuneConfig),
+    "rankme": (run_rankme, SpectrumConfig), "norms-ood": (run_norms_ood, OodConfig)}
 
 
 def evaluate(run: Run | str | Path, protocol: str = "knn", **options: Any) -> dict:
@@ -108,7 +110,7 @@ def evaluate(run: Run | str | Path, protocol: str = "knn", **options: Any) -> di
     if protocol not in PROTOCOLS:
         raise UserError(f"selfsup.evaluate: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
     runner, config = PROTOCOLS[protocol]
-    fields = set(config.__dataclass_fields__)
+    fields = {f.name for f in dataclasses.fields(config)}
     unknown = sorted(set(options) - fields)
     if unknown:
         raise UserError(f"selfsup.evaluate(..., {protocol!r}): unknown option(s) {', '.join(unknown)}; "

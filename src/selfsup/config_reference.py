@@ -37,7 +37,8 @@ def field_comments(cls: type) -> dict[str, str]:
         name = stripped.split(":", 1)[0].strip()
         if name not in names or not line.startswith("    ") or line.startswith("     ") or ":" not in stripped:
             continue
-        above, j = [], i - 1
+        above: list[str] = []
+        j = i - 1
         while j >= 1 and lines[j - 1].strip().startswith("#"):
             above.insert(0, lines[j - 1].strip().lstrip("#").strip())
             j -= 1
@@ -113,15 +114,15 @@ def render() -> str:
              "preset YAML or on the command line as `section.key=value`; `selfsup presets` lists the presets. "
              "The method section's keys depend on `method.name`.", "", "## Top level", ""]
     lines += section_table("", RunConfig, used)
-    defaults = RunConfig.__dataclass_fields__
+    sections = {f.name: f for f in dataclasses.fields(RunConfig)}
     for section in SECTIONS[1:]:
-        cls = defaults[section].default_factory()  # type: ignore[misc]
-        lines += ["", f"## `{section}`", "", _cell((type(cls).__doc__ or "").strip().splitlines()[0]), ""]
-        lines += section_table(f"{section}.", type(cls), used)
+        cls = type(sections[section].default_factory())  # type: ignore[misc,operator]
+        lines += ["", f"## `{section}`", "", _cell((cls.__doc__ or "").strip().splitlines()[0]), ""]
+        lines += section_table(f"{section}.", cls, used)
     lines += ["", "## `method` (by `method.name`)"]
     for name, method in METHODS.items():
-        cfg = method.Config
-        parents = tuple(c for c in reversed(cfg.__mro__[1:]) if dataclasses.is_dataclass(c))
+        cfg: type = getattr(method, "Config")
+        parents: tuple[type, ...] = tuple(c for c in reversed(cfg.__mro__[1:]) if dataclasses.is_dataclass(c))
         doc = (cfg.__doc__ or "").strip().splitlines()[0] if cfg.__doc__ else ""
         lines += ["", f"### `method.name={name}`", "", _cell(doc), ""]
         lines += section_table("method.", cfg, used, parents, lookup=f"method.{name}.")
