@@ -24,6 +24,7 @@ FORBIDDEN = [
     ("cli", ("claims", "runs", "engine", "report", "config")),  # the old entry point: only the front end's main
     ("commands", ("cli",)),
     ("api", ("cli", "commands", "claims", "report")),  # selfsup.pretrain / evaluate: the engine and runs/, as the CLI
+    ("config_reference", ("cli", "commands", "api", "claims", "runs", "engine", "report")),  # reads config, methods
     ("claims", ("cli", "commands", "api")),
     ("runs", ("cli", "commands", "api", "claims", "engine", "report")),
     ("engine", ("cli", "commands", "api", "claims", "report")),

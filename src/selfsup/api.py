@@ -1,4 +1,5 @@
-"""selfsup from Python, the same code as the command line: ``pretrain`` a preset into a :class:`Run`, ``evaluate`` it.
+"""selfsup from Python, the same code as the command line: ``pretrain`` a preset into a :class:`Run`, ``evaluate`` it;
+or ``method``: a method as a LightningModule around your own backbone, for your own DataLoader and Trainer.
 
     import selfsup
     run = selfsup.pretrain("simclr-digits", trainer={"max_epochs": 1})   # = selfsup pretrain simclr-digits ...
@@ -22,8 +23,9 @@ from typing import Any
 
 from torch import nn
 
-from selfsup.config import RunConfig, load_run, load_run_config
+from selfsup.config import RunConfig, load_run, load_run_config, merge, parse_overrides, preset_names, resolve
 from selfsup.errors import UserError
+from selfsup.methods import METHODS
 from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
 from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
 from selfsup.runs.source import load_source
@@ -116,3 +118,44 @@ def evaluate(run: Run | str | Path, protocol: str = "knn", **options: Any) -> di
         raise UserError(f"selfsup.evaluate(..., {protocol!r}): unknown option(s) {', '.join(unknown)}; "
                         f"{config.__name__} has {', '.join(sorted(fields))}")
     return runner(Path(run), config(**options) if options else None)
+
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def method(name: str, backbone: nn.Module, *, num_features: int, image_size: int, batch_size: int,
+           channels: int = 3, mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
+           overrides: dict[str, Any] | list[str] | None = None, **sections: dict[str, Any]):
+    """A selfsup method as a LightningModule around ``backbone``, any ``nn.Module`` mapping (B, ``channels``,
+    ``image_size``, ``image_size``) images to (B, ``num_features``) features (timm, torchvision, your own).
+
+    ``name`` is a method (``"byol"``: its official defaults, AdamW unless overridden) or a preset
+    (``"byol-fmnist"``: its recipe without its backbone). Give it your own ``DataLoader`` of uint8 or float [0, 1]
+    image tensors (``(images, labels)`` batches or images alone) of ``batch_size`` images a step, all processes
+    together (the lr scaling reads it), under your own ``lightning.pytorch.Trainer``: the method draws its views on
+    the device (the recipe's crops, flips, colour, blur; ``mean`` / ``std`` default to ImageNet's for 3 channels,
+    0.5 / 0.25 for 1), runs its loss, schedules and EMA targets; ``backbone`` is trained in place. Overrides as in
+    :func:`pretrain` (``optim={"base_lr": 1e-3}``). The command line's run folder, checkpoints, instruments and
+    exact resume belong to :func:`pretrain`; here your Trainer decides those."""
+    from selfsup.methods.base import DataInfo, SSLMethod
+    from selfsup.methods.build import build_method
+
+    items = override_items(overrides, **sections) + [f"data.batch_size={batch_size}"]
+    if name in preset_names() or name.endswith((".yaml", ".yml")):
+        cfg = load_run_config(name, items)
+    elif name in METHODS:  # the method's own defaults
+        cfg = resolve(merge({"method": {"name": name}}, parse_overrides(items)))
+    else:
+        raise UserError(f"selfsup.method: {name!r} is neither a method ({', '.join(METHODS)}) nor a preset "
+                        "(selfsup presets)")
+    if not issubclass(cfg.method_cls, SSLMethod):
+        raise UserError(f"selfsup.method({name!r}): a joint-embedding method is needed (the flow family trains its "
+                        "own SiT); use selfsup.pretrain for it")
+    if not hasattr(backbone, "num_features"):
+        backbone.num_features = num_features
+    elif backbone.num_features != num_features:
+        raise UserError(f"selfsup.method: backbone.num_features is {backbone.num_features}, num_features="
+                        f"{num_features}; give the width of the backbone's output")
+    if mean is None or std is None:
+        mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,) * channels, (0.25,) * channels)
+    return build_method(cfg, DataInfo(channels, image_size, tuple(mean), tuple(std), backbone=backbone))

@@ -50,6 +50,9 @@ class DataInfo:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     num_classes: int = 0  # 0: unlabelled data
+    # a user's own network (``selfsup.method``): the method's backbone in place of ``model.backbone``; it must
+    # map (B, C, S, S) images to (B, num_features) and carry ``num_features``
+    backbone: nn.Module | None = None
 
 
 class NonFiniteLoss(UserError):
@@ -522,7 +525,8 @@ class SSLMethod(TrainingBase):
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)
         try:
-            self.backbone = build_backbone(cfg.model.backbone, **backbone_kwargs(cfg, info))
+            self.backbone = info.backbone if info.backbone is not None else build_backbone(
+                cfg.model.backbone, **backbone_kwargs(cfg, info))
         except ValueError as e:
             raise UserError(f"model: {e}") from None
         plan = build_view_plan(cfg.augment, self.recipe, info.image_size)
@@ -576,7 +580,7 @@ class SSLMethod(TrainingBase):
         """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""
         if self.trainer is None or not self.trainer.training:
             return batch
-        images, labels = batch
+        images, labels = (batch, None) if isinstance(batch, Tensor) else batch  # a user's loader may give images only
         device = (images[0] if isinstance(images, (list, tuple)) else images).device  # decoded runs of sizes
         views = self.augment(images, self.seed_step(device))
         if self.memory_format != torch.contiguous_format:
