@@ -327,3 +327,17 @@ def test_the_instruments_of_both_heads_and_of_koleo():
     torch.testing.assert_close(signs["dinov2_patch_teacher_spread"], t_patch.std(0).mean() / m.teacher_temp)
     assert 0 < float(signs["dinov2_patch_teacher_entropy"]) <= math.log(64) + 1e-4
     assert set(out.scalars) == {"loss_dino", "loss_koleo", "loss_ibot"}
+
+
+def test_cut_init_copies_the_student_into_the_teacher_by_name():
+    """The student has a mask token the teacher lacks: cut-init's copy into the EMA targets matches names (a zip
+    of the parameter lists would shift every tensor after it)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = tiny_method("dinov2", {**HEADS}, data={"batch_size": B}, interventions={"cut_init": 3.0})
+    teacher = dict(m.teacher_backbone.named_parameters())
+    for name, p in m.backbone.named_parameters():
+        if name in teacher:
+            assert torch.equal(p, teacher[name]), name

@@ -101,6 +101,8 @@ def cut_init(model: nn.Module, c: float, scope: str = "all") -> None:
         raise ValueError(f"unknown cut_init scope {scope!r}; use all or projector_last")
     for p in params:
         p.div_(c)
-    for online, target in getattr(model, "momentum_pairs", []):
-        for po, pt in zip(online.parameters(), target.parameters()):
-            pt.copy_(po)
+    for online, target in getattr(model, "momentum_pairs", []):  # by name: iBOT's / DINOv2's student has a mask token
+        shadow = dict(target.named_parameters())
+        for name, po in online.named_parameters():
+            if name in shadow:
+                shadow[name].copy_(po)

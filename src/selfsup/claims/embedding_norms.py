@@ -338,18 +338,6 @@ def measure_cut_init_dino(ctx: Context) -> dict:
                     f"cut − default {mean_ci(m['gain'])} points ({ctx.seeds} seeds, {epochs} epochs)"}
 
 
-def measure_cut_init_dinov2(ctx: Context) -> dict:
-    """The rebuttal's "Dinov2 (ViT backbone; not cos.sim.-based)": dinov2-digits with every parameter ÷ 3 against
-    the default, the teacher's final kNN per seed, as :func:`measure_cut_init_dino`."""
-    epochs = 1 if ctx.quick else 6  # the preset's own run
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the LayerNorm / attention warning: the cut is the paper's, on purpose
-        m = knn_pair(ctx, "dinov2-digits", ("cut", ["interventions.cut_init=3"]), ("default", []), epochs)
-    return {"metrics": m, "series": {},
-            "ours": f"DINOv2 kNN top-1 with cut-init {ci(m['cut'])}% vs default {ci(m['default'])}%: "
-                    f"cut − default {mean_ci(m['gain'])} points ({ctx.seeds} seeds, {epochs} epochs)"}
-
-
 # the rebuttal's BYOL is a ResNet, its MoCo v3 a ViT; BYOL's 28 points are decidable on the digits' 359 test images,
 # MoCo v3's 4 points need Fashion-MNIST's 10,000 (issue 23 item 2: binomial sd 0.45 against 2.4 points)
 OTHER_METHODS = ("swav", "wmse", "nnclr")  # the rebuttal's answer to "SwAV and W-MSE" (issue 24 item 5)
@@ -424,13 +412,6 @@ CLAIMS = CLAIMS + (
           (Rule("gain", "<", 0.0, paper=29.0 - 44.0, arms=("cut", "default")),), measure_cut_init_dino,
           "micro ViT on 8×8 digits, the dino-digits preset's 6 epochs (momentum 0.9, see its comment), not a ViT "
           "on ImageNet-100 for 100 epochs"),
-    Claim("cut-init-hurts-dinov2", "001_83bb0da94ad51f7b.txt", "rebuttal (Dinov2 [Oquab et al. 2023], ImageNet-100)",
-          "Cut-initialisation hurts DINOv2 as it hurts DINO: its losses do not normalise the embeddings it is judged "
-          "by (the rebuttal's other answer names its ViT control Dinov2).",
-          "cut-init drops the ViT control's accuracy from 44% to 29% (ImageNet-100, 100 epochs)",
-          (Rule("gain", "<", 0.0, paper=29.0 - 44.0, arms=("cut", "default")),), measure_cut_init_dinov2,
-          "micro ViT on 8×8 digits, the dinov2-digits preset's 6 epochs (see its comment), not a ViT on "
-          "ImageNet-100 for 100 epochs"),
     Claim("cut-init-helps-byol-moco-v3", "001_83bb0da94ad51f7b.txt", "rebuttal (BYOL, MoCo v3, ImageNet-100)",
           "Cut-initialisation improves the accuracy of BYOL and of MoCo v3, whose losses normalise their embeddings.",
           "100 ImageNet-100 epochs: BYOL 26% → 54%, MoCo v3 54% → 58% with cut-init",
