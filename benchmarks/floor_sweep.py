@@ -26,6 +26,8 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   DINOv2's ImageNet batches of 64 hold 1000 classes. Predicted: V1 gains at least 3 validation points more than
   V0, and V0's nearest-neighbour distance (koleo_nn_distance) ends higher. Rule: ``dinov2-fmnist`` drops KoLeo
   when V1's validation gain at seed 100 exceeds V0's by 3 points or more; otherwise it keeps the code's 0.1.
+  Result (``results/floor_sweep_s100_dinov2.json``): V0 +14.2, V1 +10.3 (test +13.8 / +10.1): the prediction
+  failed, KoLeo helps here, and the preset keeps 0.1.
 
 Each run is scored as ``dino_cpu.knn_10k``: kNN@20 (T 0.07) of the backbone against its seeded random init, on
 a 10k validation split carved from train (``val``: where a variant would be chosen; fit on 10k other training
