@@ -228,6 +228,9 @@ def test_corrupt_image_in_an_imagefolder(tmp_path):
     assert "1 unreadable training image(s) were skipped" in out and str(bad) in out
     assert [json.loads(line)["path"] for line in (tmp_path / "s" / "bad_files.jsonl").read_text().splitlines()][0] \
         == str(bad)
+    events = [e for e in map(json.loads, (tmp_path / "s" / "events.jsonl").read_text().splitlines())
+              if e["kind"] == "bad_file"]  # each skipped file once, as an event of the run
+    assert [(e["path"], e["value"]) for e in events] == [(str(bad), 1.0)] and "corrupt" in events[0]["reason"]
     # past the cap (at least 1 file; here 2 of 24): one line naming the count and the files
     (root / "train" / "a" / "1.png").write_bytes(b"")
     code, _, err = run_cli("pretrain", PRESET, *folder, f"output_dir={tmp_path}", "name=t")

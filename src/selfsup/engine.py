@@ -49,6 +49,7 @@ from selfsup.distributed import check_devices
 from selfsup.errors import UserError
 from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.instruments import monitor_callbacks
+from selfsup.instruments.detectors import event_log
 from selfsup.methods import SSLMethod
 from selfsup.methods.base import NonFiniteLoss
 from selfsup.methods.build import backbone_meta, build_method, data_info
@@ -119,6 +120,43 @@ class PretrainData(pl.LightningDataModule):
 
 
 BAD_FILES = "bad_files.jsonl"  # data.on_bad_file=skip: one JSON line per unreadable file a loader met
+
+
+class BadFileEvents(pl.Callback):
+    """Each unreadable training file the loaders skipped (``RUN/bad_files.jsonl``, written by the workers) as one
+    ``bad_file`` event in ``events.jsonl`` and the loggers, at the step the main process first sees it: value =
+    the files skipped so far, with the path and the reason. The file is read from where it was last read (a
+    stat a step); the paths seen and the offset are in the checkpoint, so a resumed run does not repeat them."""
+
+    def __init__(self, run_dir: Path):
+        self.path, self.offset, self.seen = Path(run_dir) / BAD_FILES, 0, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not trainer.is_global_zero or not self.path.exists() or self.path.stat().st_size <= self.offset:
+            return
+        with self.path.open() as f:
+            f.seek(self.offset)
+            text = f.read()
+        complete = text[:text.rfind("\n") + 1]  # a line a worker is still writing waits for the next step
+        self.offset += len(complete.encode())
+        log = None
+        for line in complete.splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if entry.get("path") in self.seen:
+                continue
+            self.seen.append(entry["path"])
+            log = log or event_log(trainer)
+            log.write(trainer.global_step, "bad_file", len(self.seen), 0.0, path=entry["path"],
+                      reason=entry.get("reason", ""))
+
+    def state_dict(self) -> dict:
+        return {"offset": self.offset, "seen": list(self.seen)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.offset, self.seen = int(state.get("offset", 0)), list(state.get("seen", []))
 
 
 def bad_files(run_dir: Path) -> list[str]:
@@ -321,7 +359,8 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
             gradient_clip_val=t.gradient_clip_val, accumulate_grad_batches=t.accumulate_grad_batches,
             log_every_n_steps=t.log_every_n_steps,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
-            enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg)], logger=loggers,
+            enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg), BadFileEvents(run_dir)],
+            logger=loggers,
             enable_checkpointing=False, plugins=[AtomicCheckpointIO()], use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )
