@@ -396,3 +396,29 @@ def test_version_and_the_package_says_what_it_is(capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"selfsup {selfsup.__version__}"
     assert "DINO" in selfsup.__doc__ and "MAE" in selfsup.__doc__ and "Self-Flow" in selfsup.__doc__
     assert (Path(selfsup.__file__).parent / "py.typed").exists()
+
+
+def test_the_bad_file_cap_counts_every_worker(tmp_path):
+    """Workers each see one unreadable file (under their own cap of 1); together 2 of 24 pass it: the main process
+    stops the run in one line, after logging each file once as an event."""
+    from types import SimpleNamespace
+
+    from selfsup.engine import BadFileEvents
+    from selfsup.errors import UserError
+
+    lines = [{"index": 3, "path": "/d/a/3.png", "reason": "corrupt"}, {"index": 9, "path": "/d/b/9.png",
+                                                                        "reason": "empty"}]
+    (tmp_path / "bad_files.jsonl").write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[0]) + "\n")
+    events = BadFileEvents(tmp_path)
+    events.cap(24, 0.001)
+    trainer = SimpleNamespace(is_global_zero=True, global_step=5, loggers=[], default_root_dir=tmp_path)
+    events.on_train_batch_end(trainer, None, None, None, 0)  # one file, twice (two workers): one event, no stop
+    with (tmp_path / "bad_files.jsonl").open("a") as f:
+        f.write(json.dumps(lines[1]) + "\n")
+    trainer.global_step = 6
+    with pytest.raises(UserError, match="2 of 24 images could not be read"):
+        events.on_train_batch_end(trainer, None, None, None, 1)
+    logged = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["path"], e["value"]) for e in logged] == [(5, "/d/a/3.png", 1.0), (6, "/d/b/9.png", 2.0)]
+    assert events.state_dict() == {"offset": (tmp_path / "bad_files.jsonl").stat().st_size,
+                                   "seen": ["/d/a/3.png", "/d/b/9.png"]}

@@ -44,6 +44,7 @@ from selfsup.checkpoints import (AtomicCheckpointIO, NonFiniteWeights, RunCheckp
 from selfsup.config import RunConfig, load_run, resolve, to_dict  # noqa: F401  (load_run: engine.load_run for callers)
 from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, StreamDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
+from selfsup.data.decode import bad_file_cap, too_many_bad_files
 from selfsup.data.shards import ShardCrops
 from selfsup.distributed import check_devices
 from selfsup.errors import UserError
@@ -130,6 +131,12 @@ class BadFileEvents(pl.Callback):
 
     def __init__(self, run_dir: Path):
         self.path, self.offset, self.seen = Path(run_dir) / BAD_FILES, 0, []
+        self.files, self.max_fraction = 0, None  # set by ``cap``: the whole run's limit, over every worker
+
+    def cap(self, files: int, max_fraction: float) -> None:
+        """Stop the run when the files skipped by all the loader workers together pass ``bad_file_cap`` (each
+        worker also stops at its own count)."""
+        self.files, self.max_fraction = files, max_fraction
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not trainer.is_global_zero or not self.path.exists() or self.path.stat().st_size <= self.offset:
@@ -151,6 +158,8 @@ class BadFileEvents(pl.Callback):
             log = log or event_log(trainer)
             log.write(trainer.global_step, "bad_file", len(self.seen), 0.0, path=entry["path"],
                       reason=entry.get("reason", ""))
+        if self.max_fraction is not None and len(self.seen) > bad_file_cap(self.files, self.max_fraction):
+            raise UserError(too_many_bad_files(self.seen, self.files, self.max_fraction))
 
     def state_dict(self) -> dict:
         return {"offset": self.offset, "seen": list(self.seen)}
@@ -481,6 +490,10 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
         export_backbone(model.eval_backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
+    if cfg.data.on_bad_file == "skip" and cfg.data.name in ("imagefolder", "images"):
+        for callback in trainer.callbacks:
+            if isinstance(callback, BadFileEvents):
+                callback.cap(len(train), cfg.data.max_bad_fraction)
     checkpoints = state["checkpoints"] = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
     if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
         host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps

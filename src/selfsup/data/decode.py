@@ -143,11 +143,20 @@ def record_bad_file(bad: dict, j: int, files: list, reason: str, max_fraction: f
     if log is not None:
         with open(log, "a") as f:
             f.write(json.dumps({"index": j, "path": str(files[j]), "reason": reason}) + "\n")
-    if len(bad) > max(1, int(max_fraction * len(files))):
-        first = ", ".join(str(files[b]) for b in list(bad)[:3])
-        raise UserError(f"{len(bad)} of {len(files)} images could not be read (first: {first}), more than "
-                        f"data.max_bad_fraction={max_fraction:g} allows; list them with `selfsup data check ROOT` "
-                        "and remove or replace them, or raise data.max_bad_fraction")
+    if len(bad) > bad_file_cap(len(files), max_fraction):
+        raise UserError(too_many_bad_files([str(files[b]) for b in bad], len(files), max_fraction))
+
+
+def bad_file_cap(n: int, max_fraction: float) -> int:
+    """The unreadable files a run of ``n`` files may skip: ``max(1, int(max_fraction · n))``."""
+    return max(1, int(max_fraction * n))
+
+
+def too_many_bad_files(paths: list[str], n: int, max_fraction: float) -> str:
+    """The one line that stops a run past :func:`bad_file_cap`: the count, the first files, the fixes."""
+    return (f"{len(paths)} of {n} images could not be read (first: {', '.join(paths[:3])}), more than "
+            f"data.max_bad_fraction={max_fraction:g} allows; list them with `selfsup data check ROOT` and remove or "
+            "replace them, or raise data.max_bad_fraction")
 
 
 class FolderCrops:
