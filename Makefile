@@ -31,7 +31,7 @@ test: lint
 docs: $(STAMP)
 	$(BIN)/pip install --quiet "mkdocs>=1.6" "mkdocs-material>=9" "mkdocstrings[python]>=0.26"
 	$(BIN)/python -m selfsup.config_reference > docs/config.md
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) runs site

@@ -124,3 +124,14 @@ def test_the_readme_is_a_front_door():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
     assert readme.index("make demo") < readme.index("## ") and "make test" in readme.split("## ")[0]
+
+
+def test_the_family_pages_rows_are_the_methods_pages():
+    """Each family page copies its methods' rows (the loss table, the 5-epoch table) from docs/methods.md: a row
+    that changed there must change here."""
+    methods = set((ROOT / "docs" / "methods.md").read_text().splitlines())
+    for name in ("joint-embedding", "distillation", "clustering", "masked"):
+        rows = [line for line in (ROOT / "docs" / f"{name}.md").read_text().splitlines()
+                if line.startswith("| ") and not line.startswith(("| method |", "| preset |"))]
+        assert rows, name
+        assert [r for r in rows if r not in methods] == [], f"docs/{name}.md has rows methods.md does not"
