@@ -1,4 +1,5 @@
-"""``selfsup data check ROOT``: the files of an image folder that would stop a run, before the run."""
+"""``selfsup data check ROOT``: the files of an image folder that would stop a run, before the run;
+``selfsup data shards SRC OUT``: the folder as webdataset shards re-encoded at a maximum side."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from selfsup.data.check import check_folder
+from selfsup.data.prepare import write_shards
 from selfsup.errors import UserError
 
 MAX_LISTED = 50  # bad files printed (all of them go to --out)
 
 
 def add_data_parser(sub) -> None:
-    p = sub.add_parser("data", help="look at a dataset before training: selfsup data check ROOT")
+    p = sub.add_parser("data", help="look at a dataset before training (selfsup data check ROOT) or prepare it "
+                                    "(selfsup data shards SRC OUT)")
     data = p.add_subparsers(dest="data_command", required=True)
     c = data.add_parser("check", help="decode every image under ROOT in parallel; list unreadable, empty, truncated, "
                                       "over-size (decompression bomb) and too-small files, the colour modes, the "
@@ -25,6 +28,18 @@ def add_data_parser(sub) -> None:
     c.add_argument("--workers", type=int, default=None, help="decoding threads (default: one per core)")
     c.add_argument("--out", metavar="JSON", help="also write the whole report, every file named, as JSON")
     c.set_defaults(func=cmd_data_check)
+    w = data.add_parser("shards", help="write an image folder as webdataset .tar shards, each image re-encoded at a "
+                                       "maximum side (labels from SRC/<class>/ and file names kept; resumable)")
+    w.add_argument("src", metavar="SRC", help="an image folder: SRC/<class>/*.jpg (labelled) or images (unlabelled)")
+    w.add_argument("out", metavar="OUT", help="the folder of the shards (shard-000000.tar, ...; train with "
+                                              "data.name=webdataset data.root=OUT)")
+    w.add_argument("--max-side", type=int, default=320, help="longer side of the re-encoded images (default 320)")
+    w.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    w.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
+    w.add_argument("--channels", type=int, default=3, choices=(1, 3), help="3: RGB (default), 1: grayscale")
+    w.add_argument("--format", default="jpg", choices=("jpg", "png"), help="the images' encoding (default jpg)")
+    w.add_argument("--workers", type=int, default=None, help="shards written at once (default: one per core)")
+    w.set_defaults(func=cmd_data_shards)
 
 
 class Progress:
@@ -79,3 +94,22 @@ def cmd_data_check(args) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(asdict(report), indent=2))
     return 2 if report.n_bad or report.symlink_loops else 0
+
+
+def cmd_data_shards(args) -> int:
+    start = time.perf_counter()
+
+    def progress(i: int, n: int) -> None:
+        end = "\n" if i == n else ""
+        print(f"\rwrote {i}/{n} shards", end=end, file=sys.stderr, flush=True)
+
+    r = write_shards(args.src, args.out, args.max_side, args.quality, args.shard_size, args.channels, args.format,
+                     args.workers, progress)
+    ratio = f"; {r.bytes_out / r.bytes_in:.2f} of the source bytes" if r.bytes_in else ""
+    print(f"{r.written} images in {r.shards} shards under {args.out} ({r.shards_skipped} already there), longer side "
+          f"at most {args.max_side}, in {time.perf_counter() - start:.1f} s{ratio}; train with "
+          f"data.name=webdataset data.root={args.out}")
+    if r.skipped:
+        print(f"{len(r.skipped)} unreadable file(s) left out (all in {Path(args.out) / 'skipped.jsonl'}): "
+              + ", ".join(b["path"] for b in r.skipped[:5]))
+    return 0
