@@ -1,5 +1,13 @@
 """imagefolder decoding: images/s of one worker (one process, one thread) for two training views per image.
 
+``--sizes realistic`` (issue 39) draws each image's size from an ImageNet-like distribution, a model of it, not a
+measurement: the longer side 500 px for 70% of the images, else log-normal around 490 px (sd 0.35 in log) clipped
+to 200-1600, the aspect 4:3 (55%), 3:4 (25%), 1:1 (10%) or 16:9 (10%); and adds the prepared arms: the same images
+re-encoded at a longer side of ``--max-side`` (320, ``selfsup data shards``' re-encoding, ``data.prepare.reencode``)
+and decoded by the same crop-at-decode path, for two views and for DINOv2's multi-crop (2 x 224 at (0.32, 1) + 8 x 98
+at (0.05, 0.32)), each against torchvision's per-image PIL pipeline on the originals. ``--sizes fixed`` (the
+default, the earlier figures) keeps one size:
+
 Compares, on the same synthetic ImageNet-sized JPEGs (500x375, quality 90):
   * selfsup: ``FolderCrops`` (JPEG draft decode at the smallest DCT scale that keeps every crop
     >= 224 px, then one PIL resize per view from its crop box), and the same without draft;
@@ -29,14 +37,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
 
 
-def make_jpegs(folder: Path, n: int, width: int = 500, height: int = 375) -> list[Path]:
-    """Smooth colour fields with noise and edges (JPEG-compressible like photos), quality 90."""
+def realistic_sizes(n: int, rng) -> list[tuple[int, int]]:
+    """(width, height) of n images from the ImageNet-like model of the module docstring."""
+    out = []
+    for _ in range(n):
+        side = 500 if rng.random() < 0.7 else int(np.clip(np.exp(rng.normal(np.log(490), 0.35)), 200, 1600))
+        aspect = rng.choice([4 / 3, 3 / 4, 1.0, 16 / 9], p=[0.55, 0.25, 0.1, 0.1])
+        w, h = (side, round(side / aspect)) if aspect >= 1 else (round(side * aspect), side)
+        out.append((int(w), int(h)))
+    return out
+
+
+def make_jpegs(folder: Path, n: int, width: int = 500, height: int = 375, sizes=None) -> list[Path]:
+    """Smooth colour fields with noise and edges (JPEG-compressible like photos), quality 90; ``sizes`` one
+    (width, height) per image (default: all ``width`` x ``height``)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     files = []
     for i in range(n):
+        width, height = sizes[i] if sizes is not None else (width, height)
+        yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
         a, b, c = rng.uniform(0.005, 0.03, 3)
         img = np.stack([128 + 100 * np.sin(a * xx + i), 128 + 100 * np.cos(b * yy),
                         128 + 80 * np.sin(c * (xx + yy))], -1)
@@ -67,7 +88,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--target", type=float, default=4000.0, help="images/s the host must feed (default 4000)")
     parser.add_argument("--cores", type=int, default=16, help="host cores to compare with (default 16)")
+    parser.add_argument("--sizes", choices=("fixed", "realistic"), default="fixed",
+                        help="fixed: every image 500x375 (the earlier figures); realistic: the ImageNet-like model, "
+                             "plus the prepared (re-encoded) arms and DINOv2's multi-crop")
+    parser.add_argument("--max-side", type=int, default=320, help="the prepared arms' longer side (default 320)")
+    parser.add_argument("--out", default=None, help="JSON path (default results/decode.json, realistic: "
+                                                    "results/decode_realistic.json)")
     args = parser.parse_args()
+    if args.sizes == "realistic":
+        return realistic(args)
     n, repeat = (16, 1) if args.quick else (args.images, args.repeat)
     torch.set_num_threads(1)
     from PIL import Image
@@ -112,6 +141,90 @@ def main() -> None:
     for key, value in out.items():
         print(f"{key:<40} {value:.4g}" if isinstance(value, float) else f"{key:<40} {value}")
     path = Path(__file__).parent / "results" / "decode.json"
+    write_report(out, path)
+    print(f"wrote {path}")
+
+
+def realistic(args) -> None:
+    """The realistic-size run: every arm on the same images, interleaved per repeat (other jobs disturb both
+    sides alike), images per CPU-second of this process."""
+    n, repeat = (16, 1) if args.quick else (args.images, args.repeat)
+    torch.set_num_threads(1)
+    from PIL import Image
+    from torchvision import transforms
+
+    from selfsup.data.decode import FolderCrops
+    from selfsup.data.prepare import reencode
+
+    size, local = args.size, round(args.size * 98 / 224)  # DINOv2's local crops (98 px at 224: patch 14)
+    two = [(0.08, 1.0), (0.08, 1.0)]
+    multi_scales = [(0.32, 1.0)] * 2 + [(0.05, 0.32)] * 8
+    multi_sizes = [size] * 2 + [local] * 8
+    rng = np.random.default_rng(0)
+    sizes = realistic_sizes(n, rng)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, prep = Path(tmp) / "src", Path(tmp) / "prepared"
+        src.mkdir()
+        prep.mkdir()
+        files = make_jpegs(src, n, sizes=sizes)
+        prepared = []
+        for f in files:
+            data, _ = reencode(f, args.max_side, 90, 3, "jpg")
+            (prep / f.name).write_bytes(data)
+            prepared.append(prep / f.name)
+        tv_two = transforms.Compose([transforms.RandomResizedCrop(size, scale=(0.08, 1.0)),
+                                     transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
+        tv_global = transforms.Compose([transforms.RandomResizedCrop(size, scale=(0.32, 1.0)),
+                                        transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
+        tv_local = transforms.Compose([transforms.RandomResizedCrop(local, scale=(0.05, 0.32)),
+                                       transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
+
+        def torchvision(paths, multi: bool):
+            def run():
+                for f in paths:
+                    with Image.open(f) as im:
+                        im = im.convert("RGB")
+                        if multi:
+                            [tv_global(im) for _ in range(2)] + [tv_local(im) for _ in range(8)]
+                        else:
+                            torch.stack([tv_two(im), tv_two(im)])
+            return run
+
+        idx = torch.arange(n)
+        arms = {
+            "torchvision_two_views_original": torchvision(files, False),
+            "selfsup_two_views_original": lambda: FolderCrops(files, size, two, seed=0).crops(idx, 0),
+            "selfsup_two_views_prepared": lambda: FolderCrops(prepared, size, two, seed=0).crops(idx, 0),
+            "torchvision_two_views_prepared": torchvision(prepared, False),
+            "torchvision_multicrop_original": torchvision(files, True),
+            "selfsup_multicrop_original": lambda: FolderCrops(files, size, multi_scales, seed=0,
+                                                              sizes=multi_sizes).crops(idx, 0),
+            "selfsup_multicrop_prepared": lambda: FolderCrops(prepared, size, multi_scales, seed=0,
+                                                              sizes=multi_sizes).crops(idx, 0),
+        }
+        best = {k: 0.0 for k in arms}
+        for _ in range(repeat):  # interleaved: each repeat runs every arm once
+            for name, fn in arms.items():
+                best[name] = max(best[name], rate(fn, n, 1)[1])
+        pixels = [w * h for w, h in sizes]
+        prep_pixels = [np.prod(Image.open(p).size) for p in prepared]
+    out = {"images": n, "size": size, "local_size": local, "max_side": args.max_side, "sizes": "realistic",
+           "mean_pixels_original": float(np.mean(pixels)), "mean_pixels_prepared": float(np.mean(prep_pixels)),
+           "longer_side_quantiles_original": [int(np.quantile([max(s) for s in sizes], q)) for q in (0.1, 0.5, 0.9)],
+           "threads": 1, "repeats": repeat, "cpu_count_here": os.cpu_count(), "load_average_here": os.getloadavg()[0],
+           "machine": __import__("throughput").cpu_kind(),
+           **{f"{k}_images_per_cpu_s": round(v, 2) for k, v in best.items()}}
+    for kind in ("two_views", "multicrop"):
+        base = best[f"torchvision_{kind}_original"]
+        for arm in ("original", "prepared"):
+            rate_ = best[f"selfsup_{kind}_{arm}"]
+            out[f"speedup_{kind}_{arm}_vs_torchvision"] = round(rate_ / base, 2)
+            out[f"workers_for_target_{kind}_{arm}"] = math.ceil(args.target / rate_)
+        out[f"torchvision_workers_for_target_{kind}"] = math.ceil(args.target / base)
+    out["target_images_per_s"], out["host_cores"] = args.target, args.cores
+    for key, value in out.items():
+        print(f"{key:<48} {value:.4g}" if isinstance(value, float) else f"{key:<48} {value}")
+    path = Path(args.out) if args.out else Path(__file__).parent / "results" / "decode_realistic.json"
     write_report(out, path)
     print(f"wrote {path}")
 
