@@ -27,6 +27,8 @@ CASES = {
     "dino": ({"warmup_teacher_temp_epochs": 2}, {}, {"local_crops_number": 2, "local_crops_size": 4}),
     "ibot": ({"warmup_teacher_temp_epochs": 2, "pred_ratio": [0.0, 0.3], "pred_ratio_var": [0.0, 0.2]}, {},
              {"local_crops_number": 2, "local_crops_size": 4}),
+    "dinov2": ({"warmup_teacher_temp_epochs": 1, "freeze_last_layer": 1}, {},
+               {"local_crops_number": 2, "local_crops_size": 4}),  # τt per iteration, the last layer's lr 0 → lr
     "mae": ({}, {}, {}),
     "swav": ({}, {}, {}),
     "wmse": ({"emb": 8, "w_size": 16, "head_size": 32}, {}, {}),  # its permutations: step_draws

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -152,7 +153,7 @@ def dinov2_masks(n: int, grid: tuple[int, int], generator: torch.Generator, prob
 
 def dinov2_max_masked(grid: tuple[int, int], ratio_min_max: tuple[float, float] = (0.1, 0.5)) -> int:
     """The most patches one crop's DINOv2 mask holds, ``int(N · max ratio)`` (a target never passes it)."""
-    return int(grid[0] * grid[1] * torch.tensor(ratio_min_max[1]))
+    return int(np.float32(grid[0] * grid[1]) * np.float32(ratio_min_max[1]))  # float32, as the collate; no host read
 
 
 def dinov2_upperbound(n: int, grid: tuple[int, int], probability: float = 0.5,

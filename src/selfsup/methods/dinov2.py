@@ -160,13 +160,17 @@ class DINOv2(DINO):
         self.register_buffer("center2", torch.zeros(1, 1, self.patch_dim))
         grid = vit.image_size // vit.patch_size
         self.grid = (grid, grid)
+        self._upperbounds: dict[int, int] = {}
 
     def upperbound(self, n_crops: int) -> int:
-        """The static length of the masked-token buffer for ``n_crops`` global crops (0 without the patch term)."""
-        c = self.cfg.method
-        if c.ibot_loss_weight == 0:
-            return 0
-        return dinov2_upperbound(n_crops, self.grid, c.mask_sample_probability, tuple(c.mask_ratio_min_max))
+        """The static length of the masked-token buffer for ``n_crops`` global crops (0 without the patch term),
+        computed once per batch size outside the (compiled) step: ``step_draws`` asks first, the step reads the
+        cached Python int (a constant to a compiled graph, where the torch arithmetic would be data-dependent)."""
+        if n_crops not in self._upperbounds:
+            c = self.cfg.method
+            self._upperbounds[n_crops] = 0 if c.ibot_loss_weight == 0 else dinov2_upperbound(
+                n_crops, self.grid, c.mask_sample_probability, tuple(c.mask_ratio_min_max))
+        return self._upperbounds[n_crops]
 
     def build_head(self, c) -> nn.Module:
         vit = self.backbone
@@ -191,6 +195,7 @@ class DINOv2(DINO):
         """The global crops' masks (2B, N), drawn before the (compiled) step from the step's generator."""
         n = sum(v.shape[0] for v in views[:self.n_global])
         c = self.cfg.method  # drawn whatever ibot_loss_weight: the collate masks the student's crops regardless
+        self.upperbound(n)
         masks = dinov2_masks(n, self.grid, self.rng(views[0].device), c.mask_sample_probability,
                              tuple(c.mask_ratio_min_max), views[0].device)
         return {"masks": masks.flatten(1)}
@@ -337,4 +342,5 @@ class DINOv2(DINO):
             grads = [p.grad for p in module.parameters() if p.grad is not None]
             if grads:
                 norm = torch.stack(torch._foreach_norm(grads)).float().norm()
-                torch._foreach_mul_(grads, (clip / (norm + 1e-6)).clamp(max=1.0))
+                scale = (clip / (norm + 1e-6)).clamp(max=1.0)
+                torch._foreach_mul_(grads, [scale] * len(grads))  # a list of device tensors: no host read
