@@ -152,7 +152,7 @@ def method(name: str, backbone: nn.Module, *, num_features: int, image_size: int
         raise UserError(f"selfsup.method({name!r}): a joint-embedding method is needed (the flow family trains its "
                         "own SiT); use selfsup.pretrain for it")
     if not hasattr(backbone, "num_features"):
-        backbone.num_features = num_features
+        setattr(backbone, "num_features", num_features)  # what every selfsup backbone declares
     elif backbone.num_features != num_features:
         raise UserError(f"selfsup.method: backbone.num_features is {backbone.num_features}, num_features="
                         f"{num_features}; give the width of the backbone's output")
