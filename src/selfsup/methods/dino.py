@@ -97,6 +97,16 @@ def _without_drop_path(module: nn.Module) -> nn.Module:
     return module
 
 
+def require_cls_vit(method: str, cfg, backbone: nn.Module) -> None:
+    """iBOT's and DINOv2's patch terms need the selfsup ViT's tokens with a class token (``model.pool=cls``)."""
+    from selfsup.models.vit import VisionTransformer
+
+    if not isinstance(backbone, VisionTransformer) or backbone.pool != "cls":
+        raise UserError(f"method {method} needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
+                        f"deit_small, vit_small, vit_base, vit_large), not model.backbone={cfg.model.backbone!r}, "
+                        f"model.pool={cfg.model.pool!r}")
+
+
 class DINO(SSLMethod):
     """Student ``head(backbone(x))`` on every crop, EMA teacher on the two global crops, centred targets."""
     collapse_remedy = ("method.centering=sinkhorn_knopp (DINOv2's targets); a higher method.teacher_temp or its "

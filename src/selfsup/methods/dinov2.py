@@ -52,7 +52,7 @@ from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
 from selfsup.losses import dino_center, dino_cross_entropy, dinov2_patch_loss, sinkhorn_knopp
 from selfsup.methods.base import encode_views
-from selfsup.methods.dino import DINO, DINOConfig
+from selfsup.methods.dino import DINO, DINOConfig, require_cls_vit
 from selfsup.models.heads import DINOHead
 from selfsup.models.vit import VisionTransformer
 from selfsup.optim import build_optimizer
@@ -174,10 +174,7 @@ class DINOv2(DINO):
 
     def build_head(self, c) -> nn.Module:
         vit = self.backbone
-        if not isinstance(vit, VisionTransformer) or vit.pool != "cls":
-            raise UserError(f"method dinov2 needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
-                            f"deit_small, vit_small, vit_base, vit_large), not model.backbone="
-                            f"{self.cfg.model.backbone!r}, model.pool={self.cfg.model.pool!r}")
+        require_cls_vit("dinov2", self.cfg, vit)
         return super().build_head(c)
 
     def trainable(self):

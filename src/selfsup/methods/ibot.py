@@ -38,9 +38,8 @@ from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
 from selfsup.losses import dino_center, dino_cross_entropy, ibot_patch_loss
 from selfsup.methods.base import encode_views
-from selfsup.methods.dino import DINO, DINOConfig
+from selfsup.methods.dino import DINO, DINOConfig, require_cls_vit
 from selfsup.models.heads import iBOTHead
-from selfsup.models.vit import VisionTransformer
 from selfsup.schedules import StepValues, teacher_temperature
 from selfsup.step import StepOutput
 
@@ -123,10 +122,7 @@ class iBOT(DINO):
     def build_head(self, c) -> nn.Module:
         """The student's iBOT head (called by DINO's constructor after the backbone exists)."""
         vit = self.backbone
-        if not isinstance(vit, VisionTransformer) or vit.pool != "cls":
-            raise UserError(f"method ibot needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
-                            f"deit_small, vit_small, vit_base, vit_large), not model.backbone="
-                            f"{self.cfg.model.backbone!r}, model.pool={self.cfg.model.pool!r}")
+        require_cls_vit("ibot", self.cfg, vit)
         self.patch_dim = c.out_dim if (c.shared_head or c.shared_head_teacher) else c.patch_out_dim
         return self.make_head(c, c.shared_head)
 
