@@ -1,0 +1,91 @@
+"""The digits bar (issue 37): each micro-ViT ``*-digits`` preset with its own defaults, at seeds 0-2, against its
+random init.
+
+Each (preset, seed) is ``selfsup pretrain PRESET trainer.seed=S``: the engine's end-of-run report scores the
+trained backbone (DINO-family: the teacher) and its seeded random init with kNN@20 (T 0.07) on the test split (359
+images), written to ``RUN/knn.json``. The gain is paired (the same seed's init); the table gives its mean and the
+95% interval over seeds (Student t, ``selfsup.claims.stats``). The bar: a gain of at least 10 points. A run
+already in ``--runs`` with its ``knn.json`` is read, not re-run. Writes ``benchmarks/results/digits_table.json``
+(``--merge`` keeps the other presets' rows).
+
+    python benchmarks/digits_table.py --presets dino-digits,dinov2-digits --seeds 0,1,2 --merge
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from throughput import cpu_kind, write_report  # noqa: E402  (the benchmarks' JSON writer; the machine's ISA)
+
+BAR = 10.0
+
+
+def row(preset: str, runs: list[dict]) -> dict:
+    from selfsup.claims.stats import interval, summary
+
+    gains = [r["gain"] for r in runs]
+    n, mean, sd = summary(gains)
+    lo, hi = interval(mean, sd, n) if sd is not None else (None, None)
+    return {"preset": preset, "seeds": [r["seed"] for r in runs], "gain_mean": round(mean, 2),
+            "gain_interval": [round(lo, 2), round(hi, 2)] if lo is not None else None,
+            "meets_bar": mean >= BAR, "runs": runs}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", required=True, help="comma list of *-digits presets")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--runs", default="runs/digits_table")
+    p.add_argument("--merge", action="store_true", help="keep the other presets' rows of --out")
+    p.add_argument("--out", default="benchmarks/results/digits_table.json")
+    args = p.parse_args(argv)
+    import selfsup.engine as engine
+    from selfsup.config import load_run_config, preset_names
+
+    presets, seeds = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
+    for preset in presets:
+        if preset not in preset_names():
+            print(f"error: --presets {preset}: no such preset (selfsup presets lists them)", file=sys.stderr)
+            return 2
+    torch.set_num_threads(1)
+    out_path = Path(args.out)
+    old = json.loads(out_path.read_text()) if args.merge and out_path.exists() else {}
+    rows = {r["preset"]: r for r in old.get("rows", [])}
+    for preset in presets:
+        runs = []
+        for seed in seeds:
+            run = Path(args.runs) / f"{preset}-s{seed}"
+            wall = None
+            if not (run / "knn.json").exists():
+                t0 = time.perf_counter()
+                cfg = load_run_config(preset, [f"trainer.seed={seed}", f"output_dir={args.runs}",
+                                               f"name={run.name}", "trainer.progress_bar=false"])
+                engine.pretrain(cfg, preset)
+                wall = round(time.perf_counter() - t0)
+            knn = json.loads((run / "knn.json").read_text())
+            trained, init = knn["pretrained"]["top1"], knn["random_init"]["top1"]
+            prior = next((r for r in rows.get(preset, {}).get("runs", []) if r["seed"] == seed), {})
+            runs.append({"seed": seed, "knn20_top1": round(trained, 2), "random_init": round(init, 2),
+                         "gain": round(trained - init, 2), "wall_s": wall if wall is not None else prior.get("wall_s")})
+            print(preset, json.dumps(runs[-1]), flush=True)
+        rows[preset] = row(preset, runs)
+        r = rows[preset]
+        print(f"{preset}: gain {r['gain_mean']:+.1f} {r['gain_interval']} (bar +{BAR:g}: "
+              f"{'met' if r['meets_bar'] else 'not met'})", flush=True)
+    report = {"note": "each preset's own defaults; kNN@20 T 0.07 on the 359 test images (RUN/knn.json), trained "
+                      "against the same seed's random init; one thread per run on a shared 2-core machine",
+              "machine": cpu_kind(), "bar": BAR, "rows": sorted(rows.values(), key=lambda r: r["preset"])}
+    write_report(report, out_path)
+    print(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
