@@ -4,7 +4,7 @@ The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the pr
 process (a DDP run: a new one) at a chosen place of a chosen step, and resumed from its last checkpoint each time.
 Mid-epoch (``CASES``): one method of each family, BYOL with DirectPred's predictor (its running F and W_p change
 after the optimiser step) and DINO on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from
-the global RNG), Barlow Twins, VICReg, MAE and iBOT (their masks come from the step's generator), SwAV with its
+the global RNG), Barlow Twins, VICReg, MAE, iBOT and DINOv2 (their masks come from the step's generator), SwAV with its
 queue live, W-MSE (its sub-batch permutations) and NNCLR (its support set wraps around). At the epoch boundaries,
 over successive resumes: every method of the registry, and 2 processes. The exported backbone, the
 last checkpoint's weights and optimiser state, the step count and every logged ``train/*`` value must be equal bit
@@ -50,6 +50,11 @@ MAE = ["method.decoder_embed_dim=32", "method.decoder_depth=1", "method.decoder_
 IBOT = ["method.out_dim=64", "method.patch_out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
         "augment.local_crops_number=2", "method.warmup_teacher_temp_epochs=2", "method.teacher_temp=0.04",
         "method.teacher_patch_temp=0.07"]
+# DINOv2 on 2 global + 2 local crops: separate heads, Sinkhorn-Knopp targets, KoLeo, its masks from the step's
+# generator, the last layers at lr 0 in epoch 0 and per-module clipping
+DINOV2 = ["method.out_dim=64", "method.ibot_out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
+          "method.ibot_hidden_dim=32", "method.ibot_bottleneck_dim=16", "method.ibot_separate_head=true",
+          "method.centering=sinkhorn_knopp", "method.freeze_last_layer=1", "augment.local_crops_number=2"]
 # SwAV on 2 global + 4 local crops: the queue starts at epoch 1 (step 3), is full after step 4 and used from
 # step 5, after the resume (the queue and its fill count are buffers of the checkpoint); prototypes frozen 2 steps
 SWAV = ["method.hidden_mlp=64", "method.feat_dim=32", "method.nmb_prototypes=30", "method.queue_length=128",
@@ -67,6 +72,7 @@ CASES = {
     "vicreg": ("vicreg-digits", CPU + HEADS + STEPS, [(4, "end")]),
     "mae": ("mae-digits", CPU + MAE + STEPS, [(4, "end")]),
     "ibot": ("ibot-digits", CPU + IBOT + STEPS, [(4, "end")]),
+    "dinov2": ("dinov2-digits", CPU + DINOV2 + STEPS, [(4, "end")]),
     "swav_queue": ("swav-digits", CPU + SWAV + STEPS, [(4, "end")]),
     # W-MSE's sub-batch permutations (w_iter 2) come from the step's generator
     "wmse": ("wmse-digits", CPU + ["method.head_size=64", "method.emb=16", "method.w_size=32", "method.w_iter=2"]
