@@ -50,10 +50,12 @@ def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypat
     assert_same_run(straight, run_b)
 
 
-@pytest.mark.parametrize("name", ["imagefolder", "images"])
-def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeypatch, name):
+@pytest.mark.parametrize("name,suffix,decode", [("imagefolder", "png", "auto"), ("images", "png", "auto"),
+                                                ("imagefolder", "jpg", "device")])
+def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeypatch, name, suffix, decode):
     """imagefolder, and the same files as an unlabelled nested folder (images): crops made at decode time in a
-    worker, seeded by (seed, epoch, index), so a mid-epoch resume sees the same views."""
+    worker, seeded by (seed, epoch, index), so a mid-epoch resume sees the same views; and JPEGs under
+    data.decode=device (the worker sends bytes and boxes, the module decodes them on its device, here the CPU)."""
     import numpy as np
     from PIL import Image
 
@@ -64,10 +66,10 @@ def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeyp
             for i in range(n // 2):
                 w, h = rng.integers(10, 24, 2)
                 Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(
-                    tmp_path / "images" / split / f"c{c}" / f"{i}.png")
+                    tmp_path / "images" / split / f"c{c}" / f"{i}.{suffix}")
     root = tmp_path / "images" if name == "imagefolder" else tmp_path / "images" / "train"
     folder = [f"data.name={name}", f"data.root={root}", "data.image_size=8",
-              "data.batch_size=8", "data.num_workers=1"]
+              "data.batch_size=8", "data.num_workers=1", f"data.decode={decode}"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *folder, "trainer.checkpoint_every_n_steps=1"))
     cfg = cfg_for(tmp_path / "b", "B", *folder, "trainer.checkpoint_every_n_steps=1")
     interrupt_at(monkeypatch, cfg)

@@ -47,6 +47,10 @@ class DataConfig:
     # them before a run.
     on_bad_file: str = "skip"
     max_bad_fraction: float = 0.001
+    # Where the training crops of a folder (imagefolder, images) are decoded: cpu (the workers decode and crop,
+    # data.decode.FolderCrops), device (the workers read bytes; the accelerator decodes JPEGs, nvJPEG on a GPU, and
+    # cuts the views: data.device_decode), auto (device on a GPU when every training file is a JPEG, else cpu)
+    decode: str = "auto"
     # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
     load_size: int | None = None
     unlabeled: bool = False  # stl10: pretrain on train + unlabeled
@@ -67,6 +71,8 @@ class DataConfig:
             raise UserError(f"data.on_bad_file={self.on_bad_file!r} is not one of: error, skip")
         if not 0 <= self.max_bad_fraction < 1:
             raise UserError(f"data.max_bad_fraction={self.max_bad_fraction} must be in [0, 1)")
+        if self.decode not in ("auto", "cpu", "device"):
+            raise UserError(f"data.decode={self.decode!r} is not one of: auto, cpu, device")
         if self.name not in DATASETS:
             raise UserError(f"data.name={self.name!r} is not known; use one of {', '.join(DATASETS)}")
         if self.batch_size < 1:

@@ -45,6 +45,7 @@ from selfsup.config import RunConfig, load_run, resolve, to_dict  # noqa: F401  
 from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, StreamDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
 from selfsup.data.decode import bad_file_cap, too_many_bad_files
+from selfsup.data.device_decode import all_jpeg
 from selfsup.data.shards import ShardCrops
 from selfsup.distributed import check_devices
 from selfsup.errors import UserError
@@ -91,8 +92,11 @@ class PretrainData(pl.LightningDataModule):
         folder = isinstance(dataset.images, FolderImages) and plan is not None
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
             scales, sizes = plan
+            encoded = decode_on_device(self.cfg.data.decode, dataset.images.files, self.trainer)
             crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes,
-                                               bad_log=Path(self.trainer.default_root_dir) / BAD_FILES)
+                                               bad_log=Path(self.trainer.default_root_dir) / BAD_FILES,
+                                               encoded=encoded)
+            self.trainer.lightning_module.encoded_crops = crops if encoded else None
             dataset = dataclasses.replace(dataset, images=crops)
         sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,
@@ -118,6 +122,18 @@ class PretrainData(pl.LightningDataModule):
         return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
                              self.cfg.data.num_workers,
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
+
+
+def decode_on_device(decode: str, files: list, trainer) -> bool:
+    """``data.decode``: whether a folder's training crops are decoded on the device (``data.device_decode``):
+    ``device`` (JPEG files only), ``auto`` on a GPU when every training file is a JPEG, ``cpu`` never."""
+    if decode == "device":
+        others = [f for f in files if not all_jpeg([f])]
+        if others:
+            raise UserError(f"data.decode=device decodes JPEG files only; {len(others)} training files are not JPEGs "
+                            f"(first: {others[0]}); use data.decode=cpu or auto")
+        return True
+    return decode == "auto" and trainer.accelerator.__class__.__name__ == "CUDAAccelerator" and all_jpeg(files)
 
 
 BAD_FILES = "bad_files.jsonl"  # data.on_bad_file=skip: one JSON line per unreadable file a loader met
@@ -338,7 +354,8 @@ def quiet_lightning() -> None:
         for handler_owner in (logging.getLogger(name), logging.getLogger(f"{name}.utilities.rank_zero")):
             handler_owner.addFilter(_DROP_TIPS)
     for pattern in (
-        ".*overridden `on_after_batch_transfer`.*",  # augmentation on the device is intended to live in the module
+        # decoding (data.decode=device) and augmentation on the device are intended to live in the module
+        ".*overridden `on_(before|after)_batch_transfer`.*",
         ".*Experiment logs directory .* exists and is not empty.*",  # the run folder holds config.yaml first
         ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
         ".*does not have many workers.*",  # in-memory datasets need no workers

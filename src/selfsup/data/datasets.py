@@ -27,6 +27,7 @@ from PIL import Image
 from torch import Tensor
 
 from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, first_readable, resize_center_crop
+from selfsup.data.device_decode import EncodedCrops
 from selfsup.data.shards import ShardImages, count_samples, first_image_sizes, shard_urls
 from selfsup.errors import UserError
 
@@ -264,12 +265,14 @@ class FolderImages:
         return first_readable(lambda j: resize_center_crop(self.files[j], self.size, self.resize, self.channels), i,
                               self.files, self.max_bad_fraction, self.bad)
 
-    def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None, bad_log: Path | None = None
-                    ) -> FolderCrops:
+    def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None, bad_log: Path | None = None,
+                    encoded: bool = False) -> FolderCrops:
         """The same files as training views: one random resized crop per scale in ``scales``, per image
         (at ``sizes``, one per view, for a multi-crop plan; default: all at the model size); the files skipped
-        under ``data.on_bad_file=skip`` are logged in ``bad_log``."""
-        crops = FolderCrops(self.files, self.size, scales, seed, ratio, sizes=sizes, channels=self.channels)
+        under ``data.on_bad_file=skip`` are logged in ``bad_log``. ``encoded``: the workers read bytes and boxes
+        only, decoded on the device (``data.decode=device``, ``device_decode.EncodedCrops``)."""
+        kind = EncodedCrops if encoded else FolderCrops
+        crops = kind(self.files, self.size, scales, seed, ratio, sizes=sizes, channels=self.channels)
         return crops if self.max_bad_fraction is None else crops.skip_bad_files(self.max_bad_fraction, bad_log)
 
     def __getitem__(self, index) -> Tensor:

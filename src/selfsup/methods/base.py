@@ -30,6 +30,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from selfsup.data.device_decode import EncodedBatch, EncodedCrops, decode_batch
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
@@ -530,6 +531,7 @@ class SSLMethod(TrainingBase):
         except ValueError as e:
             raise UserError(f"model: {e}") from None
         plan = build_view_plan(cfg.augment, self.recipe, info.image_size)
+        self.encoded_crops: EncodedCrops | None = None  # data.decode=device: the engine's, to decode each batch
         patch = getattr(self.backbone, "patch_size", None)
         for group in plan[2:]:  # the local crops (the global ones are at the model size, checked by the backbone)
             if isinstance(patch, int) and group.size % patch:
@@ -576,6 +578,13 @@ class SSLMethod(TrainingBase):
             match_optimizer_state(optimizer)
 
     # ----------------------------------------------------------------- the step
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """``data.decode=device``: the workers' bytes decoded and cropped on this module's device at once
+        (``data.device_decode``); any other batch as it is."""
+        if isinstance(batch, (tuple, list)) and isinstance(batch[0], EncodedBatch) and self.encoded_crops is not None:
+            return decode_batch(batch[0], self.encoded_crops, self.device), batch[1]
+        return batch
+
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""
         if self.trainer is None or not self.trainer.training:
