@@ -1,12 +1,14 @@
 """imagefolder decoding: images/s of one worker (one process, one thread) for two training views per image.
 
 ``--sizes realistic`` (issue 39) draws each image's size from an ImageNet-like distribution, a model of it, not a
-measurement: the longer side 500 px for 70% of the images, else log-normal around 490 px (sd 0.35 in log) clipped
-to 200-1600, the aspect 4:3 (55%), 3:4 (25%), 1:1 (10%) or 16:9 (10%); and adds the prepared arms: the same images
-re-encoded at a longer side of ``--max-side`` (320, ``selfsup data shards``' re-encoding, ``data.prepare.reencode``)
-and decoded by the same crop-at-decode path, for two views and for DINOv2's multi-crop (2 x 224 at (0.32, 1) + 8 x 98
-at (0.05, 0.32)), each against torchvision's per-image PIL pipeline on the originals. ``--sizes fixed`` (the
-default, the earlier figures) keeps one size:
+measurement: the longer side 500 px for 70% of the images, else log-normal around 490 px (sd 0.35 in log) clipped to
+200-1600, the aspect 4:3 (55%), 3:4 (25%), 1:1 (10%) or 16:9 (10%); and adds the prepared arms: the same images re-
+encoded at a longer side of ``--max-side`` (320, ``selfsup data shards``' re-encoding, ``data.prepare.reencode``)
+and decoded by the same crop-at-decode path, for two views and for DINOv2's multi-crop (2 x 224 at (0.32, 1) + 8 x
+98 at (0.05, 0.32)), each against torchvision's per-image PIL pipeline on the originals; and
+``data.decode=device``'s two sides: a worker's CPU cost (``EncodedCrops``: bytes, header, seeded boxes) per CPU-
+second beside the others, and the batch's decode and crops on ``--device`` (cuda: nvJPEG; cpu: the same code here)
+in images per wall second. ``--sizes fixed`` (the default, the earlier figures) keeps one size:
 
 Compares, on the same synthetic ImageNet-sized JPEGs (500x375, quality 90):
   * selfsup: ``FolderCrops`` (JPEG draft decode at the smallest DCT scale that keeps every crop
@@ -92,6 +94,9 @@ def main() -> None:
                         help="fixed: every image 500x375 (the earlier figures); realistic: the ImageNet-like model, "
                              "plus the prepared (re-encoded) arms and DINOv2's multi-crop")
     parser.add_argument("--max-side", type=int, default=320, help="the prepared arms' longer side (default 320)")
+    parser.add_argument("--device", default="cpu",
+                        help="realistic: where data.decode=device's arms decode (cuda: nvJPEG; cpu: the same code on "
+                             "this CPU, for reference)")
     parser.add_argument("--out", default=None, help="JSON path (default results/decode.json, realistic: "
                                                     "results/decode_realistic.json)")
     args = parser.parse_args()
@@ -154,6 +159,7 @@ def realistic(args) -> None:
     from torchvision import transforms
 
     from selfsup.data.decode import FolderCrops
+    from selfsup.data.device_decode import EncodedCrops, decode_batch
     from selfsup.data.prepare import reencode
 
     size, local = args.size, round(args.size * 98 / 224)  # DINOv2's local crops (98 px at 224: patch 14)
@@ -202,10 +208,28 @@ def realistic(args) -> None:
             "selfsup_multicrop_prepared": lambda: FolderCrops(prepared, size, multi_scales, seed=0,
                                                               sizes=multi_sizes).crops(idx, 0),
         }
+        encoded = {"two_views": EncodedCrops(files, size, two, seed=0),
+                   "multicrop": EncodedCrops(files, size, multi_scales, seed=0, sizes=multi_sizes)}
+        for kind, enc in encoded.items():  # data.decode=device: what is left to a worker, bytes and boxes
+            arms[f"selfsup_{kind}_device_worker"] = lambda enc=enc: enc.crops(idx, 0)
+        batches = {kind: enc.crops(idx, 0) for kind, enc in encoded.items()}
+        device = torch.device(args.device)
+
+        def on_device(kind):  # the module's side: the batch decoded and cut on the device, by wall time
+            def run():
+                decode_batch(batches[kind], encoded[kind], device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            return run
+
+        on_device("two_views")()  # warm-up: the codec and kernels load
         best = {k: 0.0 for k in arms}
+        device_rate = {k: 0.0 for k in encoded}
         for _ in range(repeat):  # interleaved: each repeat runs every arm once
             for name, fn in arms.items():
                 best[name] = max(best[name], rate(fn, n, 1)[1])
+            for kind in encoded:
+                device_rate[kind] = max(device_rate[kind], rate(on_device(kind), n, 1)[0])
         pixels = [w * h for w, h in sizes]
         prep_pixels = [np.prod(Image.open(p).size) for p in prepared]
     out = {"images": n, "size": size, "local_size": local, "max_side": args.max_side, "sizes": "realistic",
@@ -213,10 +237,11 @@ def realistic(args) -> None:
            "longer_side_quantiles_original": [int(np.quantile([max(s) for s in sizes], q)) for q in (0.1, 0.5, 0.9)],
            "threads": 1, "repeats": repeat, "cpu_count_here": os.cpu_count(), "load_average_here": os.getloadavg()[0],
            "machine": __import__("throughput").cpu_kind(),
-           **{f"{k}_images_per_cpu_s": round(v, 2) for k, v in best.items()}}
+           **{f"{k}_images_per_cpu_s": round(v, 2) for k, v in best.items()},
+           "device": args.device, **{f"device_decode_{k}_images_per_s": round(v, 1) for k, v in device_rate.items()}}
     for kind in ("two_views", "multicrop"):
         base = best[f"torchvision_{kind}_original"]
-        for arm in ("original", "prepared"):
+        for arm in ("original", "prepared", "device_worker"):
             rate_ = best[f"selfsup_{kind}_{arm}"]
             out[f"speedup_{kind}_{arm}_vs_torchvision"] = round(rate_ / base, 2)
             out[f"workers_for_target_{kind}_{arm}"] = math.ceil(args.target / rate_)

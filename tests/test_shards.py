@@ -1,5 +1,5 @@
 """data.name=webdataset: tar shards the tests write, split across processes and workers, decode-time crops,
-resume at the right sample, corrupt images replaced and counted."""
+resume at the right sample, corrupt images and broken shards skipped under the bad-file rule or named."""
 
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ def shards(root, **kw):
     return load_dataset(DataConfig(name="webdataset", root=str(root), image_size=8, **kw), "train")
 
 
-def epoch_batches(ds, epoch, rank, world, local, workers, consumed=0, buffer=None):
+def epoch_batches(ds, epoch, rank, world, local, workers, consumed=0, buffer=None, skip=None, log=None):
     streams = max(1, workers)
     if buffer is not None:
         ds.images.shuffle_buffer = buffer
     crops = ShardCrops(ds.images, SCALES, seed=3, rank=rank, world=world, batch=local, streams=streams)
+    if skip is not None:
+        crops.skip_bad_files(skip, log)
     sampler = StreamBatchSampler(len(ds) // (local * world), streams, consumed=lambda: consumed)
     sampler.set_epoch(epoch)
     return list(stream_loader(crops, sampler, num_workers=workers))
@@ -80,13 +82,52 @@ def test_uneven_shards_keep_every_process_at_the_same_step_count(tmp_path):
     assert counts == [3, 6]  # the small shard's 3 samples (twice), 6 of the 9
 
 
-def test_corrupt_image_is_replaced_in_its_batch_and_counted(tmp_path, capsys):
+def test_corrupt_image_is_replaced_in_its_batch_and_logged(tmp_path, capsys):
     ds = shards(write_shards(tmp_path / "s", [4, 4], corrupt={5}), shuffle_buffer=0)
-    batches = epoch_batches(ds, 0, 0, 1, 4, 0)
+    log = tmp_path / "bad_files.jsonl"
+    batches = epoch_batches(ds, 0, 0, 1, 4, 0, skip=0.2, log=log)
     labels = sorted(torch.cat([b[1] for b in batches]).tolist())
     assert len(labels) == 8 and 5 not in labels and len(set(labels)) == 7
     err = capsys.readouterr().err
-    assert "corrupt image" in err and "00005.png" in err and "1 so far" in err
+    assert "skipped an unreadable image" in err and "00005.png" in err and "another sample of its batch" in err
+    import json
+
+    entry, = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["path"].endswith("shard-000001.tar:00005.png")
+
+
+def test_under_on_bad_file_error_a_corrupt_image_stops_naming_its_shard_and_member(tmp_path):
+    ds = shards(write_shards(tmp_path / "s", [4, 4], corrupt={5}), shuffle_buffer=0)
+    with pytest.raises(UserError, match=r"corrupt or unreadable image file .*shard-000001.tar:00005.png"):
+        epoch_batches(ds, 0, 0, 1, 4, 0)
+
+
+def test_past_the_cap_corrupt_images_stop_the_run_in_one_line(tmp_path):
+    ds = shards(write_shards(tmp_path / "s", [4, 4], corrupt={1, 5}), shuffle_buffer=0)
+    with pytest.raises(UserError, match=r"2 of 8 images could not be read .*data.max_bad_fraction=0.1"):
+        epoch_batches(ds, 0, 0, 1, 4, 0, skip=0.1)  # a cap of max(1, 0.8) = 1
+
+
+def truncate(shard, keep: float):
+    data = shard.read_bytes()
+    shard.write_bytes(data[:int(len(data) * keep)])
+
+
+def test_a_shard_that_breaks_off_is_named_with_where_or_ends_there_under_skip(tmp_path, capsys):
+    folder = write_shards(tmp_path / "s", [6, 6])
+    truncate(folder / "shard-000000.tar", 0.55)  # the tar ends inside a member
+    ds = shards(folder, shuffle_buffer=0, num_samples=12)
+    with pytest.raises(UserError, match=r"shard .*shard-000000.tar breaks off after its sample \d \(key 0000\d\)"
+                                        r".*rewrite or remove it"):
+        epoch_batches(ds, 0, 0, 1, 4, 0)
+    log = tmp_path / "bad_files.jsonl"
+    batches = epoch_batches(ds, 0, 0, 1, 4, 0, skip=0.2, log=log)
+    labels = torch.cat([b[1] for b in batches]).tolist()
+    assert len(labels) == 12 and set(range(6, 12)) <= set(labels)  # the next shard, then around again
+    assert "the stream goes on with its next shard" in capsys.readouterr().err
+    assert "shard-000000.tar breaks off" in log.read_text()
+    again = epoch_batches(ds, 0, 0, 1, 4, 0, skip=0.2)  # the same batches: the rule depends on the shards alone
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(again, batches))
 
 
 def test_a_glob_of_shards_their_inferred_size_and_one_channel(tmp_path, capsys):
@@ -147,7 +188,7 @@ def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
         assert len(data.dataset) == 3 and data.dataset.images.shape == (3, 3, 8, 8)  # the instruments' fixed batch
         progress = SimpleNamespace(current=SimpleNamespace(ready=0))
         data.trainer = SimpleNamespace(
-            world_size=2, global_rank=rank, accelerator=CPUAccelerator(),
+            world_size=2, global_rank=rank, accelerator=CPUAccelerator(), default_root_dir=str(tmp_path),
             lightning_module=SimpleNamespace(decode_crops=lambda: ([(a.crop_min, a.crop_max) for a in views], (8, 8))),
             fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)), num_training_batches=6)
         batches = list(data.train_dataloader())

@@ -42,9 +42,10 @@ class DataConfig:
     num_workers: int = 0
     # A training image of a folder (imagefolder, images) that cannot be decoded: error stops the run naming it;
     # skip replaces it by the next readable file of the list (a deterministic choice: resume stays exact), prints
-    # one line, logs it in RUN/bad_files.jsonl and names the files at the end; past max_bad_fraction of the files
-    # (at least 1 is allowed; counted per loader worker) the run stops in one line. `selfsup data check ROOT` finds
-    # them before a run.
+    # one line, logs it in RUN/bad_files.jsonl (a bad_file event) and names the files at the end; past
+    # max_bad_fraction of the files (at least 1 is allowed; counted over every loader worker) the run stops in one
+    # line. Tar shards (webdataset) the same: a corrupt image is replaced by another sample of its batch, a shard
+    # that breaks off ends there. `selfsup data check ROOT` finds them before a run.
     on_bad_file: str = "skip"
     max_bad_fraction: float = 0.001
     # Where the training crops of a folder (imagefolder, images) are decoded: cpu (the workers decode and crop,

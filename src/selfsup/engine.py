@@ -119,6 +119,8 @@ class PretrainData(pl.LightningDataModule):
                             "decoding stream(s) (data.num_workers); write more shards or lower data.num_workers")
         crops = ShardCrops(self.stream.images, plan[0], self.cfg.trainer.seed, self.trainer.global_rank, world_size,
                            local, streams)
+        if self.cfg.data.on_bad_file == "skip":
+            crops.skip_bad_files(self.cfg.data.max_bad_fraction, Path(self.trainer.default_root_dir) / BAD_FILES)
         return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
                              self.cfg.data.num_workers,
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
@@ -507,7 +509,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
         export_backbone(model.eval_backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
-    if cfg.data.on_bad_file == "skip" and cfg.data.name in ("imagefolder", "images"):
+    if cfg.data.on_bad_file == "skip" and cfg.data.name in ("imagefolder", "images", "webdataset"):
         for callback in trainer.callbacks:
             if isinstance(callback, BadFileEvents):
                 callback.cap(len(train), cfg.data.max_bad_fraction)

@@ -128,23 +128,24 @@ def first_readable(read, i: int, files: list, max_fraction: float | None, bad: d
         except UserError as e:
             if max_fraction is None:
                 raise
-            record_bad_file(bad, j, files, str(e), max_fraction, log)
+            record_bad_file(bad, j, str(files[j]), str(e), len(files), max_fraction, log)
     raise UserError(f"none of the {n} images can be read (the first: {files[0]})")
 
 
-def record_bad_file(bad: dict, j: int, files: list, reason: str, max_fraction: float, log: Path | None) -> None:
-    """Note unreadable file ``j`` in ``bad`` (once): one line on stderr, a JSON line in ``log``; more than
-    ``max(1, max_fraction · len(files))`` of them stop the run in one line (``data.on_bad_file=skip``)."""
-    if j in bad:
+def record_bad_file(bad: dict, key, path: str, reason: str, total: int, max_fraction: float, log: Path | None,
+                    stands_in: str = "the next readable file stands in") -> None:
+    """Note unreadable file ``key`` (``path``) in ``bad`` (once): one line on stderr, a JSON line in ``log``; more
+    than ``max(1, max_fraction · total)`` of them stop the run in one line (``data.on_bad_file=skip``)."""
+    if key in bad:
         return
-    bad[j] = reason
-    print(f"selfsup: skipped an unreadable image: {reason.split(' (')[0].removeprefix('corrupt or ')}; the next "
-          "readable file stands in", file=sys.stderr)
+    bad[key] = path
+    print(f"selfsup: skipped an unreadable image: {reason.split(' (')[0].removeprefix('corrupt or ')}; {stands_in}",
+          file=sys.stderr)
     if log is not None:
         with open(log, "a") as f:
-            f.write(json.dumps({"index": j, "path": str(files[j]), "reason": reason}) + "\n")
-    if len(bad) > bad_file_cap(len(files), max_fraction):
-        raise UserError(too_many_bad_files([str(files[b]) for b in bad], len(files), max_fraction))
+            f.write(json.dumps({"index": key, "path": path, "reason": reason}) + "\n")
+    if len(bad) > bad_file_cap(total, max_fraction):
+        raise UserError(too_many_bad_files(list(bad.values()), total, max_fraction))
 
 
 def bad_file_cap(n: int, max_fraction: float) -> int:
@@ -174,7 +175,7 @@ class FolderCrops:
         self.sizes = None if sizes is None or all(s == size for s in sizes) else sizes
         self.max_bad_fraction: float | None = None  # None: data.on_bad_file=error
         self.bad_log: Path | None = None
-        self.bad: dict[int, str] = {}  # the unreadable files this process met: index -> reason
+        self.bad: dict[int, str] = {}  # the unreadable files this process met: index -> path
 
     def skip_bad_files(self, max_fraction: float, log: Path | None = None) -> "FolderCrops":
         """``data.on_bad_file=skip``: an unreadable file is replaced by the next readable one (``first_readable``),

@@ -28,8 +28,10 @@ What this guarantees, and what not:
 * a resumed run continues at the right sample and ends bit-identical, given the same shards, processes,
   ``data.num_workers``, ``data.batch_size`` and shuffle buffer: each stream is read again from the epoch's
   start up to the consumed batches (read, not decoded), so a resume costs a re-read of that part of the epoch;
-* a corrupt image is replaced in its batch by another sample of the same batch (printed, with a count),
-  so the batch keeps its size and the resume its position;
+* under ``data.on_bad_file=skip`` (the default) a corrupt image is replaced in its batch by another sample of the
+  same batch, so the batch keeps its size and the resume its position, and a shard that breaks off (truncated,
+  damaged) ends there, named with the sample it breaks after; both are logged as the image folders' bad files,
+  within the same cap (``ShardCrops``); under ``error`` either stops the run naming it;
 * the order is a shard permutation plus a buffer shuffle, not a uniform permutation of the samples.
 """
 
@@ -38,7 +40,6 @@ from __future__ import annotations
 import glob
 import io
 import random
-import sys
 import tarfile
 from pathlib import Path
 
@@ -46,7 +47,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from selfsup.data.decode import crop_boxes, decode_crops, resize_center_crop
+from selfsup.data.decode import crop_boxes, decode_crops, record_bad_file, resize_center_crop
 from selfsup.errors import UserError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
@@ -203,19 +204,26 @@ class ShardImages:
     def __len__(self) -> int:
         return self.num_samples
 
-    def read(self, shard: int):
-        """The samples of shard ``shard`` that hold an image, in tar order."""
+    def read(self, shard: int, damaged=None):
+        """The samples of shard ``shard`` that hold an image, in tar order. A shard that breaks off (truncated,
+        damaged, unreadable) is named with the place: a UserError, or with ``damaged`` (``data.on_bad_file=skip``)
+        ``damaged(url, message)`` and the shard ends there."""
         wds = _webdataset()
         url = self.urls[shard]
+        read, key = 0, None
         try:
             for sample in wds.tariterators.tarfile_samples([{"url": url}]):
+                read, key = read + 1, sample.get("__key__")
                 if _image(sample) is not None:
                     yield sample
         except UserError:
             raise
         except Exception as e:  # the library's errors for unreadable streams and damaged tar files
-            raise UserError(f"shard {url} could not be read "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+            where = f"after its sample {read} (key {key})" if read else "at its start"
+            message = f"shard {url} breaks off {where} ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            if damaged is None:
+                raise UserError(f"{message}; rewrite or remove it") from None
+            damaged(url, message)
 
     def shards_of(self, seed: int, epoch: int, rank: int, world: int, streams: int, s: int) -> list[int]:
         """Stream s of process ``rank``'s shards in ``epoch``: the (seed, epoch) permutation, every world-th from
@@ -223,7 +231,7 @@ class ShardImages:
         order = torch.randperm(len(self.urls), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         return order.tolist()[rank::world][s::streams]
 
-    def stream(self, seed: int, epoch: int, rank: int, world: int, streams: int, s: int):
+    def stream(self, seed: int, epoch: int, rank: int, world: int, streams: int, s: int, damaged=None):
         mine = self.shards_of(seed, epoch, rank, world, streams, s)
         if not mine:
             raise UserError(f"{len(self.urls)} shard(s) cannot feed {world} process(es) x {streams} stream(s) "
@@ -231,7 +239,7 @@ class ShardImages:
 
         def one_pass():
             for shard in mine:
-                for position, sample in enumerate(self.read(shard)):
+                for position, sample in enumerate(self.read(shard, damaged)):
                     yield (shard << 32) | position, sample
 
         def passes():  # each pass through the stream's shards shuffled on its own: a pass holds each sample once
@@ -269,14 +277,35 @@ class ShardImages:
 class ShardCrops:
     """Training batches of one process: ``self[(epoch, s, k)]`` = batch k of its stream s, uint8 (b, V, 3, S, S) with
     one RandomResizedCrop per view (``scales``) seeded by (seed, epoch, sample id), and the labels (−1: none).
-    Each worker keeps its open streams and continues them; any other request reopens the stream and skips."""
+    Each worker keeps its open streams and continues them; any other request reopens the stream and skips.
+
+    A corrupt image, or a shard that breaks off, stops the run naming it (``data.on_bad_file=error``, the class's
+    default) or, after ``skip_bad_files``, costs a line: the image is replaced by another sample of its batch (the
+    batch keeps its size, the resume its position), the broken shard ends where it breaks (the stream goes on with
+    its next shard); each is a JSON line of ``RUN/bad_files.jsonl`` and so a ``bad_file`` event; past the cap of
+    ``data.max_bad_fraction`` of the samples the run stops in one line. Which samples stand in depends on the shards
+    alone, so a resumed run stays exact."""
 
     def __init__(self, images: ShardImages, scales, seed: int, rank: int, world: int, batch: int, streams: int,
                  ratio=(3 / 4, 4 / 3)):
         self.images, self.scales, self.seed, self.ratio = images, [tuple(x) for x in scales], seed, tuple(ratio)
         self.rank, self.world, self.batch, self.streams = rank, world, batch, streams
         self._open: dict = {}
-        self.corrupt = 0
+        self.max_bad_fraction: float | None = None  # None: data.on_bad_file=error
+        self.bad_log = None
+        self.bad: dict[str, str] = {}  # what this process skipped: name -> name
+
+    def skip_bad_files(self, max_fraction: float, log=None) -> "ShardCrops":
+        """``data.on_bad_file=skip`` with its cap ``max_fraction`` of the samples; ``log``: ``RUN/bad_files.jsonl``."""
+        self.max_bad_fraction, self.bad_log = max_fraction, log
+        return self
+
+    def _skipped(self, name: str, reason: str, stands_in: str) -> None:
+        record_bad_file(self.bad, name, name, reason, len(self.images), self.max_bad_fraction, self.bad_log,
+                        stands_in)
+
+    def _damaged(self, url: str, message: str) -> None:
+        self._skipped(url, message, "the stream goes on with its next shard")
 
     def __getstate__(self) -> dict:  # open streams stay in their process
         return {**self.__dict__, "_open": {}}
@@ -284,7 +313,8 @@ class ShardCrops:
     def _samples(self, epoch: int, s: int, k: int) -> list:
         it, at = self._open.pop((epoch, s), (None, None))
         if it is None or at > k:
-            it, at = self.images.stream(self.seed, epoch, self.rank, self.world, self.streams, s), 0
+            damaged = self._damaged if self.max_bad_fraction is not None else None
+            it, at = self.images.stream(self.seed, epoch, self.rank, self.world, self.streams, s, damaged), 0
         for _ in range((k - at) * self.batch):  # read, not decoded
             next(it)
         out = [next(it) for _ in range(self.batch)]
@@ -299,10 +329,10 @@ class ShardCrops:
             return decode_crops(_Named(data, name),
                                 lambda h, w: crop_boxes(self.seed, epoch, sid, h, w, self.scales, self.ratio),
                                 self.images.size, channels=self.images.channels)
-        except UserError:
-            self.corrupt += 1
-            print(f"selfsup: webdataset: corrupt image {name}, replaced by another sample of its batch "
-                  f"({self.corrupt} so far in this process)", file=sys.stderr)
+        except UserError as e:
+            if self.max_bad_fraction is None:
+                raise
+            self._skipped(name, str(e), "another sample of its batch stands in")
             return None
 
     def __getitem__(self, index) -> tuple[Tensor, Tensor]:
