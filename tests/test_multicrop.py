@@ -291,3 +291,32 @@ def test_two_view_methods_take_local_crops(name):
                     info_nce(q, t, tau) for q in p[2:] for t in (t1, t2)]
             ref = sum(terms) * 2 / len(terms)
     torch.testing.assert_close(out.loss.detach(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_webdataset_pretraining_with_a_multicrop_plan(tmp_path):
+    """Tar shards feed a multi-crop plan at its sizes as the folders do (they once decoded every view at the model
+    size, and DINO from shards stopped at its first step)."""
+    from selfsup import engine
+    from selfsup.config import load_run_config
+    from shard_files import write_shards
+
+    folder = write_shards(tmp_path / "shards", [6, 6])
+    cfg = load_run_config("dino-digits", [
+        "data.name=webdataset", f"data.root={folder}", "data.image_size=8", "data.batch_size=4",
+        "method.out_dim=32", "method.hidden_dim=16", "method.bottleneck_dim=8", "trainer.max_epochs=1",
+        "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
+        "augment.local_crops_number=2", "augment.local_crops_size=4", f"output_dir={tmp_path}", "name=run"])
+    shapes = []
+    real = engine.PretrainData.train_dataloader
+
+    def spy(self):
+        loader = real(self)
+        shapes.append([tuple(t.shape) for t in loader.dataset[(0, 0, 0)][0]])
+        return loader
+
+    engine.PretrainData.train_dataloader = spy
+    try:
+        run = engine.pretrain(cfg)
+    finally:
+        engine.PretrainData.train_dataloader = real
+    assert shapes == [[(4, 2, 3, 8, 8), (4, 2, 3, 4, 4)]] and (run / "backbone.safetensors").exists()

@@ -118,7 +118,7 @@ class PretrainData(pl.LightningDataModule):
             raise UserError(f"{len(self.stream.images.urls)} shard(s) cannot feed {world_size} process(es) x {streams} "
                             "decoding stream(s) (data.num_workers); write more shards or lower data.num_workers")
         crops = ShardCrops(self.stream.images, plan[0], self.cfg.trainer.seed, self.trainer.global_rank, world_size,
-                           local, streams)
+                           local, streams, sizes=plan[1])
         if self.cfg.data.on_bad_file == "skip":
             crops.skip_bad_files(self.cfg.data.max_bad_fraction, Path(self.trainer.default_root_dir) / BAD_FILES)
         return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),

@@ -201,12 +201,20 @@ class FolderCrops:
         return first_readable(read, i, self.files, self.max_bad_fraction, self.bad, self.bad_log)
 
     def crops(self, index: Tensor, epoch: int):
-        if self.sizes is None:
-            return torch.stack([self.crop(i, epoch) for i in index.tolist()])
         per_image = [self.crop(i, epoch) for i in index.tolist()]
-        runs, first = [], 0  # consecutive views of equal size, stacked as (B, V_r, 3, s, s)
-        for v in range(1, len(self.sizes) + 1):
-            if v == len(self.sizes) or self.sizes[v] != self.sizes[first]:
-                runs.append(torch.stack([torch.stack(views[first:v]) for views in per_image]))
-                first = v
-        return tuple(runs)
+        return torch.stack(per_image) if self.sizes is None else stack_runs(per_image, self.sizes)
+
+
+def size_runs(sizes: list[int]) -> list[tuple[int, int]]:
+    """(first, end) of each run of consecutive views of equal size in a multi-crop plan's ``sizes``."""
+    runs, first = [], 0
+    for v in range(1, len(sizes) + 1):
+        if v == len(sizes) or sizes[v] != sizes[first]:
+            runs.append((first, v))
+            first = v
+    return runs
+
+
+def stack_runs(per_image: list[list[Tensor]], sizes: list[int]) -> tuple[Tensor, ...]:
+    """Each image's views (a list of uint8 (C, s_v, s_v)) as one uint8 (B, V_r, C, s, s) per run of equal sizes."""
+    return tuple(torch.stack([torch.stack(views[a:b]) for views in per_image]) for a, b in size_runs(sizes))

@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from selfsup.data.decode import FolderCrops, crop_boxes, first_readable
+from selfsup.data.decode import FolderCrops, crop_boxes, first_readable, size_runs
 from selfsup.errors import UserError
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
@@ -105,13 +105,8 @@ def decode_on_device(batch: EncodedBatch, sizes: list[int], channels: int, devic
 
     mode = ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY
     images = decode_jpeg(list(torch.split(batch.data, batch.lengths)), mode=mode, device=device)
-    runs, first = [], 0  # consecutive views of equal size
-    for v in range(1, len(sizes) + 1):
-        if v == len(sizes) or sizes[v] != sizes[first]:
-            runs.append((first, v))
-            first = v
     out = [torch.stack([roi_crops(im, boxes[a:b], sizes[a]) for im, boxes in zip(images, batch.boxes)])
-           for a, b in runs]
+           for a, b in size_runs(sizes)]
     return out[0] if len(out) == 1 else tuple(out)
 
 

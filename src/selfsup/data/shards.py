@@ -47,7 +47,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from selfsup.data.decode import crop_boxes, decode_crops, record_bad_file, resize_center_crop
+from selfsup.data.decode import crop_boxes, decode_crops, record_bad_file, resize_center_crop, stack_runs
 from selfsup.errors import UserError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
@@ -276,7 +276,8 @@ class ShardImages:
 
 class ShardCrops:
     """Training batches of one process: ``self[(epoch, s, k)]`` = batch k of its stream s, uint8 (b, V, 3, S, S) with
-    one RandomResizedCrop per view (``scales``) seeded by (seed, epoch, sample id), and the labels (−1: none).
+    one RandomResizedCrop per view (``scales``) seeded by (seed, epoch, sample id), and the labels (−1: none); with
+    ``sizes`` (a multi-crop plan) a tuple of uint8 (b, V_r, 3, s_r, s_r), one per run of equal sizes.
     Each worker keeps its open streams and continues them; any other request reopens the stream and skips.
 
     A corrupt image, or a shard that breaks off, stops the run naming it (``data.on_bad_file=error``, the class's
@@ -287,8 +288,13 @@ class ShardCrops:
     alone, so a resumed run stays exact."""
 
     def __init__(self, images: ShardImages, scales, seed: int, rank: int, world: int, batch: int, streams: int,
-                 ratio=(3 / 4, 4 / 3)):
+                 ratio=(3 / 4, 4 / 3), sizes=None):
         self.images, self.scales, self.seed, self.ratio = images, [tuple(x) for x in scales], seed, tuple(ratio)
+        sizes = [int(s) for s in sizes] if sizes is not None else None
+        if sizes is not None and len(sizes) != len(self.scales):
+            raise ValueError(f"{len(sizes)} crop sizes for {len(self.scales)} crop scales")
+        # a multi-crop plan's output size per view (None: every view at the images' size), as FolderCrops
+        self.sizes = None if sizes is None or all(s == images.size for s in sizes) else sizes
         self.rank, self.world, self.batch, self.streams = rank, world, batch, streams
         self._open: dict = {}
         self.max_bad_fraction: float | None = None  # None: data.on_bad_file=error
@@ -328,7 +334,7 @@ class ShardCrops:
         try:
             return decode_crops(_Named(data, name),
                                 lambda h, w: crop_boxes(self.seed, epoch, sid, h, w, self.scales, self.ratio),
-                                self.images.size, channels=self.images.channels)
+                                self.sizes or self.images.size, channels=self.images.channels)
         except UserError as e:
             if self.max_bad_fraction is None:
                 raise
@@ -345,4 +351,5 @@ class ShardCrops:
                             "check the shards")
         pick = [i if views[i] is not None else good[n % len(good)] for n, i in enumerate(range(len(views)))]
         labels = torch.tensor([_label(samples[i][1]) for i in pick])
-        return torch.stack([views[i] for i in pick]), labels
+        chosen = [views[i] for i in pick]
+        return (torch.stack(chosen) if self.sizes is None else stack_runs(chosen, self.sizes)), labels
