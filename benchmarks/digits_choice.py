@@ -12,14 +12,15 @@ its runs; the result follows each.
   same class (DINOv2's ImageNet batches of 64 hold 1000 classes). Predicted: without KoLeo at least 3 points
   higher. Rule: the preset drops KoLeo when ``koleo_0`` is 3 points or more higher; otherwise it keeps 0.1.
   Result (``results/dinov2_digits_choice.json``): 47.9 with KoLeo, 41.0 without: the prediction failed, 0.1 kept.
-* ``dino-digits`` and ``dinov2-digits``: the budget (issue 37). At the presets' 6 epochs (132 steps of 64) the
-  cut-init claims' default arms score kNN 40.7 / 35.9 / 38.7 at seeds 0-2 (DINO; seed 0's floor 31.5: +9.2) and
-  gain -0.6 / +4.2 / -1.7 over the floor (DINOv2), short of the digits bar (+10). The DINO-family presets here are the only micro-ViT digits presets at 6 epochs; the
-  others train 20-50. Their teacher is an EMA of a student that has had 132 steps, and with Sinkhorn-Knopp over a
-  batch of 64 rows and 1024 prototypes (``dino_digits_centring_choice.json``: 39.2 against the centre's 44.8)
-  the targets cannot be equipartitioned, so the lever left is steps. Predicted: 20 epochs (440 steps) scores at
-  least 3 validation points above 6 epochs for both. Rule: each preset takes 20 epochs when ``epochs_20`` is 3
-  points or more above ``epochs_6``; otherwise it keeps 6. The cut-init claims keep the 6 epochs they measured.
+* ``dino-digits`` and ``dinov2-digits``: the budget (issue 37). At the presets' 6 epochs (132 steps of 64) the cut-
+  init claims' default arms score kNN 40.7 / 35.9 / 38.7 at seeds 0-2 (DINO; seed 0's floor 31.5: +9.2) and gain
+  -0.6 / +4.2 / -1.7 over the floor (DINOv2), short of the digits bar (+10). The DINO-family presets here are the
+  only micro-ViT digits presets at 6 epochs; the others train 20-50. Their teacher is an EMA of a student that has
+  had 132 steps, and with Sinkhorn-Knopp over a batch of 64 rows and 1024 prototypes
+  (``dino_digits_centring_choice.json``: 39.2 against the centre's 44.8) the targets cannot be equipartitioned, so
+  the lever left is steps. Predicted: 20 epochs (440 steps) scores at least 3 validation points above 6 epochs for
+  both. Rule: each preset takes 20 epochs when ``epochs_20`` is 3 points or more above ``epochs_6``; otherwise it
+  keeps 6. The cut-init claims keep the 6 epochs they measured.
 
     python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 \\
         --out benchmarks/results/dinov2_digits_choice.json
