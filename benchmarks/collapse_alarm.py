@@ -77,13 +77,14 @@ def scored(run: Path, name: str, preset: str, overrides: list[str], wall, read_e
 
 def scan(folder: Path) -> list[dict]:
     """The alarm's current rule replayed (``CollapseAlarm.replay``) over the logged series of every finished run
-    under ``folder`` (the values it observes are the ones a run logs), judged from the run's warm-up on; beside
-    the collapse events the run itself wrote (an older rule's, where it ran with one)."""
+    under ``folder`` (the values it observes are the ones a run logs), judged from the run's warm-up on, and its
+    end-of-run rule on the run's ``knn.json``; beside the collapse events the run itself wrote (an older rule's,
+    where it ran with one)."""
     import csv
 
     import yaml
 
-    from selfsup.instruments.collapse import CollapseAlarm, collapse_signs
+    from selfsup.instruments.collapse import KNN_OVER_INIT, CollapseAlarm, collapse_signs
     from selfsup.instruments.detectors import read_events
 
     out = []
@@ -105,6 +106,12 @@ def scan(folder: Path) -> list[dict]:
         logged = [{k: e[k] for k in ("step", "sign", "value")} for e in read_events(run / "events.jsonl")
                   if e.get("kind") == "collapse"]
         fired = alarm.replay(series, warmup)
+        if (run / "knn.json").exists():  # the end-of-run half of knn_over_init (runs/finish.py not_learning)
+            knn = json.loads((run / "knn.json").read_text())
+            over = knn["pretrained"]["top1"] - knn["random_init"]["top1"]
+            if over < KNN_OVER_INIT.threshold and not any(e["sign"] == KNN_OVER_INIT.name for e in fired):
+                fired.append({"step": facts["global_step"], "sign": KNN_OVER_INIT.name, "value": over,
+                              "raw": knn["pretrained"]["top1"], "baseline": KNN_OVER_INIT.threshold})
         out.append({"name": run.name, "method": cfg["method"]["name"], "warmup_steps": warmup,
                     "measured": {k: len(v) for k, v in series.items()}, "fired": bool(fired), "replayed": fired,
                     "events_the_run_wrote": logged})

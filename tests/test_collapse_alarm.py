@@ -60,8 +60,77 @@ def test_a_dip_in_the_warm_up_that_recovers_is_no_collapse_and_the_replay_is_the
 
 def test_the_rank_fraction_is_configurable_and_the_default_signs_are_named_as_the_instruments_log_them():
     assert {s.name: s.threshold for s in collapse_signs(0.1)}["eff_rank_batch"] == 0.1
-    assert {s.name for s in SIGNS} == {"eff_rank_batch", "dino_teacher_spread", "swav_code_entropy_over_log_k",
-                                       "wmse_cov_condition"}
+    assert {s.name for s in SIGNS} == {"eff_rank_batch", "dim_std_projection_batch", "knn_over_init",
+                                       "dino_teacher_spread", "swav_code_entropy_over_log_k", "wmse_cov_condition"}
+
+
+def test_batch_dim_std_is_the_per_dim_std_measure():
+    from selfsup.instruments.measures import batch_dim_std, per_dim_std
+
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    assert float(batch_dim_std(x)) == pytest.approx(per_dim_std(x), rel=1e-6)
+    assert float(batch_dim_std(torch.ones(8, 4) + 1e-3 * x[:8, :4])) < 1e-3  # a collapsed batch: every row alike
+
+
+def test_projections_that_fall_together_fire_the_dim_std_sign(tmp_path):
+    """SimSiam §4.1: the per-dimension std of the L2-normalised projections falls to 0 when they collapse, while
+    the backbone features here keep their rank."""
+    from selfsup.instruments import StepInstruments
+
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[], global_step=0, default_root_dir=str(tmp_path))
+    module = SimpleNamespace(family="joint", collapse_remedy="a predictor", warmup_steps=lambda: 0)
+    cb = StepInstruments(every_n_steps=1, alarm=CollapseAlarm(window=3, signs=collapse_signs()))
+    g = torch.Generator().manual_seed(0)
+    for step in range(8):
+        trainer.global_step = step + 1
+        z = torch.randn(32, 16, generator=g)
+        if step >= 2:  # the projections collapse towards one direction: their spread 0.3 x, then less
+            z = torch.ones(32, 16) + 0.3 ** (step - 1) * z
+        cb.on_train_batch_end(trainer, module, {"loss": torch.tensor(0.0), "step": StepOutput(
+            torch.tensor(0.0), embedding=torch.randn(32, 16, generator=g), projection=z)}, None, step)
+    events = read_events(tmp_path / "events.jsonl")
+    assert [(e["sign"], e["step"]) for e in events] == [("dim_std_projection_batch", 4)]
+    assert events[0]["value"] < 0.4 and events[0]["baseline"] == 0.4
+
+
+def test_a_run_that_ends_under_its_init_says_so_once(tmp_path, capsys):
+    from selfsup.runs.finish import not_learning
+
+    knn = {"pretrained": {"top1": 50.4}, "random_init": {"top1": 58.5}}
+    lines = not_learning(knn, tmp_path, 100, "a lower optim.base_lr")
+    assert lines == ["  not learning: the trained backbone is 8.10 points under its random init (try: a lower "
+                     "optim.base_lr)"]
+    event, = read_events(tmp_path / "events.jsonl")
+    assert (event["kind"], event["sign"], event["step"], event["baseline"]) == ("collapse", "knn_over_init", 100, 0.0)
+    assert event["value"] == pytest.approx(-8.1) and "collapse at step 100: knn_over_init" in capsys.readouterr().err
+    assert not_learning(knn, tmp_path, 100, "") == []  # already said (by the kNN monitor or before)
+    assert not_learning({"pretrained": {"top1": 60.0}, "random_init": {"top1": 58.5}}, tmp_path / "b", 9, "") == []
+    assert not (tmp_path / "b" / "events.jsonl").exists()
+
+
+def test_the_knn_monitor_names_a_backbone_that_stays_under_its_init(tmp_path):
+    from selfsup.instruments import KNNMonitor
+    from selfsup.instruments.collapse import KNN_OVER_INIT
+
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[], global_step=0, default_root_dir=str(tmp_path))
+    module = SimpleNamespace(collapse_remedy="a lower optim.base_lr", warmup_steps=lambda: 20)
+    monitor = KNNMonitor(10, alarm=CollapseAlarm(3, (KNN_OVER_INIT,)))
+    monitor._data = "measured"
+    scores = iter([58.5, 50.0, 57.0, 59.0, 55.0, 54.0, 53.0, 52.0])  # init, then steps 10 .. 70
+    monitor.measure = lambda pl_module: next(scores)
+    monitor.on_train_start(trainer, module)
+    assert monitor.init_top1 == 58.5
+    for step in range(10, 80, 10):
+        trainer.global_step = step
+        monitor.on_train_batch_end(trainer, module, None, None, step)
+    # step 10 is in the warm-up (not judged); 20 under the init, 30 over it; 40, 50, 60 under: the event at 60
+    # (its CSV step 59), 53.0 - 58.5
+    event, = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "collapse"]
+    assert (event["sign"], event["step"], event["value"]) == ("knn_over_init", 59, -5.5)
+    state = monitor.state_dict()
+    again = KNNMonitor(10, alarm=CollapseAlarm(3, (KNN_OVER_INIT,)))
+    again.load_state_dict(state)
+    assert again.init_top1 == 58.5 and again.alarm.fired == {"knn_over_init"}
 
 
 def test_batch_effective_rank_is_the_spectrum_modules_measure():
@@ -113,7 +182,7 @@ def test_the_alarm_fires_on_invariance_only_vicreg_and_the_report_shows_it_first
                  "instruments.collapse_window=3", "instruments.rank_every_n_steps=0", "instruments.gradients=false",
                  "trainer.progress_bar=false", f"output_dir={tmp_path}", "name=inv"]) == 0
     events = [e for e in read_events(run / "events.jsonl") if e["kind"] == "collapse"]
-    assert [e["sign"] for e in events] == ["eff_rank_batch"]
+    assert [e["sign"] for e in events] == ["eff_rank_batch", "knn_over_init"]  # and it ends under its init
     assert "selfsup: collapse at step" in capsys.readouterr().err
     assert main(["report", str(run)]) == 0
     md = (run / "report" / "report.md").read_text()

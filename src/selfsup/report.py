@@ -342,8 +342,9 @@ def collapse_section(runs: list[Run]) -> list[Section]:
     if not rows:
         return []
     header = (["run"] if len(runs) > 1 else []) + ["step", "sign", "value", "threshold", "try"]
-    lead = (f"This run's representation collapsed: {len(rows)} sign" + ("s" if len(rows) > 1 else "")
-            + " stayed past the alarm's threshold for instruments.collapse_window measurements in a row.")
+    lead = (f"This run's representation collapsed or stopped learning: {len(rows)} sign" + ("s" if len(rows) > 1
+            else "") + " stayed past the alarm's threshold for instruments.collapse_window measurements in a row "
+            "(knn_over_init: the backbone under its random init's kNN at the end, or in 3 kNN-monitor measurements).")
     return [Section("collapse", "Collapse", [lead, Table(header, rows)])]
 
 

@@ -1,6 +1,6 @@
 """Online evaluators and training-dynamics instruments for pretraining, as Lightning callbacks."""
 
-from selfsup.instruments.collapse import CollapseAlarm, collapse_signs
+from selfsup.instruments.collapse import KNN_OVER_INIT, KNN_WINDOW, CollapseAlarm, collapse_signs
 from selfsup.instruments.dynamics import (Alignment, EmbeddingNorms, GradientNorms, PredictorAlignment,
                                           RankCollapse, StepInstruments)
 from selfsup.instruments.knn_monitor import KNNMonitor
@@ -15,7 +15,9 @@ def monitor_callbacks(cfg) -> list:
         out.append(KNNMonitor(ev.knn_every_n_steps, k=ev.knn_k, temperature=ev.knn_temperature,
                               train_size=ev.knn_monitor_train, test_size=ev.knn_monitor_test,
                               batch_size=ev.batch_size, seed=cfg.trainer.seed,
-                              dip_threshold=ins.knn_dip if ins.enabled else 0.0))
+                              dip_threshold=ins.knn_dip if ins.enabled else 0.0,
+                              alarm=CollapseAlarm(KNN_WINDOW, (KNN_OVER_INIT,))
+                              if ins.enabled and ins.collapse_alarm else None))
     if ev.online_probe:
         out.append(OnlineLinearProbe(lr=ev.online_probe_lr))
     if not ins.enabled:

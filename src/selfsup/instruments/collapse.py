@@ -19,6 +19,17 @@ construction and on healthy presets):
   collapse by construction) falls 16 → 2 on digits (0.13 of the init; 10 → 2 at batch 64) while its preset rises
   16 → 24; the SwAV and W-MSE Fashion-MNIST runs that learnt nothing in 2 epochs (floor sweep) fell to 0.21-0.30,
   a third of W-MSE's lr (it learnt) to 0.47. Threshold: under 0.25 of the first value.
+* ``dim_std_projection_batch`` (the methods whose step gives its projections): SimSiam §4.1's collapse measure,
+  the per-dimension std of the step's L2-normalised projections, over its first value. SimSiam without
+  stop-gradient and predictor (a collapse by construction) falls to 0.13-0.40 of it from step 150 on digits while
+  its backbone's rank only wavers (the projector's BatchNorm keeps it from 0 in train mode); the 10 healthy digits
+  presets that have projections stay at 0.67 or more (BYOL's minimum). Threshold: under 0.4 of the first value
+  (replayed on the stored runs: it fires on that run at step 190 of 250, on no healthy one).
+* ``knn_over_init`` (every joint-embedding run with labels): the kNN top-1 of the evaluated backbone minus its
+  random init's, in points: during the run from the kNN monitor (``eval.knn_every_n_steps``; the init measured
+  before the first step, 3 measurements in a row), and at the end from the end-of-run report (``runs/finish.py``;
+  one measurement, always). W-MSE at 10x its lr ends at 50.4% against its init's 58.5% with no other sign moving:
+  a run that stops learning without collapsing. Threshold: under 0.
 * ``dino_teacher_spread`` (DINO, iBOT): the teacher logits' spread over the batch in units of τt. In every 5-epoch
   seed of ``dino-fmnist`` (centre cancelling one collapsed output) it fell under 0.05 by step 70 and to 0.002;
   it is 1.3 at init. Threshold: under 0.05 (targets that no longer depend on the image).
@@ -28,10 +39,7 @@ construction and on healthy presets):
 * ``wmse_cov_condition`` (W-MSE): the condition number of the covariance its whitening inverts. The preset
   whose features fell to rank 12 reached 3e6, a third of its lr kept it at 8e4. Threshold: above 1e6.
 
-What it does not catch (``results/collapse_alarm.json``): SimSiam without stop-gradient and predictor, whose
-projector collapses while its backbone's rank wavers and its kNN stays above the init; W-MSE at 10x its lr, which
-ends under its init with no sign moving. A run that stops learning without collapsing needs an accuracy signal:
-the kNN monitor's dips (``eval.knn_every_n_steps``, ``instruments.knn_dip``).
+Without the kNN monitor (off by default) a run that stops learning without collapsing is named at its end only.
 """
 
 from __future__ import annotations
@@ -60,8 +68,13 @@ class Sign:
         return value > self.threshold if self.above else value < self.threshold
 
 
+KNN_WINDOW = 3  # the kNN monitor's measurements in a row (sparser than the step signs')
+KNN_OVER_INIT = Sign("knn_over_init", 0.0, meaning="the backbone's kNN top-1 is under its random init's (points)")
 SIGNS = (
     Sign("eff_rank_batch", 0.25, relative=True, meaning="the backbone features' effective rank over its first value"),
+    Sign("dim_std_projection_batch", 0.4, relative=True, meaning="the per-dimension std of the L2-normalised "
+         "projections over its first value"),
+    KNN_OVER_INIT,
     Sign("dino_teacher_spread", 0.05, meaning="the teacher's logits no longer vary over the batch (spread in tau_t)"),
     Sign("swav_code_entropy_over_log_k", 0.9, above=True, meaning="the codes are near uniform (entropy / log K)"),
     Sign("wmse_cov_condition", 1e6, above=True, meaning="the whitened covariance is near singular (condition "

@@ -150,7 +150,8 @@ def event_log(trainer, run_dir: str | Path | None = None) -> EventLog:
 def report_collapse(event: dict) -> None:
     """The collapse alarm's one console line: the sign, its value, the step and the method's usual remedies."""
     print(f"selfsup: collapse at step {event['step']}: {event['sign']} = {event['value']:.4g} ({event['meaning']}; "
-          f"threshold {event['baseline']:.4g}, past it for {event['window']} measurements); try: {event['remedy']}",
+          f"threshold {event['baseline']:.4g}, past it for {event['window']} measurement"
+          f"{'s' if event['window'] != 1 else ''}); try: {event['remedy']}",
           file=sys.stderr)
 
 

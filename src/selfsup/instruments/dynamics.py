@@ -23,8 +23,8 @@ from selfsup.eval.spectrum import effective_rank, rankme
 from selfsup.instruments.collapse import CollapseAlarm
 from selfsup.instruments.detectors import (SpikeDetector, event_log, log_metrics, measured_step, report_collapse,
                                            report_event, stepped)
-from selfsup.instruments.measures import (QUANTILES, batch_effective_rank, misalignment, norm_summary, per_dim_std,
-                                          predictor_alignment)
+from selfsup.instruments.measures import (QUANTILES, batch_dim_std, batch_effective_rank, misalignment, norm_summary,
+                                          per_dim_std, predictor_alignment)
 from selfsup.step import StepOutput, step_output
 
 NORM_KEYS = ("embedding", "projection", "prediction")
@@ -242,6 +242,8 @@ class StepInstruments(pl.Callback):
         values = {k: v for k, v in (out.instruments or {}).items() if isinstance(v, (Tensor, float, int))}
         if self.alarm is not None and out.embedding is not None and pl_module.family == "joint":
             values["eff_rank_batch"] = batch_effective_rank(out.embedding)
+            if out.projection is not None:
+                values["dim_std_projection_batch"] = batch_dim_std(out.projection)
         read = log_metrics(trainer, values, measured_step(trainer))
         if self.alarm is None or not read:
             return

@@ -33,6 +33,11 @@ def per_dim_std(x: Tensor) -> float:
     return float(z.std(dim=0).mean())
 
 
+def batch_dim_std(x: Tensor) -> Tensor:
+    """:func:`per_dim_std` as a 0-d tensor on ``x``'s device (no host read), for a step's batch."""
+    return F.normalize(x.detach().float(), dim=1).std(dim=0).mean()
+
+
 def batch_effective_rank(x: Tensor, variance: float = 0.99) -> Tensor:
     """The effective rank of a batch of features ``x`` (N, D) as a 0-d tensor on its device (no host read): the
     fewest principal components of the centred rows whose variances sum to ``variance`` of the total

@@ -15,6 +15,8 @@ from selfsup.data.datasets import UNLABELLED, load_dataset
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
 from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
+from selfsup.instruments.collapse import KNN_OVER_INIT
+from selfsup.instruments.detectors import EventLog, read_events, report_collapse
 from selfsup.methods.base import DataInfo, TrainingBase
 
 _INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
@@ -65,8 +67,28 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
 
 
 def joint_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
-    """A joint-embedding run: :func:`knn_report` of the trained and the random-init ``eval_backbone``."""
-    return knn_report(model.eval_backbone, init_backbone, model.cfg, model.info, train, run_dir)
+    """A joint-embedding run: :func:`knn_report` of the trained and the random-init ``eval_backbone``, and
+    :func:`not_learning` on it."""
+    lines = knn_report(model.eval_backbone, init_backbone, model.cfg, model.info, train, run_dir)
+    if (run_dir / "knn.json").exists() and model.cfg.instruments.enabled and model.cfg.instruments.collapse_alarm:
+        knn = json.loads((run_dir / "knn.json").read_text())
+        lines += not_learning(knn, run_dir, model.global_step, model.collapse_remedy)
+    return lines
+
+
+def not_learning(knn: dict, run_dir, step: int, remedy: str) -> list[str]:
+    """The end-of-run half of the ``knn_over_init`` sign (instruments/collapse.py): a trained backbone whose kNN
+    top-1 is under its random init's is a ``collapse`` event in ``events.jsonl`` (unless the kNN monitor already
+    raised it) and a console line; the report then shows it first."""
+    over = knn["pretrained"]["top1"] - knn["random_init"]["top1"]
+    events = read_events(run_dir / "events.jsonl")
+    if over >= KNN_OVER_INIT.threshold or any(e.get("sign") == KNN_OVER_INIT.name for e in events):
+        return []
+    event = EventLog(run_dir / "events.jsonl").write(
+        step, "collapse", over, KNN_OVER_INIT.threshold, sign=KNN_OVER_INIT.name, raw=knn["pretrained"]["top1"],
+        meaning=KNN_OVER_INIT.meaning, window=1, remedy=remedy)
+    report_collapse(event)
+    return [f"  not learning: the trained backbone is {-over:.2f} points under its random init (try: {remedy})"]
 
 
 def flow_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
