@@ -35,7 +35,8 @@ from decode import make_jpegs, realistic_sizes  # noqa: E402  (the ImageNet-like
 from throughput import machine_info, write_report  # noqa: E402  (the benchmarks' JSON writer)
 
 QUICK = ["data.image_size=32", "augment.local_crops_size=16", "augment.local_crops_number=2",
-         "model.backbone=vit_micro", "model.patch_size=8", "method.out_dim=256", "method.hidden_dim=64", "method.bottleneck_dim=32"]
+         "model.backbone=vit_micro", "model.patch_size=8", "method.out_dim=256", "method.hidden_dim=64",
+         "method.bottleneck_dim=32"]
 
 
 def timed_fit(cfg, dataset, steps: int, warmup: int, ready: bool = False) -> list[float]:
