@@ -431,3 +431,47 @@ def test_patch_temperature_and_masking_start_as_applied_in_training(tmp_path):
     assert [r[2] for r in rows] == pytest.approx([0.02, 0.02, 0.02, 0.02, 0.06, 0.06])
     assert all(share == 0 and patch == 0 for epoch, _, _, share, patch in rows if epoch == 0)
     assert all(share > 0.1 and patch > 0 for epoch, _, _, share, patch in rows if epoch > 0)
+
+
+def sinkhorn_by_hand(logits: torch.Tensor, eps: float, iterations: int, rows: torch.Tensor) -> torch.Tensor:
+    """Sinkhorn-Knopp as DINOv2's sinkhorn_knopp_teacher describes it, over the chosen rows only, in float64:
+    Q = exp(t / ε) / ΣQ; each prototype's column to 1/K, each row to 1/B; then × B (rows sum to 1)."""
+    q = torch.exp(logits[rows].double() / eps)
+    q = q / q.sum()
+    b, k = q.shape
+    for _ in range(iterations):
+        q = q / q.sum(0, keepdim=True) / k
+        q = q / q.sum(1, keepdim=True) / b
+    out = torch.zeros(logits.shape, dtype=torch.float64)
+    out[rows] = q * b
+    return out
+
+
+def test_sinkhorn_knopp_targets_for_both_terms():
+    """method.centering=sinkhorn_knopp (DINOv2's targets, an option iBOT's code does not have): the [CLS] targets
+    Sinkhorn-Knopp at ε = τt over the batch, the patch targets at ε = τt2 over the masked patches only; the
+    centres neither used nor updated."""
+    m = tiny_ibot({"centering": "sinkhorn_knopp", "shared_head": True, **RECIPE})
+    views = plan_views(m)
+    b = views[0].shape[0]
+    masks = m.draw_masks(2 * b, "cpu")
+    masks[0, :3] = True  # at least one masked crop
+    with torch.no_grad():
+        x = torch.cat(views[:2])
+        t_cls, t_patch = m.teacher_head(m.teacher_backbone.forward_features(x))
+        s_cls, s_patch = m.head(m.backbone.forward_features(x, masks))
+        s_loc = m.head(m.backbone(torch.cat(views[2:])))
+    out = m.forward_views(views, masks)
+    q = sinkhorn_by_hand(t_cls, m.teacher_temp, 3, torch.ones(2 * b, dtype=torch.bool)).chunk(2)
+    s_all = torch.cat([s_cls, s_loc]).double() / 0.1
+    terms = [torch.sum(-q[i] * F.log_softmax(s_all.chunk(4)[v], dim=-1), dim=-1).mean()
+             for i in range(2) for v in range(4) if v != i]
+    torch.testing.assert_close(out.scalars["loss_cls"].double(), sum(terms) / len(terms), rtol=1e-5, atol=1e-6)
+    k = t_patch.shape[-1]
+    q2 = sinkhorn_by_hand(t_patch.reshape(-1, k), m.teacher_patch_temp, 3, masks.reshape(-1)).view(2 * b, -1, k)
+    ce = -(q2 * F.log_softmax(s_patch.double() / 0.1, dim=-1)).sum(-1)
+    patch = ((ce * masks).sum(-1) / masks.sum(-1).clamp(min=1)).mean()
+    torch.testing.assert_close(out.scalars["loss_patch"].double(), patch, rtol=1e-5, atol=1e-6)
+    assert not m.center.any() and not m.center2.any()
+    with pytest.raises(UserError, match="method.centering=none: iBOT centres with its EMA centres"):
+        tiny_config("ibot", {"centering": "none"})

@@ -211,7 +211,15 @@ def ibot_patch_loss(student_patch: Tensor, teacher_patch: Tensor, center2: Tenso
     ``student_patch``, ``teacher_patch`` (n·B, N, K) the patch logits of the n global crops (crop-major),
     ``center2`` (1, 1, K), ``masks`` (n·B, N) bool (True = masked, the student's input)."""
     q = F.softmax((teacher_patch.detach() - center2) / teacher_temp2, dim=-1)
-    ce = -(q * F.log_softmax(student_patch / student_temp, dim=-1)).sum(-1)  # (n·B, N)
+    return ibot_patch_cross_entropy(student_patch, q, masks, student_temp)
+
+
+def ibot_patch_cross_entropy(student_patch: Tensor, teacher_probs: Tensor, masks: Tensor,
+                             student_temp: float) -> Tensor:
+    """:func:`ibot_patch_loss` with the teacher's targets given (``teacher_probs`` (n·B, N, K), e.g. Sinkhorn-Knopp
+    codes): per crop the mean over its masked patches of ``−Σ_k q log softmax(s / τs)``, then the mean over the
+    crops, unmasked crops counting 0."""
+    ce = -(teacher_probs.detach() * F.log_softmax(student_patch / student_temp, dim=-1)).sum(-1)  # (n·B, N)
     m = masks.to(ce.dtype)
     return ((ce * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
 

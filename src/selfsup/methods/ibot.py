@@ -36,7 +36,7 @@ from torch import nn
 from selfsup.data.masks import default_max_blocks, ibot_masks, max_masked_patches
 from selfsup.distributed import all_reduce_sum, world
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_cross_entropy, ibot_patch_loss
+from selfsup.losses import dino_center, dino_cross_entropy, ibot_patch_cross_entropy, ibot_patch_loss, sinkhorn_knopp
 from selfsup.methods.base import encode_views
 from selfsup.methods.dino import DINO, DINOConfig, require_cls_vit
 from selfsup.models.heads import iBOTHead
@@ -70,9 +70,10 @@ class iBOTConfig(DINOConfig):
         super().validate()
         if self.patch_out_dim < 1:
             raise UserError(f"method.patch_out_dim={self.patch_out_dim} must be >= 1")
-        if self.centering != "centering":
+        if self.centering not in ("centering", "sinkhorn_knopp"):
             raise UserError(f"method.centering={self.centering}: iBOT centres with its EMA centres C and C2 "
-                            "(main_ibot.py); use method.centering=centering")
+                            "(main_ibot.py, method.centering=centering) or takes DINOv2's Sinkhorn-Knopp targets "
+                            "(method.centering=sinkhorn_knopp)")
         for key in ("warmup_teacher_patch_temp", "teacher_patch_temp"):
             if not getattr(self, key) > 0:
                 raise UserError(f"method.{key}={getattr(self, key)} must be > 0")
@@ -189,18 +190,34 @@ class iBOT(DINO):
             t_patch_loss, masks_loss = t_patch, masks
         if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
             s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
-        q_cls = self.teacher_targets(t_cls)  # DINO's centred targets (iBOT allows method.centering=centering only)
+        q_cls = self.teacher_targets(t_cls)  # DINO's centred targets, or Sinkhorn-Knopp's (method.centering)
         loss_cls = dino_cross_entropy(s_cls, q_cls, c.student_temp, n) * c.lambda1
-        loss_patch = ibot_patch_loss(s_patch, t_patch_loss, self.center2, masks_loss, c.student_temp,
-                                     self.step_teacher_patch_temp) * c.lambda2
+        if c.centering == "sinkhorn_knopp":  # DINOv2's patch targets: Sinkhorn-Knopp over the masked patches
+            q_patch = self.patch_codes(t_patch_loss, masks_loss)
+            loss_patch = ibot_patch_cross_entropy(s_patch, q_patch, masks_loss, c.student_temp) * c.lambda2
+        else:
+            loss_patch = ibot_patch_loss(s_patch, t_patch_loss, self.center2, masks_loss, c.student_temp,
+                                         self.step_teacher_patch_temp) * c.lambda2
         # DINO's collapse signs on the [CLS] term, the share of masked patches
         signs = {**self.teacher_signs(t_cls, q_cls),
                  "ibot_center2_norm": self.center2.norm(), "ibot_masked_share": masks.float().mean()}
-        self.update_centers(t_cls, t_patch)
+        if c.centering == "centering":
+            self.update_centers(t_cls, t_patch)
         b = views[0].shape[0]
         return StepOutput(loss_cls + loss_patch, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0],
                           scalars={"loss_cls": loss_cls.detach(), "loss_patch": loss_patch.detach()},
                           instruments=signs)
+
+    @torch.no_grad()
+    def patch_codes(self, t_patch: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        """``method.centering=sinkhorn_knopp``: the patch targets as DINOv2 makes them (ibot_patch_loss.py
+        ``sinkhorn_knopp_teacher``): Sinkhorn-Knopp at ε = τt2 over the masked patches of the global batch (the
+        other rows get zero codes and weigh nothing), (n·B, k, K)."""
+        _, size = world()
+        flat = t_patch.reshape(-1, t_patch.shape[-1])
+        codes = sinkhorn_knopp(flat, self.step_teacher_patch_temp, self.cfg.method.sinkhorn_iterations,
+                               world_size=size, all_reduce=all_reduce_sum, valid=masks.reshape(-1))
+        return codes.view_as(t_patch)
 
     def loss_patches(self, masks: torch.Tensor) -> torch.Tensor | None:
         """(2B, k) the patches the student's patch head projects: every masked patch of each crop first (in patch
