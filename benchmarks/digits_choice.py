@@ -22,10 +22,21 @@ its runs; the result follows each.
   both. Rule: each preset takes 20 epochs when ``epochs_20`` is 3 points or more above ``epochs_6``; otherwise it
   keeps 6. The cut-init claims keep the 6 epochs they measured.
 
+  Result (``results/dino_digits_epochs_choice.json``, ``dinov2_digits_epochs_choice.json``): DINO 49.3 at 20
+  epochs against 43.8 at 6, adopted; DINOv2 38.5 against 47.9, kept at 6.
+* ``dinov2-digits``: KoLeo again, over seeds 100-103 (issue 38). Its table seeds still gain -0.6 / +4.2 / -1.7, and
+  the one-seed choices disagree: at seed 0 (a pilot on the test split) KoLeo cost 12.8 points, at seed 100 it gave
+  6.9. One seed's validation score moves by several points from seed to seed here, so the choice is made again on
+  the mean of four seeds (100, written above, and 101-103). Predicted: without KoLeo at least 3 points higher on
+  that mean (the nearest-neighbour reading above). Rule: the preset drops KoLeo when ``koleo_0``'s mean is 3 points
+  or more above ``koleo_0.1``'s; otherwise it keeps 0.1.
+
     python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 \\
         --out benchmarks/results/dinov2_digits_choice.json
     python benchmarks/digits_choice.py --preset dino-digits --only epochs_6,epochs_20 \\
         --out benchmarks/results/dino_digits_epochs_choice.json
+    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 --seeds 100,101,102,103 \\
+        --out benchmarks/results/dinov2_digits_koleo_4seeds.json
 """
 
 from __future__ import annotations
@@ -51,7 +62,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="dinov2-digits")
     p.add_argument("--only", default="koleo_0.1,koleo_0", help=f"comma list of variants: {', '.join(VARIANTS)}")
-    p.add_argument("--seed", type=int, default=100)
+    p.add_argument("--seeds", default="100", help="comma list of training seeds; a variant's score is their mean")
     p.add_argument("--runs", default="runs/digits_choice")
     p.add_argument("--out", default="benchmarks/results/dinov2_digits_choice.json")
     args = p.parse_args(argv)
@@ -66,19 +77,26 @@ def main(argv=None) -> int:
     from selfsup.runs.evaluate import run_knn
 
     torch.set_num_threads(1)
-    out = {"note": f"{args.preset}, seed {args.seed}; kNN@20 T 0.07 on a seeded 20% of the training images (val), "
-                   "fit on the rest; the test split unread", "variants": {}}
+    seeds = [int(x) for x in args.seeds.split(",")]
+    out = {"note": f"{args.preset}, seeds {args.seeds}; kNN@20 T 0.07 on a seeded 20% of the training images (val), "
+                   "fit on the rest; the test split unread; a variant's score is the mean over the seeds",
+           "variants": {}}
     stem = args.preset.removesuffix("-digits")
     for name in names:
-        overrides = VARIANTS[name]
-        t0 = time.perf_counter()
-        cfg = load_run_config(args.preset, overrides + [f"trainer.seed={args.seed}", f"output_dir={args.runs}",
-                                                        f"name={stem}-{name}", "trainer.progress_bar=false"])
-        run = engine.pretrain(cfg, args.preset)
-        wall = time.perf_counter() - t0
-        knn = run_knn(run, KnnConfig(ks=(20,), val_fraction=0.2))
-        out["variants"][name] = {"overrides": overrides, "train_wall_s": round(wall), "val_knn20_top1":
-                                 round(knn["results"]["k=20"]["top1"], 2)}
+        overrides, scores, walls = VARIANTS[name], [], []
+        for seed in seeds:
+            run = Path(args.runs) / (f"{stem}-{name}" + (f"-s{seed}" if seed != 100 else ""))
+            if not (run / "backbone.safetensors").exists():  # seed 100's runs keep their first names
+                t0 = time.perf_counter()
+                cfg = load_run_config(args.preset, overrides + [f"trainer.seed={seed}", f"output_dir={args.runs}",
+                                                                f"name={run.name}", "trainer.progress_bar=false"])
+                engine.pretrain(cfg, args.preset)
+                walls.append(round(time.perf_counter() - t0))
+            knn = run_knn(run, KnnConfig(ks=(20,), val_fraction=0.2))
+            scores.append(round(knn["results"]["k=20"]["top1"], 2))
+        out["variants"][name] = {"overrides": overrides, "seeds": seeds, "train_wall_s": walls,
+                                 "val_knn20_top1_per_seed": scores,
+                                 "val_knn20_top1": round(sum(scores) / len(scores), 2)}
         print(name, json.dumps(out["variants"][name]), flush=True)
     for (new, old), margin in RULES.items():
         if new in out["variants"] and old in out["variants"]:
