@@ -39,6 +39,11 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   Predicted: SS1 gains at least 2 validation points more than SS0 (the rule for adopting it: 2 points, since
   SimSiam's gap to the bar is its seed-to-seed spread, not its mean), and its loss curve is smoother.
 
+  Result (``results/floor_sweep_s100_5ep_wmse.json``): W0 +4.55, W3 +4.67 (test +5.21 / +5.02): at 5 epochs the
+  lower lr no longer helps, and ``wmse-fmnist`` keeps its lr. The budget next (written before it ran): ``W0`` at 10
+  epochs, seed 100 (``--epochs 10 --runs runs/floor_sweep_s100_10ep``), predicted to gain +6 or more on the
+  validation split, the smallest budget tried at which W-MSE would reach the bar's mean.
+
 Each run is scored as ``dino_cpu.knn_10k``: kNN@20 (T 0.07) of the backbone against its seeded random init, on
 a 10k validation split carved from train (``val``: where a variant would be chosen; fit on 10k other training
 images) and on the 10k test images (reported only). The runs train on every training image without labels.
