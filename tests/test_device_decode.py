@@ -104,6 +104,30 @@ def test_data_decode_chooses_the_path_and_names_a_folder_it_cannot_decode(tmp_pa
         load_run_config("simclr-digits", ["data.decode=gpu"])
 
 
+def test_a_device_whose_decoder_fails_keeps_the_cpu_path_or_stops_in_one_line(monkeypatch, capsys):
+    from selfsup.data.device_decode import decoder_error
+
+    assert decoder_error("cpu") is None  # torchvision decodes a JPEG here
+    trainer = type("T", (), {"accelerator": type("CUDAAccelerator", (), {})()})()
+    monkeypatch.setattr(engine, "decoder_error", lambda device: "RuntimeError: not compiled with nvJPEG")
+    assert not engine.decode_on_device("auto", ["a.jpg"], trainer, "cuda:0")
+    assert "data.decode=auto: torchvision cannot decode JPEGs on cuda:0 (RuntimeError: not compiled with nvJPEG); " \
+           "the workers decode them" in capsys.readouterr().err
+    with raises_user_error("data.decode=device: torchvision cannot decode JPEGs on cuda:0", "use data.decode=cpu"):
+        engine.decode_on_device("device", ["a.jpg"], trainer, "cuda:0")
+
+
+def test_a_refused_batch_is_said_once(tmp_path, capsys):
+    files = jpegs(tmp_path)
+    enc = EncodedCrops(files, 16, [(0.2, 1.0)] * 2, seed=0)
+    batch = enc.crops(torch.arange(6), 0)
+    broken = EncodedBatch(torch.zeros_like(batch.data), batch.lengths, batch.boxes, batch.index, batch.epoch)
+    for _ in range(2):
+        assert torch.equal(decode_batch(broken, enc, "cpu"), FolderCrops(files, 16, [(0.2, 1.0)] * 2, seed=0).crops(
+            torch.arange(6), 0))
+    assert capsys.readouterr().err.count("the device's JPEG decoder refused a batch") == 1 and enc.fallbacks == 2
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_pretraining_decodes_on_the_device_with_or_without_workers(tmp_path, workers):
     for split in ("train", "val"):

@@ -45,7 +45,7 @@ from selfsup.config import RunConfig, load_run, resolve, to_dict  # noqa: F401  
 from selfsup.data.datasets import UNLABELLED, FolderImages, ImageDataset, StreamDataset, load_dataset
 from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
 from selfsup.data.decode import bad_file_cap, too_many_bad_files
-from selfsup.data.device_decode import all_jpeg
+from selfsup.data.device_decode import all_jpeg, decoder_error
 from selfsup.data.shards import ShardCrops
 from selfsup.distributed import check_devices
 from selfsup.errors import UserError
@@ -92,7 +92,8 @@ class PretrainData(pl.LightningDataModule):
         folder = isinstance(dataset.images, FolderImages) and plan is not None
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
             scales, sizes = plan
-            encoded = decode_on_device(self.cfg.data.decode, dataset.images.files, self.trainer)
+            encoded = decode_on_device(self.cfg.data.decode, dataset.images.files, self.trainer,
+                                       self.trainer.strategy.root_device)
             crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes,
                                                bad_log=Path(self.trainer.default_root_dir) / BAD_FILES,
                                                encoded=encoded)
@@ -126,16 +127,27 @@ class PretrainData(pl.LightningDataModule):
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 
 
-def decode_on_device(decode: str, files: list, trainer) -> bool:
+def decode_on_device(decode: str, files: list, trainer, device=None) -> bool:
     """``data.decode``: whether a folder's training crops are decoded on the device (``data.device_decode``):
-    ``device`` (JPEG files only), ``auto`` on a GPU when every training file is a JPEG, ``cpu`` never."""
+    ``device`` (JPEG files only, a decoder that works there), ``auto`` on a GPU when every training file is a JPEG
+    and the GPU's decoder decodes one (else the CPU path, said in one line), ``cpu`` never."""
     if decode == "device":
         others = [f for f in files if not all_jpeg([f])]
         if others:
             raise UserError(f"data.decode=device decodes JPEG files only; {len(others)} training files are not JPEGs "
                             f"(first: {others[0]}); use data.decode=cpu or auto")
+        why = decoder_error(device) if device is not None else None
+        if why:
+            raise UserError(f"data.decode=device: torchvision cannot decode JPEGs on {device} ({why}); use "
+                            "data.decode=cpu")
         return True
-    return decode == "auto" and trainer.accelerator.__class__.__name__ == "CUDAAccelerator" and all_jpeg(files)
+    if decode != "auto" or trainer.accelerator.__class__.__name__ != "CUDAAccelerator" or not all_jpeg(files):
+        return False
+    why = decoder_error(device) if device is not None else None
+    if why:
+        print(f"selfsup: data.decode=auto: torchvision cannot decode JPEGs on {device} ({why}); the workers decode "
+              "them (data.decode=cpu)", file=sys.stderr)
+    return why is None
 
 
 BAD_FILES = "bad_files.jsonl"  # data.on_bad_file=skip: one JSON line per unreadable file a loader met

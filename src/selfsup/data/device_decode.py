@@ -23,6 +23,7 @@ deprecates its image codecs (for TorchCodec); ``decode_jpeg`` is the decoder her
 from __future__ import annotations
 
 import io
+import sys
 
 import numpy as np
 import torch
@@ -54,7 +55,9 @@ class EncodedBatch:
 
 class EncodedCrops(FolderCrops):
     """``FolderCrops`` whose ``crops`` leave decoding to the device: an ``EncodedBatch`` per batch of indices;
-    ``decoded`` is the CPU path on the same indices (the fallback)."""
+    ``decoded`` is the CPU path on the same indices (the fallback, counted in ``fallbacks``)."""
+
+    fallbacks = 0  # batches the device's decoder refused, decoded on the CPU instead (this process)
 
     def encoded(self, i: int, epoch: int) -> tuple[Tensor, Tensor]:
         """File ``i``'s bytes and its views' boxes; under ``skip`` the first file from ``i`` on whose header reads."""
@@ -112,10 +115,28 @@ def decode_on_device(batch: EncodedBatch, sizes: list[int], channels: int, devic
 
 def decode_batch(batch: EncodedBatch, crops: EncodedCrops, device) -> Tensor | tuple[Tensor, ...]:
     """``decode_on_device``, or where the decoder refuses a file, the CPU path on the same indices (its
-    ``data.on_bad_file`` rule), moved to ``device``."""
+    ``data.on_bad_file`` rule), moved to ``device`` (one line the first time: it decodes in the training process)."""
     sizes = crops.sizes or [crops.size] * len(crops.scales)
     try:
         return decode_on_device(batch, sizes, crops.channels, device)
-    except RuntimeError:
+    except RuntimeError as e:
+        if not crops.fallbacks:
+            print(f"selfsup: the device's JPEG decoder refused a batch ({str(e).splitlines()[0][:120]}); that "
+                  "batch is decoded on the CPU, in the training process", file=sys.stderr)
+        crops.fallbacks += 1
         views = crops.decoded(batch)
         return tuple(v.to(device) for v in views) if isinstance(views, tuple) else views.to(device)
+
+
+def decoder_error(device) -> str | None:
+    """None when ``decode_jpeg`` decodes a small JPEG on ``device`` (torchvision built with nvJPEG on a GPU),
+    else why not: ``data.decode=auto`` then keeps the CPU path, ``device`` stops in one line."""
+    from torchvision.io import decode_jpeg
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (120, 60, 30)).save(buffer, "JPEG")
+    try:
+        decode_jpeg([torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)], device=device)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return None
