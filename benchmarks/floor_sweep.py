@@ -38,6 +38,8 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   ViT training for MoCo v3, SimCLR and BYOL alike; ``moco-v3-vit-fmnist`` has it and gains +10.9 +- 0.7).
   Predicted: SS1 gains at least 2 validation points more than SS0 (the rule for adopting it: 2 points, since
   SimSiam's gap to the bar is its seed-to-seed spread, not its mean), and its loss curve is smoother.
+  Result (``results/floor_sweep_s100_5ep_simsiam.json``): SS0 +7.55, SS1 +8.81 (test +8.36 / +9.02): +1.3, under
+  the rule's 2 points; ``simsiam-fmnist`` keeps its trainable patch projection.
 
   Result (``results/floor_sweep_s100_5ep_wmse.json``): W0 +4.55, W3 +4.67 (test +5.21 / +5.02): at 5 epochs the
   lower lr no longer helps, and ``wmse-fmnist`` keeps its lr. The budget next (written before it ran): ``W0`` at 10
