@@ -46,6 +46,14 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   epochs, seed 100 (``--epochs 10 --runs runs/floor_sweep_s100_10ep``), predicted to gain +6 or more on the
   validation split, the smallest budget tried at which W-MSE would reach the bar's mean.
 
+* ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
+  (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
+  (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
+  [CLS] targets sit on 8 of 1,024 outputs and the 5-epoch seeds lose 12.5 points; Sinkhorn-Knopp spreads each
+  batch's targets over the outputs, as it did for DINO (−12.0 → +13.1). A pilot at 2 epochs, seed 100 (``--epochs 2
+  --only I1_sinkhorn --runs runs/floor_sweep_s100_ibot``): predicted a validation gain above +3 and a [CLS] target
+  entropy (``dino_teacher_entropy``) well above 0.07.
+
 Each run is scored as ``dino_cpu.knn_10k``: kNN@20 (T 0.07) of the backbone against its seeded random init, on
 a 10k validation split carved from train (``val``: where a variant would be chosen; fit on 10k other training
 images) and on the 10k test images (reported only). The runs train on every training image without labels.
@@ -88,6 +96,9 @@ VARIANTS = {
     "W3_lr2.5e-4": ("wmse-fmnist", ["optim.base_lr=2.5e-4"]),
     "SS0": ("simsiam-fmnist", []),
     "SS1_frozen_patch": ("simsiam-fmnist", ["model.stop_grad_conv1=true"]),
+    "I1_sinkhorn": ("ibot-fmnist", ["method.centering=sinkhorn_knopp", "method.teacher_temp=0.04",
+                                    "method.warmup_teacher_temp=0.04", "method.teacher_patch_temp=0.04",
+                                    "method.warmup_teacher_patch_temp=0.04"]),
     "D0": ("dino-fmnist", []),
     "D1_sinkhorn": ("dino-fmnist", ["method.centering=sinkhorn_knopp"]),
     "V0": ("dinov2-fmnist", ["method.koleo_loss_weight=0.1"]),
