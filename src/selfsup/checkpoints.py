@@ -21,7 +21,6 @@ SIGINT / SIGTERM (then training stops) and at ``trainer.max_steps``; only with f
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import signal
 import time
@@ -32,11 +31,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
+from selfsup.diskspace import TEMP_SUFFIX, atomic_write, tensor_bytes
 from selfsup.errors import UserError
 
 EXTRA_SAFE_GLOBALS: list = []  # nothing beyond torch's own weights-only set: selfsup checkpoints need no more
 DIGEST_KEY = "selfsup_sha256"
-TEMP_SUFFIX = ".tmp"
 
 
 def _feed(h, value) -> None:
@@ -68,35 +67,11 @@ def content_digest(checkpoint: dict) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a file system without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_checkpoint(checkpoint: dict, path: Path) -> None:
-    """Write ``checkpoint`` (with its digest) to ``path`` atomically: temp file beside it, fsync, rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``checkpoint`` (with its digest) to ``path`` atomically (``diskspace.atomic_write``: temp file beside
+    it, fsync, rename); out of space, a one-line :class:`~selfsup.diskspace.DiskFull`, the previous file whole."""
     checkpoint[DIGEST_KEY] = content_digest(checkpoint)
-    tmp = path.parent / f".{path.name}.{os.getpid()}{TEMP_SUFFIX}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
+    atomic_write(Path(path), lambda f: torch.save(checkpoint, f), "the checkpoint", tensor_bytes(checkpoint))
 
 
 def remove_partial_writes(folder: Path) -> list[Path]:

@@ -47,6 +47,7 @@ from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loa
 from selfsup.data.decode import bad_file_cap, too_many_bad_files
 from selfsup.data.device_decode import all_jpeg, decoder_error
 from selfsup.data.shards import ShardCrops
+from selfsup.diskspace import DiskFull, is_disk_full, write_text, written_by_selfsup
 from selfsup.distributed import check_devices
 from selfsup.errors import UserError
 from selfsup.export import HEADS_FILE, export_backbone, export_heads
@@ -423,9 +424,7 @@ def read_run_facts(run_dir: Path) -> dict:
 def mark_run(run_dir: Path, drop: tuple[str, ...] = (), **facts) -> None:
     """Update ``RUN/run.json`` with ``facts``, without the keys ``drop`` (written whole through a temp file)."""
     merged = {k: v for k, v in read_run_facts(run_dir).items() if k not in drop}
-    tmp = Path(run_dir) / f".{RUN_FACTS}.tmp"
-    tmp.write_text(json.dumps({**merged, **facts}, indent=2))
-    os.replace(tmp, Path(run_dir) / RUN_FACTS)
+    write_text(Path(run_dir) / RUN_FACTS, json.dumps({**merged, **facts}, indent=2), "the run's facts")
 
 
 def write_run_facts(trainer, run_dir: Path, seconds: float, status: str = "finished", **extra) -> None:
@@ -449,6 +448,18 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def out_of_space(exc: BaseException, run_dir: Path, saved_step: int | None) -> DiskFull:
+    """A run stopped by a full disk, in one line: the write of selfsup's own that failed (its file and size) or,
+    for a logger's write (Lightning's metrics.csv, TensorBoard), the run folder and the size of its checkpoint,
+    which the run needs free to go on; and the checkpoint kept."""
+    kept = _kept_checkpoint(run_dir, saved_step)
+    own = written_by_selfsup(exc)
+    if own is not None:
+        return own.keeping(kept)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    return DiskFull(run_dir, "the run's logs in", last.stat().st_size if last.exists() else None, kept)
 
 
 def _kept_checkpoint(run_dir: Path, saved_step: int | None) -> str:
@@ -517,7 +528,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         resumed_step = check_checkpoint(ckpt_path, model)
     elif not child:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), "the run's config")
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
         export_backbone(model.eval_backbone, run_dir / "backbone_init.safetensors", meta)
     trainer = make_trainer(cfg, run_dir)
@@ -552,9 +563,15 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
                             stopped_at_step=int(trainer.global_step))
         raise type(e)(f"{e}; {_kept_checkpoint(run_dir, checkpoints.saved_step)}") from None
     except BaseException as e:
+        full = out_of_space(e, run_dir, checkpoints.saved_step) if is_disk_full(e) else None
         if trainer.is_global_zero and run_dir.exists():
-            write_run_facts(trainer, run_dir, time.perf_counter() - started, "failed",
-                            reason=(str(e).splitlines() or [type(e).__name__])[0])
+            try:
+                write_run_facts(trainer, run_dir, time.perf_counter() - started, "failed",
+                                reason=(str(full or e).splitlines() or [type(e).__name__])[0])
+            except DiskFull:  # run.json itself does not fit: the line on stderr says it
+                pass
+        if full is not None:
+            raise full from None
         raise
     finally:
         finish_loggers(trainer, failed)
@@ -567,10 +584,13 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         raise RunInterrupted(checkpoints.signal_received)
     if not trainer.is_global_zero:
         return run_dir
-    write_run_facts(trainer, run_dir, time.perf_counter() - started)
     backbone = model.eval_backbone.cpu()  # DINO exports its teacher, as its kNN; a flow run its FlowEncoder
-    export_backbone(backbone, run_dir / "backbone.safetensors", meta)
-    export_heads(model, run_dir / HEADS_FILE)  # the projector / predictor: eval --embedding reads them beside it
+    try:
+        write_run_facts(trainer, run_dir, time.perf_counter() - started)
+        export_backbone(backbone, run_dir / "backbone.safetensors", meta)
+        export_heads(model, run_dir / HEADS_FILE)  # the projector / predictor: eval --embedding reads them beside it
+    except DiskFull as e:
+        raise out_of_space(e, run_dir, checkpoints.saved_step) from None
     init_backbone = copy.deepcopy(backbone)
     init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
     for line in end_of_run_report(model, train, init_backbone, run_dir):

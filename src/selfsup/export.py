@@ -17,10 +17,11 @@ import json
 from pathlib import Path
 
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 from torchvision.models import ResNet
 
+from selfsup.diskspace import atomic_write, tensor_bytes
 from selfsup.errors import UserError
 from selfsup.models.backbones import build_backbone
 from selfsup.models.vit import VisionTransformer
@@ -34,8 +35,13 @@ def export_backbone(backbone: nn.Module, path: Path, meta: dict) -> Path:
     state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
     meta = {k: v for k, v in meta.items() if k not in ("format", "architecture", "timm", "torchvision")}
     meta = {"format": FORMAT, **meta, **describe(backbone)}
-    save_file(state, str(path), metadata={"selfsup": json.dumps(meta)})
+    write_safetensors(state, {"selfsup": json.dumps(meta)}, path, "the exported backbone")
     return path
+
+
+def write_safetensors(state: dict, metadata: dict, path: Path, what: str) -> None:
+    """``state`` as safetensors at ``path``, atomically (a killed or out-of-space write leaves the old file)."""
+    atomic_write(Path(path), lambda f: f.write(save(state, metadata=metadata)), what, tensor_bytes(state))
 
 
 # --------------------------------------------------------------------------- architecture and plain recipes
@@ -304,7 +310,8 @@ def export_heads(model: nn.Module, path: Path) -> Path | None:
         return None
     state = {f"{name}.{k}": v.detach().cpu().contiguous() for name in specs
              for k, v in heads[name].state_dict().items()}
-    save_file(state, str(path), metadata={"selfsup": json.dumps({"format": HEADS_FORMAT, "heads": specs})})
+    write_safetensors(state, {"selfsup": json.dumps({"format": HEADS_FORMAT, "heads": specs})}, path,
+                      "the projection heads")
     return path
 
 

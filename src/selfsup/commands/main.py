@@ -19,6 +19,7 @@ from selfsup.commands.generate import add_generate_parser
 from selfsup.commands.simulate import add_simulate_parser
 from selfsup.config import (PRESET_DIR, flatten, load_run_config, merge, parse_overrides, preset_names, read_run_config,
                             resolve, to_dict)
+from selfsup.diskspace import DiskFull, is_disk_full
 from selfsup.engine import pretrain, read_run_facts
 from selfsup.errors import UserError, clean_message
 from selfsup.report import write_report
@@ -141,9 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         if signum is None:
             print("selfsup: interrupted", file=sys.stderr)
         return 128 + (signum or 2)
-    except RuntimeError as e:
-        if "Original Traceback" in str(e) and "UserError" in str(e):  # a UserError from a DataLoader worker
-            print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)
+    except Exception as e:
+        if is_disk_full(e):  # a write selfsup does not make itself (a logger's, a command's result file)
+            print(f"selfsup: error: {DiskFull.of(e)}", file=sys.stderr)
+            return 2
+        if isinstance(e, RuntimeError) and "Original Traceback" in str(e) and "UserError" in str(e):
+            print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)  # a UserError from a DataLoader worker
             return 2
         raise
 

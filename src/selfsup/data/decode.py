@@ -29,6 +29,7 @@ from PIL import Image
 from torch import Tensor
 
 from selfsup.data.views import sample_crop_boxes
+from selfsup.diskspace import writing
 from selfsup.errors import UserError
 
 EVAL_CROP = 0.875  # Resize(256) + CenterCrop(224)
@@ -142,7 +143,7 @@ def record_bad_file(bad: dict, key, path: str, reason: str, total: int, max_frac
     print(f"selfsup: skipped an unreadable image: {reason.split(' (')[0].removeprefix('corrupt or ')}; {stands_in}",
           file=sys.stderr)
     if log is not None:
-        with open(log, "a") as f:
+        with writing(log, "the skipped-file log"), open(log, "a") as f:
             f.write(json.dumps({"index": key, "path": path, "reason": reason}) + "\n")
     if len(bad) > bad_file_cap(total, max_fraction):
         raise UserError(too_many_bad_files(list(bad.values()), total, max_fraction))

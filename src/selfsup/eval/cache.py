@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from selfsup.data.datasets import ImageDataset
+from selfsup.diskspace import atomic_write, tensor_bytes
 from selfsup.eval.features import extract_features
 
 
@@ -39,8 +40,6 @@ def features(source, dataset: ImageDataset, split: str, data_key: str = "", batc
     feats, labels = extract_features(source.backbone, dataset, m["image_size"], m["mean"], m["std"], batch_size,
                                      device or default_device())
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"features": feats, "labels": labels}, tmp)
-        tmp.replace(path)
+        blob = {"features": feats, "labels": labels}
+        atomic_write(path, lambda f: torch.save(blob, f), "the feature cache", tensor_bytes(blob), fsync=False)
     return feats, labels

@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from selfsup.diskspace import write_text
+
 
 def write_json(out_dir: Path, name: str, data: dict) -> Path:
     """``out_dir/name.json`` (indented), written atomically."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
-    return path
+    return write_text(out_dir / f"{name}.json", json.dumps(data, indent=2), "the results")
 
 
 def _cell(v) -> str:

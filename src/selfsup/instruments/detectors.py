@@ -21,6 +21,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
+from selfsup.diskspace import writing
+
 PREFIX = "instruments"
 
 
@@ -89,7 +91,7 @@ class EventLog:
     def write(self, step: int, kind: str, value: float, baseline: float, **extra) -> dict:
         event = {"step": int(step), "kind": kind, "value": float(value), "baseline": float(baseline), **extra}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
+        with writing(self.path, "an event"), self.path.open("a") as f:
             f.write(json.dumps(event) + "\n")
         key = f"events/{kind}" + (f"/{extra['group']}" if "group" in extra else "")
         for logger in self.loggers:

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from selfsup.data.datasets import UNLABELLED, load_dataset
+from selfsup.diskspace import write_text
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
 from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
@@ -59,7 +60,7 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
         out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
         if cache is not None:
             _INIT_KNN[cache] = copy.deepcopy(out[key])
-    (run_dir / "knn.json").write_text(json.dumps(out, indent=2))
+    write_text(run_dir / "knn.json", json.dumps(out, indent=2), "the end-of-run kNN")
     lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
     lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
               for key in ("pretrained", "random_init")]
