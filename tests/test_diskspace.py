@@ -151,3 +151,26 @@ def test_a_logger_write_on_a_full_disk_names_the_run_folder_and_the_checkpoint(t
     monkeypatch.setattr(ExperimentWriter, "save", full)
     code, _, err = run_cli("pretrain", "moco-v3-vit-digits", *TINY, f"output_dir={tmp_path}", "name=r")
     assert_user_error(code, err, "no space left on the", f"writing the run's logs in {tmp_path / 'r'}")
+
+
+def test_a_report_whose_figures_do_not_fit_names_its_folder(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    code, _, err = run_cli("pretrain", "moco-v3-vit-digits", *TINY, f"output_dir={tmp_path}", "name=r")
+    assert code == 0, err
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    code, _, err = run_cli("report", tmp_path / "r")
+    assert_user_error(code, err, "no space left on the", f"writing the report's figures in {tmp_path / 'r' / 'report'}",
+                      "the run folders are unchanged")
+
+
+def test_a_write_no_writer_of_selfsup_named_is_said_with_the_command_output():
+    """An ENOSPC that names no file (a library's write) is said with the command's output folder."""
+    line = str(DiskFull.of(RuntimeError("flush failed"), Path("/tmp/out")))
+    assert line.startswith("no space left on the") and "writing output to /tmp/out" in line
+    named = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/tmp/out/result.json")
+    assert "writing output to /tmp/out/result.json" in str(DiskFull.of(named, Path("/elsewhere")))

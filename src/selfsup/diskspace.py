@@ -40,16 +40,16 @@ class DiskFull(UserError):
         return DiskFull(self.path, self.what, self.needed, kept, self.fix)
 
     @classmethod
-    def of(cls, exc: BaseException) -> "DiskFull":
+    def of(cls, exc: BaseException, where: Path | None = None) -> "DiskFull":
         """Any write found out of space (:func:`is_disk_full`) as one line: selfsup's own writer's words where it
-        made the write, else the file the error names (the working folder where it names none)."""
+        made the write, else the file the error names, else ``where`` (the command's output; the working folder)."""
         own = written_by_selfsup(exc)
         if own is not None:
             return own
         named = exc
         while named is not None and not getattr(named, "filename", None):
             named = named.__cause__ or named.__context__
-        path = Path(named.filename) if named is not None else Path.cwd()
+        path = Path(named.filename) if named is not None else Path(where or Path.cwd())
         return cls(path, "output to", None, "the files written before it are kept",
                    "free space there or write to another disk (output_dir=, --out)")
 
@@ -178,11 +178,12 @@ def write_text(path: Path, text: str, what: str) -> Path:
 
 
 @contextmanager
-def writing(path: Path, what: str, needed: int | None = None) -> Iterator[None]:
-    """Around a write that cannot be atomic (an append to a log): out of space, :class:`DiskFull` for ``path``."""
+def writing(path: Path, what: str, needed: int | None = None, kept: str | None = None) -> Iterator[None]:
+    """Around writes that are not :func:`atomic_write` (an append to a log, a library's figure): out of space,
+    :class:`DiskFull` for ``path``; ``kept`` says what stays (default: the lines before it in the log)."""
     try:
         yield
     except Exception as e:
         if not is_disk_full(e) or isinstance(e, DiskFull):
             raise
-        raise DiskFull(path, what, needed, f"the lines before it in {Path(path).name} are kept") from None
+        raise DiskFull(path, what, needed, kept or f"the lines before it in {Path(path).name} are kept") from None

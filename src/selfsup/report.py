@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from selfsup.config import flatten, read_run_config
-from selfsup.diskspace import write_text
+from selfsup.diskspace import write_text, writing
 from selfsup.errors import UserError
 from selfsup.export import read_meta
 from selfsup.instruments.detectors import read_events
@@ -712,7 +712,8 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create the report folder {out_dir} ({e.strerror}); choose another --out") from None
-    sections = build_report(runs, out_dir)
+    with writing(out_dir, "the report's figures in", kept="the run folders are unchanged"):
+        sections = build_report(runs, out_dir)
     write_text(out_dir / "report.md", to_markdown(runs, sections, out_dir), "the report")
     write_text(out_dir / "report.html", to_html(runs, sections), "the report")
     return out_dir

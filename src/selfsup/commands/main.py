@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + (signum or 2)
     except Exception as e:
         if is_disk_full(e):  # a write selfsup does not make itself (a logger's, a command's result file)
-            print(f"selfsup: error: {DiskFull.of(e)}", file=sys.stderr)
+            where = getattr(args, "out", None) or getattr(args, "output_dir", None)  # the command's output, if named
+            print(f"selfsup: error: {DiskFull.of(e, where)}", file=sys.stderr)
             return 2
         if isinstance(e, RuntimeError) and "Original Traceback" in str(e) and "UserError" in str(e):
             print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)  # a UserError from a DataLoader worker
