@@ -56,6 +56,9 @@ its runs; the result follows each.
   near uniform at seed 0 is the centre failing at batch 64; equipartitioned targets over K = 128 rows cannot all
   fall on one output nor spread evenly over every output for every image. Predicted: at least 3 validation points
   above the preset (``koleo_0.1``) on the mean of seeds 100-103. Rule: adopted at 3 points or more.
+  Result (``results/dinov2_digits_sinkhorn.json``): 45.2 (48.96 / 46.18 / 44.79 / 40.97; val gain +10.2) against
+  the preset's 42.9 (+7.9): +2.4, under the rule's 3 points; the prediction failed and the preset keeps the centre
+  (test gains, reported only: +13.1 / +10.3 / +11.4 / +6.1 against +11.4 / +9.5 / +3.9 / +5.6).
 
     python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 \\
         --out benchmarks/results/dinov2_digits_choice.json
