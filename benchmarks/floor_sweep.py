@@ -57,6 +57,12 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   about twice the step's cost. Predicted: W5 gains at least 3 validation points more than W0 and keeps the rank
   above 20; W4 within 3 points of W0. Rule, as before: a variant is adopted at 3 points or more above W0 (if both,
   the higher).
+  Result: W5 collapsed. Its backbone's effective rank fell to 4-6 by step 280-300 (W0: 9-11 there) and the condition
+  number of a sub-batch's covariance rose to 7e6 at step 340 (W0: 1e5), and at step ~350 the Cholesky factorisation
+  failed (not positive definite): no score, the prediction failed the other way (``results/floor_sweep_s100_5ep_
+  wmse2.json``, its curves). Six pairs a step pull the views together harder against the same whitening, and the
+  head's output loses dimensions faster. Such a run now stops in one line (``TrainingCollapsed``, run.json status
+  ``collapsed``) instead of the code's traceback. W4 was not run this session (the CPU went to iBOT's table).
 
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms

@@ -141,3 +141,43 @@ def test_the_replaced_conv1_keeps_pytorchs_init_as_the_codes_model_py():
     assert math.isclose(float(torchvision_init.std()), math.sqrt(2 / (64 * 9)), rel_tol=0.1)
     with raises_user_error("method.conv1_init"):
         tiny_method("wmse", {"conv1_init": "xavier"})
+
+
+def _collapse_head(m) -> None:
+    """The head's last layer onto one direction: every embedding on a line, a rank-1 covariance."""
+    last = [mod for mod in m.projector.modules() if isinstance(mod, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.weight.copy_(last.weight[:1].expand_as(last.weight))
+
+
+def test_a_collapsed_embedding_stops_in_one_line_naming_the_whitening():
+    """Where the code's Cholesky raises a LinAlgError traceback, a collapsed head (rank 1 < emb) ends in one line:
+    the whitening, the sub-batch, the collapse and its remedies."""
+    m = wmse()
+    _collapse_head(m)
+    with raises_user_error("W-MSE's whitening failed", "sub-batch of 8 embeddings", "collapsed",
+                           "method.w_eps=1e-3", "optim.base_lr"):
+        m.forward_views(random_views(16))
+
+
+def test_a_run_whose_whitening_fails_ends_collapsed_with_its_checkpoint(tmp_path, monkeypatch):
+    import json
+
+    import selfsup.methods.wmse as wmse_module
+    from ssl_helpers import assert_user_error, run_cli, tiny_run
+
+    forward = wmse_module.WMSE.forward_views
+
+    def collapse_at_step_1(self, views, perms=None):
+        if self.trainer.global_step == 1:
+            _collapse_head(self)
+        return forward(self, views, perms)
+
+    monkeypatch.setattr(wmse_module.WMSE, "forward_views", collapse_at_step_1)
+    code, _, err = run_cli("pretrain", "wmse-digits", *tiny_run(heads=False), "method.emb=16", "method.w_size=32",
+                           "trainer.checkpoint_every_n_steps=1", f"output_dir={tmp_path}", "name=r")
+    assert_user_error(code, err, "W-MSE's whitening failed at step 1", "the last checkpoint, with finite weights, is "
+                      "step 1", only_line=False)
+    assert "Traceback" not in err
+    facts = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert facts["status"] == "collapsed" and facts["reason"].startswith("W-MSE's whitening failed at step 1")

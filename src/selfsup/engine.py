@@ -54,7 +54,7 @@ from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.instruments import monitor_callbacks
 from selfsup.instruments.detectors import event_log
 from selfsup.methods import SSLMethod
-from selfsup.methods.base import NonFiniteLoss
+from selfsup.methods.base import NonFiniteLoss, TrainingCollapsed
 from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.runs.finish import end_of_run_report
 
@@ -557,9 +557,10 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
             write_run_facts(trainer, run_dir, time.perf_counter() - started, "interrupted", signal="SIGINT")
             print(f"interrupted; continue with: selfsup pretrain --resume {run_dir}", file=sys.stderr)
         raise KeyboardInterrupt from None
-    except (NonFiniteLoss, NonFiniteWeights) as e:
+    except (NonFiniteLoss, NonFiniteWeights, TrainingCollapsed) as e:
         if trainer.is_global_zero:
-            write_run_facts(trainer, run_dir, time.perf_counter() - started, "nan", reason=str(e),
+            write_run_facts(trainer, run_dir, time.perf_counter() - started,
+                            "collapsed" if isinstance(e, TrainingCollapsed) else "nan", reason=str(e),
                             stopped_at_step=int(trainer.global_step))
         raise type(e)(f"{e}; {_kept_checkpoint(run_dir, checkpoints.saved_step)}") from None
     except BaseException as e:

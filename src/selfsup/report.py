@@ -199,6 +199,8 @@ def ending(run: Run) -> str:
                 f"selfsup pretrain --resume {run.path} continues it)")
     if status == "nan":
         return f"did not finish: stopped by a non-finite loss or weights ({facts.get('reason', '?')})"
+    if status == "collapsed":
+        return f"did not finish: the representation collapsed ({facts.get('reason', '?')})"
     if status == "failed":
         return f"did not finish: failed ({facts.get('reason', '?')})"
     return ("did not finish: killed (no end record; or still training), last checkpoint "

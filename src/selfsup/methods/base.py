@@ -60,6 +60,11 @@ class NonFiniteLoss(UserError):
     """The loss became NaN or Inf: training stops and the last checkpoint stays as it was (the engine names it)."""
 
 
+class TrainingCollapsed(UserError):
+    """The representation collapsed so far that the loss cannot be computed (W-MSE: a sub-batch's covariance no
+    longer positive definite): training stops, the last checkpoint stays as it was (the engine names it)."""
+
+
 class FiniteLossWatch:
     """Watches the loss for NaN / Inf without reading it back to the host each step: ``observe`` keeps
     the first non-finite step and value on the loss's device; ``check`` reads them (one host sync) and

@@ -31,7 +31,7 @@ import torch
 
 from selfsup.errors import UserError
 from selfsup.losses import wmse_loss
-from selfsup.methods.base import SSLMethod, encode_views
+from selfsup.methods.base import SSLMethod, TrainingCollapsed, encode_views
 from selfsup.models.heads import mlp
 from selfsup.schedules import StepValues
 from selfsup.step import StepOutput
@@ -123,7 +123,16 @@ class WMSE(SSLMethod):
                             f"{c.emb}; set data.batch_size to a multiple of w_size x the number of processes")
         perms = list(perms.unbind(0))
         with torch.autocast(h[0].device.type, enabled=False):  # Cholesky in float32
-            loss = wmse_loss([x.float() for x in h], perms, w, c.w_eps, c.norm)
+            try:
+                loss = wmse_loss([x.float() for x in h], perms, w, c.w_eps, c.norm)
+            except torch.linalg.LinAlgError:  # the code stops with this traceback; here, one line naming it
+                trainer = self._trainer  # None in a plain loop (selfsup.method)
+                at = f" at step {trainer.global_step}" if trainer is not None else ""
+                raise TrainingCollapsed(
+                    f"W-MSE's whitening failed{at}: the covariance of a sub-batch of {w} embeddings is no longer "
+                    f"positive definite, so the head's {c.emb} outputs have collapsed onto fewer dimensions (the "
+                    f"sign instruments/wmse_cov_condition rises before it); try {self.collapse_remedy}, or "
+                    "method.w_eps=1e-3 (shrinkage toward the identity)") from None
         return StepOutput(loss, embedding=feats[0].detach(), embedding2=feats[1].detach(), projection=h[0].detach(),
                           instruments=self.collapse_signs(h[0].detach().float(), perms[0], w))
 
