@@ -45,6 +45,8 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   lower lr no longer helps, and ``wmse-fmnist`` keeps its lr. The budget next (written before it ran): ``W0`` at 10
   epochs, seed 100 (``--epochs 10 --runs runs/floor_sweep_s100_10ep``), predicted to gain +6 or more on the
   validation split, the smallest budget tried at which W-MSE would reach the bar's mean.
+  Result (``results/floor_sweep_s100_10ep_wmse.json``): +3.38 (test +3.62), under its own 5-epoch +4.55: the
+  prediction failed. More steps of this preset do not make W-MSE learn here; no budget up to 10 epochs reaches the bar.
 
 * 5 epochs, seed 100 (issue 37, written before they ran; ``--epochs 5 --seed 100 --only W4_witer4,W5_views4 --runs
   runs/floor_sweep_s100_5ep --out benchmarks/results/floor_sweep_s100_5ep_wmse2.json``), against W0's +4.55 of
