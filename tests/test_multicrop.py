@@ -133,11 +133,30 @@ def test_decode_time_crops_of_a_multicrop_plan(tmp_path):
         MultiViewAugment.from_plan(plan, 8, MEAN3, STD3)(multi[0], torch.Generator().manual_seed(0))
 
 
+def pretrain_reading_views(cfg, index):
+    """``engine.pretrain(cfg)``, and the shapes of the views its training dataset gives for ``index`` (read once,
+    when the loader is made): (run folder, [[shape of each crop group]])."""
+    from selfsup import engine
+
+    shapes = []
+    real = engine.PretrainData.train_dataloader
+
+    def spy(self):
+        loader = real(self)
+        shapes.append([tuple(t.shape) for t in loader.dataset[index][0]])
+        return loader
+
+    engine.PretrainData.train_dataloader = spy
+    try:
+        return engine.pretrain(cfg), shapes
+    finally:
+        engine.PretrainData.train_dataloader = real
+
+
 def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
     """The engine asks the decoder for every crop of the plan at its size (two DINO steps: the first has lr 0)."""
     from PIL import Image
 
-    from selfsup import engine
     from selfsup.config import load_run_config
 
     rng = np.random.default_rng(0)
@@ -153,19 +172,7 @@ def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
         "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
         "augment.local_crops_number=2", "augment.local_crops_size=4", "eval.knn_k=3", f"output_dir={tmp_path}",
         "name=run"])
-    shapes = []
-    real = engine.PretrainData.train_dataloader
-
-    def spy(self):
-        loader = real(self)
-        shapes.append([tuple(t.shape) for t in loader.dataset[(0, torch.arange(2))][0]])
-        return loader
-
-    engine.PretrainData.train_dataloader = spy
-    try:
-        run = engine.pretrain(cfg)
-    finally:
-        engine.PretrainData.train_dataloader = real
+    run, shapes = pretrain_reading_views(cfg, (0, torch.arange(2)))
     assert shapes == [[(2, 2, 3, 8, 8), (2, 2, 3, 4, 4)]]
     # DINO's exported and evaluated backbone is the teacher, from the export and from the checkpoint alike
     from safetensors.torch import load_file
@@ -296,7 +303,6 @@ def test_two_view_methods_take_local_crops(name):
 def test_webdataset_pretraining_with_a_multicrop_plan(tmp_path):
     """Tar shards feed a multi-crop plan at its sizes as the folders do (they once decoded every view at the model
     size, and DINO from shards stopped at its first step)."""
-    from selfsup import engine
     from selfsup.config import load_run_config
     from shard_files import write_shards
 
@@ -306,17 +312,5 @@ def test_webdataset_pretraining_with_a_multicrop_plan(tmp_path):
         "method.out_dim=32", "method.hidden_dim=16", "method.bottleneck_dim=8", "trainer.max_epochs=1",
         "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
         "augment.local_crops_number=2", "augment.local_crops_size=4", f"output_dir={tmp_path}", "name=run"])
-    shapes = []
-    real = engine.PretrainData.train_dataloader
-
-    def spy(self):
-        loader = real(self)
-        shapes.append([tuple(t.shape) for t in loader.dataset[(0, 0, 0)][0]])
-        return loader
-
-    engine.PretrainData.train_dataloader = spy
-    try:
-        run = engine.pretrain(cfg)
-    finally:
-        engine.PretrainData.train_dataloader = real
+    run, shapes = pretrain_reading_views(cfg, (0, 0, 0))
     assert shapes == [[(4, 2, 3, 8, 8), (4, 2, 3, 4, 4)]] and (run / "backbone.safetensors").exists()

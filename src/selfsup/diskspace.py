@@ -46,36 +46,30 @@ class DiskFull(UserError):
         own = written_by_selfsup(exc)
         if own is not None:
             return own
-        named = exc
-        while named is not None and not getattr(named, "filename", None):
-            named = named.__cause__ or named.__context__
-        path = Path(named.filename) if named is not None else Path(where or Path.cwd())
+        named = next((e.filename for e in chain(exc) if getattr(e, "filename", None)), None)
+        path = Path(named or where or Path.cwd())
         return cls(path, "output to", None, "the files written before it are kept",
                    "free space there or write to another disk (output_dir=, --out)")
 
 
-def is_disk_full(exc: BaseException | None) -> bool:
-    """Whether ``exc`` or anything in its ``__cause__`` / ``__context__`` chain is a full disk or quota."""
+def chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from or during (``__cause__``, else ``__context__``), each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, DiskFull) or (isinstance(exc, OSError) and exc.errno in FULL_ERRNOS):
-            return True
-        if any(text in str(exc) for text in FULL_TEXTS):
-            return True
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return False
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or anything in its chain is a full disk or quota."""
+    return any(isinstance(e, DiskFull) or (isinstance(e, OSError) and e.errno in FULL_ERRNOS)
+               or any(text in str(e) for text in FULL_TEXTS) for e in chain(exc))
 
 
 def written_by_selfsup(exc: BaseException | None) -> DiskFull | None:
     """The :class:`DiskFull` in ``exc``'s chain (a write of selfsup's own, which names its file), or None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, DiskFull):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return next((e for e in chain(exc) if isinstance(e, DiskFull)), None)
 
 
 def size_text(n: int) -> str:
