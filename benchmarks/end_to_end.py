@@ -127,8 +127,9 @@ def main(argv=None) -> int:
             steps = timed_fit(cfg, load_dataset(cfg.data, "train"), args.steps, args.warmup, ready=arm == "step_only")
             mean = sum(steps) / len(steps)
             report["arms"][arm] = {"step_ms_mean": round(1000 * mean, 2), "step_ms_median": round(
-                1000 * float(np.median(steps)), 2), "images_per_s": round(args.batch_size / mean, 1)}
-            print(arm, report["arms"][arm], flush=True)
+                1000 * float(np.median(steps)), 2), "images_per_s": round(args.batch_size / mean, 1),
+                "step_ms": [round(1000 * t, 1) for t in steps]}  # each step: where the slow ones fall
+            print(arm, {k: v for k, v in report["arms"][arm].items() if k != "step_ms"}, flush=True)
     ref = report["arms"].get("step_only")
     if ref:
         for arm, r in report["arms"].items():

@@ -3,12 +3,15 @@
 #
 # Run from the repository root on the device machine, with the Fashion-MNIST IDX files carried in .gpu/:
 #   here, once:   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu; cp -r /usr/share/datasets/fashion-mnist .gpu/
-#   device tool:  run(command="bash benchmarks/gpu_session.sh", carry=[".gpu"], timeout_s=560)
+#                 .venv/bin/python -m pip download --no-deps --only-binary=:all: -d .gpu/whl webdataset braceexpand
+#                 (the device image has torch, Lightning, timm, but not webdataset, which the shards arm needs)
+#   device tool:  run(command="bash benchmarks/gpu_session.sh", carry=[".gpu"], timeout_s=600)
 #   then, when the device time left allows a second call:
 #                 run(command="bash benchmarks/gpu_session.sh methods", carry=[".gpu"], timeout_s=420)
 # Everything it writes lands in $OUT (the tool brings it back): copy the JSONs to benchmarks/results/ and commit.
 #
-# Part "data" (the default; issue 39 item 4 and issue 25 item 4), about 7 minutes:
+# Part "data" (the default; issue 39 item 4 and issue 25 item 4), about 9 minutes with a machine's start (run
+# 2026-12-04: 3 + 5 minutes):
 # 1. benchmarks/mfu.py --device cuda: MoCo v3 ViT-S/16 at 224 px, bf16 autocast, fused AdamW, eager beside the
 #    compiled step, alternating. lightly's peer step only where lightly is importable there.
 # 2. benchmarks/decode.py --sizes realistic --device cuda: the workers' CPU cost per image of each path beside
@@ -24,6 +27,10 @@ W=/tmp/gpu_work  # the per-process files and runs; only the results come back
 mkdir -p "$OUT" "$W"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
 PY=${PYTHON:-python3}
+if compgen -G ".gpu/whl/*.whl" > /dev/null; then  # the carried wheels (webdataset for the shards arm)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl \
+        && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
 PARTS=${*:-data}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" | tee -a "$OUT/gpu.txt"
@@ -37,8 +44,9 @@ if [[ " $PARTS " == *" data "* ]]; then
     timeout 90 $PY benchmarks/decode.py --sizes realistic --device cuda --images 128 --repeat 3 \
         --out "$OUT/decode_realistic_cuda.json" 2>&1 | tail -n 40 | tee "$OUT/decode_cuda.log"
     workers=$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))
-    timeout 240 $PY benchmarks/end_to_end.py --images 2048 --batch-size 128 --workers "$workers" --steps 20 \
-        --warmup 5 --out "$OUT/end_to_end_cuda.json" 2>&1 | grep -v -i warn | tail -n 20 | tee "$OUT/end_to_end.log"
+    # 6,144 images = 48 steps an epoch, so the 60 timed steps cross one epoch end (its step_ms shows where)
+    timeout 330 $PY benchmarks/end_to_end.py --images 6144 --batch-size 128 --workers "$workers" --steps 60 \
+        --warmup 10 --out "$OUT/end_to_end_cuda.json" 2>&1 | grep -v -i warn | tail -n 20 | tee "$OUT/end_to_end.log"
 fi
 
 if [[ " $PARTS " == *" methods "* ]]; then

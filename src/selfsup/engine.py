@@ -94,7 +94,7 @@ class PretrainData(pl.LightningDataModule):
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
             scales, sizes = plan
             encoded = decode_on_device(self.cfg.data.decode, dataset.images.files, self.trainer,
-                                       self.trainer.strategy.root_device)
+                                       self.trainer.strategy.root_device, workers=self.cfg.data.num_workers)
             crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes,
                                                bad_log=Path(self.trainer.default_root_dir) / BAD_FILES,
                                                encoded=encoded)
@@ -128,10 +128,20 @@ class PretrainData(pl.LightningDataModule):
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 
 
-def decode_on_device(decode: str, files: list, trainer, device=None) -> bool:
+# data.decode=auto decodes on the GPU only below this many loader workers per process. Measured on an H200 with 16
+# Xeon cores (benchmarks/results/end_to_end_cuda.json, decode_realistic_cuda.json): with 14 workers the CPU path fed
+# DINO ViT-S/16's multi-crop step at 0.93 of its rate with free data, nvJPEG in the step at 0.65 (it adds ~70 ms of
+# GPU time to a 130 ms step); a multi-crop worker decodes ~136 images per CPU-second there, so ~5 workers give what
+# the device path gives (637 images/s), and the same count holds for MoCo v3's two views (~1,450 against 273 per
+# CPU-second). Below it the CPU path starves the step and the device's decode is the faster of the two.
+DEVICE_DECODE_BELOW_WORKERS = 5
+
+
+def decode_on_device(decode: str, files: list, trainer, device=None, workers: int = 0) -> bool:
     """``data.decode``: whether a folder's training crops are decoded on the device (``data.device_decode``):
-    ``device`` (JPEG files only, a decoder that works there), ``auto`` on a GPU when every training file is a JPEG
-    and the GPU's decoder decodes one (else the CPU path, said in one line), ``cpu`` never."""
+    ``device`` (JPEG files only, a decoder that works there), ``auto`` on a GPU fed by fewer than
+    ``DEVICE_DECODE_BELOW_WORKERS`` loader ``workers`` when every training file is a JPEG and the GPU's decoder
+    decodes one (else the CPU path, said in one line where the decoder fails), ``cpu`` never."""
     if decode == "device":
         others = [f for f in files if not all_jpeg([f])]
         if others:
@@ -142,7 +152,8 @@ def decode_on_device(decode: str, files: list, trainer, device=None) -> bool:
             raise UserError(f"data.decode=device: torchvision cannot decode JPEGs on {device} ({why}); use "
                             "data.decode=cpu")
         return True
-    if decode != "auto" or trainer.accelerator.__class__.__name__ != "CUDAAccelerator" or not all_jpeg(files):
+    if (decode != "auto" or trainer.accelerator.__class__.__name__ != "CUDAAccelerator"
+            or workers >= DEVICE_DECODE_BELOW_WORKERS or not all_jpeg(files)):
         return False
     why = decoder_error(device) if device is not None else None
     if why:
