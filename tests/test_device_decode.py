@@ -93,7 +93,8 @@ def test_data_decode_chooses_the_path_and_names_a_folder_it_cannot_decode(tmp_pa
     jpg, png = [tmp_path / "a.jpg", tmp_path / "B.JPEG"], [tmp_path / "a.jpg", tmp_path / "b.png"]
     assert all_jpeg(jpg) and not all_jpeg(png)
     assert engine.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"))
-    assert engine.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"), workers=engine.DEVICE_DECODE_BELOW_WORKERS - 1)
+    few = engine.DEVICE_DECODE_BELOW_WORKERS - 1
+    assert engine.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"), workers=few)
     assert not engine.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"),  # enough workers: the CPU path (H200)
                                        workers=engine.DEVICE_DECODE_BELOW_WORKERS)
     assert engine.decode_on_device("device", jpg, Trainer("CUDAAccelerator"), workers=14)
