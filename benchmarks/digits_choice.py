@@ -69,6 +69,16 @@ its runs; the result follows each.
   against 42.9 (+7.9): 5.3 points under, the prediction failed the other way and the preset keeps 6 epochs. Unlike
   DINO's, DINOv2's teacher here loses what it had gained when it trains longer.
 
+* ``dinov2-digits``: the two near misses together (issue 38, written 2026-12-04 before the runs). Without KoLeo
+  (+2.8) and Sinkhorn-Knopp at K = 128 (+2.4) each came within a point of the rule, by different routes: KoLeo
+  pushes a backbone feature from its same-class neighbour, Sinkhorn-Knopp keeps the teacher's targets from drifting
+  to uniform. ``sk_k128_koleo0``: both, at 6 epochs. ``sk_k128_e20``: Sinkhorn-Knopp at K = 128 for 20 epochs, since
+  the preset lost its gain when trained longer (``epochs_20``: 37.6) and the reading of ``dino-digits`` is that the
+  centre's targets drift to uniform as the lr decays, which equipartitioned targets cannot do. Predicted: each at
+  least 3 validation points above the preset (``koleo_0.1``, 42.9) on the mean of seeds 100-103. Rule: the preset
+  takes the higher of those that clear it by 3 points. Two more tries against the same four seeds make a lucky pass
+  likelier, which is why the bar is judged on the table seeds 0-2, never on these.
+
     python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 \\
         --out benchmarks/results/dinov2_digits_choice.json
     python benchmarks/digits_choice.py --preset dino-digits --only epochs_6,epochs_20 \\
@@ -81,6 +91,8 @@ its runs; the result follows each.
         --seeds 100,101,102,103 --out benchmarks/results/dinov2_digits_sinkhorn.json
     python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,epochs_20 \\
         --seeds 100,101,102,103 --out benchmarks/results/dinov2_digits_epochs_4seeds.json
+    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,sk_k128_koleo0,sk_k128_e20 \\
+        --seeds 100,101,102,103 --out benchmarks/results/dinov2_digits_together.json
 """
 
 from __future__ import annotations
@@ -100,11 +112,13 @@ VARIANTS = {"koleo_0.1": ["method.koleo_loss_weight=0.1"], "koleo_0": ["method.k
             "epochs_6": ["trainer.max_epochs=6"], "epochs_20": ["trainer.max_epochs=20"],
             "dino_optim": ["method.layerwise_decay=1.0", "method.patch_embed_lr_mult=1.0"],
             "ibot_0": ["method.ibot_loss_weight=0.0"],
-            "sk_k128": ["method.centering=sinkhorn_knopp", "method.out_dim=128"]}
+            "sk_k128": ["method.centering=sinkhorn_knopp", "method.out_dim=128"],
+            "sk_k128_koleo0": ["method.centering=sinkhorn_knopp", "method.out_dim=128", "method.koleo_loss_weight=0.0"],
+            "sk_k128_e20": ["method.centering=sinkhorn_knopp", "method.out_dim=128", "trainer.max_epochs=20"]}
 RULES = {  # (variant to adopt, the preset's variant): adopted when it scores 3 validation points or more above
     ("koleo_0", "koleo_0.1"): 3.0, ("epochs_20", "epochs_6"): 3.0, ("dino_optim", "koleo_0.1"): 3.0,
     ("ibot_0", "koleo_0.1"): 3.0, ("sk_k128", "koleo_0.1"): 3.0,
-    ("epochs_20", "koleo_0.1"): 3.0}
+    ("epochs_20", "koleo_0.1"): 3.0, ("sk_k128_koleo0", "koleo_0.1"): 3.0, ("sk_k128_e20", "koleo_0.1"): 3.0}
 
 
 def main(argv=None) -> int:
