@@ -42,15 +42,18 @@ def facts(run_dir: Path) -> dict:
 # --------------------------------------------------------------------------- when checkpoints are written
 def test_a_default_run_writes_a_checkpoint_at_each_epoch_end_and_resumes(straight, tmp_path):
     """No checkpoint_every_n_steps: the end of epoch 1 is on disk when the run is killed in epoch 2; a temp file
-    of a killed write is removed at the resume."""
+    of a killed write, in checkpoints/ or in the run folder, is removed at the resume."""
     forked_kill(cfg_for(tmp_path, "B"), 4)
     run_b = tmp_path / "B"
     assert ckpt_step(run_b) == 3
     assert facts(run_b)["status"] == "running"  # no end record: the report calls it killed
     partial = run_b / "checkpoints" / ".last.ckpt.12345.tmp"
     partial.write_bytes(b"half a checkpoint")
+    export = run_b / ".backbone.safetensors.12345.tmp"  # an export killed midway
+    export.write_bytes(b"half an export")
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert not partial.exists() and sorted(p.name for p in (run_b / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert not export.exists() and not list(run_b.glob(".*.tmp"))
     assert_same_run(straight, run_b)
     assert facts(run_b)["status"] == "finished"
 

@@ -532,8 +532,9 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
     meta = backbone_meta(cfg, info)
     ckpt_path = run_dir / "checkpoints" / "last.ckpt" if resume else None
     if ckpt_path is not None:
-        if not child:
-            remove_partial_writes(ckpt_path.parent)  # what a write killed midway left
+        if not child:  # what a write killed midway left: a checkpoint's, an export's, run.json's
+            for folder in (ckpt_path.parent, run_dir):
+                remove_partial_writes(folder)
         if not ckpt_path.exists():
             raise UserError(f"{run_dir} has no checkpoints/last.ckpt to resume from; start it again without --resume")
         resumed_step = check_checkpoint(ckpt_path, model)
