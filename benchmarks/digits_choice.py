@@ -78,6 +78,10 @@ its runs; the result follows each.
   least 3 validation points above the preset (``koleo_0.1``, 42.9) on the mean of seeds 100-103. Rule: the preset
   takes the higher of those that clear it by 3 points. Two more tries against the same four seeds make a lucky pass
   likelier, which is why the bar is judged on the table seeds 0-2, never on these.
+  Result (``results/dinov2_digits_together.json``): ``sk_k128_e20`` 58.7 (59.03 / 57.64 / 62.15 / 55.90; val gain
+  +23.7), adopted; ``sk_k128_koleo0`` 40.5 (+5.6), not: the first prediction held, the second failed (test gains,
+  reported only: +26.7 / +29.3 / +33.4 / +27.9 and +13.1 / +9.8 / +8.4 / +11.1, against the preset's +11.4 / +9.5 /
+  +3.9 / +5.6). ``dinov2-digits`` takes Sinkhorn-Knopp over K = 128 and 20 epochs.
 
     python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 \\
         --out benchmarks/results/dinov2_digits_choice.json
