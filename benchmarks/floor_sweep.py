@@ -41,6 +41,17 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   Result (``results/floor_sweep_s100_5ep_simsiam.json``): SS0 +7.55, SS1 +8.81 (test +8.36 / +9.02): +1.3, under
   the rule's 2 points; ``simsiam-fmnist`` keeps its trainable patch projection.
 
+* 5 epochs, seed 100 (issue 37, written 2026-12-04 before it ran; ``--epochs 5 --seed 100 --only SS2_directpred
+  --runs runs/floor_sweep_s100_5ep --out benchmarks/results/floor_sweep_s100_5ep_simsiam2.json``), against SS0's
+  +7.55 above: SimSiam with DirectPred's predictor (``method.predictor=directpred``: W_p set each step from the
+  eigen-decomposition of the running correlation of its inputs, p_j = sqrt(s_j / s_max) + 0.01, Tian et al. 2021,
+  one of the seeds). SS0's embedding falls from an effective rank of 47 to 14-25 by step 440: a trained predictor
+  lets weak eigen-directions die, where DirectPred's + ε keeps each direction's gain at least ε. On the seeded
+  BYOL runs (``results/directpred.json``, ``directpred_digits.json``) DirectPred beat the MLP predictor, 69.5 against
+  65.5 kNN after 100 Fashion-MNIST steps and 89.1 against 68.5 after 660 digits steps. Predicted: SS2 gains at
+  least 2 validation points more than SS0, with a higher effective rank at the end. Rule, as for SS1: adopted at 2
+  points or more above SS0.
+
   Result (``results/floor_sweep_s100_5ep_wmse.json``): W0 +4.55, W3 +4.67 (test +5.21 / +5.02): at 5 epochs the
   lower lr no longer helps, and ``wmse-fmnist`` keeps its lr. The budget next (written before it ran): ``W0`` at 10
   epochs, seed 100 (``--epochs 10 --runs runs/floor_sweep_s100_10ep``), predicted to gain +6 or more on the
@@ -136,6 +147,7 @@ VARIANTS = {
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
     "SS1_frozen_patch": ("simsiam-fmnist", ["model.stop_grad_conv1=true"]),
+    "SS2_directpred": ("simsiam-fmnist", ["method.predictor=directpred"]),
     "I1_sinkhorn": ("ibot-fmnist", ["method.centering=sinkhorn_knopp", "method.teacher_temp=0.04",
                                     "method.warmup_teacher_temp=0.04", "method.teacher_patch_temp=0.04",
                                     "method.warmup_teacher_patch_temp=0.04"]),
