@@ -54,9 +54,9 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   Result (``results/floor_sweep_s100_5ep_simsiam2.json``): SS2 collapsed, -1.22 validation points under its init
   (test -0.71; SS0 +7.55): the embedding's effective rank fell 47 -> 15 by step 140, 4 by step 280 and 2 at the end
   (SS0: 14-25 at step 440), and the collapse alarm fired at step 310 (the backbone's effective rank at 0.14 of its
-  first value). The prediction failed the other way; not adopted. Without EMA, a predictor that follows the
-  inputs' own correlation (its top direction at gain 1 + ε, the weak ones at ε) amplifies the directions that
-  already dominate; BYOL's EMA target, where DirectPred learned, is what SimSiam lacks.
+  first value). The prediction failed the other way; not adopted. A reading, not tested: without EMA, a predictor
+  that follows the inputs' own correlation (its top direction at gain 1 + ε, the weak ones near ε) amplifies the
+  directions that already dominate; BYOL's EMA target, where DirectPred learned, is what SimSiam lacks.
 
   Result (``results/floor_sweep_s100_5ep_wmse.json``): W0 +4.55, W3 +4.67 (test +5.21 / +5.02): at 5 epochs the
   lower lr no longer helps, and ``wmse-fmnist`` keeps its lr. The budget next (written before it ran): ``W0`` at 10
