@@ -71,9 +71,11 @@ def main(argv=None) -> int:
                 wall = round(time.perf_counter() - t0)
             knn = json.loads((run / "knn.json").read_text())
             trained, init = knn["pretrained"]["top1"], knn["random_init"]["top1"]
-            prior = next((r for r in rows.get(preset, {}).get("runs", []) if r["seed"] == seed), {})
+            if wall is None:  # a run read, not trained here: its own fit time (not an older row's, of other settings)
+                fit = json.loads((run / "run.json").read_text()).get("fit_seconds")
+                wall = round(fit) if fit is not None else None
             runs.append({"seed": seed, "knn20_top1": round(trained, 2), "random_init": round(init, 2),
-                         "gain": round(trained - init, 2), "wall_s": wall if wall is not None else prior.get("wall_s")})
+                         "gain": round(trained - init, 2), "wall_s": wall})
             print(preset, json.dumps(runs[-1]), flush=True)
         rows[preset] = row(preset, runs)
         r = rows[preset]
