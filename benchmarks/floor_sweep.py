@@ -85,6 +85,16 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   ``--out``): +4.92 (test +5.31), rank 13 and condition 9e4 at the end, +0.4 over W0: the prediction held, not
   adopted. ``wmse-fmnist`` stays as it is, under the bar.
 
+* 5 epochs, seed 100 (issue 37, written 2026-12-04 before they ran; ``--epochs 5 --seed 100 --only W6_head1024`` and
+  ``--only W7_weps0.1``, each with its own ``--out``), against W0's +4.55: two levers not tried yet. ``W6_head1024``:
+  the code's head width (cfg.py: 1024; the preset has digits' 512), a reading that the 64 whitened outputs lose
+  dimensions because the hidden layer is narrow; ``W7_weps0.1``: shrinkage toward the identity (Σ' = 0.9 Σ + 0.1 I;
+  the code's 0), a reading that once the covariance's condition number passes 1e4-1e5 the whitening multiplies
+  near-null directions by hundreds and its gradient pulls the backbone further down (W0's rank 14 at the end).
+  Predicted: W7 keeps the backbone's effective rank above 20 and gains at least 3 validation points more than W0;
+  W6 within 3 points of W0. Rule, as before: adopted at 3 points or more above W0 (if both, the higher), and only
+  with its 3 table seeds run in the same session.
+
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
   (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
@@ -149,6 +159,8 @@ VARIANTS = {
     "W2_lr5e-4": ("wmse-fmnist", ["optim.base_lr=5.0e-4"]),
     "W3_lr2.5e-4": ("wmse-fmnist", ["optim.base_lr=2.5e-4"]),
     "W4_witer4": ("wmse-fmnist", ["method.w_iter=4"]),
+    "W6_head1024": ("wmse-fmnist", ["method.head_size=1024"]),
+    "W7_weps0.1": ("wmse-fmnist", ["method.w_eps=0.1"]),
     "W5_views4": ("wmse-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
