@@ -94,6 +94,13 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   Predicted: W7 keeps the backbone's effective rank above 20 and gains at least 3 validation points more than W0;
   W6 within 3 points of W0. Rule, as before: adopted at 3 points or more above W0 (if both, the higher), and only
   with its 3 table seeds run in the same session.
+  Result (``results/floor_sweep_s100_5ep_wmse_W6_head1024.json``, ``..._W7_weps0.1.json``; 860-870 s each): W7
+  collapsed, -9.25 validation points under its init (test -9.42): the embedding's effective rank fell to 1 by step
+  280 and stayed there, the loss to 0.10-0.13, the covariance's condition number to 1e8-1e14, and the collapse alarm
+  fired at step 310. Shrinkage lets a collapsed direction through at a gain of at most 1/sqrt(0.1) instead of
+  forcing it to unit variance, so the whitening no longer stops the collapse: the prediction failed the other way.
+  W6 +5.18 (test +5.57), rank 13 at step 280 and 19 at the end, +0.6 over W0: that prediction held, not adopted
+  (its alarm fired at step 280 on the backbone's rank, as the preset's runs dip there too). ``wmse-fmnist`` stays.
 
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
