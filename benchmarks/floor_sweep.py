@@ -100,7 +100,8 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   fired at step 310. Shrinkage lets a collapsed direction through at a gain of at most 1/sqrt(0.1) instead of
   forcing it to unit variance, so the whitening no longer stops the collapse: the prediction failed the other way.
   W6 +5.18 (test +5.57), rank 13 at step 280 and 19 at the end, +0.6 over W0: that prediction held, not adopted
-  (its alarm fired at step 280 on the backbone's rank, as the preset's runs dip there too). ``wmse-fmnist`` stays.
+  (its alarm fired too, at step 280, on the backbone's effective rank at 0.03 of its first value). ``wmse-fmnist``
+  stays.
 
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
