@@ -103,6 +103,20 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   (its alarm fired too, at step 280, on the backbone's effective rank at 0.03 of its first value). ``wmse-fmnist``
   stays.
 
+* 5 epochs, seed 100 (issue 37, written 2026-12-04 before they ran; each ``--epochs 5 --seed 100 --only NAME --runs
+  runs/floor_sweep_s100_5ep --out benchmarks/results/floor_sweep_s100_5ep_NAME.json``, three jobs on the 2 cores),
+  against W0's +4.55 and SS0's +7.55 of the same seed. ``W8_bs512``: the code's CIFAR batch and lr (bs 512, lr 3e-3
+  by the linear rule, w_size 128, so four whitened sub-batches a view where the preset has two), a reading that the
+  whitened gradient of two sub-batches of 128 is too noisy for 64 dimensions; ``W9_emb32``: a 32-wide embedding
+  (w_size 128 = 4 x emb), a reading that the micro ViT at 16 tokens finds fewer than 64 directions that survive the
+  augmentations (the head output's condition number reaches 1e5, the loss stays at 1.65-1.8 of the 2 it starts
+  from), and whitening forces the rest to unit variance, so their noise fills the loss. ``SS3_lr7.5e-4``: SimSiam
+  at half the lr, a reading that the seed-to-seed spread (+5.3 to +8.3) is the optimiser outrunning the
+  stop-gradient (SS0's embedding rank 47 -> 14-25). Predicted: W9 gains at least 3 validation points more than W0
+  with a condition number under 1e4 at the end; W8 within 3 points of W0; SS3 at least 2 points over SS0 with a
+  higher rank at the end. Rules, as before: a W-MSE variant is adopted at 3 points or more above W0 (if both, the
+  higher), SimSiam's at 2 points or more above SS0, each only with its 3 table seeds run in the same session.
+
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
   (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
@@ -169,11 +183,14 @@ VARIANTS = {
     "W4_witer4": ("wmse-fmnist", ["method.w_iter=4"]),
     "W6_head1024": ("wmse-fmnist", ["method.head_size=1024"]),
     "W7_weps0.1": ("wmse-fmnist", ["method.w_eps=0.1"]),
+    "W8_bs512": ("wmse-fmnist", ["data.batch_size=512"]),
+    "W9_emb32": ("wmse-fmnist", ["method.emb=32"]),
     "W5_views4": ("wmse-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
     "SS1_frozen_patch": ("simsiam-fmnist", ["model.stop_grad_conv1=true"]),
     "SS2_directpred": ("simsiam-fmnist", ["method.predictor=directpred"]),
+    "SS3_lr7.5e-4": ("simsiam-fmnist", ["optim.base_lr=7.5e-4"]),
     "I1_sinkhorn": ("ibot-fmnist", ["method.centering=sinkhorn_knopp", "method.teacher_temp=0.04",
                                     "method.warmup_teacher_temp=0.04", "method.teacher_patch_temp=0.04",
                                     "method.warmup_teacher_patch_temp=0.04"]),
