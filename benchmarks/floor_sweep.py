@@ -117,6 +117,25 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   higher rank at the end. Rules, as before: a W-MSE variant is adopted at 3 points or more above W0 (if both, the
   higher), SimSiam's at 2 points or more above SS0, each only with its 3 table seeds run in the same session.
 
+  Result (``results/floor_sweep_s100_5ep_{W8_bs512,W9_emb32,SS3_lr7.5e-4}.json``): SS3 +9.88 (test +10.72) against
+  SS0's +7.55, +2.3, its embedding's effective rank 44-56 through step 480 (SS0: 14-25 at step 440): the prediction
+  held and ``simsiam-fmnist`` adopts half the lr. W8 fell under its init, -1.13 (test -1.11), rank 10 by step 240
+  and the condition number 3e5 at step 120: the prediction failed (5.7 under W0). W9 collapsed: rank 9-11 from step
+  320, condition 1e5-3e6, and at step 664 a sub-batch's covariance was no longer positive definite
+  (``TrainingCollapsed``, no score): the prediction failed the other way. Fewer outputs to whiten do not keep them
+  apart; the head's output still loses dimensions.
+
+* 5 epochs, seed 100 (issue 37, written 2026-12-04 before they ran, as W8/W9 above), against W0's +4.55. Every
+  W-MSE variant so far, whatever it changed in the whitening, lost the backbone's rank by step 160-300 (47 -> ~10),
+  and the presets that hold their rank on this micro ViT (MoCo v3, BYOL, SimCLR) train it with AdamW and weight
+  decay 0.1 where ``wmse-fmnist`` has the code's Adam with coupled L2 1e-6 (written for ResNets). Two ViT levers:
+  ``W10_adamw``: AdamW, weight decay 0.1 (the other micro-ViT presets' optimiser), a reading that undecayed weights
+  let the ViT's features concentrate; ``W11_frozen_patch``: MoCo v3's frozen random patch projection
+  (``model.stop_grad_conv1=true``, section 4.1: it removes the ViT's instability for MoCo v3, SimCLR and BYOL), a
+  reading that the collapse starts in the patch projection. Predicted: W10 keeps the rank above 20 and gains at least
+  3 validation points more than W0; W11 within 3 points of W0. Rule, as before: adopted at 3 points or more above W0
+  (if both, the higher), only with its 3 table seeds run in the same session.
+
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
   (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
@@ -185,6 +204,8 @@ VARIANTS = {
     "W7_weps0.1": ("wmse-fmnist", ["method.w_eps=0.1"]),
     "W8_bs512": ("wmse-fmnist", ["data.batch_size=512"]),
     "W9_emb32": ("wmse-fmnist", ["method.emb=32"]),
+    "W10_adamw": ("wmse-fmnist", ["optim.name=adamw", "optim.weight_decay=0.1"]),
+    "W11_frozen_patch": ("wmse-fmnist", ["model.stop_grad_conv1=true"]),
     "W5_views4": ("wmse-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
