@@ -136,6 +136,22 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   3 validation points more than W0; W11 within 3 points of W0. Rule, as before: adopted at 3 points or more above W0
   (if both, the higher), only with its 3 table seeds run in the same session.
 
+  Result (``results/floor_sweep_s100_5ep_W10_adamw.json``, ``..._W11_frozen_patch.json``): W10 collapsed, its rank
+  at 12-14 from step 180 like W0's, and at step 1128 a sub-batch's covariance was no longer positive definite
+  (``TrainingCollapsed``, no score): the prediction failed. W11 was stopped by hand at step 268 to give its core to
+  the ``simsiam-fmnist`` table seeds, its rank already at W0's (11 at step 260); no score. Neither is adopted. And
+  SS3's table seeds (0-2, ``simsiam-fmnist`` with half the lr): +9.1 +- 0.8 (+9.1 / +9.4 / +8.8), the bar met.
+
+* 5 epochs, seed 100 (issue 37, written 2026-12-04 before they ran, as above), against W0's +4.55. W3 (a sixth of the
+  lr) kept the backbone's rank at 35 and gained no more than W0 (+4.67), so the rank is not what holds W-MSE back;
+  the loss is (W0 ends at 1.48 of the 2.0 it starts from, SimSiam's equivalent falls to 0.1 of its range): the
+  views' whitened embeddings stay far apart. ``W12_crop0.3``: crops (0.3, 1) instead of (0.2, 1), ``wmse-digits``'
+  crops (its +21.4 there), a reading that on 16 tokens too few of the 64 whitened directions survive the harder
+  crops, so the loss cannot fall; ``W13_head1024_witer4``: the two of the code's own settings that each gained a
+  little (W6 +0.6, W4 +0.4) together, a reading that their gains add. Predicted: W12's loss ends under 1.3 and it
+  gains at least 3 validation points more than W0; W13 between W0 and W0 + 3. Rule, as before: adopted at 3 points
+  or more above W0 (if both, the higher), only with its 3 table seeds run in the same session.
+
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
   (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
@@ -206,6 +222,8 @@ VARIANTS = {
     "W9_emb32": ("wmse-fmnist", ["method.emb=32"]),
     "W10_adamw": ("wmse-fmnist", ["optim.name=adamw", "optim.weight_decay=0.1"]),
     "W11_frozen_patch": ("wmse-fmnist", ["model.stop_grad_conv1=true"]),
+    "W12_crop0.3": ("wmse-fmnist", ["augment.crop_min=0.3"]),
+    "W13_head1024_witer4": ("wmse-fmnist", ["method.head_size=1024", "method.w_iter=4"]),
     "W5_views4": ("wmse-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
