@@ -152,6 +152,15 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   gains at least 3 validation points more than W0; W13 between W0 and W0 + 3. Rule, as before: adopted at 3 points
   or more above W0 (if both, the higher), only with its 3 table seeds run in the same session.
 
+  Result (``results/floor_sweep_s100_5ep_W12_crop0.3.json``, ``..._W13_head1024_witer4.json``): both collapsed, no
+  score. W12's loss fell faster (1.44 at step 509 against W0's 1.78), its rank stayed at 9-16 and at step 898 a
+  sub-batch's covariance was no longer positive definite; W13's at step 581 (rank 9, condition 1.3e6 at step 580).
+  Both predictions failed. Across W5 and W8-W13 one pattern: every change that lets the views' whitened embeddings
+  come closer faster (more pairs, a larger batch and lr, fewer or wider outputs, weaker crops, decoupled decay) ends
+  with the head's 64 outputs on fewer dimensions than a sub-batch of 128 can whiten; the preset survives by
+  learning slowly. ``results/wmse_fmnist_5ep_curves.png`` (``benchmarks/floor_curves.py``) puts the curves side by
+  side. ``wmse-fmnist`` stays as it is, under the bar.
+
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
   (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
