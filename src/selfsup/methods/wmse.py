@@ -78,8 +78,8 @@ class WMSE(SSLMethod):
     """h = head(backbone(x)); loss = MSE of the normalised, per-chunk Cholesky-whitened h of every view pair."""
 
     Config = WMSEConfig
-    collapse_remedy = ("a lower optim.base_lr (a third of it gained on fmnist); method.w_size at least 2 x "
-                       "method.emb")
+    collapse_remedy = ("a lower optim.base_lr (a sixth of it kept the backbone's rank on fmnist); method.w_size "
+                       "at least 2 x method.emb")
     recipe = "simsiam"  # jitter (0.4, 0.4, 0.4, 0.1) p 0.8, crop (0.2, 1), flip; presets: grey 0.1, no blur
     loss_embedding = ("projector",)
 
