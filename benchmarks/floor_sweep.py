@@ -161,6 +161,15 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   learning slowly. ``results/wmse_fmnist_5ep_curves.png`` (``benchmarks/floor_curves.py``) puts the curves side by
   side. ``wmse-fmnist`` stays as it is, under the bar.
 
+* Two last probes (issue 37, written 2026-12-04 before they ran, one job each on the 2 cores). ``W14_nonorm``
+  (``--epochs 5 --seed 100``): the code's ``--no_norm``, a plain MSE of the whitened embeddings, a reading that the
+  L2 normalisation after whitening divides the gradient by the whitened vector's norm (about sqrt(64) = 8) and
+  slows the alignment; predicted: within 3 points of W0 (not adopted). ``W3_lr2.5e-4`` at 10 epochs (``--epochs 10
+  --only W3_lr2.5e-4 --runs runs/floor_sweep_s100_10ep``), the budget question: W3 kept its rank at 35 for 5
+  epochs, where W0 at 10 epochs fell to +3.38; predicted: +6 or more on the validation split, which would make
+  10 epochs at a sixth of the lr the smallest budget tried at which W-MSE reaches the bar's mean (a choice for a
+  later session's 3 table seeds, not this one's).
+
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
   (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
@@ -233,6 +242,7 @@ VARIANTS = {
     "W11_frozen_patch": ("wmse-fmnist", ["model.stop_grad_conv1=true"]),
     "W12_crop0.3": ("wmse-fmnist", ["augment.crop_min=0.3"]),
     "W13_head1024_witer4": ("wmse-fmnist", ["method.head_size=1024", "method.w_iter=4"]),
+    "W14_nonorm": ("wmse-fmnist", ["method.norm=false"]),
     "W5_views4": ("wmse-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
