@@ -169,6 +169,10 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   epochs, where W0 at 10 epochs fell to +3.38; predicted: +6 or more on the validation split, which would make
   10 epochs at a sixth of the lr the smallest budget tried at which W-MSE reaches the bar's mean (a choice for a
   later session's 3 table seeds, not this one's).
+  Result (``results/floor_sweep_s100_5ep_W14_nonorm.json``, ``results/floor_sweep_s100_10ep_W3.json``): W14 +5.44
+  (test +6.02), +0.9 over W0, rank 17 and condition 1.8e4 at the end: the prediction held, not adopted. W3 at 10
+  epochs +4.53 (test +5.41), no more than at 5 (+4.67): the prediction failed. At seed 100 W-MSE's validation gain
+  sits at +4.5 to +5.4 whatever the lr, the loss, the head or the budget up to 10 epochs; no budget tried reaches +6.
 
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
