@@ -18,7 +18,7 @@ def variant(name, preset="wmse-fmnist", epochs=5, seed=100, gain=None, **series)
             "stopped_at_step": None if gain is not None else 20, **series}
 
 
-def test_it_keeps_one_preset_at_one_budget_and_tables_the_last_value_of_each_sign(tmp_path, capsys):
+def test_it_keeps_one_preset_at_one_budget_and_tables_the_last_value_of_each_sign(tmp_path):
     a = tmp_path / "a.json"
     a.write_text(json.dumps({"variants": [
         variant("W0", gain=4.55, eff_rank_embedding=[[0, 47.0], [20, 14.0]], loss=[[9, 1.8], [19, 1.5]]),
