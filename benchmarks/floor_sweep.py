@@ -174,6 +174,17 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   epochs +4.53 (test +5.41), no more than at 5 (+4.67): the prediction failed. At seed 100 W-MSE's validation gain
   sits at +4.5 to +5.4 whatever the lr, the loss, the head or the budget up to 10 epochs; no budget tried reaches +6.
 
+* The backbone (issue 37, written 2026-12-04 before they ran, one job each on the 2 cores, ``--epochs 5 --seed
+  100``), against W0's +4.55. Every lever above changed the loss, the head or the schedule on the micro ViT; the
+  code trains W-MSE on a BatchNorm ResNet, the encoder run once per view, and its linear probe on the micro ViT
+  loses to the init too (70-77 against 75-76), so the backbone itself is the untested suspect. ``W15_bn_cnn``:
+  ``model.backbone=bn_cnn_micro`` (the BN ConvNet of the ``*-cnn-digits`` claim setups, 128 features as the
+  micro ViT's, about the same step time), the preset's Adam otherwise; ``W16_bn_cnn_sgd``: the same with
+  ``wmse-cnn-digits``' SGD (lr 0.36, momentum 0.9). Predicted: W15 gains at least 3 validation points more than
+  W0, with the condition number under 1e5 at the end; W16 within 3 points of W15. Rule: ``wmse-fmnist`` adopts
+  the better of the two at 3 points or more above W0, only with its 3 table seeds run in the same session (the
+  gain is over the same seed's random ConvNet, so the init row changes with it).
+
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
   (``method.centering=sinkhorn_knopp``, the option this session added) at dino-fmnist's τt 0.04 for both terms
   (Sinkhorn's exp(t / ε) at the preset's 0.005 would overflow). With its EMA centres and τt 0.005 the teacher's
@@ -247,6 +258,9 @@ VARIANTS = {
     "W12_crop0.3": ("wmse-fmnist", ["augment.crop_min=0.3"]),
     "W13_head1024_witer4": ("wmse-fmnist", ["method.head_size=1024", "method.w_iter=4"]),
     "W14_nonorm": ("wmse-fmnist", ["method.norm=false"]),
+    "W15_bn_cnn": ("wmse-fmnist", ["model.backbone=bn_cnn_micro"]),
+    "W16_bn_cnn_sgd": ("wmse-fmnist", ["model.backbone=bn_cnn_micro", "optim.name=sgd", "optim.base_lr=0.36",
+                                       "optim.momentum=0.9"]),
     "W5_views4": ("wmse-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
