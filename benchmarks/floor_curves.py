@@ -54,11 +54,14 @@ def plot(vs: dict[str, dict], signs: list[str], title: str, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(signs), figsize=(5 * len(signs), 4), squeeze=False)
+    colours = plt.get_cmap("tab20").colors  # one colour per variant up to 20 (tab10 repeats after 10)
     for ax, sign in zip(axes[0], signs):
-        for v in vs.values():
+        for i, v in enumerate(vs.values()):
             if v.get(sign):
                 steps, values = zip(*v[sign])
-                ax.plot(steps, values, label=label(v), lw=1.2)
+                stopped = v.get("gain_val") is None  # a stopped run: dashed, as its legend says
+                ax.plot(steps, values, label=label(v), lw=1.2, color=colours[i % len(colours)],
+                        ls="--" if stopped else "-")
         ax.set_title(sign)
         ax.set_xlabel("step")
         if sign in LOG_SIGNS:
