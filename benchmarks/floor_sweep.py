@@ -251,6 +251,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dino_cpu import knn_10k, train_variant  # noqa: E402  (the DINO sweep's training and validation-split kNN)
 from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
 
+from selfsup.checkpoints import NonFiniteWeights  # noqa: E402
+from selfsup.methods.base import NonFiniteLoss, TrainingCollapsed  # noqa: E402
+
+STOPS = (TrainingCollapsed, NonFiniteLoss, NonFiniteWeights)  # a run that stops itself: run.json names the step
+
 VARIANTS = {
     "S0": ("swav-fmnist", []),
     "S1_sharp": ("swav-fmnist", ["method.temperature=0.2", "method.epsilon=0.025"]),
@@ -313,6 +318,12 @@ def engine_overrides(root: Path, name: str, epochs: int, seed: int = 0) -> list[
             f"name={name}"]
 
 
+def stopped(run: Path) -> dict | None:
+    """The run's facts when it stopped itself (``run.json`` status collapsed or nan, with its step), else None."""
+    facts = json.loads((run / "run.json").read_text()) if (run / "run.json").exists() else {}
+    return facts if facts.get("status") in ("collapsed", "nan") else None
+
+
 def series(run: Path) -> dict:
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     out = {}
@@ -345,11 +356,21 @@ def main(argv=None) -> int:
     for name in names:
         preset, overrides = VARIANTS[name]
         run, wall = root / name, None
-        if not (run / "backbone.safetensors").exists():
-            wall = round(train_variant(run, preset, engine_overrides(root, name, args.epochs, args.seed) + overrides))
+        row = {"name": name, "preset": preset, "overrides": overrides, "epochs": args.epochs, "seed": args.seed}
+        if not (run / "backbone.safetensors").exists() and not stopped(run):
+            try:
+                wall = round(train_variant(run, preset, engine_overrides(root, name, args.epochs, args.seed) +
+                                           overrides))
+            except STOPS:  # the run wrote run.json (status collapsed / nan) and its curves: kept below
+                pass
+        if facts := stopped(run):  # no backbone to score: the curves up to the step where it stopped
+            done[name] = {**row, "stopped_at_step": facts["stopped_at_step"],
+                          "stopped_by": f"{facts['status']}: {facts['reason'].split(';')[0]}",
+                          "knn20": None, "gain_val": None, "gain_test": None, **series(run)}
+            print(json.dumps({k: done[name][k] for k in ("name", "stopped_at_step", "stopped_by")}), flush=True)
+            continue
         knn = knn_10k(run)
-        done[name] = {"name": name, "preset": preset, "overrides": overrides, "epochs": args.epochs, "seed": args.seed,
-                      "train_wall_s": wall if wall is not None else done.get(name, {}).get("train_wall_s"),
+        done[name] = {**row, "train_wall_s": wall if wall is not None else done.get(name, {}).get("train_wall_s"),
                       "knn20": knn, "gain_val": round(knn["pretrained_val"] - knn["random_init_val"], 2),
                       "gain_test": round(knn["pretrained"] - knn["random_init"], 2), **series(run)}
         print(json.dumps({k: done[name][k] for k in ("name", "knn20", "gain_val", "gain_test")}), flush=True)

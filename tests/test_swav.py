@@ -153,3 +153,41 @@ def test_the_floor_sweep_variants_resolve_and_an_unknown_one_is_one_line(capsys)
         assert cfg.trainer.max_epochs == 2 and cfg.trainer.seed == 0
     assert sweep.main(["--only", "S9", "--out", "/nonexistent/x.json"]) == 2
     assert "no such variant" in capsys.readouterr().err
+
+
+def test_the_floor_sweep_keeps_a_variant_that_collapsed(tmp_path, monkeypatch, capsys):
+    """A variant whose run stops itself (W-MSE's whitening failing: ``TrainingCollapsed``) is recorded by the sweep
+    with the step it stopped at, its reason and the curves it logged, and no score; the other variants go on."""
+    import importlib.util
+    import json
+    import sys
+
+    import pytest
+
+    from selfsup.methods.base import TrainingCollapsed
+    from ssl_helpers import ROOT
+
+    path = ROOT / "benchmarks" / "floor_sweep.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("floor_sweep_collapse", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+
+    def collapsing(run, preset, overrides):
+        run.mkdir(parents=True)
+        (run / "metrics.csv").write_text("step,train/loss,instruments/wmse_cov_condition\n9,1.8,\n10,,3.5e5\n"
+                                         "19,1.7,\n")
+        (run / "run.json").write_text(json.dumps({"status": "collapsed", "stopped_at_step": 19, "reason":
+                                                  "W-MSE's whitening failed at step 19: not positive definite; try"}))
+        raise TrainingCollapsed("W-MSE's whitening failed at step 19")
+
+    monkeypatch.setattr(sweep, "train_variant", collapsing)
+    monkeypatch.setattr(sweep, "knn_10k", lambda run: pytest.fail("a stopped run has no backbone to score"))
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--only", "W12_crop0.3", "--epochs", "5", "--seed", "100", "--runs", str(tmp_path / "runs"),
+                       "--out", str(out)]) == 0
+    (v,) = json.loads(out.read_text())["variants"]
+    assert v["name"] == "W12_crop0.3" and v["stopped_at_step"] == 19 and v["gain_val"] is None
+    assert v["stopped_by"] == "collapsed: W-MSE's whitening failed at step 19: not positive definite"
+    assert v["loss"] == [[9, 1.8], [19, 1.7]] and v["wmse_cov_condition"] == [[10, 350000.0]]
+    assert '"stopped_at_step": 19' in capsys.readouterr().out
