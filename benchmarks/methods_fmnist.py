@@ -46,7 +46,7 @@ from throughput import cpu_kind  # noqa: E402  (model name and torch's vector IS
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
            "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "mae-fmnist", "swav-fmnist", "wmse-fmnist",
-           "nnclr-fmnist")
+           "wmse-cnn-fmnist", "nnclr-fmnist")
 FINETUNED = ("MAE",)  # methods judged by fine-tuning (issue 16): their encoder and its random init are fine-tuned
 
 
@@ -90,6 +90,18 @@ def evaluate(backbone_file: Path, out: Path, args, finetune: bool) -> dict:
     return row
 
 
+def finished_run(run: Path, cfg) -> Path | None:
+    """``run`` when it holds a finished pretraining of exactly ``cfg`` (its backbone exported), else None."""
+    from dataclasses import asdict
+
+    from selfsup.config import load_run
+
+    facts = json.loads((run / "run.json").read_text()) if (run / "run.json").exists() else {}
+    if facts.get("status") != "finished" or not (run / "backbone.safetensors").exists():
+        return None
+    return run if asdict(load_run(run)) == asdict(cfg) else None
+
+
 def digest(path: Path) -> str:
     """The weights' digest (names and bytes; not the metadata, which names the method): one floor per network."""
     from safetensors.torch import load_file
@@ -97,7 +109,7 @@ def digest(path: Path) -> str:
     h = hashlib.sha256()
     for name, t in sorted(load_file(str(path)).items()):
         h.update(name.encode())
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())  # 1-D: a BN's 0-d counter too
     return h.hexdigest()[:16]
 
 
@@ -149,7 +161,8 @@ def table(results: dict) -> str:
     data = "Fashion-MNIST" if results["dataset"] == "fashion-mnist" else results["dataset"]
     per_epoch = budget["steps_per_epoch"] or "all"
     n_test = results["test_size"] or 1
-    lines = [f"{data}, {budget['epochs']} epochs x {per_epoch} steps of {budget['batch_size']}, micro ViT; "
+    lines = [f"{data}, {budget['epochs']} epochs x {per_epoch} steps of {budget['batch_size']}, micro ViT "
+             f"(`*-cnn-*`: the BN ConvNet); "
              f"kNN@20 and linear probe fit on {results['eval_train_size']} training images (the probe's lr chosen "
              f"on a held-out 10% of them), tested on {results['test_size']}; mean ± 95% interval over the seeds "
              f"(`benchmarks/methods_fmnist.py`)", "",
@@ -270,8 +283,12 @@ def main(argv=None) -> int:
             cfg = load_run_config(preset, o + extra)
             method = type(cfg.method).__name__.removesuffix("Config")
             t0 = time.perf_counter()
-            run = engine.pretrain(cfg, preset)
-            train_s = time.perf_counter() - t0
+            run = finished_run(Path(args.runs) / f"{preset}-s{seed}", cfg) if args.runs else None
+            if run is not None:  # trained by an earlier call whose evaluation did not finish: scored, not retrained
+                train_s = json.loads((run / "run.json").read_text())["fit_seconds"]
+            else:
+                run = engine.pretrain(cfg, preset)
+                train_s = time.perf_counter() - t0
             finetune = method in FINETUNED
             where = torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_kind()
             row = {"preset": preset, "overrides": extra, "seed": seed, "method": method,
