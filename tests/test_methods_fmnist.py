@@ -1,0 +1,48 @@
+"""benchmarks/methods_fmnist.py's bookkeeping: the init's digest (one floor per network) and scoring a finished run."""
+
+import importlib.util
+import json
+import sys
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from selfsup.config import load_run_config, to_dict
+from ssl_helpers import ROOT
+
+
+def bench():
+    path = ROOT / "benchmarks" / "methods_fmnist.py"
+    sys.path.insert(0, str(path.parent))  # its imports of redundancy and throughput
+    spec = importlib.util.spec_from_file_location("methods_fmnist", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_digest_reads_a_batchnorm_counter_and_names_the_weights(tmp_path):
+    """A BN network's state holds a 0-d int64 ``num_batches_tracked``: the digest reads it (it once stopped the
+    ConvNet's rows after training) and changes with any weight, so two networks never share a floor."""
+    m = bench()
+    state = {"bn.num_batches_tracked": torch.tensor(0), "conv.weight": torch.ones(2, 3)}
+    save_file(state, tmp_path / "a.safetensors")
+    save_file({**state, "conv.weight": torch.ones(2, 3) * 2}, tmp_path / "b.safetensors")
+    save_file(dict(state), tmp_path / "c.safetensors")
+    a, b, c = (m.digest(tmp_path / f"{x}.safetensors") for x in "abc")
+    assert a == c != b and len(a) == 16
+
+
+def test_a_finished_run_of_the_same_config_is_scored_not_retrained(tmp_path):
+    m = bench()
+    cfg = load_run_config("wmse-cnn-fmnist", ["trainer.seed=1"])
+    run = tmp_path / "wmse-cnn-fmnist-s1"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (run / "backbone.safetensors").write_bytes(b"")
+    (run / "run.json").write_text(json.dumps({"status": "finished", "fit_seconds": 12.5}))
+    assert m.finished_run(run, cfg) == run
+    assert m.finished_run(run, load_run_config("wmse-cnn-fmnist", ["trainer.seed=2"])) is None  # another config
+    (run / "run.json").write_text(json.dumps({"status": "collapsed"}))
+    assert m.finished_run(run, cfg) is None  # a run that stopped is trained again
+    assert m.finished_run(tmp_path / "absent", cfg) is None
