@@ -264,6 +264,7 @@ from dino_cpu import knn_10k, train_variant  # noqa: E402  (the DINO sweep's tra
 from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
 
 from selfsup.checkpoints import NonFiniteWeights  # noqa: E402
+from selfsup.engine import read_run_facts  # noqa: E402
 from selfsup.methods.base import NonFiniteLoss, TrainingCollapsed  # noqa: E402
 
 STOPS = (TrainingCollapsed, NonFiniteLoss, NonFiniteWeights)  # a run that stops itself: run.json names the step
@@ -332,7 +333,7 @@ def engine_overrides(root: Path, name: str, epochs: int, seed: int = 0) -> list[
 
 def stopped(run: Path) -> dict | None:
     """The run's facts when it stopped itself (``run.json`` status collapsed or nan, with its step), else None."""
-    facts = json.loads((run / "run.json").read_text()) if (run / "run.json").exists() else {}
+    facts = read_run_facts(run)
     return facts if facts.get("status") in ("collapsed", "nan") else None
 
 

@@ -95,9 +95,9 @@ def finished_run(run: Path, cfg) -> Path | None:
     from dataclasses import asdict
 
     from selfsup.config import load_run
+    from selfsup.engine import read_run_facts
 
-    facts = json.loads((run / "run.json").read_text()) if (run / "run.json").exists() else {}
-    if facts.get("status") != "finished" or not (run / "backbone.safetensors").exists():
+    if read_run_facts(run).get("status") != "finished" or not (run / "backbone.safetensors").exists():
         return None
     return run if asdict(load_run(run)) == asdict(cfg) else None
 
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             run = finished_run(Path(args.runs) / f"{preset}-s{seed}", cfg) if args.runs else None
             if run is not None:  # trained by an earlier call whose evaluation did not finish: scored, not retrained
-                train_s = json.loads((run / "run.json").read_text())["fit_seconds"]
+                train_s = engine.read_run_facts(run)["fit_seconds"]
             else:
                 run = engine.pretrain(cfg, preset)
                 train_s = time.perf_counter() - t0
