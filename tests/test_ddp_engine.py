@@ -2,7 +2,7 @@
 
 Lightning's launcher re-runs the command once per extra device; the children must join the run
 folder of the parent, each process must train on its own half of every global batch, and rank 0
-alone exports and evaluates. (Loss and gradient equality with one process is pinned in test_ddp.py.)
+alone exports and evaluates. (Loss and gradient equality with one process is pinned in test_ddp_two_view.py.)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A fixed global batch of 16 view pairs is split in rank order (rank r: samples [8r, 8r + 8)); each rank
 runs ``forward_views`` + ``backward`` under ``DistributedDataParallel`` and then one LARS step at a fixed lr
-(weight decay 0); one process does the same on all 16. As in tests/test_ddp.py, the projector's hidden
+(weight decay 0); one process does the same on all 16. As in tests/test_ddp_two_view.py, the projector's hidden
 BatchNorm layers are in eval mode on both sides (torch's SyncBatchNorm is GPU-only). Barlow Twins' final
 standardisation is not a BN layer but the loss's (statistics of the gathered global batch), so it is
 compared in training semantics, with the cross-correlation summed over the processes.

@@ -1,6 +1,6 @@
 """SwAV and NNCLR under two-process CPU DDP (gloo) against one process on the concatenated batch.
 
-As tests/test_ddp.py: a fixed global batch of 16 is split in rank order, each rank runs ``forward_views`` +
+As tests/test_ddp_two_view.py: a fixed global batch of 16 is split in rank order, each rank runs ``forward_views`` +
 backward under DistributedDataParallel, BatchNorm in eval mode (torch's SyncBN is GPU-only). What each method
 promises across processes:
 - SwAV: Sinkhorn-Knopp over the global batch (main_swav.py:353-376: the total and the row sums all-reduced,
