@@ -6,7 +6,7 @@ plots each sign against the step (a log axis for the condition number). A varian
 stopped by hand) ends where its run ended; its legend says so. The table printed beside it gives each variant's
 validation gain and its signs at the last logged step::
 
-    python benchmarks/floor_curves.py --preset wmse-fmnist --epochs 5 \\
+    python benchmarks/floor_curves.py --preset wmse-vit-fmnist --epochs 5 \\
         --signs eff_rank_embedding,wmse_cov_condition,loss --out benchmarks/results/wmse_fmnist_5ep_curves.png
 """
 

@@ -4,7 +4,7 @@ At 5 epochs (README's 5-epoch table, 3 seeds) SwAV gains +1.2 +- 4.9 kNN points 
 +2.7 +- 3.2, both intervals holding 0, while their instruments read: SwAV's codes near uniform (entropy 4.8-5.3
 of ln 300 = 5.70) and its loss at 0.92 x ln K; W-MSE's backbone features falling to an effective rank of 7 and
 the whitened covariance's condition number rising to ~1e5. Each variant here is a short run (``--epochs``, seed
-0) of ``swav-fmnist`` / ``wmse-fmnist`` with one change that tests one reading, written down before it ran:
+0) of ``swav-fmnist`` / ``wmse-vit-fmnist`` with one change that tests one reading, written down before it ran:
 
 * ``S1_sharp``: SwAV at tau 0.2 / eps 0.025 (the swav-digits setting): codes sharper than the predictions. If
   near-uniform codes are what starves the swapped prediction, the code entropy falls and the gain rises.
@@ -59,7 +59,7 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   directions that already dominate; BYOL's EMA target, where DirectPred learned, is what SimSiam lacks.
 
   Result (``results/floor_sweep_s100_5ep_wmse.json``): W0 +4.55, W3 +4.67 (test +5.21 / +5.02): at 5 epochs the
-  lower lr no longer helps, and ``wmse-fmnist`` keeps its lr. The budget next (written before it ran): ``W0`` at 10
+  lower lr no longer helps, and ``wmse-vit-fmnist`` keeps its lr. The budget next (written before it ran): ``W0`` at 10
   epochs, seed 100 (``--epochs 10 --runs runs/floor_sweep_s100_10ep``), predicted to gain +6 or more on the
   validation split, the smallest budget tried at which W-MSE would reach the bar's mean.
   Result (``results/floor_sweep_s100_10ep_wmse.json``): +3.38 (test +3.62), under its own 5-epoch +4.55: the
@@ -83,7 +83,7 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   head's output loses dimensions faster. Such a run now stops in one line (``TrainingCollapsed``, run.json status
   ``collapsed``) instead of the code's traceback. W4 (``results/floor_sweep_s100_5ep_wmse_witer4.json``, its own
   ``--out``): +4.92 (test +5.31), rank 13 and condition 9e4 at the end, +0.4 over W0: the prediction held, not
-  adopted. ``wmse-fmnist`` stays as it is, under the bar.
+  adopted. ``wmse-vit-fmnist`` stays as it is, under the bar.
 
 * 5 epochs, seed 100 (issue 37, written 2026-12-04 before they ran; ``--epochs 5 --seed 100 --only W6_head1024`` and
   ``--only W7_weps0.1``, each with its own ``--out``), against W0's +4.55: two levers not tried yet. ``W6_head1024``:
@@ -100,7 +100,7 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   fired at step 310. Shrinkage lets a collapsed direction through at a gain of at most 1/sqrt(0.1) instead of
   forcing it to unit variance, so the whitening no longer stops the collapse: the prediction failed the other way.
   W6 +5.18 (test +5.57), rank 13 at step 280 and 19 at the end, +0.6 over W0: that prediction held, not adopted
-  (its alarm fired too, at step 280, on the backbone's effective rank at 0.03 of its first value). ``wmse-fmnist``
+  (its alarm fired too, at step 280, on the backbone's effective rank at 0.03 of its first value). ``wmse-vit-fmnist``
   stays.
 
 * 5 epochs, seed 100 (issue 37, written 2026-12-04 before they ran; each ``--epochs 5 --seed 100 --only NAME --runs
@@ -128,7 +128,7 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
 * 5 epochs, seed 100 (issue 37, written 2026-12-04 before they ran, as W8/W9 above), against W0's +4.55. Every
   W-MSE variant so far, whatever it changed in the whitening, lost the backbone's rank by step 160-300 (47 -> ~10),
   and the presets that hold their rank on this micro ViT (MoCo v3, BYOL, SimCLR) train it with AdamW and weight
-  decay 0.1 where ``wmse-fmnist`` has the code's Adam with coupled L2 1e-6 (written for ResNets). Two ViT levers:
+  decay 0.1 where ``wmse-vit-fmnist`` has the code's Adam with coupled L2 1e-6 (written for ResNets). Two ViT levers:
   ``W10_adamw``: AdamW, weight decay 0.1 (the other micro-ViT presets' optimiser), a reading that undecayed weights
   let the ViT's features concentrate; ``W11_frozen_patch``: MoCo v3's frozen random patch projection
   (``model.stop_grad_conv1=true``, section 4.1: it removes the ViT's instability for MoCo v3, SimCLR and BYOL), a
@@ -159,7 +159,7 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   come closer faster (more pairs, a larger batch and lr, fewer or wider outputs, weaker crops, decoupled decay) ends
   with the head's 64 outputs on fewer dimensions than a sub-batch of 128 can whiten; the preset survives by
   learning slowly. ``results/wmse_fmnist_5ep_curves.png`` (``benchmarks/floor_curves.py``) puts the curves side by
-  side. ``wmse-fmnist`` stays as it is, under the bar.
+  side. ``wmse-vit-fmnist`` stays as it is, under the bar.
 
 * Two last probes (issue 37, written 2026-12-04 before they ran, one job each on the 2 cores). ``W14_nonorm``
   (``--epochs 5 --seed 100``): the code's ``--no_norm``, a plain MSE of the whitened embeddings, a reading that the
@@ -181,7 +181,7 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   ``model.backbone=bn_cnn_micro`` (the BN ConvNet of the ``*-cnn-digits`` claim setups, 128 features as the
   micro ViT's, about the same step time), the preset's Adam otherwise; ``W16_bn_cnn_sgd``: the same with
   ``wmse-cnn-digits``' SGD (lr 0.36, momentum 0.9). Predicted: W15 gains at least 3 validation points more than
-  W0, with the condition number under 1e5 at the end; W16 within 3 points of W15. Rule: ``wmse-fmnist`` adopts
+  W0, with the condition number under 1e5 at the end; W16 within 3 points of W15. Rule: ``wmse-vit-fmnist`` adopts
   the better of the two at 3 points or more above W0, only with its 3 table seeds run in the same session (the
   gain is over the same seed's random ConvNet, so the init row changes with it).
   Result (``results/floor_sweep_s100_5ep_W15_bn_cnn.json``, ``..._W16_bn_cnn_sgd.json``, 14 min each): W15 +6.67
@@ -190,21 +190,21 @@ the whitened covariance's condition number rising to ~1e5. Each variant here is 
   dipped to 27-31 and rose, the condition number stayed near 1e4. W15 is +2.1 over W0, W16 +2.6: the prediction
   failed by its 3 points and neither is adopted by the rule above. W16 is the best of the sixteen W-MSE variants
   at seed 100 and the first above the bar's +6 there. A second rule, written after that result and before the
-  table seeds ran: ``wmse-fmnist`` adopts W16 when its 3 table seeds (0-2) meet the issue's bar (mean gain at
+  table seeds ran: ``wmse-vit-fmnist`` adopts W16 when its 3 table seeds (0-2) meet the issue's bar (mean gain at
   least +6, the 95% interval's lower end above +3) and beat the preset's +2.7; otherwise it stays on the micro
   ViT and the table's W16 rows are reported as an option. The seeds confirm one candidate chosen on seed 100;
   they choose nothing among the variants.
   Result (``benchmarks/results/methods_fmnist_5ep.json``, 1,204 s a seed, three at a time on the 2 cores): +5.3 /
   +6.4 / +5.5 over a random ConvNet at 73.3-74.6 kNN, +5.7 +- 1.5 ([4.3, 7.2]); kNN 79.5 against the micro ViT
-  preset's 71.8, linear 84.2 against its 74.1. The mean is under +6: the second rule failed, ``wmse-fmnist`` keeps
-  the micro ViT, and W16's recipe ships as the option ``wmse-cnn-fmnist`` (the same config, checked field by
-  field). The budget next (written 2026-12-04 before it ran): ``wmse-cnn-fmnist`` at 10 epochs, seeds 0-2
-  (``methods_fmnist.py --presets wmse-cnn-fmnist --epochs 10 --steps-per-epoch 0``), a measurement, not a choice;
+  preset's 71.8, linear 84.2 against its 74.1. The mean is under +6: the second rule failed, ``wmse-vit-fmnist`` keeps
+  the micro ViT, and W16's recipe ships as the option ``wmse-fmnist`` (the same config, checked field by
+  field). The budget next (written 2026-12-04 before it ran): ``wmse-fmnist`` at 10 epochs, seeds 0-2
+  (``methods_fmnist.py --presets wmse-fmnist --epochs 10 --steps-per-epoch 0``), a measurement, not a choice;
   predicted: a mean gain of at least +6 with the interval's lower end above +3, which would make 10 epochs on the
   ConvNet the smallest budget tried at which W-MSE meets the bar (the micro ViT's 10 epochs: +3.4 and +4.5 at
   seed 100).
   Result (``results/methods_fmnist_10ep.json``, 2,382 s a seed, three at a time): +6.2 / +7.6 / +7.9, +7.2 +- 2.3
-  ([5.0, 9.5]), kNN 81.0, linear 85.2: the prediction held. ``wmse-cnn-fmnist`` now trains 10 epochs; the collapse
+  ([5.0, 9.5]), kNN 81.0, linear 85.2: the prediction held. ``wmse-fmnist`` now trains 10 epochs; the collapse
   alarm stayed silent on the three (``results/collapse_alarm_wmse_cnn10.json``).
 
 * ``I1_sinkhorn`` (issue 37, written before it ran): iBOT with DINOv2's Sinkhorn-Knopp targets for both terms
@@ -272,24 +272,24 @@ STOPS = (TrainingCollapsed, NonFiniteLoss, NonFiniteWeights)  # a run that stops
 VARIANTS = {
     "S0": ("swav-fmnist", []),
     "S1_sharp": ("swav-fmnist", ["method.temperature=0.2", "method.epsilon=0.025"]),
-    "W0": ("wmse-fmnist", []),
-    "W1_wsize256": ("wmse-fmnist", ["method.w_size=256"]),
-    "W2_lr5e-4": ("wmse-fmnist", ["optim.base_lr=5.0e-4"]),
-    "W3_lr2.5e-4": ("wmse-fmnist", ["optim.base_lr=2.5e-4"]),
-    "W4_witer4": ("wmse-fmnist", ["method.w_iter=4"]),
-    "W6_head1024": ("wmse-fmnist", ["method.head_size=1024"]),
-    "W7_weps0.1": ("wmse-fmnist", ["method.w_eps=0.1"]),
-    "W8_bs512": ("wmse-fmnist", ["data.batch_size=512"]),
-    "W9_emb32": ("wmse-fmnist", ["method.emb=32"]),
-    "W10_adamw": ("wmse-fmnist", ["optim.name=adamw", "optim.weight_decay=0.1"]),
-    "W11_frozen_patch": ("wmse-fmnist", ["model.stop_grad_conv1=true"]),
-    "W12_crop0.3": ("wmse-fmnist", ["augment.crop_min=0.3"]),
-    "W13_head1024_witer4": ("wmse-fmnist", ["method.head_size=1024", "method.w_iter=4"]),
-    "W14_nonorm": ("wmse-fmnist", ["method.norm=false"]),
-    "W15_bn_cnn": ("wmse-fmnist", ["model.backbone=bn_cnn_micro"]),
-    "W16_bn_cnn_sgd": ("wmse-fmnist", ["model.backbone=bn_cnn_micro", "optim.name=sgd", "optim.base_lr=0.36",
+    "W0": ("wmse-vit-fmnist", []),
+    "W1_wsize256": ("wmse-vit-fmnist", ["method.w_size=256"]),
+    "W2_lr5e-4": ("wmse-vit-fmnist", ["optim.base_lr=5.0e-4"]),
+    "W3_lr2.5e-4": ("wmse-vit-fmnist", ["optim.base_lr=2.5e-4"]),
+    "W4_witer4": ("wmse-vit-fmnist", ["method.w_iter=4"]),
+    "W6_head1024": ("wmse-vit-fmnist", ["method.head_size=1024"]),
+    "W7_weps0.1": ("wmse-vit-fmnist", ["method.w_eps=0.1"]),
+    "W8_bs512": ("wmse-vit-fmnist", ["data.batch_size=512"]),
+    "W9_emb32": ("wmse-vit-fmnist", ["method.emb=32"]),
+    "W10_adamw": ("wmse-vit-fmnist", ["optim.name=adamw", "optim.weight_decay=0.1"]),
+    "W11_frozen_patch": ("wmse-vit-fmnist", ["model.stop_grad_conv1=true"]),
+    "W12_crop0.3": ("wmse-vit-fmnist", ["augment.crop_min=0.3"]),
+    "W13_head1024_witer4": ("wmse-vit-fmnist", ["method.head_size=1024", "method.w_iter=4"]),
+    "W14_nonorm": ("wmse-vit-fmnist", ["method.norm=false"]),
+    "W15_bn_cnn": ("wmse-vit-fmnist", ["model.backbone=bn_cnn_micro"]),
+    "W16_bn_cnn_sgd": ("wmse-vit-fmnist", ["model.backbone=bn_cnn_micro", "optim.name=sgd", "optim.base_lr=0.36",
                                        "optim.momentum=0.9"]),
-    "W5_views4": ("wmse-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
+    "W5_views4": ("wmse-vit-fmnist", ["augment.local_crops_number=2", "augment.local_crops_size=28",
                                   "augment.local_crops_scale=[0.2,1.0]", "augment.local.blur_p=0.0"]),
     "SS0": ("simsiam-fmnist", []),
     "SS1_frozen_patch": ("simsiam-fmnist", ["model.stop_grad_conv1=true"]),

@@ -53,7 +53,7 @@ if [[ " $PARTS " == *" methods "* ]]; then
     # 3 seeds x 3 groups of presets = 9 processes side by side (the micro ViT leaves the GPU idle)
     groups=("simclr-fmnist,byol-fmnist,simsiam-fmnist,moco-v3-vit-fmnist,barlow-twins-fmnist"
             "vicreg-fmnist,dino-fmnist,ibot-fmnist,mae-fmnist"
-            "swav-fmnist,wmse-fmnist,nnclr-fmnist")
+            "swav-fmnist,wmse-vit-fmnist,nnclr-fmnist")
     pids=()
     for seed in 0 1 2; do
         for g in 0 1 2; do

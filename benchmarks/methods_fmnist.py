@@ -45,8 +45,8 @@ from redundancy import overrides as budget_overrides  # noqa: E402  (the shared 
 from throughput import cpu_kind  # noqa: E402  (model name and torch's vector ISA: what the wall times depend on)
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
-           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "mae-fmnist", "swav-fmnist", "wmse-fmnist",
-           "wmse-cnn-fmnist", "nnclr-fmnist")
+           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "mae-fmnist", "swav-fmnist", "wmse-vit-fmnist",
+           "wmse-fmnist", "nnclr-fmnist")
 FINETUNED = ("MAE",)  # methods judged by fine-tuning (issue 16): their encoder and its random init are fine-tuned
 
 

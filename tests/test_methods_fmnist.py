@@ -35,14 +35,14 @@ def test_the_digest_reads_a_batchnorm_counter_and_names_the_weights(tmp_path):
 
 def test_a_finished_run_of_the_same_config_is_scored_not_retrained(tmp_path):
     m = bench()
-    cfg = load_run_config("wmse-cnn-fmnist", ["trainer.seed=1"])
-    run = tmp_path / "wmse-cnn-fmnist-s1"
+    cfg = load_run_config("wmse-fmnist", ["trainer.seed=1"])
+    run = tmp_path / "wmse-fmnist-s1"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     (run / "backbone.safetensors").write_bytes(b"")
     (run / "run.json").write_text(json.dumps({"status": "finished", "fit_seconds": 12.5}))
     assert m.finished_run(run, cfg) == run
-    assert m.finished_run(run, load_run_config("wmse-cnn-fmnist", ["trainer.seed=2"])) is None  # another config
+    assert m.finished_run(run, load_run_config("wmse-fmnist", ["trainer.seed=2"])) is None  # another config
     (run / "run.json").write_text(json.dumps({"status": "collapsed"}))
     assert m.finished_run(run, cfg) is None  # a run that stopped is trained again
     assert m.finished_run(tmp_path / "absent", cfg) is None

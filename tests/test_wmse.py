@@ -118,7 +118,7 @@ def test_the_step_and_cos_schedules_are_the_codes_at_every_iteration():
         for step, (a, b) in enumerate(zip(got, want)):
             assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15), (epochs, spe, drops, schedule, step, a, b)
     m = wmse(lr_schedule="step", warmup_iters=500)
-    m.steps_per_epoch, m.max_epochs = 234, 5  # wmse-fmnist's length: 5 epochs, no drop
+    m.steps_per_epoch, m.max_epochs = 234, 5  # wmse-vit-fmnist's length: 5 epochs, no drop
     assert m.schedule(5 * 234 - 1, 4).lr == m.peak_lr()
 
 

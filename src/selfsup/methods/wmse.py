@@ -133,7 +133,7 @@ class WMSE(SSLMethod):
                     f"positive definite, so the head's {c.emb} outputs have collapsed onto fewer dimensions (the "
                     f"sign instruments/wmse_cov_condition rises before it); try {self.collapse_remedy}, or "
                     "method.w_eps=1e-3 (shrinkage toward the identity: the whitening then runs, but it does not "
-                    "stop a collapse; w_eps 0.1 took wmse-fmnist to rank 1)") from None
+                    "stop a collapse; w_eps 0.1 took wmse-vit-fmnist to rank 1)") from None
         return StepOutput(loss, embedding=feats[0].detach(), embedding2=feats[1].detach(), projection=h[0].detach(),
                           instruments=self.collapse_signs(h[0].detach().float(), perms[0], w))
 
