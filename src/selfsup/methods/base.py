@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from selfsup.data.device_decode import EncodedBatch, EncodedCrops, decode_batch
+from selfsup.data.inputs import check_images, collate_batch
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
@@ -546,6 +547,7 @@ class SSLMethod(TrainingBase):
                                 f"e.g. {max(patch, group.size // patch * patch)}")
         self.augment = MultiViewAugment.from_plan(plan, info.image_size, info.mean, info.std)
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
+        self.inputs_checked = False  # the first training batch is checked (data/inputs.py), no other
 
     # ----------------------------------------------------------------- to write in a method
     def forward_views(self, views: list[Tensor]) -> StepOutput:
@@ -588,13 +590,16 @@ class SSLMethod(TrainingBase):
         (``data.device_decode``); any other batch as it is."""
         if isinstance(batch, (tuple, list)) and isinstance(batch[0], EncodedBatch) and self.encoded_crops is not None:
             return decode_batch(batch[0], self.encoded_crops, self.device), batch[1]
-        return batch
+        return collate_batch(batch)  # a user's loader: a list of PIL images or tensors stacked (data/inputs.py)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""
         if self.trainer is None or not self.trainer.training:
             return batch
         images, labels = (batch, None) if isinstance(batch, Tensor) else batch  # a user's loader may give images only
+        if not self.inputs_checked and isinstance(images, Tensor):  # dtype, range, channels: the first batch only
+            check_images(images, self.info.channels)
+            self.inputs_checked = True
         device = (images[0] if isinstance(images, (list, tuple)) else images).device  # decoded runs of sizes
         views = self.augment(images, self.seed_step(device))
         if self.memory_format != torch.contiguous_format:
