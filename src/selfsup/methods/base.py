@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -39,7 +40,7 @@ from selfsup.interventions import grad_scale
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
-from selfsup.schedules import StepValues, momentum_cosine, scaled_lr, warmup_cosine
+from selfsup.schedules import StepValues, fit_phases, fitted_line, momentum_cosine, scaled_lr, warmup_cosine
 from selfsup.step import StepOutput
 
 
@@ -241,6 +242,8 @@ class TrainingBase(pl.LightningModule):
         super().__init__()
         self.cfg, self.info = cfg, info
         self.lr = 0.0  # this step's scheduled lr (set per iteration by on_train_batch_start, as step_values)
+        self.max_lr = 0.0  # the largest scheduled lr of this session's steps
+        self.phases_fitted: list[dict] = []  # schedule phases shortened to fit the run (schedules.fit_phases)
         # this step's EMA weight 1 − m on the device (0-d, not checkpointed: set before every step with self.momentum)
         self.register_buffer("ema_weight", torch.zeros(()), persistent=False)
         self.momentum = cfg.method.momentum if self.uses_momentum else 0.0
@@ -358,6 +361,14 @@ class TrainingBase(pl.LightningModule):
         self.max_epochs = t.max_epochs
         if t.log_every_n_steps > self.total_steps:  # a run shorter than the logging interval logs every step
             t.log_every_n_steps = 1
+        # a warm-up (any schedule phase) as long as the run is shortened, said once; runs/finish.py records it
+        cfg = copy.deepcopy(self.cfg)  # the run's config object stays as given (config.yaml, a claim's other arms)
+        self.phases_fitted = fit_phases(cfg, self.total_steps, getattr(self, "epoch_steps", self.steps_per_epoch))
+        if self.phases_fitted:
+            self.cfg = cfg
+        if t.is_global_zero:
+            for record in self.phases_fitted:
+                print(fitted_line(record), file=sys.stderr)
 
     def final_lr(self) -> float:
         """The lr the cosine ends at: ``optim.min_lr`` scaled by ``optim.lr_scaling`` as the peak where the method's
@@ -415,6 +426,7 @@ class TrainingBase(pl.LightningModule):
         # the in-step EMA acts at an optimiser step's first micro-batch only
         self.ema_weight.fill_(0.0 if micro_batch(self.trainer) else 1.0 - self.momentum)
         self.lr, self.step_values = v.lr, v
+        self.max_lr = max(self.max_lr, v.lr)  # a host float: whether the lr ever left 0 (runs/learning.py)
 
     # ----------------------------------------------------------------- optimiser
     def optimizer_step(self, *args, **kwargs) -> None:
