@@ -69,6 +69,7 @@ def test_wandb_offline_files_hold_the_metrics_and_events_and_tensorboard_too(tmp
         f"output_dir={tmp_path}", "name=r"])
     run = engine.pretrain(cfg)
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    events = [e for e in events if e["kind"] != "not_learning"]  # the end of run's verdict on 5 steps (learning.py)
     assert events and all(e["kind"] == "grad_spike" for e in events)
     files = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1 and (run / engine.WANDB_ID).read_text().strip() in files[0].name

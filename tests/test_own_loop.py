@@ -58,11 +58,13 @@ def test_a_plain_loop_of_views_a_head_and_a_loss():
 
 
 def test_method_errors_are_one_line():
-    net = torch.nn.Linear(3, 4)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))  # (B, 3, 8, 8) -> (B, 4)
     with pytest.raises(UserError, match="neither a method"):
         selfsup.method("byl", net, num_features=4, image_size=8, batch_size=8)
     with pytest.raises(UserError, match="joint-embedding"):
         selfsup.method("flow_matching", net, num_features=4, image_size=8, batch_size=8)
+    with pytest.raises(UserError, match="num_features=5, but the backbone returns 4 features"):
+        selfsup.method("byol", net, num_features=5, image_size=8, batch_size=8)
     net.num_features = 5
     with pytest.raises(UserError, match="num_features"):
         selfsup.method("byol", net, num_features=4, image_size=8, batch_size=8)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,39 +124,49 @@ def evaluate(run: Run | str | Path, protocol: str = "knn", **options: Any) -> di
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def method(name: str, backbone: nn.Module, *, num_features: int, image_size: int, batch_size: int,
+def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, num_features: int | None = None,
            channels: int = 3, mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
            overrides: dict[str, Any] | list[str] | None = None, **sections: dict[str, Any]):
     """A selfsup method as a LightningModule around ``backbone``, any ``nn.Module`` mapping (B, ``channels``,
-    ``image_size``, ``image_size``) images to (B, ``num_features``) features (timm, torchvision, your own).
+    ``image_size``, ``image_size``) images to (B, D) features (timm, torchvision, your own). D is measured by one
+    forward of a dummy batch (``num_features``, where given, must agree); a backbone that returns a feature map
+    (B, C, H, W) is global-average pooled (``models/own.py``).
 
-    ``name`` is a method (``"byol"``: its official defaults, AdamW unless overridden) or a preset
+    ``name`` is a joint-embedding method (``"byol"``: its official defaults, AdamW unless overridden) or a preset
     (``"byol-fmnist"``: its recipe without its backbone). Give it your own ``DataLoader`` of uint8 or float [0, 1]
-    image tensors (``(images, labels)`` batches or images alone) of ``batch_size`` images a step, all processes
-    together (the lr scaling reads it), under your own ``lightning.pytorch.Trainer``: the method draws its views on
-    the device (the recipe's crops, flips, colour, blur; ``mean`` / ``std`` default to ImageNet's for 3 channels,
-    0.5 / 0.25 for 1), runs its loss, schedules and EMA targets; ``backbone`` is trained in place. Overrides as in
-    :func:`pretrain` (``optim={"base_lr": 1e-3}``). The command line's run folder, checkpoints, instruments and
-    exact resume belong to :func:`pretrain`; here your Trainer decides those."""
+    image tensors (``(images, labels)`` batches or images alone; lists of PIL images or tensors are stacked) of
+    ``batch_size`` images a step, all processes together (the lr scaling reads it), under your own
+    ``lightning.pytorch.Trainer``. The first batch is checked (``data/inputs.py``): a float batch in 0-255, one
+    already normalised, or a channel count other than ``channels`` stops with one line naming the fix. The method
+    draws its views on the device (the recipe's crops, flips, colour, blur; ``mean`` / ``std`` default to
+    ImageNet's for 3 channels, 0.5 / 0.25 for 1), runs its loss, schedules and EMA targets; ``backbone`` is
+    trained in place. Overrides as in :func:`pretrain` (``optim={"base_lr": 1e-3}``). The command line's run
+    folder, checkpoints, instruments and exact resume belong to :func:`pretrain`; here your Trainer decides
+    those."""
     from selfsup.methods.base import DataInfo, SSLMethod
     from selfsup.methods.build import build_method
+    from selfsup.models.own import own_backbone
 
     items = override_items(overrides, **sections) + [f"data.batch_size={batch_size}"]
+    joint = [m for m, cls in METHODS.items() if issubclass(cls, SSLMethod)]
+    flow = (f"selfsup.method({name!r}): a joint-embedding method is needed (the flow family trains its own SiT; use "
+            f"selfsup.pretrain for it); one of {', '.join(joint)}")
+    if name in METHODS and name not in joint:
+        raise UserError(flow)
     if name in preset_names() or name.endswith((".yaml", ".yml")):
         cfg = load_run_config(name, items)
     elif name in METHODS:  # the method's own defaults
         cfg = resolve(merge({"method": {"name": name}}, parse_overrides(items)))
     else:
-        raise UserError(f"selfsup.method: {name!r} is neither a method ({', '.join(METHODS)}) nor a preset "
-                        "(selfsup presets)")
-    if not issubclass(cfg.method_cls, SSLMethod):
-        raise UserError(f"selfsup.method({name!r}): a joint-embedding method is needed (the flow family trains its "
-                        "own SiT); use selfsup.pretrain for it")
-    if not hasattr(backbone, "num_features"):
-        setattr(backbone, "num_features", num_features)  # what every selfsup backbone declares
-    elif backbone.num_features != num_features:
-        raise UserError(f"selfsup.method: backbone.num_features is {backbone.num_features}, num_features="
-                        f"{num_features}; give the width of the backbone's output")
+        close = difflib.get_close_matches(name, joint, n=3) or difflib.get_close_matches(name, preset_names(), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise UserError(f"selfsup.method: {name!r} is neither a method nor a preset; {hint}methods: "
+                        f"{', '.join(joint)}; presets: selfsup presets")
+    if not issubclass(cfg.method_cls, SSLMethod):  # a flow preset
+        raise UserError(flow)
+    if channels < 1:
+        raise UserError(f"selfsup.method: channels={channels} must be >= 1 (3 for RGB, 1 for grayscale)")
+    backbone = own_backbone(backbone, channels, image_size, num_features)
     if mean is None or std is None:
         mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,) * channels, (0.25,) * channels)
     return build_method(cfg, DataInfo(channels, image_size, tuple(mean), tuple(std), backbone=backbone))

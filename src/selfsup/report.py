@@ -351,6 +351,18 @@ def collapse_section(runs: list[Run]) -> list[Section]:
     return [Section("collapse", "Collapse", [lead, Table(header, rows)])]
 
 
+def not_learning_section(runs: list[Run]) -> list[Section]:
+    """The ``not_learning`` events of the end of a run (runs/learning.py), first with the collapse: each cause."""
+    rows = [([run.name] if len(runs) > 1 else []) + [str(e.get("step", "?")), str(e.get("cause", "?")),
+                                                     str(e.get("meaning", ""))]
+            for run in runs for e in run.events if e.get("kind") == "not_learning"]
+    if not rows:
+        return []
+    header = (["run"] if len(runs) > 1 else []) + ["step", "cause", "what was found"]
+    return [Section("not-learning", "Not learning", ["This run shows no sign of having learned:",
+                                                     Table(header, rows)])]
+
+
 def events_section(runs: list[Run]) -> Section:
     events = sorted(((r, e) for r in runs for e in r.events), key=lambda re_: (re_[1].get("step", 0), re_[0].name))
     if not events:
@@ -609,9 +621,9 @@ def plots_section(runs: list[Run], out: Path) -> Section:
 
 
 def build_report(runs: list[Run], out: Path) -> list[Section]:
-    """The report's model: (a collapse: its alarm's events,) (overlays: the settings that differ,) header, headline
-    numbers, events, plots, every metric."""
-    return collapse_section(runs) + ([settings_section(runs)] if len(runs) > 1 else []) + [
+    """The report's model: (a collapse: its alarm's events,) (not learning: its causes,) (overlays: the settings
+    that differ,) header, headline numbers, events, plots, every metric."""
+    return collapse_section(runs) + not_learning_section(runs) + ([settings_section(runs)] if len(runs) > 1 else []) + [
         header_section(runs), headline_section(runs), events_section(runs), plots_section(runs, out),
         metrics_section(runs)]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from selfsup.data.device_decode import EncodedBatch, EncodedCrops, decode_batch
+from selfsup.data.inputs import check_images, collate_batch
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
@@ -38,7 +40,7 @@ from selfsup.interventions import grad_scale
 from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
-from selfsup.schedules import StepValues, momentum_cosine, scaled_lr, warmup_cosine
+from selfsup.schedules import StepValues, fit_phases, fitted_line, momentum_cosine, scaled_lr, warmup_cosine
 from selfsup.step import StepOutput
 
 
@@ -240,6 +242,8 @@ class TrainingBase(pl.LightningModule):
         super().__init__()
         self.cfg, self.info = cfg, info
         self.lr = 0.0  # this step's scheduled lr (set per iteration by on_train_batch_start, as step_values)
+        self.max_lr = 0.0  # the largest scheduled lr of this session's steps
+        self.phases_fitted: list[dict] = []  # schedule phases shortened to fit the run (schedules.fit_phases)
         # this step's EMA weight 1 − m on the device (0-d, not checkpointed: set before every step with self.momentum)
         self.register_buffer("ema_weight", torch.zeros(()), persistent=False)
         self.momentum = cfg.method.momentum if self.uses_momentum else 0.0
@@ -357,6 +361,14 @@ class TrainingBase(pl.LightningModule):
         self.max_epochs = t.max_epochs
         if t.log_every_n_steps > self.total_steps:  # a run shorter than the logging interval logs every step
             t.log_every_n_steps = 1
+        # a warm-up (any schedule phase) as long as the run is shortened, said once; runs/finish.py records it
+        cfg = copy.deepcopy(self.cfg)  # the run's config object stays as given (config.yaml, a claim's other arms)
+        self.phases_fitted = fit_phases(cfg, self.total_steps, getattr(self, "epoch_steps", self.steps_per_epoch))
+        if self.phases_fitted:
+            self.cfg = cfg
+        if t.is_global_zero:
+            for record in self.phases_fitted:
+                print(fitted_line(record), file=sys.stderr)
 
     def final_lr(self) -> float:
         """The lr the cosine ends at: ``optim.min_lr`` scaled by ``optim.lr_scaling`` as the peak where the method's
@@ -414,6 +426,7 @@ class TrainingBase(pl.LightningModule):
         # the in-step EMA acts at an optimiser step's first micro-batch only
         self.ema_weight.fill_(0.0 if micro_batch(self.trainer) else 1.0 - self.momentum)
         self.lr, self.step_values = v.lr, v
+        self.max_lr = max(self.max_lr, v.lr)  # a host float: whether the lr ever left 0 (runs/learning.py)
 
     # ----------------------------------------------------------------- optimiser
     def optimizer_step(self, *args, **kwargs) -> None:
@@ -546,6 +559,7 @@ class SSLMethod(TrainingBase):
                                 f"e.g. {max(patch, group.size // patch * patch)}")
         self.augment = MultiViewAugment.from_plan(plan, info.image_size, info.mean, info.std)
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
+        self.inputs_checked = False  # the first training batch is checked (data/inputs.py), no other
 
     # ----------------------------------------------------------------- to write in a method
     def forward_views(self, views: list[Tensor]) -> StepOutput:
@@ -588,13 +602,16 @@ class SSLMethod(TrainingBase):
         (``data.device_decode``); any other batch as it is."""
         if isinstance(batch, (tuple, list)) and isinstance(batch[0], EncodedBatch) and self.encoded_crops is not None:
             return decode_batch(batch[0], self.encoded_crops, self.device), batch[1]
-        return batch
+        return collate_batch(batch)  # a user's loader: a list of PIL images or tensors stacked (data/inputs.py)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""
         if self.trainer is None or not self.trainer.training:
             return batch
         images, labels = (batch, None) if isinstance(batch, Tensor) else batch  # a user's loader may give images only
+        if not self.inputs_checked and isinstance(images, Tensor):  # dtype, range, channels: the first batch only
+            check_images(images, self.info.channels)
+            self.inputs_checked = True
         device = (images[0] if isinstance(images, (list, tuple)) else images).device  # decoded runs of sizes
         views = self.augment(images, self.seed_step(device))
         if self.memory_format != torch.contiguous_format:

@@ -19,6 +19,7 @@ from selfsup.flow.sampler import generate, sample_images, sample_labels, save_gr
 from selfsup.instruments.collapse import KNN_OVER_INIT
 from selfsup.instruments.detectors import EventLog, read_events, report_collapse
 from selfsup.methods.base import DataInfo, TrainingBase
+from selfsup.runs.learning import learning_report
 
 _INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
 
@@ -115,5 +116,6 @@ REPORTS = {"joint": joint_report, "flow": flow_report}  # by the method's declar
 
 
 def end_of_run_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
-    """The lines the engine prints after fit: the report of the model's family (``REPORTS``)."""
-    return REPORTS[model.family](model, train, init_backbone, run_dir)
+    """The lines the engine prints after fit: the report of the model's family (``REPORTS``), then whether the run
+    learned (``runs.learning``: ``not_learning`` events with their causes)."""
+    return REPORTS[model.family](model, train, init_backbone, run_dir) + learning_report(model, init_backbone, run_dir)

@@ -1,0 +1,100 @@
+"""Whether a finished run learned: checked at the end of every run (``runs.finish.end_of_run_report``), each failure a
+``not_learning`` event in ``events.jsonl`` (instruments/detectors.py ``EventLog``), a console line and a line of the
+report, with its cause:
+
+- ``lr``: the scheduled lr never left 0 (every step in a warm-up, a zero ``optim.base_lr``);
+- ``frozen``: the evaluated backbone's parameters equal its init's exactly (no step moved them);
+- ``knn_noise``: where the data has labels, the kNN gain over the random init is inside the noise of the test split:
+  under ``NOISE_Z`` binomial standard errors of the difference of two accuracies measured on the same ``n`` test
+  images, ``√(p₁(1 − p₁)/n + p₀(1 − p₀)/n)`` (the two treated as independent, which overstates the noise of a paired
+  comparison: a gain past the band is a gain; one inside it is not shown to be one). A gain under the collapse
+  alarm's own threshold is that alarm's ``collapse`` event instead (``runs.finish.not_learning``).
+
+Also the schedule phases the method shortened to fit the run (``schedules.fit_phases``), recorded in ``run.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from selfsup.diskspace import write_text
+from selfsup.instruments.collapse import KNN_OVER_INIT
+from selfsup.instruments.detectors import EventLog, read_events
+
+NOISE_Z = 1.96  # the band: a two-sided 95% interval of the kNN gain under the binomial model
+
+
+def knn_noise_band(knn: dict) -> float:
+    """Half-width, in top-1 points, of the 95% band of a kNN gain on ``knn['test_size']`` images."""
+    n = max(int(knn.get("test_size", 0)), 1)
+    p1, p0 = knn["pretrained"]["top1"] / 100, knn["random_init"]["top1"] / 100
+    return 100 * NOISE_Z * math.sqrt((p1 * (1 - p1) + p0 * (1 - p0)) / n)
+
+
+def backbone_moved(trained: nn.Module, init: nn.Module) -> bool:
+    """Whether any parameter of ``trained`` differs from ``init``'s (buffers such as BatchNorm statistics move
+    without learning, so they are left out)."""
+    init_params = dict(init.named_parameters())
+    for name, p in trained.named_parameters():
+        q = init_params.get(name)
+        if q is None or q.shape != p.shape or not torch.equal(p.detach().cpu(), q.detach().cpu()):
+            return True
+    return False
+
+
+def learning_checks(model, init_backbone: nn.Module, run_dir: Path) -> list[dict]:
+    """The causes of a run that did not learn (empty when it did): each a dict with ``cause`` and ``line``."""
+    found = []
+    steps = int(model.global_step)
+    if steps == 0:
+        found.append({"cause": "no_steps", "value": 0.0, "baseline": 1.0,
+                      "line": "the run took no optimiser step; give it more data or epochs"})
+    elif model.max_lr == 0:
+        found.append({"cause": "lr", "value": 0.0, "baseline": 0.0,
+                      "line": f"the lr was 0 at every one of the run's {steps} step(s) (optim.base_lr="
+                              f"{model.cfg.optim.base_lr:g}, optim.warmup_epochs={model.cfg.optim.warmup_epochs:g}); "
+                              "give a positive lr or a longer run"})
+    if steps and not backbone_moved(model.eval_backbone, init_backbone):
+        if found:  # the lr's: one cause, one line
+            found[-1]["line"] = found[-1]["line"].replace("; give", ", and the backbone's weights equal its init; give")
+        else:
+            found.append({"cause": "frozen", "value": 0.0, "baseline": 0.0,
+                          "line": "the backbone's weights equal its init exactly: no step moved them (frozen "
+                                  "parameters, or every gradient 0)"})
+    knn_path = Path(run_dir) / "knn.json"
+    if knn_path.exists():
+        knn = json.loads(knn_path.read_text())
+        gain, band = knn["pretrained"]["top1"] - knn["random_init"]["top1"], knn_noise_band(knn)
+        collapsed = any(e.get("sign") == KNN_OVER_INIT.name for e in read_events(Path(run_dir) / "events.jsonl"))
+        if gain < band and not collapsed:
+            found.append({"cause": "knn_noise", "value": gain, "baseline": band,
+                          "line": f"the kNN gain over the random init, {gain:+.2f} points, is inside the noise "
+                                  f"(±{band:.2f}: {NOISE_Z:g} binomial standard errors on {knn['test_size']} test "
+                                  "images); train longer, or check the data and lr"})
+    return found
+
+
+def learning_report(model, init_backbone: nn.Module, run_dir: Path) -> list[str]:
+    """``learning_checks`` as ``not_learning`` events and the console lines; the schedule phases shortened to fit
+    the run recorded in ``run.json`` (``phases_fitted``)."""
+    run_dir = Path(run_dir)
+    fitted = getattr(model, "phases_fitted", [])
+    if fitted:
+        facts_path = run_dir / "run.json"
+        try:
+            facts = json.loads(facts_path.read_text())
+        except (OSError, ValueError):
+            facts = {}
+        write_text(facts_path, json.dumps({**facts, "phases_fitted": fitted}, indent=2), "the run's facts")
+    lines = []
+    log = EventLog(run_dir / "events.jsonl")
+    for check in learning_checks(model, init_backbone, run_dir):
+        log.write(int(model.global_step), "not_learning", check["value"], check["baseline"], cause=check["cause"],
+                  meaning=check["line"])
+        lines.append(f"  not learning: {check['line']}")
+    return lines

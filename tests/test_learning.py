@@ -1,0 +1,97 @@
+"""Schedules that fit the run, and a run that says when it learned nothing (issue 49): a warm-up longer than the
+run is shortened with one line and recorded; a run whose lr never left 0, whose backbone did not move, or whose kNN
+gain is inside the noise is a ``not_learning`` event, a console line and a line of the report."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+from torch import nn
+
+from selfsup.config import load_run_config
+from selfsup.instruments.detectors import read_events
+from selfsup.runs.learning import backbone_moved, knn_noise_band
+from selfsup.schedules import PHASE_SHARE, PHASES, fit_phases
+from ssl_helpers import run_cli, tiny_run
+
+TINY = tiny_run(heads=False)  # simclr-digits: a micro ViT, 2 steps
+
+
+def test_fit_phases_shortens_every_phase_as_long_as_the_run():
+    cfg = load_run_config("dinov2-digits", ["optim.warmup_epochs=5", "method.warmup_teacher_temp_epochs=3",
+                                            "method.freeze_last_layer=1"])
+    fitted = fit_phases(cfg, total_steps=20, epoch_steps=10)  # a 2-epoch run
+    by_key = {r["key"]: r for r in fitted}
+    assert by_key["optim.warmup_epochs"]["now"] == pytest.approx(PHASE_SHARE * 2) == cfg.optim.warmup_epochs
+    assert by_key["method.warmup_teacher_temp_epochs"]["now"] == 0 == cfg.method.warmup_teacher_temp_epochs
+    assert "method.freeze_last_layer" not in by_key and cfg.method.freeze_last_layer == 1  # 1 < 2 epochs: kept
+    swav = load_run_config("swav-digits", ["method.freeze_prototypes_niters=313"])
+    (record,) = [r for r in fit_phases(swav, total_steps=40, epoch_steps=4) if r["unit"] == "steps"]
+    assert record == {"key": "method.freeze_prototypes_niters", "was": 313, "now": 4, "run": 40, "unit": "steps"}
+    long = load_run_config("simclr-digits", [])
+    assert fit_phases(long, total_steps=500, epoch_steps=10) == [] and long.optim.warmup_epochs == 5
+    assert {key for _, key, _ in PHASES} >= {"warmup_epochs", "warmup_iters", "rep_warmup_steps", "ema_warmup_steps"}
+
+
+def test_knn_noise_band_is_two_binomial_standard_errors():
+    knn = {"test_size": 400, "pretrained": {"top1": 60.0}, "random_init": {"top1": 50.0}}
+    by_hand = 100 * 1.96 * math.sqrt((0.6 * 0.4 + 0.5 * 0.5) / 400)
+    assert knn_noise_band(knn) == pytest.approx(by_hand)  # 6.86 points: a 10-point gain on 400 images is past it
+
+
+def test_backbone_moved_reads_parameters_not_buffers():
+    a = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    b = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    b.load_state_dict(a.state_dict())
+    b[1].running_mean += 1  # BatchNorm statistics move without learning
+    assert not backbone_moved(b, a)
+    b[0].weight.data[0, 0] += 1e-6
+    assert backbone_moved(b, a)
+
+
+def test_a_warm_up_longer_than_the_run_is_shortened_and_recorded(tmp_path):
+    # the issue's replay: a 5-epoch warm-up in a 1-epoch run was every step at lr 0 (the preset's 5 epochs)
+    code, out, err = run_cli("pretrain", "simclr-digits", *TINY, f"output_dir={tmp_path}", "name=run")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "optim.warmup_epochs" in line]
+    assert len(lines) == 1 and "shortened to 0.1" in lines[0], err
+    facts = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert facts["phases_fitted"][0] == {"key": "optim.warmup_epochs", "was": 5, "now": 0.1, "run": 1, "unit": "epochs"}
+    events = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["kind"] == "not_learning"]
+    assert all(e["cause"] == "knn_noise" for e in events)  # 2 steps may not show a gain; the lr left 0
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    lrs = [float(r.split(",")[header.index("train/lr")]) for r in rows[1:] if r.split(",")[header.index("train/lr")]]
+    assert lrs and lrs[0] > 0
+
+
+def test_a_run_at_lr_0_says_it_did_not_learn(tmp_path):
+    code, out, err = run_cli("pretrain", "simclr-digits", *TINY, "optim.base_lr=0", f"output_dir={tmp_path}",
+                             "name=run")
+    assert code == 0, err
+    events = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["kind"] == "not_learning"]
+    causes = {e["cause"] for e in events}
+    assert "lr" in causes and "knn_noise" in causes, events
+    line = next(line for line in out.splitlines() if "not learning: the lr was 0" in line)
+    assert "equal its init" in line
+    code, _, err = run_cli("report", tmp_path / "run")
+    assert code == 0, err
+    report = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert "Not learning" in report and "the lr was 0" in report
+
+
+def test_learning_checks_on_a_model_that_moved_and_gained(tmp_path):
+    from selfsup.runs.learning import learning_checks
+
+    init, trained = nn.Linear(2, 2), nn.Linear(2, 2)
+    model = SimpleNamespace(global_step=10, max_lr=0.1, eval_backbone=trained,
+                            cfg=SimpleNamespace(optim=SimpleNamespace(base_lr=0.1, warmup_epochs=1)))
+    knn = {"test_size": 10000, "pretrained": {"top1": 80.0}, "random_init": {"top1": 70.0}}
+    (tmp_path / "knn.json").write_text(json.dumps(knn))
+    assert learning_checks(model, init, tmp_path) == []
+    knn["pretrained"]["top1"] = 70.5  # +0.5 on 10,000 images: inside ±1.3
+    (tmp_path / "knn.json").write_text(json.dumps(knn))
+    assert [c["cause"] for c in learning_checks(model, init, tmp_path)] == ["knn_noise"]
