@@ -141,18 +141,19 @@ def train_variant(run: Path, preset: str, overrides: list[str]) -> float:
     """Pretrain one sweep variant into ``run`` (an old run there goes first) and return its wall seconds. Off
     digits the engine's end-of-run report (kNN over 60k features, twice) is skipped: ``knn_10k`` scores it."""
     import selfsup.engine as engine
+    import selfsup.runs.finish as finish
     from selfsup.config import load_run_config
 
     shutil.rmtree(run, ignore_errors=True)
     cfg = load_run_config(preset, overrides)
-    report = engine.end_of_run_report
+    report = finish.end_of_run_report
     if cfg.data.name != "digits":
-        engine.end_of_run_report = lambda *a, **k: []
+        finish.end_of_run_report = lambda *a, **k: []
     t0 = time.perf_counter()
     try:
         engine.pretrain(cfg, preset)
     finally:
-        engine.end_of_run_report = report
+        finish.end_of_run_report = report
     wall = time.perf_counter() - t0
     print(f"{run.name}: {wall:.0f} s", flush=True)
     return wall

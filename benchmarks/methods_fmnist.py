@@ -45,8 +45,8 @@ from redundancy import overrides as budget_overrides  # noqa: E402  (the shared 
 from throughput import cpu_kind  # noqa: E402  (model name and torch's vector ISA: what the wall times depend on)
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
-           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "mae-fmnist", "swav-fmnist", "wmse-vit-fmnist",
-           "wmse-fmnist", "nnclr-fmnist")
+           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "mae-fmnist", "swav-fmnist",
+           "wmse-vit-fmnist", "wmse-fmnist", "nnclr-fmnist")
 FINETUNED = ("MAE",)  # methods judged by fine-tuning (issue 16): their encoder and its random init are fine-tuned
 
 
@@ -240,6 +240,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     import selfsup.engine as engine
+    import selfsup.runs.finish as finish
     from selfsup.config import load_run_config
     from selfsup.data.datasets import fashion_mnist_default
 
@@ -261,7 +262,7 @@ def main(argv=None) -> int:
         results = old
     done = {(r["preset"], tuple(r["overrides"]), r.get("seed", 0)) for r in results["runs"]} if args.resume else set()
 
-    engine.end_of_run_report = lambda *a, **k: []  # evaluated below, on the fixed subsets, instead
+    finish.end_of_run_report = lambda *a, **k: []  # evaluated below, on the fixed subsets, instead
     started = time.perf_counter()
     presets = available(args.presets.split(","))
     todo = [(e, s) for s in seeds for e in presets if (e.split("+")[0], tuple(e.split("+")[1:]), s) not in done]

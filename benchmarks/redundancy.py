@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     import selfsup.engine as engine
+    import selfsup.runs.finish as finish
     from selfsup.config import DataConfig, load_run_config
     from selfsup.data.datasets import fashion_mnist_default, load_dataset
 
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     idx = torch.randperm(len(train), generator=g)[:args.eval_train]
     train_eval = dataclasses.replace(train, images=train.images[idx], labels=train.labels[idx])
 
-    engine.end_of_run_report = lambda *a, **k: []  # the kNN below, on the fixed subsets, instead
+    finish.end_of_run_report = lambda *a, **k: []  # the kNN below, on the fixed subsets, instead
     results = {"dataset": dataset, "fallback_to_digits": fallback and not args.quick, "steps": args.steps,
                "batch_size": args.batch_size, "seed": args.seed, "threads": args.threads,
                "eval_train_size": len(train_eval), "test_size": len(test), "knn": {"k": 20, "temperature": 0.07},

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 import selfsup.engine as engine
+import selfsup.runs.data as run_data
 from selfsup.config import load_run_config
 from selfsup.data.decode import FolderCrops, crop_boxes
 from selfsup.data.device_decode import EncodedBatch, EncodedCrops, all_jpeg, decode_batch
@@ -92,19 +93,19 @@ def test_data_decode_chooses_the_path_and_names_a_folder_it_cannot_decode(tmp_pa
 
     jpg, png = [tmp_path / "a.jpg", tmp_path / "B.JPEG"], [tmp_path / "a.jpg", tmp_path / "b.png"]
     assert all_jpeg(jpg) and not all_jpeg(png)
-    assert engine.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"))
-    few = engine.DEVICE_DECODE_BELOW_WORKERS - 1
-    assert engine.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"), workers=few)
-    assert not engine.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"),  # enough workers: the CPU path (H200)
-                                       workers=engine.DEVICE_DECODE_BELOW_WORKERS)
-    assert engine.decode_on_device("device", jpg, Trainer("CUDAAccelerator"), workers=14)
-    assert not engine.decode_on_device("auto", png, Trainer("CUDAAccelerator"))
-    assert not engine.decode_on_device("auto", jpg, Trainer("CPUAccelerator"))
-    assert not engine.decode_on_device("cpu", jpg, Trainer("CUDAAccelerator"))
-    assert engine.decode_on_device("device", jpg, Trainer("CPUAccelerator"))
+    assert run_data.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"))
+    few = run_data.DEVICE_DECODE_BELOW_WORKERS - 1
+    assert run_data.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"), workers=few)
+    assert not run_data.decode_on_device("auto", jpg, Trainer("CUDAAccelerator"),  # enough workers: the CPU path (H200)
+                                       workers=run_data.DEVICE_DECODE_BELOW_WORKERS)
+    assert run_data.decode_on_device("device", jpg, Trainer("CUDAAccelerator"), workers=14)
+    assert not run_data.decode_on_device("auto", png, Trainer("CUDAAccelerator"))
+    assert not run_data.decode_on_device("auto", jpg, Trainer("CPUAccelerator"))
+    assert not run_data.decode_on_device("cpu", jpg, Trainer("CUDAAccelerator"))
+    assert run_data.decode_on_device("device", jpg, Trainer("CPUAccelerator"))
     with raises_user_error("data.decode=device decodes JPEG files only", "1 training files", "b.png",
                            "data.decode=cpu"):
-        engine.decode_on_device("device", png, Trainer("CUDAAccelerator"))
+        run_data.decode_on_device("device", png, Trainer("CUDAAccelerator"))
     with raises_user_error("data.decode='gpu' is not one of: auto, cpu, device"):
         load_run_config("simclr-digits", ["data.decode=gpu"])
 
@@ -114,12 +115,12 @@ def test_a_device_whose_decoder_fails_keeps_the_cpu_path_or_stops_in_one_line(mo
 
     assert decoder_error("cpu") is None  # torchvision decodes a JPEG here
     trainer = type("T", (), {"accelerator": type("CUDAAccelerator", (), {})()})()
-    monkeypatch.setattr(engine, "decoder_error", lambda device: "RuntimeError: not compiled with nvJPEG")
-    assert not engine.decode_on_device("auto", ["a.jpg"], trainer, "cuda:0")
+    monkeypatch.setattr(run_data, "decoder_error", lambda device: "RuntimeError: not compiled with nvJPEG")
+    assert not run_data.decode_on_device("auto", ["a.jpg"], trainer, "cuda:0")
     assert "data.decode=auto: torchvision cannot decode JPEGs on cuda:0 (RuntimeError: not compiled with nvJPEG); " \
            "the workers decode them" in capsys.readouterr().err
     with raises_user_error("data.decode=device: torchvision cannot decode JPEGs on cuda:0", "use data.decode=cpu"):
-        engine.decode_on_device("device", ["a.jpg"], trainer, "cuda:0")
+        run_data.decode_on_device("device", ["a.jpg"], trainer, "cuda:0")
 
 
 def test_a_refused_batch_is_said_once(tmp_path, capsys):

@@ -13,6 +13,7 @@ import pytest
 import selfsup.engine as engine
 from selfsup.config import load_run_config
 from selfsup.errors import UserError
+from selfsup.runs.loggers import WANDB_ID
 from ssl_helpers import TINY
 
 
@@ -72,7 +73,7 @@ def test_wandb_offline_files_hold_the_metrics_and_events_and_tensorboard_too(tmp
     events = [e for e in events if e["kind"] != "not_learning"]  # the end of run's verdict on 5 steps (learning.py)
     assert events and all(e["kind"] == "grad_spike" for e in events)
     files = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(files) == 1 and (run / engine.WANDB_ID).read_text().strip() in files[0].name
+    assert len(files) == 1 and (run / WANDB_ID).read_text().strip() in files[0].name
     rows = wandb_history(files[0])
     with (run / "metrics.csv").open(newline="") as f:
         table = list(csv.DictReader(f))

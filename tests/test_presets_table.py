@@ -11,7 +11,8 @@ from selfsup.config import flatten, load_run_config, to_dict
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 # which table row a preset's budget answers to: the 10-epoch table for the one preset that trains 10 epochs
-ROWS = {name: json.loads((RESULTS / name).read_text()) for name in ("methods_fmnist_5ep.json", "methods_fmnist_10ep.json")}
+ROWS = {name: json.loads((RESULTS / name).read_text())
+        for name in ("methods_fmnist_5ep.json", "methods_fmnist_10ep.json")}
 MEASURED = sorted({(row["preset"], name) for name, table in ROWS.items() for row in table["runs"]})
 
 

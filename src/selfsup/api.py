@@ -91,13 +91,41 @@ def _yaml(value: Any) -> str:
     return str(value)
 
 
-def pretrain(preset: str, overrides: dict[str, Any] | list[str] | None = None, **sections: dict[str, Any]) -> Run:
+def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | None = None, *,
+             resume: str | Path | None = None, **sections: dict[str, Any]) -> Run:
     """Train ``preset`` (a name from ``selfsup presets`` or a YAML file) with ``overrides``, as ``selfsup pretrain``
-    (which calls this): the run folder, the checkpoints, the exported backbone and the end-of-run report. A run is
-    continued with ``selfsup pretrain --resume RUN`` (its rules on what may change live there)."""
+    (which calls this): the run folder, the checkpoints, the exported backbone and the end-of-run report.
+
+    ``resume=RUN`` continues the run in that folder from its last checkpoint, as ``selfsup pretrain --resume RUN``
+    (which calls this too): the run's own config, of which only ``trainer.max_epochs`` / ``trainer.max_steps`` (to
+    extend it) and when checkpoints are written may change (``runs.resume``); a ``preset`` given with it must agree
+    with the run. A run whose training is done but whose finishing was cut short is finished; a finished one is
+    left as it is."""
     from selfsup import engine  # the Trainer and Lightning: imported when a run starts
 
-    return Run(Path(engine.pretrain(load_run_config(preset, override_items(overrides, **sections)), preset=preset)))
+    items = override_items(overrides, **sections)
+    if resume is not None:
+        return Run(Path(_resume(Path(resume), preset, items)))
+    if preset is None:
+        raise UserError("selfsup.pretrain needs a preset name or YAML file (see `selfsup presets`), or resume=RUN")
+    return Run(Path(engine.pretrain(load_run_config(preset, items), preset=preset)))
+
+
+def _resume(run: Path, preset: str | None, items: list[str]) -> Path:
+    """The run ``run`` continued by the resume rules (``runs.resume``): its config with the changes allowed (written
+    back when it trains), then trained on, finished, or left as it is."""
+    from selfsup import engine
+    from selfsup.runs.facts import read_run_facts
+    from selfsup.runs.resume import nothing_to_train, resume_action, resume_config, write_resumed_config
+
+    cfg, changed = resume_config(run, preset, items)
+    facts = read_run_facts(run)
+    if resume_action(cfg, facts) == "done":
+        print(nothing_to_train(run, facts))
+        return run
+    if changed:
+        write_resumed_config(run, cfg)
+    return engine.pretrain(cfg, resume=run)
 
 
 PROTOCOLS: dict[str, tuple[Callable[..., dict], type]] = {

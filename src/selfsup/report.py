@@ -194,6 +194,9 @@ def ending(run: Run) -> str:
     at = f" after {step} steps" if step is not None else ""
     if status == "finished" or (status is None and facts):  # run.json of a version without status: written at the end
         return "finished"
+    if status == "trained":
+        return (f"trained{at}, its finishing (export, end-of-run report) cut short: selfsup pretrain --resume "
+                f"{run.path} finishes it")
     if status == "interrupted":
         return (f"did not finish: interrupted by {facts.get('signal', 'a signal')}{at} (checkpoint written; "
                 f"selfsup pretrain --resume {run.path} continues it)")

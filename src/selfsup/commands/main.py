@@ -4,25 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 import yaml
 
 from selfsup import __version__
-from selfsup import api
 from selfsup.commands.claims import add_claims_parser
 from selfsup.commands.data import add_data_parser
 from selfsup.commands.eval import add_eval_parser
 from selfsup.commands.generate import add_generate_parser
 from selfsup.commands.simulate import add_simulate_parser
-from selfsup.config import (PRESET_DIR, flatten, load_run_config, merge, parse_overrides, preset_names, read_run_config,
-                            resolve, to_dict)
+from selfsup.config import PRESET_DIR, preset_names
 from selfsup.diskspace import DiskFull, is_disk_full
-from selfsup.engine import pretrain, read_run_facts
 from selfsup.errors import UserError, clean_message
-from selfsup.report import write_report
 
 
 def cmd_presets(args) -> int:
@@ -33,54 +27,15 @@ def cmd_presets(args) -> int:
     return 0
 
 
-# what --resume may change: how long the run trains (extending it) and when it writes checkpoints
-RESUME_MAY_CHANGE = ("trainer.max_epochs", "trainer.max_steps", "trainer.progress_bar",
-                     "trainer.checkpoint_every_n_steps", "trainer.checkpoint_every_n_minutes")
-
-
-def resume_config(run: Path, preset: str | None, items: list[str]):
-    """The config a ``--resume`` continues with: the run's own config.yaml, with only ``RESUME_MAY_CHANGE`` keys
-    overridden; a preset or an override that contradicts the run is refused in one line."""
-    raw = read_run_config(run)
-    current = flatten(to_dict(resolve(raw)))
-    if preset is not None:
-        given = flatten(to_dict(load_run_config(preset, items)))
-        for key, value in given.items():
-            if key not in RESUME_MAY_CHANGE and key not in ("output_dir", "name") and current.get(key) != value:
-                raise UserError(f"--resume {run} continues the run's own config.yaml, and preset {preset} sets "
-                                f"{key}={value} where the run has {current.get(key)}; drop the preset argument")
-    cfg = resolve(merge(raw, parse_overrides(items)))
-    for key, value in flatten(to_dict(cfg)).items():
-        if key not in RESUME_MAY_CHANGE and current.get(key) != value:
-            raise UserError(f"--resume {run} continues the run's own config.yaml: {key}={value} contradicts its "
-                            f"{key}={current.get(key)}; drop it (only {', '.join(RESUME_MAY_CHANGE[:2])} extend a "
-                            "run) or start a new run")
-    return cfg, {k: v for k, v in flatten(to_dict(cfg)).items() if current.get(k) != v}
-
-
 def cmd_pretrain(args) -> int:
     """Pretrain a preset or YAML with overrides, or continue a run with --resume (extend it with
-    trainer.max_epochs=N or trainer.max_steps=N)."""
+    trainer.max_epochs=N or trainer.max_steps=N): ``selfsup.pretrain``, by the rules of ``runs.resume``."""
+    from selfsup import api  # the engine and Lightning: imported by the commands that train
+
     if args.resume:
-        run = Path(args.resume)
         preset = args.preset if args.preset and "=" not in args.preset else None
         items = ([args.preset] if args.preset and preset is None else []) + args.overrides
-        cfg, changed = resume_config(run, preset, items)
-        facts = read_run_facts(run)
-        t = cfg.trainer
-        longer = (t.max_steps > int(facts.get("global_step", 0)) if t.max_steps
-                  else t.max_epochs > int(facts.get("epochs", 0)))
-        # a run.json without status (an earlier version) was written only at the end of a run
-        if facts.get("status", "finished" if facts else None) == "finished" and not longer:
-            print(f"{run} is finished ({facts.get('global_step')} steps, {facts.get('epochs')} epochs); nothing to "
-                  f"train. Extend it with: selfsup pretrain --resume {run} trainer.max_epochs=N (or "
-                  "trainer.max_steps=N)")
-            return 0
-        if changed and os.environ.get("LOCAL_RANK", "0") == "0":
-            tmp = run / ".config.yaml.tmp"
-            tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-            os.replace(tmp, run / "config.yaml")
-        pretrain(cfg, resume=run)
+        api.pretrain(preset, items, resume=args.resume)
         return 0
     if not args.preset:
         raise UserError("selfsup pretrain needs a preset name or YAML file (see `selfsup presets`), "
@@ -91,6 +46,8 @@ def cmd_pretrain(args) -> int:
 
 def cmd_report(args) -> int:
     """Plots, markdown and one self-contained HTML page of a run's dynamics (or several runs overlaid)."""
+    from selfsup.report import write_report  # the instruments' event reader imports Lightning
+
     out = write_report(args.runs, args.out)
     print(f"report: {out / 'report.html'}")
     return 0

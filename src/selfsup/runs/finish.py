@@ -1,24 +1,31 @@
-"""The end-of-run report the engine prints after fit (rank 0), from what the method declares: the weighted kNN of
-its ``eval_backbone`` trained and at its random init (``knn.json``), and for a flow run a grid of its EMA
-model's samples (``samples_end.png``). A method holds its algorithm only; this module evaluates it."""
+"""The finishing work of a trained run (rank 0), after fit or at the resume of a run killed in it (``finish_run``):
+the export of the evaluated backbone and its heads, then the end-of-run report, from what the method declares: the
+weighted kNN of its ``eval_backbone`` trained and at its random init (``knn.json``), and for a flow run a grid of its
+EMA model's samples (``samples_end.png``). Each step is idempotent and recorded in run.json once done. A method holds
+its algorithm only; this module evaluates it."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from selfsup.data.datasets import UNLABELLED, load_dataset
-from selfsup.diskspace import write_text
+from selfsup.diskspace import DiskFull, write_text
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
 from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
 from selfsup.instruments.collapse import KNN_OVER_INIT
 from selfsup.instruments.detectors import EventLog, read_events, report_collapse
+from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.methods.base import DataInfo, TrainingBase
+from selfsup.runs.data import BAD_FILES, bad_files
+from selfsup.runs.facts import mark_run, out_of_space, read_run_facts
 from selfsup.runs.learning import learning_report
 
 _INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
@@ -68,13 +75,13 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
     return lines
 
 
-def joint_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
+def joint_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, step: int) -> list[str]:
     """A joint-embedding run: :func:`knn_report` of the trained and the random-init ``eval_backbone``, and
-    :func:`not_learning` on it."""
+    :func:`not_learning` on it (an event at ``step``, the run's last)."""
     lines = knn_report(model.eval_backbone, init_backbone, model.cfg, model.info, train, run_dir)
     if (run_dir / "knn.json").exists() and model.cfg.instruments.enabled and model.cfg.instruments.collapse_alarm:
         knn = json.loads((run_dir / "knn.json").read_text())
-        lines += not_learning(knn, run_dir, model.global_step, model.collapse_remedy)
+        lines += not_learning(knn, run_dir, step, model.collapse_remedy)
     return lines
 
 
@@ -93,7 +100,7 @@ def not_learning(knn: dict, run_dir, step: int, remedy: str) -> list[str]:
     return [f"  not learning: the trained backbone is {-over:.2f} points under its random init (try: {remedy})"]
 
 
-def flow_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
+def flow_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, step: int) -> list[str]:
     """A flow run: kNN of the EMA model's features (``eval_backbone``, trained vs init; pixel data only) and a grid
     of EMA samples (``samples_end.png``: Euler ODE, 25 steps, two per class, no guidance)."""
     c, info, lines = model.cfg.method, model.info, []
@@ -115,7 +122,50 @@ def flow_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -
 REPORTS = {"joint": joint_report, "flow": flow_report}  # by the method's declared family
 
 
-def end_of_run_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir) -> list[str]:
-    """The lines the engine prints after fit: the report of the model's family (``REPORTS``), then whether the run
-    learned (``runs.learning``: ``not_learning`` events with their causes)."""
-    return REPORTS[model.family](model, train, init_backbone, run_dir) + learning_report(model, init_backbone, run_dir)
+def end_of_run_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, step: int) -> list[str]:
+    """The lines printed after fit: the report of the model's family (``REPORTS``), then whether the run learned
+    (``runs.learning``: ``not_learning`` events with their causes)."""
+    return (REPORTS[model.family](model, train, init_backbone, run_dir, step)
+            + learning_report(model, init_backbone, run_dir))
+
+
+def export_step(model: TrainingBase, train, meta: dict, run_dir: Path, step: int) -> None:
+    """The evaluated backbone (DINO's teacher, as its kNN; a flow run's FlowEncoder) → ``backbone.safetensors``,
+    its projector / predictor → ``heads.safetensors`` (``eval --embedding`` reads them beside it)."""
+    export_backbone(model.eval_backbone.cpu(), run_dir / "backbone.safetensors", meta)
+    export_heads(model, run_dir / HEADS_FILE)
+
+
+def report_step(model: TrainingBase, train, meta: dict, run_dir: Path, step: int) -> None:
+    """The family's end-of-run report, printed: the trained ``eval_backbone`` against its random init
+    (``backbone_init.safetensors``)."""
+    init_backbone = copy.deepcopy(model.eval_backbone.cpu())
+    init_backbone.load_state_dict(load_file(str(run_dir / "backbone_init.safetensors")))
+    for line in end_of_run_report(model, train, init_backbone, run_dir, step):
+        print(line)
+
+
+FINISHING = {"export": export_step, "report": report_step}  # in order; run.json's finished_steps: those done
+
+
+def finish_run(model: TrainingBase, train, meta: dict, run_dir: Path, step: int, saved_step: int | None) -> None:
+    """The finishing steps of a run trained to ``step`` (rank 0, run.json's status ``trained``) not yet done, each
+    recorded in run.json's ``finished_steps`` once done (a step killed midway is done again: each writes whole
+    files atomically, the same ones); then status ``finished``. ``saved_step``: the last checkpoint's, for a full
+    disk's line."""
+    done = list(read_run_facts(run_dir).get("finished_steps", []))
+    for name, work in FINISHING.items():
+        if name in done:
+            continue
+        try:
+            work(model, train, meta, run_dir, step)
+            done.append(name)
+            mark_run(run_dir, finished_steps=done)
+        except DiskFull as e:
+            raise out_of_space(e, run_dir, saved_step) from None
+    mark_run(run_dir, drop=("finished_steps",), status="finished")
+    bad = bad_files(run_dir)
+    if bad:
+        print(f"{len(bad)} unreadable training image(s) were skipped, the next readable file standing in (all in "
+              f"{run_dir / BAD_FILES}): {', '.join(bad[:5])}" + (" ..." if len(bad) > 5 else ""))
+    print(f"run folder: {run_dir}")

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from selfsup.diskspace import write_text
 from selfsup.instruments.collapse import KNN_OVER_INIT
 from selfsup.instruments.detectors import EventLog, read_events
+from selfsup.runs.facts import mark_run
 
 NOISE_Z = 1.96  # the band: a two-sided 95% interval of the kNN gain under the binomial model
 
@@ -85,12 +85,7 @@ def learning_report(model, init_backbone: nn.Module, run_dir: Path) -> list[str]
     run_dir = Path(run_dir)
     fitted = getattr(model, "phases_fitted", [])
     if fitted:
-        facts_path = run_dir / "run.json"
-        try:
-            facts = json.loads(facts_path.read_text())
-        except (OSError, ValueError):
-            facts = {}
-        write_text(facts_path, json.dumps({**facts, "phases_fitted": fitted}, indent=2), "the run's facts")
+        mark_run(run_dir, phases_fitted=fitted)
     lines = []
     log = EventLog(run_dir / "events.jsonl")
     for check in learning_checks(model, init_backbone, run_dir):

@@ -1,0 +1,68 @@
+"""The rules of a resume (``selfsup pretrain --resume RUN``, ``selfsup.pretrain(resume=RUN)``): the run's own config,
+of which only how long it trains and when it writes checkpoints may change (``resume_config``), and what the resume
+does, from the run's facts (``resume_action``): train on, finish a run whose training is done but whose finishing
+(export, report) was cut short, or nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from selfsup.config import (RunConfig, flatten, load_run_config, merge, parse_overrides, read_run_config, resolve,
+                            to_dict)
+from selfsup.diskspace import write_text
+from selfsup.errors import UserError
+
+# what --resume may change: how long the run trains (extending it) and when it writes checkpoints
+RESUME_MAY_CHANGE = ("trainer.max_epochs", "trainer.max_steps", "trainer.progress_bar",
+                     "trainer.checkpoint_every_n_steps", "trainer.checkpoint_every_n_minutes")
+
+
+def resume_config(run: Path, preset: str | None, items: list[str]) -> tuple[RunConfig, dict]:
+    """The config a resume continues with: the run's own config.yaml, with only ``RESUME_MAY_CHANGE`` keys
+    overridden; a preset or an override that contradicts the run is refused in one line. Also the changed keys."""
+    raw = read_run_config(run)
+    current = flatten(to_dict(resolve(raw)))
+    if preset is not None:
+        given = flatten(to_dict(load_run_config(preset, items)))
+        for key, value in given.items():
+            if key not in RESUME_MAY_CHANGE and key not in ("output_dir", "name") and current.get(key) != value:
+                raise UserError(f"--resume {run} continues the run's own config.yaml, and preset {preset} sets "
+                                f"{key}={value} where the run has {current.get(key)}; drop the preset argument")
+    cfg = resolve(merge(raw, parse_overrides(items)))
+    for key, value in flatten(to_dict(cfg)).items():
+        if key not in RESUME_MAY_CHANGE and current.get(key) != value:
+            raise UserError(f"--resume {run} continues the run's own config.yaml: {key}={value} contradicts its "
+                            f"{key}={current.get(key)}; drop it (only {', '.join(RESUME_MAY_CHANGE[:2])} extend a "
+                            "run) or start a new run")
+    return cfg, {k: v for k, v in flatten(to_dict(cfg)).items() if current.get(k) != v}
+
+
+def extends(cfg: RunConfig, facts: dict) -> bool:
+    """Whether ``cfg`` trains longer than the run's facts say it has."""
+    t = cfg.trainer
+    return t.max_steps > int(facts.get("global_step", 0)) if t.max_steps else t.max_epochs > int(facts.get("epochs", 0))
+
+
+def resume_action(cfg: RunConfig, facts: dict) -> str:
+    """What resuming a run with ``facts`` (run.json) under ``cfg`` does: ``train`` (its training is not done, or
+    ``cfg`` extends it), ``finish`` (trained; its finishing steps, ``facts["finished_steps"]``, not all done) or
+    ``done``. A run.json without status (an earlier version) was written only at the end of a run."""
+    status = facts.get("status", "finished" if facts else None)
+    if status not in ("trained", "finished") or extends(cfg, facts):
+        return "train"
+    return "finish" if status == "trained" else "done"
+
+
+def nothing_to_train(run: Path, facts: dict) -> str:
+    """The line a resume of a finished run prints."""
+    return (f"{run} is finished ({facts.get('global_step')} steps, {facts.get('epochs')} epochs); nothing to train. "
+            f"Extend it with: selfsup pretrain --resume {run} trainer.max_epochs=N (or trainer.max_steps=N)")
+
+
+def write_resumed_config(run: Path, cfg: RunConfig) -> None:
+    """The run's config.yaml with the keys a resume changed (rank 0 only: DDP children re-read it)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        write_text(Path(run) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), "the run's config")
