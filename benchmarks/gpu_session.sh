@@ -25,7 +25,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 W=/tmp/gpu_work  # the per-process files and runs; only the results come back
 mkdir -p "$OUT" "$W"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
 PY=${PYTHON:-python3}
 if compgen -G ".gpu/whl/*.whl" > /dev/null; then  # the carried wheels (webdataset for the shards arm)
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl \
