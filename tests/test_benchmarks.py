@@ -132,3 +132,28 @@ def test_throughput_quick_keeps_the_schema_of_its_committed_results(tmp_path):
     assert keys(old) <= keys(new)
     row = new["results"]["simclr"]
     assert row["engine"]["step_ms_min"] > 0 and row["bare"]["cpu_step_ms_min"] > 0
+
+
+def test_train_pretrains_a_preset_in_this_process_and_returns_its_facts_and_knn(tmp_path):
+    """``harness.train``: the run in the folder it names, its run.json facts and end-of-run kNN; extra callbacks first
+    on the Trainer; ``report=False`` skips the kNN report; the engine is left as it was."""
+    import lightning.pytorch as pl
+
+    import selfsup.engine as engine
+    from benchmarks.harness import train, trained
+    from ssl_helpers import tiny_run
+
+    make, report, where = engine.make_trainer, engine.end_of_run_report, []
+
+    class Where(pl.Callback):
+        def on_train_start(self, trainer, module):
+            where.append(trainer.callbacks.index(self))
+
+    done = train("moco-v3-vit-digits", tiny_run(), tmp_path / "a", callbacks=[Where()])
+    assert done.run == tmp_path / "a" and done.facts["status"] == "finished" and done.facts["global_step"] == 2
+    assert {"pretrained", "random_init"} <= set(done.knn) and done.wall_s > 0 and where == [0]
+    read = trained(done.run)
+    assert (read.facts, read.knn, read.wall_s) == (done.facts, done.knn, None)
+    quiet = train("moco-v3-vit-digits", tiny_run(), tmp_path / "b", report=False)
+    assert quiet.knn is None and (quiet.run / "backbone.safetensors").exists() and quiet.facts["status"] == "finished"
+    assert (engine.make_trainer, engine.end_of_run_report) == (make, report)
