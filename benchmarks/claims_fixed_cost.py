@@ -6,7 +6,7 @@ Two arms of one seed (same init) as a paired claim runs them, a few steps each s
 shared and unshared pairs alternate, so both sides see the same machine load. Prints the wall time of each pair
 and the ratio of the medians.
 
-    PYTHONPATH=src python benchmarks/claims_fixed_cost.py [--preset moco-v3-vit-digits] [--repeats 3]
+    python -m benchmarks.claims_fixed_cost [--preset moco-v3-vit-digits] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import argparse
 import contextlib
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.harness import timed
 
-def pair(work: Path, preset: str, shared: bool, extra: list[str]) -> float:
+
+def pair(work: Path, preset: str, shared: bool, extra: list[str]) -> None:
     from selfsup.claims import suite
     from selfsup.runs import finish
 
@@ -29,17 +30,15 @@ def pair(work: Path, preset: str, shared: bool, extra: list[str]) -> float:
     finish._INIT_KNN.clear()
     ctx = suite.Context(quick=True, seeds=1, work=work, progress=lambda m: None)
     scope = suite.shared_datasets() if shared else contextlib.nullcontext()
-    start = time.perf_counter()
     with scope:
         for arm, overrides in (("a", []), ("b", ["optim.base_lr=1e-4"])):  # the same init, another lr
             if not shared:
                 finish._INIT_KNN.clear()  # as before the cache: every run computes its own
             suite.pretrain_run(ctx, preset, f"{arm}-{shared}", ["trainer.seed=0", *extra, *overrides])
-    return time.perf_counter() - start
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="moco-v3-vit-digits")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="training batches per run")
@@ -53,7 +52,8 @@ def main() -> None:
         times = {True: [], False: []}
         for _ in range(args.repeats):
             for shared in (False, True):
-                times[shared].append(pair(Path(tmp), args.preset, shared, extra))
+                (wall, _), = timed(lambda: pair(Path(tmp), args.preset, shared, extra), 1)
+                times[shared].append(wall)
                 print(f"{'shared' if shared else 'unshared':>8}: {times[shared][-1]:.2f} s per pair", flush=True)
     a, b = statistics.median(times[False]), statistics.median(times[True])
     print(f"{args.preset}, {args.steps} steps per run: unshared {a:.2f} s, shared {b:.2f} s per pair of runs "

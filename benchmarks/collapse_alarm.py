@@ -14,10 +14,10 @@ with ``--fmnist`` the changed ``*-fmnist`` presets at their 5-epoch budget are r
 folders instead (``--runs-from``). Each run records its events, the end-of-run kNN against its random init,
 and the alarm's overhead is measured separately by ``instrument_overhead.py``.
 
-    python benchmarks/collapse_alarm.py                     # all (~25 CPU-min on one thread)
-    python benchmarks/collapse_alarm.py --only vicreg-inv,dino-digits
-    python benchmarks/collapse_alarm.py --scan runs/methods_fmnist   # read the alarm events of finished runs
-    python benchmarks/collapse_alarm.py --cost simclr-fmnist,dino-fmnist   # its cost beside the training step
+    python -m benchmarks.collapse_alarm                     # all (~25 CPU-min on one thread)
+    python -m benchmarks.collapse_alarm --only vicreg-inv,dino-digits
+    python -m benchmarks.collapse_alarm --scan runs/methods_fmnist   # read the alarm events of finished runs
+    python -m benchmarks.collapse_alarm --cost simclr-fmnist,dino-fmnist   # its cost beside the training step
 
 ``--cost``: the alarm's own work at a measurement step (the effective rank of the step's backbone features, a
 (batch, width) SVD on the device, then ``observe``) timed against the preset's training step (``mfu.py``'s
@@ -31,12 +31,10 @@ import argparse
 import json
 import os
 import sys
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from benchmarks.harness import read_report, timed, train, write_report
 
 COLLAPSES = {
     "vicreg-inv": ("vicreg-digits", ["method.std_coeff=0", "method.cov_coeff=0"]),
@@ -50,19 +48,12 @@ HEALTHY = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits
 
 def run_one(name: str, preset: str, overrides: list[str], root: Path, seed: int) -> dict:
     """``selfsup pretrain`` in this process (one thread); the collapse events and the kNN it wrote."""
-    from selfsup.commands.main import main
     from selfsup.instruments.detectors import read_events
 
     run = root / name
+    wall = None
     if not (run / "knn.json").exists():
-        t0 = time.perf_counter()
-        code = main(["pretrain", preset, *overrides, f"output_dir={root}", f"name={name}", f"trainer.seed={seed}",
-                     "trainer.progress_bar=false"])
-        if code:
-            raise SystemExit(f"{name}: selfsup pretrain exited {code}")
-        wall = round(time.perf_counter() - t0, 1)
-    else:
-        wall = None
+        wall = round(train(preset, [*overrides, f"trainer.seed={seed}", "trainer.progress_bar=false"], run).wall_s, 1)
     return scored(run, name, preset, overrides, wall, read_events)
 
 
@@ -123,8 +114,8 @@ def alarm_cost(preset: str, reps: int = 5) -> dict:
     import argparse as ap
 
     import torch
-    from mfu import SelfsupStep, make_views
 
+    from benchmarks.mfu import SelfsupStep, make_views
     from selfsup.config import load_run_config
     from selfsup.data.datasets import load_dataset
     from selfsup.instruments.collapse import CollapseAlarm
@@ -141,14 +132,10 @@ def alarm_cost(preset: str, reps: int = 5) -> dict:
     alarm = CollapseAlarm()
     steps, checks = [], []
     step(batches[0])  # warm-up
-    for i in range(reps):
-        c = time.process_time()
-        step(batches[i % 2])
-        steps.append(time.process_time() - c)
-        c = time.process_time()
-        for _ in range(10):
-            alarm.observe({"eff_rank_batch": float(batch_effective_rank(embedding))})
-        checks.append((time.process_time() - c) / 10)
+    for i in range(reps):  # alternating: the step, then the alarm's measurement; process CPU seconds of each
+        steps.append(timed(lambda: step(batches[i % 2]), 1)[0][1])
+        check = timed(lambda: alarm.observe({"eff_rank_batch": float(batch_effective_rank(embedding))}), 10)
+        checks.append(sum(c for _, c in check) / len(check))
     step_s, check_s = sorted(steps)[len(steps) // 2], sorted(checks)[len(checks) // 2]
     return {"preset": preset, "embedding": list(embedding.shape), "step_cpu_ms": round(1000 * step_s, 2),
             "alarm_measurement_cpu_ms": round(1000 * check_s, 3),
@@ -192,7 +179,7 @@ def main(argv=None) -> int:
     if unknown:
         print(f"error: --only {','.join(unknown)}: no such case; choose from {', '.join(cases)}", file=sys.stderr)
         return 2
-    results = json.loads(out.read_text()) if out.exists() else {}
+    results = read_report(out)
     done = {r["name"]: r for r in results.get("collapse", []) + results.get("healthy", [])}
     for name in names:
         preset, overrides = cases[name]

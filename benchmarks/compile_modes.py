@@ -4,8 +4,8 @@ compiled on its own (the earlier ``trainer.compile``), all with the same weights
 repetition so drift in machine load hits every variant (MoCo v3, 1024-wide heads, Fashion-MNIST). The
 optimiser is the presets' fused AdamW in every variant; the EMA update is inside the compiled graph.
 
-    python benchmarks/compile_modes.py --batch-size 64 --threads 1 --reps 4
-    python benchmarks/compile_modes.py --variants eager,step,modules
+    python -m benchmarks.compile_modes --batch-size 64 --threads 1 --reps 4
+    python -m benchmarks.compile_modes --variants eager,step,modules
 
 Per variant: its first calls (the first holds the compilation), each repetition's mean step time and the
 per-repetition ratio eager / variant (> 1: faster), with their median. Writes results/compile_modes.json.
@@ -19,14 +19,11 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-import mfu  # noqa: E402
-from throughput import machine_info, write_report  # noqa: E402
+from benchmarks import mfu
+from benchmarks.harness import RESULTS, machine_info, write_report
 
 # name: (trainer.compile, trainer.compile_mode, scope)
 VARIANTS = {"eager": (False, None, "step"), "step": (True, None, "step"),
@@ -52,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reps", type=int, default=4)
     p.add_argument("--steps", type=int, default=3, help="timed steps per repetition (after 1 untimed)")
-    p.add_argument("--out", default=str(HERE / "results" / "compile_modes.json"))
+    p.add_argument("--out", default=str(RESULTS / "compile_modes.json"))
     args = p.parse_args(argv)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     if "eager" not in names or any(n not in VARIANTS for n in names):

@@ -19,7 +19,7 @@ Compares, on the same synthetic ImageNet-sized JPEGs (500x375, quality 90):
   * the previous selfsup path (decode, resize the shorter side to 256, centre square), for reference.
 Then the workers (and so cores) a host needs for 4,000 images/s at the measured per-worker rate.
 
-    python benchmarks/decode.py [--quick] [--images 64] [--repeat 3]   → benchmarks/results/decode.json
+    python -m benchmarks.decode [--quick] [--images 64] [--repeat 3]   → benchmarks/results/decode.json
 """
 
 from __future__ import annotations
@@ -27,16 +27,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from benchmarks.harness import RESULTS, cpu_kind, timed, write_report
 
 
 def realistic_sizes(n: int, rng) -> list[tuple[int, int]]:
@@ -74,12 +71,8 @@ def make_jpegs(folder: Path, n: int, width: int = 500, height: int = 375, sizes=
 def rate(fn, n: int, repeat: int) -> tuple[float, float]:
     """Best images/s over ``repeat`` passes of ``fn`` over n images: by wall time, and by this process's CPU
     time (images per CPU-second: what sets the cores a host needs, and less disturbed on a shared machine)."""
-    wall = cpu = float("inf")
-    for _ in range(repeat):
-        t, c = time.perf_counter(), time.process_time()
-        fn()
-        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
-    return n / wall, n / cpu
+    times = timed(fn, repeat)
+    return n / min(w for w, _ in times), n / min(c for _, c in times)
 
 
 def main() -> None:
@@ -145,7 +138,7 @@ def main() -> None:
     out["fits_host"] = out["workers_for_target"] + 1 <= args.cores  # one core for the training process
     for key, value in out.items():
         print(f"{key:<40} {value:.4g}" if isinstance(value, float) else f"{key:<40} {value}")
-    path = Path(__file__).parent / "results" / "decode.json"
+    path = RESULTS / "decode.json"
     write_report(out, path)
     print(f"wrote {path}")
 
@@ -236,7 +229,7 @@ def realistic(args) -> None:
            "mean_pixels_original": float(np.mean(pixels)), "mean_pixels_prepared": float(np.mean(prep_pixels)),
            "longer_side_quantiles_original": [int(np.quantile([max(s) for s in sizes], q)) for q in (0.1, 0.5, 0.9)],
            "threads": 1, "repeats": repeat, "cpu_count_here": os.cpu_count(), "load_average_here": os.getloadavg()[0],
-           "machine": __import__("throughput").cpu_kind(),
+           "machine": cpu_kind(),
            **{f"{k}_images_per_cpu_s": round(v, 2) for k, v in best.items()},
            "device": args.device, **{f"device_decode_{k}_images_per_s": round(v, 1) for k, v in device_rate.items()}}
     for kind in ("two_views", "multicrop"):
@@ -249,7 +242,7 @@ def realistic(args) -> None:
     out["target_images_per_s"], out["host_cores"] = args.target, args.cores
     for key, value in out.items():
         print(f"{key:<48} {value:.4g}" if isinstance(value, float) else f"{key:<48} {value}")
-    path = Path(args.out) if args.out else Path(__file__).parent / "results" / "decode_realistic.json"
+    path = Path(args.out) if args.out else RESULTS / "decode_realistic.json"
     write_report(out, path)
     print(f"wrote {path}")
 

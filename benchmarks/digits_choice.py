@@ -95,21 +95,21 @@ its runs; the result follows each.
   init). Rule: a preset takes ``moco_init`` when it scores 3 points or more above ``preset`` at seed 100; the bar is
   then judged on the table seeds 0-2 (``digits_table.py``).
 
-    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 \\
+    python -m benchmarks.digits_choice --preset dinov2-digits --only koleo_0.1,koleo_0 \\
         --out benchmarks/results/dinov2_digits_choice.json
-    python benchmarks/digits_choice.py --preset dino-digits --only epochs_6,epochs_20 \\
+    python -m benchmarks.digits_choice --preset dino-digits --only epochs_6,epochs_20 \\
         --out benchmarks/results/dino_digits_epochs_choice.json
-    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,koleo_0 --seeds 100,101,102,103 \\
+    python -m benchmarks.digits_choice --preset dinov2-digits --only koleo_0.1,koleo_0 --seeds 100,101,102,103 \\
         --out benchmarks/results/dinov2_digits_koleo_4seeds.json
-    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,dino_optim,ibot_0 \\
+    python -m benchmarks.digits_choice --preset dinov2-digits --only koleo_0.1,dino_optim,ibot_0 \\
         --seeds 100,101,102,103 --out benchmarks/results/dinov2_digits_additions.json
-    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,sk_k128 \\
+    python -m benchmarks.digits_choice --preset dinov2-digits --only koleo_0.1,sk_k128 \\
         --seeds 100,101,102,103 --out benchmarks/results/dinov2_digits_sinkhorn.json
-    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,epochs_20 \\
+    python -m benchmarks.digits_choice --preset dinov2-digits --only koleo_0.1,epochs_20 \\
         --seeds 100,101,102,103 --out benchmarks/results/dinov2_digits_epochs_4seeds.json
-    python benchmarks/digits_choice.py --preset dinov2-digits --only koleo_0.1,sk_k128_koleo0,sk_k128_e20 \\
+    python -m benchmarks.digits_choice --preset dinov2-digits --only koleo_0.1,sk_k128_koleo0,sk_k128_e20 \\
         --seeds 100,101,102,103 --out benchmarks/results/dinov2_digits_together.json
-    python benchmarks/digits_choice.py --preset dino-digits --only preset,moco_init \\
+    python -m benchmarks.digits_choice --preset dino-digits --only preset,moco_init \\
         --out benchmarks/results/dino_digits_init_choice.json  # and ibot-digits, dinov2-digits alike
 """
 
@@ -118,13 +118,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from benchmarks.harness import train, write_report
 
 VARIANTS = {"preset": [], "moco_init": ["model.init=moco_v3", "model.pos_embed=sincos"],
             "koleo_0.1": ["method.koleo_loss_weight=0.1"], "koleo_0": ["method.koleo_loss_weight=0.0"],
@@ -154,8 +152,6 @@ def main(argv=None) -> int:
         if name not in VARIANTS:
             print(f"error: --only {name}: no such variant; choose from {', '.join(VARIANTS)}", file=sys.stderr)
             return 2
-    import selfsup.engine as engine
-    from selfsup.config import load_run_config
     from selfsup.eval.knn import KnnConfig
     from selfsup.runs.evaluate import run_knn
     from selfsup.runs.session import EvalSession
@@ -171,11 +167,8 @@ def main(argv=None) -> int:
         for seed in seeds:
             run = Path(args.runs) / (f"{stem}-{name}" + (f"-s{seed}" if seed != 100 else ""))
             if not (run / "backbone.safetensors").exists():  # seed 100's runs keep their first names
-                t0 = time.perf_counter()
-                cfg = load_run_config(args.preset, overrides + [f"trainer.seed={seed}", f"output_dir={args.runs}",
-                                                                f"name={run.name}", "trainer.progress_bar=false"])
-                engine.pretrain(cfg, args.preset)
-                walls.append(round(time.perf_counter() - t0))
+                done = train(args.preset, [*overrides, f"trainer.seed={seed}", "trainer.progress_bar=false"], run)
+                walls.append(round(done.wall_s))
             knn = run_knn(run, KnnConfig(ks=(20,), val_fraction=0.2))
             scores.append(round(knn["results"]["k=20"]["top1"], 2))
             init = run_knn(EvalSession(run / "backbone_init.safetensors", out=str(run / "eval_init")),

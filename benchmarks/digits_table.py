@@ -8,7 +8,7 @@ images), written to ``RUN/knn.json``. The gain is paired (the same seed's init);
 already in ``--runs`` with its ``knn.json`` is read, not re-run. Writes ``benchmarks/results/digits_table.json``
 (``--merge`` keeps the other presets' rows).
 
-    python benchmarks/digits_table.py --presets dino-digits,dinov2-digits --seeds 0,1,2 --merge
+    python -m benchmarks.digits_table --presets dino-digits,dinov2-digits --seeds 0,1,2 --merge
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import cpu_kind, write_report  # noqa: E402  (the benchmarks' JSON writer; the machine's ISA)
+from benchmarks.harness import cpu_kind, read_report, train, trained, write_report
 
 BAR = 10.0
 
@@ -46,8 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--merge", action="store_true", help="keep the other presets' rows of --out")
     p.add_argument("--out", default="benchmarks/results/digits_table.json")
     args = p.parse_args(argv)
-    import selfsup.engine as engine
-    from selfsup.config import load_run_config, preset_names
+    from selfsup.config import preset_names
 
     presets, seeds = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
     for preset in presets:
@@ -56,26 +53,21 @@ def main(argv=None) -> int:
             return 2
     torch.set_num_threads(1)
     out_path = Path(args.out)
-    old = json.loads(out_path.read_text()) if args.merge and out_path.exists() else {}
+    old = read_report(out_path) if args.merge else {}
     rows = {r["preset"]: r for r in old.get("rows", [])}
     for preset in presets:
         runs = []
         for seed in seeds:
             run = Path(args.runs) / f"{preset}-s{seed}"
-            wall = None
-            if not (run / "knn.json").exists():
-                t0 = time.perf_counter()
-                cfg = load_run_config(preset, [f"trainer.seed={seed}", f"output_dir={args.runs}",
-                                               f"name={run.name}", "trainer.progress_bar=false"])
-                engine.pretrain(cfg, preset)
-                wall = round(time.perf_counter() - t0)
-            knn = json.loads((run / "knn.json").read_text())
-            trained, init = knn["pretrained"]["top1"], knn["random_init"]["top1"]
-            if wall is None:  # a run read, not trained here: its own fit time (not an older row's, of other settings)
-                fit = json.loads((run / "run.json").read_text()).get("fit_seconds")
-                wall = round(fit) if fit is not None else None
-            runs.append({"seed": seed, "knn20_top1": round(trained, 2), "random_init": round(init, 2),
-                         "gain": round(trained - init, 2), "wall_s": wall})
+            if (run / "knn.json").exists():  # a run read, not trained here: its own fit time (not an older row's)
+                done = trained(run)
+                wall = done.facts.get("fit_seconds")
+            else:
+                done = train(preset, [f"trainer.seed={seed}", "trainer.progress_bar=false"], run)
+                wall = done.wall_s
+            top1, init = done.knn["pretrained"]["top1"], done.knn["random_init"]["top1"]
+            runs.append({"seed": seed, "knn20_top1": round(top1, 2), "random_init": round(init, 2),
+                         "gain": round(top1 - init, 2), "wall_s": round(wall) if wall is not None else None})
             print(preset, json.dumps(runs[-1]), flush=True)
         rows[preset] = row(preset, runs)
         r = rows[preset]

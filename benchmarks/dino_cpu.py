@@ -13,9 +13,9 @@ Two parts, written to ``benchmarks/results/dino_cpu.json``:
   init: digits on the whole 1437 / 359 split (the engine's end-of-run report), Fashion-MNIST fit on a fixed
   10k training subset, tested on the 10k test images.
 
-    python benchmarks/dino_cpu.py                       # the init table and the whole sweep (~40 min, loaded CPU)
-    python benchmarks/dino_cpu.py --only F8_m08,F1       # some variants (merged into the existing JSON)
-    python benchmarks/dino_cpu.py --runs DIR             # variants already in DIR/<name> are read, not retrained
+    python -m benchmarks.dino_cpu                       # the init table and the whole sweep (~40 min, loaded CPU)
+    python -m benchmarks.dino_cpu --only F8_m08,F1       # some variants (merged into the existing JSON)
+    python -m benchmarks.dino_cpu --runs DIR             # variants already in DIR/<name> are read, not retrained
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import csv
 import json
 import math
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.harness import read_report, train, write_report
 
 DIGITS = ["data.batch_size=64", "trainer.max_epochs=6", "optim.warmup_epochs=1", "method.momentum=0.99",
           "method.freeze_last_layer=1"]  # 22 steps / epoch
@@ -140,21 +140,10 @@ def knn_10k(run: Path) -> dict:
 def train_variant(run: Path, preset: str, overrides: list[str]) -> float:
     """Pretrain one sweep variant into ``run`` (an old run there goes first) and return its wall seconds. Off
     digits the engine's end-of-run report (kNN over 60k features, twice) is skipped: ``knn_10k`` scores it."""
-    import selfsup.engine as engine
-    import selfsup.runs.finish as finish
     from selfsup.config import load_run_config
 
-    shutil.rmtree(run, ignore_errors=True)
-    cfg = load_run_config(preset, overrides)
-    report = finish.end_of_run_report
-    if cfg.data.name != "digits":
-        finish.end_of_run_report = lambda *a, **k: []
-    t0 = time.perf_counter()
-    try:
-        engine.pretrain(cfg, preset)
-    finally:
-        finish.end_of_run_report = report
-    wall = time.perf_counter() - t0
+    digits = load_run_config(preset, overrides).data.name == "digits"
+    wall = train(preset, overrides, run, report=digits, fresh=True).wall_s
     print(f"{run.name}: {wall:.0f} s", flush=True)
     return wall
 
@@ -202,7 +191,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
+    results = read_report(out)
     results.update({"note": "batch 64, seed 0, one thread on a 2-core machine shared with other work; kNN@20 "
                             "T 0.07 of the teacher backbone; signs_every_5_steps: [step, teacher entropy, "
                             "KL teacher/student, centre norm]"})
@@ -223,8 +212,7 @@ def main(argv=None) -> int:
         sweep[name] = collect(root / name, name, preset, overrides)
         print(json.dumps({k: v for k, v in sweep[name].items() if k != "signs_every_5_steps"}), flush=True)
     results["sweep"] = [sweep[n] for n in VARIANTS if n in sweep]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_report(results, out)
     print(f"wrote {out}")
     return 0
 

@@ -6,19 +6,20 @@ batch in units of τt (``dino_teacher_spread``: under 1, what the centre leaves 
 target to be sharp), the centre's norm, and the lr, teacher momentum and τt of each step. The JSON holds the
 series and a summary by fifths of the run, so a README paragraph can quote where the teacher turns uniform::
 
-    python benchmarks/methods_fmnist.py --presets dino-fmnist --epochs 5 --steps-per-epoch 0 --seeds 0 \\
+    python -m benchmarks.methods_fmnist --presets dino-fmnist --epochs 5 --steps-per-epoch 0 --seeds 0 \\
         --resume --runs runs/methods5 --instruments --out benchmarks/results/methods_fmnist_5ep.json
-    python benchmarks/dino_curves.py runs/methods5/dino-fmnist-s0 --out benchmarks/results/dino_fmnist_5ep_curves
+    python -m benchmarks.dino_curves runs/methods5/dino-fmnist-s0 --out benchmarks/results/dino_fmnist_5ep_curves
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 from pathlib import Path
+
+from benchmarks.harness import write_report
 
 SIGNS = {"entropy": "instruments/dino_teacher_entropy", "kl": "instruments/dino_kl_teacher_student",
          "spread_over_tau": "instruments/dino_teacher_spread", "center_norm": "instruments/dino_center_norm",
@@ -99,8 +100,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     c = curves(Path(args.run))
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(c, indent=1))
+    write_report(c, out.with_suffix(".json"), indent=1)
     plot(c, out.with_suffix(".png"))
     for row in c["by_fifth"]:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))

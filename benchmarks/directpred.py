@@ -11,26 +11,26 @@ whole test set comes from the run's ``knn.json``.
 Cost: ``after_optimizer_step`` of a DirectPred predictor (fold F + float64 eigh + set W_p) against a linear
 one (fold F only) and against one bare training step (forward, backward, optimiser) of the same model.
 
-    python benchmarks/directpred.py                              # 1 epoch of Fashion-MNIST per variant
-    python benchmarks/directpred.py --epochs 2 --variants mlp,directpred
-    python benchmarks/directpred.py --quick                      # smoke test: digits, a few steps
+    python -m benchmarks.directpred                              # 1 epoch of Fashion-MNIST per variant
+    python -m benchmarks.directpred --epochs 2 --variants mlp,directpred
+    python -m benchmarks.directpred --quick                      # smoke test: digits, a few steps
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.harness import timed, train, write_report
 
 VARIANTS = ("mlp", "linear", "directpred", "directcopy")
 
@@ -69,27 +69,23 @@ def read_metrics(run_dir: Path, knn_every: int, instruments_every: int) -> dict[
 
 
 def train_variant(args, variant: str, out_dir: str) -> dict:
-    """Train one variant through the engine's Trainer (no end-of-run report: the kNN monitor's fixed subsets
-    give every point of the curve, the random init included)."""
-    from selfsup.config import load_run_config
-    from selfsup.data.datasets import load_dataset
-    from selfsup.engine import PretrainData, make_trainer
-    from selfsup.instruments.knn_monitor import KNNMonitor
-    from selfsup.methods.build import build_method, data_info
+    """Train one variant through ``selfsup.engine.pretrain`` (no end-of-run report: the kNN monitor's fixed
+    subsets give every point of the curve, the random init included)."""
+    import lightning.pytorch as pl
 
-    cfg = load_run_config(args.preset, overrides(args, variant, out_dir))
-    run_dir = Path(out_dir) / variant
-    run_dir.mkdir(parents=True)
-    train = load_dataset(cfg.data, "train")
-    model = build_method(cfg, data_info(cfg, train))
-    trainer = make_trainer(cfg, run_dir)
-    monitor = next(c for c in trainer.callbacks if isinstance(c, KNNMonitor))
-    t0 = time.perf_counter()
-    trainer.fit(model, datamodule=PretrainData(cfg, train))
-    wall = time.perf_counter() - t0
+    from selfsup.instruments.knn_monitor import KNNMonitor
+
+    seen = {}
+
+    class Seen(pl.Callback):  # the monitor and the trained module, for the curve and the init's point
+        def on_train_end(self, trainer, module):
+            seen.update(monitor=next(c for c in trainer.callbacks if isinstance(c, KNNMonitor)), model=module)
+
+    run = train(args.preset, overrides(args, variant, out_dir), report=False, callbacks=[Seen()])
+    monitor, model = seen["monitor"], seen["model"]
     curve = [(0, monitor_init_knn(monitor, model))] + [(int(s), float(v)) for s, v in monitor.history]
-    metrics = read_metrics(run_dir, args.knn_every, cfg.instruments.every_n_steps)
-    return {"wall_s": wall, "steps": int(trainer.global_step), "knn_curve": curve,
+    metrics = read_metrics(run.run, args.knn_every, model.cfg.instruments.every_n_steps)
+    return {"wall_s": run.facts["fit_seconds"], "steps": int(run.facts["global_step"]), "knn_curve": curve,
             "loss_last": metrics.get("train/loss", [(0, math.nan)])[-1][1],
             "alignment": {k.split("/")[-1]: v for k, v in metrics.items() if "pred_" in k}}
 
@@ -103,12 +99,7 @@ def monitor_init_knn(monitor, model) -> float:
 
 
 def time_calls(fn, reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+    return [w for w, _ in timed(fn, reps)]
 
 
 def update_cost(args) -> dict:
@@ -178,21 +169,19 @@ def main(argv=None) -> int:
         args.knn_train, args.knn_test = 500, 200
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     variants = [v for v in args.variants.split(",") if v]
     result = {"preset": args.preset, "epochs": args.epochs, "seed": args.seed, "threads": args.threads,
               "extra_overrides": args.extra, "machine": platform.platform(), "torch": torch.__version__,
               "note": "timings on a shared 2-core machine (other jobs running)", "runs": {}}
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for variant in variants:
             result["runs"].pop(variant, None)
             print(f"== {variant}", flush=True)
             result["runs"][variant] = train_variant(args, variant, tmp)
-            out_path.write_text(json.dumps(result, indent=2))
+            write_report(result, out_path)
     result["cost"] = update_cost(args)
-    out_path.write_text(json.dumps(result, indent=2))
+    write_report(result, out_path)
 
     steps = sorted({s for r in result["runs"].values() for s, _ in r["knn_curve"]})
     print(f"\nkNN top-1 % (k=20, T=0.07; monitor subsets: at most {args.knn_train} train / "

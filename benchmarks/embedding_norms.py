@@ -6,9 +6,9 @@ default instruments log the embedding norms, and the run's final weighted kNN on
 comes from its ``knn.json``. Written: ``benchmarks/results/embedding_norms.json`` and, per method, an
 overlay report (``selfsup report`` of its three runs) in ``benchmarks/results/embedding_norms_<method>/``.
 
-    python benchmarks/embedding_norms.py                           # Fashion-MNIST, 1 epoch (234 steps) per run
-    python benchmarks/embedding_norms.py --dataset digits --epochs 20 --knn-every 20 --methods simclr --tag simclr
-    python benchmarks/embedding_norms.py --quick                   # smoke test: digits, a few steps
+    python -m benchmarks.embedding_norms                           # Fashion-MNIST, 1 epoch (234 steps) per run
+    python -m benchmarks.embedding_norms --dataset digits --epochs 20 --knn-every 20 --methods simclr --tag simclr
+    python -m benchmarks.embedding_norms --quick                   # smoke test: digits, a few steps
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import csv
 import json
 import os
 import platform
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import ROOT, has_fashion_mnist, selfsup_cli, write_report
+
 VARIANTS = {"default": [], "cut_init_c3": ["interventions.cut_init=3"],
             "grad_scale_p1": ["interventions.grad_scale_p=1"],
             "cut_init_last_c3": ["interventions.cut_init=3", "interventions.cut_init_scope=projector_last"]}
@@ -45,28 +43,25 @@ def run_one(method: str, variant: str, args, runs_dir: Path) -> dict:
     name = f"{method}-{variant}"
     run_dir = runs_dir / name
     if args.collect:
-        return summarize(method, variant, run_dir)
+        return run_figures(method, variant, run_dir)
     if run_dir.exists():
         import shutil
 
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "selfsup", "pretrain", PRESETS[args.dataset].format(method),
+    cmd = ["pretrain", PRESETS[args.dataset].format(method),
            f"output_dir={runs_dir}", f"name={name}", f"trainer.max_epochs={args.epochs}", "trainer.seed=0",
            "trainer.progress_bar=false", "trainer.accelerator=cpu", "trainer.devices=1",
            f"eval.knn_every_n_steps={args.knn_every}", *VARIANTS[variant], *args.extra]
     if args.limit_batches:
         cmd.append(f"trainer.limit_train_batches={args.limit_batches}")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    proc, wall = selfsup_cli(*cmd, capture=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-2000:]}")
     (run_dir / "wall_s.txt").write_text(f"{wall:.1f}\n")
-    return summarize(method, variant, run_dir)
+    return run_figures(method, variant, run_dir)
 
 
-def summarize(method: str, variant: str, run_dir: Path) -> dict:
+def run_figures(method: str, variant: str, run_dir: Path) -> dict:
     """The figures of one finished run folder (``--collect`` rereads them without training)."""
     wall = float((run_dir / "wall_s.txt").read_text())
     s = series(run_dir)
@@ -102,14 +97,7 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="further config overrides for every run")
     args = parser.parse_args()
     if args.dataset is None:
-        from selfsup.data.datasets import _find_fashion_mnist
-        from selfsup.errors import UserError
-
-        try:
-            _find_fashion_mnist(None, download=False)
-            args.dataset = "fashion-mnist"
-        except UserError:
-            args.dataset = "digits"
+        args.dataset = "fashion-mnist" if has_fashion_mnist() else "digits"
     if args.quick:
         args.dataset, args.epochs, args.limit_batches, args.knn_every = "digits", 1, 3, 1
         args.extra += ["trainer.log_every_n_steps=1", "instruments.every_n_steps=1"]
@@ -124,16 +112,16 @@ def main() -> None:
             norms = " ".join(f"{k}={v:.3g}" for k, v in r["norm_mean_over_training"].items())
             print(f"{method:<8} {variant:<14} final kNN {r['final_knn_top1']:6.2f}%  wall {r['wall_s']:7.1f}s  "
                   f"kNN@steps [{knn}]  mean norms {norms}", flush=True)
-    from selfsup.report import write_report
+    from selfsup.report import write_report as overlay_report
 
     for method in args.methods:
         dirs = [r["run_dir"] for r in results if r["method"] == method]
-        write_report(dirs, out / f"embedding_norms_{method}")
+        overlay_report(dirs, out / f"embedding_norms_{method}")
     payload = {"dataset": args.dataset, "epochs": args.epochs, "limit_batches": args.limit_batches,
                "knn_every": args.knn_every, "extra_overrides": args.extra, "host": platform.node(),
                "cpus": os.cpu_count(), "note": "wall times measured on a shared machine", "runs": results}
     path = out / f"embedding_norms{'_quick' if args.quick else ''}{'_' + args.tag if args.tag else ''}.json"
-    path.write_text(json.dumps(payload, indent=2))
+    write_report(payload, path)
     print(f"wrote {path}")
 
 

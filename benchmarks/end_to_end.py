@@ -15,8 +15,8 @@ Each arm times ``--steps`` steps after ``--warmup`` (wall, the device synchronis
 images/s; the figure is each arm's rate over ``step_only``'s (the issue's goal: end to end >= 90% of step-only).
 ``--quick`` shrinks everything (a micro ViT at 32 px, 48 images, 4 steps) to check the script on a CPU.
 
-    python benchmarks/end_to_end.py                         # on a GPU host
-    python benchmarks/end_to_end.py --quick --out /tmp/e2e.json
+    python -m benchmarks.end_to_end                         # on a GPU host
+    python -m benchmarks.end_to_end --quick --out /tmp/e2e.json
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from decode import make_jpegs, realistic_sizes  # noqa: E402  (the ImageNet-like synthetic JPEGs)
-from throughput import machine_info, write_report  # noqa: E402  (the benchmarks' JSON writer)
+from benchmarks.decode import make_jpegs, realistic_sizes  # the ImageNet-like synthetic JPEGs
+from benchmarks.harness import RESULTS, default_device, fit_step_times, machine_info, pretrain_data, write_report
 
 QUICK = ["data.image_size=32", "augment.local_crops_size=16", "augment.local_crops_number=2",
          "model.backbone=vit_micro", "model.patch_size=8", "method.out_dim=256", "method.hidden_dim=64",
@@ -41,24 +39,9 @@ QUICK = ["data.image_size=32", "augment.local_crops_size=16", "augment.local_cro
 
 def timed_fit(cfg, dataset, steps: int, warmup: int, ready: bool = False) -> list[float]:
     """Per-step wall seconds after ``warmup`` of ``trainer.fit`` on ``dataset``; ``ready``: every batch the first."""
-    import lightning.pytorch as pl
-
     from selfsup.data.decode import FolderCrops
-    from selfsup.engine import PretrainData, make_trainer
-    from selfsup.methods.build import build_method, data_info
 
-    ends: list[float] = []
-
-    class Clock(pl.Callback):
-        def on_train_batch_end(self, trainer, module, *_):
-            if module.device.type == "cuda":
-                torch.cuda.synchronize(module.device)
-            ends.append(time.perf_counter())
-            if len(ends) >= warmup + steps + 1:
-                trainer.should_stop = True
-
-    model = build_method(cfg, data_info(cfg, dataset))
-    data = PretrainData(cfg, dataset)
+    data = pretrain_data(cfg, dataset)
     if ready:  # the first batch's decoded crops for every batch: the data path costs nothing
         loader = data.train_dataloader
 
@@ -72,13 +55,8 @@ def timed_fit(cfg, dataset, steps: int, warmup: int, ready: bool = False) -> lis
                                                pin_memory=real.pin_memory)
         data.train_dataloader = ready_loader
     with tempfile.TemporaryDirectory(prefix="selfsup-e2e-") as tmp:
-        run_dir = Path(tmp) / "run"
-        run_dir.mkdir()
-        trainer = make_trainer(cfg, run_dir)
-        trainer.callbacks.append(Clock())
-        trainer.fit(model, datamodule=data)
-    ends = ends[warmup:]
-    return [b - a for a, b in zip(ends, ends[1:])]
+        times = fit_step_times(cfg, dataset, Path(tmp) / "run", warmup, steps, default_device(), data=data)
+    return [wall for wall, _ in times]
 
 
 def main(argv=None) -> int:
@@ -93,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--arms", default="step_only,device,cpu,shards")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more preset overrides")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "end_to_end.json"))
+    p.add_argument("--out", default=str(RESULTS / "end_to_end.json"))
     args = p.parse_args(argv)
     from selfsup.config import load_run_config
     from selfsup.data.datasets import load_dataset

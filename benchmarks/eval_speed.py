@@ -1,32 +1,23 @@
 """Evaluation speed: kNN (10,000 test vs 60,000 train, dim 256) against scikit-learn's brute-force
 KNeighborsClassifier and the bare similarity product, plus feature-extraction images/s.
 
-    python benchmarks/eval_speed.py [--quick]      → benchmarks/results/eval_speed.json
+    python -m benchmarks.eval_speed [--quick]      → benchmarks/results/eval_speed.json
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from benchmarks.harness import RESULTS, timed, write_report
 
 
-def timed(fn, repeat: int = 1) -> float:
+def best(fn, repeat: int = 1) -> float:
     """Best wall time of ``repeat`` calls (seconds)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return min(wall for wall, _ in timed(fn, repeat))
 
 
 def main() -> None:
@@ -47,13 +38,13 @@ def main() -> None:
     out = {"n_train": n_train, "n_test": n_test, "dim": dim, "k": k, "threads": torch.get_num_threads()}
 
     a, b = F.normalize(xte, dim=1), F.normalize(xtr, dim=1)
-    out["bare_product_s"] = timed(lambda: a @ b.T, args.repeat)
+    out["bare_product_s"] = best(lambda: a @ b.T, args.repeat)
     pred = {}
-    out["selfsup_s"] = timed(lambda: pred.__setitem__(
+    out["selfsup_s"] = best(lambda: pred.__setitem__(
         "selfsup", knn_predict_scores(xtr, ytr, xte, k=k, temperature=None, num_classes=10).argmax(1)), args.repeat)
-    out["selfsup_weighted_s"] = timed(lambda: knn_predict_scores(xtr, ytr, xte, k=k, temperature=0.07), args.repeat)
+    out["selfsup_weighted_s"] = best(lambda: knn_predict_scores(xtr, ytr, xte, k=k, temperature=0.07), args.repeat)
     clf = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute").fit(xtr.numpy(), ytr.numpy())
-    out["sklearn_s"] = timed(lambda: pred.__setitem__("sklearn", clf.predict(xte.numpy())), 1)
+    out["sklearn_s"] = best(lambda: pred.__setitem__("sklearn", clf.predict(xte.numpy())), 1)
     out["same_predictions_%"] = 100.0 * float(np.mean(pred["selfsup"].numpy() == pred["sklearn"]))
     out["speedup_vs_sklearn"] = out["sklearn_s"] / out["selfsup_s"]
     out["ratio_to_bare_product"] = out["selfsup_s"] / out["bare_product_s"]
@@ -65,12 +56,12 @@ def main() -> None:
     digits = load_digits("train")
     vit = build_backbone("vit_micro", in_chans=1, image_size=8, patch_size=2)
     extract_features(vit, digits, 8, digits.mean, digits.std, 512, "cpu")  # warm-up
-    sec = timed(lambda: extract_features(vit, digits, 8, digits.mean, digits.std, 512, "cpu"), args.repeat)
+    sec = best(lambda: extract_features(vit, digits, 8, digits.mean, digits.std, 512, "cpu"), args.repeat)
     out["extract_vit_micro_digits_images_per_s"] = len(digits) / sec
 
     for key, value in out.items():
         print(f"{key:<40} {value:.4g}" if isinstance(value, float) else f"{key:<40} {value}")
-    path = Path(__file__).parent / "results" / "eval_speed.json"
+    path = RESULTS / "eval_speed.json"
     write_report(out, path)
     print(f"wrote {path}")
 

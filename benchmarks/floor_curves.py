@@ -6,7 +6,7 @@ plots each sign against the step (a log axis for the condition number). A varian
 stopped by hand) ends where its run ended; its legend says so. The table printed beside it gives each variant's
 validation gain and its signs at the last logged step::
 
-    python benchmarks/floor_curves.py --preset wmse-vit-fmnist --epochs 5 \\
+    python -m benchmarks.floor_curves --preset wmse-vit-fmnist --epochs 5 \\
         --signs eff_rank_embedding,wmse_cov_condition,loss --out benchmarks/results/wmse_fmnist_5ep_curves.png
 """
 
@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.harness import RESULTS
+
 LOG_SIGNS = ("wmse_cov_condition",)  # spans decades: plotted on a log axis
 
 
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     vs = variants(files, args.preset, args.epochs, args.seed)
     if not vs:
         print(f"error: no {args.preset} variant at {args.epochs} epochs, seed {args.seed} in {len(files)} files; "
-              "run benchmarks/floor_sweep.py first", file=sys.stderr)
+              "run python -m benchmarks.floor_sweep first", file=sys.stderr)
         return 2
     signs = args.signs.split(",")
     out = Path(args.out)

@@ -244,8 +244,8 @@ W2_lr5e-4 are adopted, as at seed 0. DINO (``--only D1_sinkhorn``, its preset no
 in each of the table's 3 seeds at 5 epochs): ``dino-fmnist`` adopts Sinkhorn-Knopp when D1's validation gain at
 seed 100 is above +3.
 
-    python benchmarks/floor_sweep.py                   # every variant (~40 CPU-min on one thread)
-    python benchmarks/floor_sweep.py --only S0,S1_sharp
+    python -m benchmarks.floor_sweep                   # every variant (~40 CPU-min on one thread)
+    python -m benchmarks.floor_sweep --only S0,S1_sharp
 """
 
 from __future__ import annotations
@@ -259,13 +259,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from dino_cpu import knn_10k, train_variant  # noqa: E402  (the DINO sweep's training and validation-split kNN)
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
-
-from selfsup.checkpoints import NonFiniteWeights  # noqa: E402
-from selfsup.engine import read_run_facts  # noqa: E402
-from selfsup.methods.base import NonFiniteLoss, TrainingCollapsed  # noqa: E402
+from benchmarks.dino_cpu import knn_10k, train_variant  # the DINO sweep's training and validation-split kNN
+from benchmarks.harness import read_report, trained, write_report
+from selfsup.checkpoints import NonFiniteWeights
+from selfsup.methods.base import NonFiniteLoss, TrainingCollapsed
 
 STOPS = (TrainingCollapsed, NonFiniteLoss, NonFiniteWeights)  # a run that stops itself: run.json names the step
 
@@ -333,7 +330,7 @@ def engine_overrides(root: Path, name: str, epochs: int, seed: int = 0) -> list[
 
 def stopped(run: Path) -> dict | None:
     """The run's facts when it stopped itself (``run.json`` status collapsed or nan, with its step), else None."""
-    facts = read_run_facts(run)
+    facts = trained(run).facts
     return facts if facts.get("status") in ("collapsed", "nan") else None
 
 
@@ -359,7 +356,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out, root = Path(args.out), Path(args.runs)
-    results = json.loads(out.read_text()) if out.exists() else {}
+    results = read_report(out)
     done = {r["name"]: r for r in results.get("variants", [])}
     names = args.only.split(",") if args.only else list(VARIANTS)
     for name in names:

@@ -25,7 +25,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 W=/tmp/gpu_work  # the per-process files and runs; only the results come back
 mkdir -p "$OUT" "$W"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
 PY=${PYTHON:-python3}
 if compgen -G ".gpu/whl/*.whl" > /dev/null; then  # the carried wheels (webdataset for the shards arm)
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl \
@@ -39,13 +39,13 @@ nproc | sed 's/^/cpu cores: /' | tee -a "$OUT/gpu.txt"
 if [[ " $PARTS " == *" data "* ]]; then
     peer=--no-lightly
     $PY -c "import lightly" 2>/dev/null && peer=
-    timeout 170 $PY benchmarks/mfu.py --device cuda --methods moco_v3 --reps 3 $peer --out "$OUT/mfu_cuda.json" \
+    timeout 170 $PY -m benchmarks.mfu --device cuda --methods moco_v3 --reps 3 $peer --out "$OUT/mfu_cuda.json" \
         2>&1 | tail -n 40 | tee "$OUT/mfu_cuda.log"
-    timeout 90 $PY benchmarks/decode.py --sizes realistic --device cuda --images 128 --repeat 3 \
+    timeout 90 $PY -m benchmarks.decode --sizes realistic --device cuda --images 128 --repeat 3 \
         --out "$OUT/decode_realistic_cuda.json" 2>&1 | tail -n 40 | tee "$OUT/decode_cuda.log"
     workers=$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))
     # 6,144 images = 48 steps an epoch, so the 60 timed steps cross one epoch end (its step_ms shows where)
-    timeout 330 $PY benchmarks/end_to_end.py --images 6144 --batch-size 128 --workers "$workers" --steps 60 \
+    timeout 330 $PY -m benchmarks.end_to_end --images 6144 --batch-size 128 --workers "$workers" --steps 60 \
         --warmup 10 --out "$OUT/end_to_end_cuda.json" 2>&1 | grep -v -i warn | tail -n 20 | tee "$OUT/end_to_end.log"
 fi
 
@@ -57,15 +57,15 @@ if [[ " $PARTS " == *" methods "* ]]; then
     pids=()
     for seed in 0 1 2; do
         for g in 0 1 2; do
-            timeout 330 $PY benchmarks/methods_fmnist.py --epochs 5 --steps-per-epoch 0 --seeds $seed \
+            timeout 330 $PY -m benchmarks.methods_fmnist --epochs 5 --steps-per-epoch 0 --seeds $seed \
                 --accelerator gpu --presets "${groups[$g]}" --instruments --runs "$W/runs" \
                 --out "$W/methods_s${seed}_g$g.json" > "$W/methods_s${seed}_g$g.log" 2>&1 &
             pids+=($!)
         done
     done
     wait "${pids[@]}"
-    $PY benchmarks/methods_fmnist.py --combine "$W"/methods_s*_g*.json --out "$OUT/methods_fmnist_5ep.json" \
+    $PY -m benchmarks.methods_fmnist --combine "$W"/methods_s*_g*.json --out "$OUT/methods_fmnist_5ep.json" \
         | tee "$OUT/methods_table.md"
     tail -n 2 "$W"/methods_s*_g*.log | tee "$OUT/methods.log"
-    $PY benchmarks/dino_curves.py "$W/runs/dino-fmnist-s0" --out "$OUT/dino_fmnist_5ep_curves" | tail -n 7
+    $PY -m benchmarks.dino_curves "$W/runs/dino-fmnist-s0" --out "$OUT/dino_fmnist_5ep_curves" | tail -n 7
 fi

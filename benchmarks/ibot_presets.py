@@ -1,8 +1,8 @@
 """iBOT's CPU presets: the end-of-run weighted kNN (the run's ``knn.json``: the teacher against its random init,
 the floor) and the last collapse signs and losses the run logged.
 
-    python benchmarks/ibot_presets.py --preset ibot-digits [OVERRIDE ...]
-    python benchmarks/ibot_presets.py --preset ibot-digits --collect RUN   # only read an existing run's results
+    python -m benchmarks.ibot_presets --preset ibot-digits [OVERRIDE ...]
+    python -m benchmarks.ibot_presets --preset ibot-digits --collect RUN   # only read an existing run's results
 
 Runs ``selfsup pretrain PRESET OVERRIDE ...`` as a user would and writes ``benchmarks/results/<preset>.json``.
 """
@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import yaml
+
+from benchmarks.harness import RESULTS, selfsup_cli, write_report
 
 SIGNS = ("train/loss", "train/loss_cls", "train/loss_patch", "instruments/dino_teacher_entropy",
          "instruments/dino_center_norm", "instruments/ibot_center2_norm", "instruments/ibot_masked_share",
@@ -46,12 +45,8 @@ def main() -> None:
     run = Path(args.collect) if args.collect else Path(args.runs) / args.preset
     wall = None
     if not args.collect:
-        cmd = [sys.executable, "-m", "selfsup", "pretrain", args.preset, "trainer.progress_bar=false",
-               f"output_dir={run.parent}", f"name={run.name}", *args.overrides]
-        print("+", " ".join(cmd), flush=True)
-        start = time.time()
-        subprocess.run(cmd, check=True)
-        wall = time.time() - start
+        _, wall = selfsup_cli("pretrain", args.preset, "trainer.progress_bar=false", f"output_dir={run.parent}",
+                              f"name={run.name}", *args.overrides)
     knn = json.loads((run / "knn.json").read_text())
     config = yaml.safe_load((run / "config.yaml").read_text())
     report = {
@@ -60,8 +55,7 @@ def main() -> None:
         "knn": knn, "knn_gain_over_random_init": knn["pretrained"]["top1"] - knn["random_init"]["top1"],
         "last_logged": last_logged(run), "method": config["method"],
     }
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"{args.preset}.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, Path(args.out) if args.out else RESULTS / f"{args.preset}.json")
     print(json.dumps({k: report[k] for k in ("preset", "knn", "knn_gain_over_random_init")}, indent=2))
 
 

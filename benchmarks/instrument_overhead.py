@@ -8,9 +8,9 @@ default cadence (every 10 steps; rank every 100) is amortised, so use at least 1
 Overhead = median over repetitions of (mean step on / mean step off) − 1; and, steadier on a busy machine,
 the share of the "on" run's step time spent inside the instruments' per-step hooks (same run, same load).
 
-    python benchmarks/instrument_overhead.py                       # 1 rep × 100 steps each way
-    python benchmarks/instrument_overhead.py --preset simclr-fmnist --steps 100
-    python benchmarks/instrument_overhead.py --toggle instruments.collapse_alarm --reps 4   # the collapse alarm alone
+    python -m benchmarks.instrument_overhead                       # 1 rep × 100 steps each way
+    python -m benchmarks.instrument_overhead --preset simclr-fmnist --steps 100
+    python -m benchmarks.instrument_overhead --toggle instruments.collapse_alarm --reps 4   # the collapse alarm alone
 
 ``--toggle KEY`` flips another boolean key between the two runs instead (the other instruments stay on): the
 collapse alarm's cost is its step time ratio and the difference of the two runs' shares inside the hooks.
@@ -19,7 +19,6 @@ collapse alarm's cost is its step time ratio and the difference of the two runs'
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,63 +27,53 @@ import tempfile
 import time
 from pathlib import Path
 
-import lightning.pytorch as pl
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import RESULTS, fit, step_clock, write_report
 
 
-class StepTimer(pl.Callback):
-    def __init__(self, warmup: int):
-        self.starts: list[float] = []
-        self.warmup = warmup
-        self.instrument_seconds = 0.0  # inside the instruments' hooks, after the warmup steps
+def hook_timer(clock, warmup: int):
+    """A Lightning callback that, when fit starts, wraps the instruments' per-step hooks to add up the wall seconds
+    spent inside them once ``clock`` has marked ``warmup`` steps (``.seconds``)."""
+    import lightning.pytorch as pl
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.starts.append(time.perf_counter())
+    class HookTimer(pl.Callback):
+        seconds = 0.0
 
-    def on_train_end(self, trainer, pl_module):
-        self.starts.append(time.perf_counter())
+        def on_fit_start(self, trainer, pl_module):
+            for callback in trainer.callbacks:
+                if type(callback).__module__.startswith("selfsup.instruments"):
+                    for name in ("on_train_batch_end", "on_before_optimizer_step"):
+                        setattr(callback, name, self.timing(getattr(callback, name)))
 
-    def wrap(self, callback) -> None:
-        """Time ``callback``'s per-step hooks (counted once the warmup steps are done)."""
-        for name in ("on_train_batch_end", "on_before_optimizer_step"):
-            hook = getattr(callback, name)
-
-            def timed(*args, _hook=hook, **kwargs):
+        def timing(self, hook):
+            def timed_hook(*args, **kwargs):
                 start = time.perf_counter()
                 try:
-                    return _hook(*args, **kwargs)
+                    return hook(*args, **kwargs)
                 finally:
-                    if len(self.starts) > self.warmup:
-                        self.instrument_seconds += time.perf_counter() - start
-            setattr(callback, name, timed)
+                    if len(clock.marks) >= warmup:
+                        self.seconds += time.perf_counter() - start
+            return timed_hook
+
+    return HookTimer()
 
 
 def timed_run(preset: str, instruments: bool, steps: int, warmup: int, extra: list[str],
-              toggle: str = "instruments.enabled") -> float:
+              toggle: str = "instruments.enabled") -> tuple[float, float]:
+    """The mean wall seconds of a step after ``warmup`` and the share of it inside the instruments' hooks."""
     from selfsup.config import load_run_config
     from selfsup.data.datasets import load_dataset
-    from selfsup.engine import PretrainData, make_trainer
-    from selfsup.methods.build import build_method, data_info
 
     with tempfile.TemporaryDirectory() as tmp:
-        total = steps + warmup
         cfg = load_run_config(preset, [f"{toggle}={str(instruments).lower()}", "trainer.progress_bar=false",
                                        "trainer.accelerator=cpu", "trainer.devices=1", f"output_dir={tmp}",
                                        "trainer.max_epochs=1000", *extra])
-        train = load_dataset(cfg.data, "train")
-        model = build_method(cfg, data_info(cfg, train))
-        trainer = make_trainer(cfg, Path(tmp))
-        trainer.fit_loop.epoch_loop.max_steps = total
-        timer = StepTimer(warmup)
-        for callback in trainer.callbacks:
-            if type(callback).__module__.startswith("selfsup.instruments"):
-                timer.wrap(callback)
-        trainer.callbacks.append(timer)
-        trainer.fit(model, datamodule=PretrainData(cfg, train))
-    times = [b - a for a, b in zip(timer.starts, timer.starts[1:])][warmup:]
-    return sum(times) / len(times), timer.instrument_seconds / sum(times)
+        clock = step_clock(stop_after=warmup + steps)
+        hooks = hook_timer(clock, warmup)
+        fit(cfg, load_dataset(cfg.data, "train"), Path(tmp), [hooks, clock])
+    times = [wall for wall, _ in clock.times(warmup)]
+    return sum(times) / len(times), hooks.seconds / sum(times)
 
 
 def main() -> None:
@@ -93,7 +82,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "instrument_overhead.json"))
+    parser.add_argument("--out", default=str(RESULTS / "instrument_overhead.json"))
     parser.add_argument("--toggle", default="instruments.enabled", help="the boolean key that is on in one run, off in "
                         "the other")
     parser.add_argument("extra", nargs="*", help="config overrides for both runs")
@@ -119,8 +108,7 @@ def main() -> None:
               "host": platform.node(), "cpus": os.cpu_count(),
               "note": "shared machine: other jobs were running; the alternating order limits drift bias, and the "
                       "share of time inside the instruments' hooks (same run) is the steadier figure"}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_report(result, args.out)
     print(f"{args.toggle} on: {100 * result['hook_share_median']:.2f}% of the step time inside the instruments' hooks "
           f"(off: {100 * statistics.median(share_off):.2f}%); "
           f"on/off step time {100 * result['overhead_median']:+.1f}% (per rep: "

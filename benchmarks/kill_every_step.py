@@ -10,13 +10,14 @@ Kills are forks of this process (no interpreter start per session: ``forked_sess
 Too long for the test suite (about 15 CPU-s per method on the default 6 steps); tests/test_kill_resume.py kills at
 the epoch boundaries.
 
-    .venv/bin/python benchmarks/kill_every_step.py [--methods moco_v3,dino] [--epochs 2] [--batches 3]
+    python -m benchmarks.kill_every_step [--methods moco_v3,dino] [--epochs 2] [--batches 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -27,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+from benchmarks.harness import RESULTS, ROOT, write_report
 
 NARROW = {"proj_hidden_dim": 32, "pred_hidden_dim": 32, "dim": 16, "out_dim": 32, "hidden_dim": 32,
           "bottleneck_dim": 16, "patch_out_dim": 32, "decoder_embed_dim": 16, "decoder_depth": 1,
@@ -83,10 +83,17 @@ def same(a: dict, b: dict) -> bool:
     return oa.keys() == ob.keys() and all(torch.equal(v, ob[i][n]) for i in oa for n, v in oa[i].items())
 
 
+def forked_session(*args, **kwargs) -> int:
+    """``tests/ssl_helpers.py``'s ``forked_session``: the kill tests' own forked, SIGKILLed sessions."""
+    if "ssl_helpers" not in sys.modules:  # loaded once, from its file (tests/ is no package)
+        spec = importlib.util.spec_from_file_location("ssl_helpers", ROOT / "tests" / "ssl_helpers.py")
+        sys.modules["ssl_helpers"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["ssl_helpers"])
+    return sys.modules["ssl_helpers"].forked_session(*args, **kwargs)
+
+
 def bench(name: str, epochs: int, batches: int, work: Path) -> dict:
     from selfsup.config import load_run_config
-
-    from ssl_helpers import forked_session
 
     preset = preset_of(name)
     if preset is None:
@@ -111,11 +118,11 @@ def bench(name: str, epochs: int, batches: int, work: Path) -> dict:
 def main() -> None:
     from selfsup.methods import METHODS
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batches", type=int, default=3)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "kill_every_step.json"))
+    p.add_argument("--out", default=str(RESULTS / "kill_every_step.json"))
     args = p.parse_args()
     torch.set_num_threads(1)
     rows = []
@@ -133,9 +140,8 @@ def main() -> None:
                      f"{r['steps_resumed']} | {r['sessions']} ({r['sigkilled']}) | "
                      f"{'yes' if r['bit_identical'] and r['last_session_ok'] else 'NO'} |")
     print("\n".join(lines))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"epochs": args.epochs, "batches": args.batches, "torch": torch.__version__,
-                                          "rows": rows, "table": lines}, indent=2))
+    write_report({"epochs": args.epochs, "batches": args.batches, "torch": torch.__version__, "rows": rows,
+                  "table": lines}, args.out)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ Fashion-MNIST, batch 256), and reports per lever the median step time and the me
 per-round ratios baseline / lever (> 1: the lever is faster), which holds when the machine's speed
 drifts between rounds. Writes ``results/levers.json``.
 
-    python benchmarks/levers.py                                    # allocator, compile, attention path
-    python benchmarks/levers.py --rounds 5 --levers "compile=--compile" "one thread=--threads 1"
-    python benchmarks/levers.py --quick                            # smoke test (digits, batch 16)
+    python -m benchmarks.levers                                    # allocator, compile, attention path
+    python -m benchmarks.levers --rounds 5 --levers "compile=--compile" "one thread=--threads 1"
+    python -m benchmarks.levers --quick                            # smoke test (digits, batch 16)
 """
 
 from __future__ import annotations
@@ -25,18 +25,17 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from throughput import _device, machine_info, write_report  # noqa: E402
+from benchmarks.harness import (RESULTS, child_env, default_device, machine_info, module_cli, read_report, train,
+                                trained, write_report)
 
 # name=extra mfu.py flags; the baseline is the default step (cached host allocator, eager, fused attention)
 LEVERS = ("glibc's own allocator=--host-allocator system", "compile=--compile", "plain attention=--attention matmul")
 
 
 def run_once(case: list[str], extra: list[str], out: Path) -> dict:
-    """One fresh ``mfu.py`` process for one case; its selfsup figures."""
-    cmd = [sys.executable, str(HERE / "mfu.py"), *case, *extra, "--no-lightly", "--reps", "1", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    """One fresh ``benchmarks.mfu`` process for one case; its selfsup figures."""
+    cmd = module_cli("mfu", *case, *extra, "--no-lightly", "--reps", "1", "--out", str(out))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode != 0:
         raise SystemExit(f"mfu.py failed ({shlex.join(cmd)}):\n{done.stderr[-2000:]}")
     report = json.loads(out.read_text())
@@ -47,17 +46,15 @@ def run_once(case: list[str], extra: list[str], out: Path) -> dict:
             "flop_kernels_share": (s.get("flop_kernels") or {}).get("flop_kernels_share")}
 
 
-class _StopAfterEpoch:
+def stop_after_epoch():
     """A Lightning callback ending fit after the first epoch (its checkpoint is written): the run to resume."""
+    import lightning.pytorch as pl
 
-    def __new__(cls):
-        import lightning.pytorch as pl
+    class Stop(pl.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.should_stop = trainer.current_epoch == 0
 
-        class Stop(pl.Callback):
-            def on_train_epoch_end(self, trainer, pl_module):
-                trainer.should_stop = trainer.current_epoch == 0
-
-        return Stop()
+    return Stop()
 
 
 def compiled_step_graphs(preset: str, overrides: list[str], backend: str, out_dir: Path) -> dict:
@@ -69,13 +66,13 @@ def compiled_step_graphs(preset: str, overrides: list[str], backend: str, out_di
     from torch._dynamo.utils import counters
 
     import selfsup.engine as engine
-    from selfsup.config import load_run_config
+    from selfsup.config import load_run
     from selfsup.methods import base
 
     compile_step = base.compile_step
     base.compile_step = lambda method, backend="inductor", mode=None, fullgraph=True: compile_step(
         method, backend, mode, fullgraph=False)
-    make = engine.make_trainer
+    run = out_dir / "graphs"
     sessions = []
     try:
         for session in ("first", "resumed"):
@@ -83,27 +80,19 @@ def compiled_step_graphs(preset: str, overrides: list[str], backend: str, out_di
             counters.clear()
             started = time.perf_counter()
             if session == "first":
-                engine.make_trainer = lambda cfg, run_dir: _with(make(cfg, run_dir), _StopAfterEpoch())
-                cfg = load_run_config(preset, [*overrides, "trainer.compile=true", f"trainer.compile_backend={backend}",
-                                               f"output_dir={out_dir}", "name=graphs"])
-                run = engine.pretrain(cfg)
+                train(preset, [*overrides, "trainer.compile=true", f"trainer.compile_backend={backend}"], run,
+                      callbacks=[stop_after_epoch()])
             else:
-                engine.make_trainer = make
-                run = engine.pretrain(engine.load_run(out_dir / "graphs"), resume=out_dir / "graphs")
-            steps = json.loads((run / "run.json").read_text())["global_step"]
+                engine.pretrain(load_run(run), resume=run)
+            steps = trained(run).facts["global_step"]
             graphs = counters["stats"]["unique_graphs"]
             sessions.append({"session": session, "global_step_at_end": steps, "graphs": graphs,
                              "graph_breaks": sum(counters["graph_break"].values()),
                              "graph_break_reasons": dict(counters["graph_break"]),
                              "recompilations": max(graphs - 1, 0), "wall_s": time.perf_counter() - started})
     finally:
-        base.compile_step, engine.make_trainer = compile_step, make
+        base.compile_step = compile_step
     return {"preset": preset, "overrides": overrides, "backend": backend, "sessions": sessions}
-
-
-def _with(trainer, callback):
-    trainer.callbacks.insert(0, callback)
-    return trainer
 
 
 # the step-graph cases: the DINO step holds two crop sizes (2 global 8 px crops, 4 local 4 px ones), MoCo v3's
@@ -119,14 +108,14 @@ GRAPH_CASES = {
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--levers", nargs="+", default=list(LEVERS),
-                   help="NAME=FLAGS (mfu.py flags), each against the baseline")
+                   help="NAME=FLAGS (benchmarks.mfu flags), each against the baseline")
     p.add_argument("--method", default="moco_v3")
     p.add_argument("--heads", default="wide", choices=("preset", "wide"))
     p.add_argument("--rounds", type=int, default=4,
                    help="0: only the compiled-step graph counts, written into the JSON at --out beside its levers")
     p.add_argument("--steps", type=int, default=4, help="timed steps per process")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=str(HERE / "results" / "levers.json"))
+    p.add_argument("--out", default=str(RESULTS / "levers.json"))
     p.add_argument("--quick", action="store_true", help="smoke test: mfu.py --quick, one round")
     p.add_argument("--graphs", default=None,
                    help="the compiled-step graph counts of these cases (default " + ",".join(GRAPH_CASES)
@@ -169,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"break(s), {sess['recompilations']} recompilation(s) by step {sess['global_step_at_end']}",
                       file=sys.stderr, flush=True)
     if args.rounds == 0:  # the graph counts only, beside the levers' last results
-        out = Path(args.out)
-        report = json.loads(out.read_text()) if out.exists() else {"benchmark": "levers", "results": {}}
+        report = read_report(args.out) or {"benchmark": "levers", "results": {}}
         report["compiled_step_graphs"] = graphs
         write_report(report, args.out)
         print(f"wrote the compiled-step graph counts into {args.out}")
@@ -185,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                          "speedup_median": statistics.median(ratios),
                          "speedup_each_round": [round(x, 3) for x in ratios]}
     report = {"benchmark": "levers", "settings": {"case": case, "rounds": args.rounds, "quick": args.quick},
-              "machine": machine_info(_device()), "wall_s": time.perf_counter() - started, "results": results,
+              "machine": machine_info(default_device()), "wall_s": time.perf_counter() - started, "results": results,
               "compiled_step_graphs": graphs}
     write_report(report, args.out)
     print(f"\n{' '.join(case)}; {args.rounds} rounds, each lever in a fresh process after the baseline")

@@ -2,9 +2,9 @@
 default) against the class token, and the linear probe with MAE's recipe (BatchNorm(affine=False) + LARS at
 base lr 0.1, 10 of 90 warm-up epochs), each for the pretrained encoder and its random initialisation.
 
-    python benchmarks/mae_eval.py --preset mae-digits --ft-epochs 20
-    python benchmarks/mae_eval.py --preset mae-fmnist --ft-epochs 3 --train-limit 10000
-    python benchmarks/mae_eval.py --preset mae-digits --run /tmp/maeruns/digits100   # an existing run
+    python -m benchmarks.mae_eval --preset mae-digits --ft-epochs 20
+    python -m benchmarks.mae_eval --preset mae-fmnist --ft-epochs 3 --train-limit 10000
+    python -m benchmarks.mae_eval --preset mae-digits --run /tmp/maeruns/digits100   # an existing run
 
 Runs the command line as a user would (``selfsup pretrain`` unless ``--run``, then ``selfsup eval finetune``
 and ``selfsup eval linear``); a step whose JSON is already in the work folder is read, not run again. The
@@ -17,20 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-SELFSUP = [sys.executable, "-m", "selfsup"]
+from benchmarks.harness import RESULTS, read_report, selfsup_cli, write_report
+
 LARS_GRID = "0.1,1,10,100"
-
-
-def sh(*args: str) -> float:
-    print("+", " ".join(args), flush=True)
-    t0 = time.perf_counter()
-    subprocess.run([*SELFSUP, *args], check=True)
-    return time.perf_counter() - t0
 
 
 def step(out: Path, name: str, *args: str) -> dict:
@@ -38,7 +30,7 @@ def step(out: Path, name: str, *args: str) -> dict:
     path = out / f"{name}.json"
     if not path.exists():
         out.mkdir(parents=True, exist_ok=True)
-        sh("eval", *args, "--out", str(out))
+        selfsup_cli("eval", *args, "--out", str(out))
     return json.loads(path.read_text())
 
 
@@ -51,12 +43,13 @@ def main() -> None:
     parser.add_argument("--pools", default="global,cls", help="fine-tuning pools to run (default global,cls)")
     parser.add_argument("--random-pools", help="pools of the random-init side (default: --pools)")
     parser.add_argument("--work", default="runs/mae-eval", help="folder of the run and the evaluations")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "mae_eval.json"))
+    parser.add_argument("--out", default=str(RESULTS / "mae_eval.json"))
     args = parser.parse_args()
     work = Path(args.work) / args.preset
     run = Path(args.run) if args.run else work / "run"
     if not args.run and not (run / "backbone.safetensors").exists():
-        sh("pretrain", args.preset, "trainer.progress_bar=false", f"output_dir={run.parent}", f"name={run.name}")
+        selfsup_cli("pretrain", args.preset, "trainer.progress_bar=false", f"output_dir={run.parent}",
+                    f"name={run.name}")
     limit = ["--train-limit", str(args.train_limit)] if args.train_limit else []
     ft = ["--epochs", str(args.ft_epochs), *limit]
     pools = [p for p in args.pools.split(",") if p]
@@ -92,10 +85,9 @@ def main() -> None:
         "wall_s_evals": round(time.perf_counter() - t0, 1),
         "note": "wall times on a 2-core machine shared with other work",
     }
-    out = Path(args.out)
-    report = json.loads(out.read_text()) if out.exists() else {}
+    report = read_report(args.out)
     report[args.preset] = entry
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, args.out)
     print(json.dumps(entry, indent=2))
 
 

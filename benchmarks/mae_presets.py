@@ -1,9 +1,9 @@
 """MAE's CPU presets judged as MAE is: fine-tuning top-1 of the pretrained encoder against the same fine-tuning
 from its random initialisation (the floor), beside kNN@20 and the linear probe (BatchNorm(affine=False) head).
 
-    python benchmarks/mae_presets.py --preset mae-digits --ft-epochs 20
-    python benchmarks/mae_presets.py --preset mae-fmnist --ft-epochs 3 --train-limit 10000
-    python benchmarks/mae_presets.py --preset mae-digits --collect RUN   # only read an existing run's results
+    python -m benchmarks.mae_presets --preset mae-digits --ft-epochs 20
+    python -m benchmarks.mae_presets --preset mae-fmnist --ft-epochs 3 --train-limit 10000
+    python -m benchmarks.mae_presets --preset mae-digits --collect RUN   # only read an existing run's results
 
 Runs the command line as a user would: ``selfsup pretrain PRESET``, then ``selfsup eval finetune`` of the run and
 of its ``backbone_init.safetensors`` with the same flags, and ``selfsup eval all`` of both;
@@ -14,19 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report
-
-SELFSUP = [sys.executable, "-m", "selfsup"]
-
-
-def sh(*args: str) -> None:
-    print("+", " ".join(args), flush=True)
-    subprocess.run([*SELFSUP, *args], check=True)
+from benchmarks.harness import RESULTS, selfsup_cli, write_report
 
 
 def main() -> None:
@@ -43,11 +33,12 @@ def main() -> None:
     sides = {"pretrained": (run, run / "eval" / "ft_pretrained"),
              "random_init": (run / "backbone_init.safetensors", run / "eval" / "ft_random_init")}
     if not args.collect:
-        sh("pretrain", args.preset, "trainer.progress_bar=false", f"output_dir={run.parent}", f"name={run.name}")
+        selfsup_cli("pretrain", args.preset, "trainer.progress_bar=false", f"output_dir={run.parent}",
+                    f"name={run.name}")
         for source, out in sides.values():
             out.mkdir(parents=True, exist_ok=True)
-            sh("eval", "finetune", str(source), *ft, "--out", str(out))
-            sh("eval", "all", str(source), "--out", str(out.parent / f"all_{out.name[3:]}"))
+            selfsup_cli("eval", "finetune", str(source), *ft, "--out", str(out))
+            selfsup_cli("eval", "all", str(source), "--out", str(out.parent / f"all_{out.name[3:]}"))
     report = {"preset": args.preset, "run": str(run), "finetune_flags": ft, "results": {}}
     for side, (_, out) in sides.items():
         tag = ".init" if side == "random_init" else ""  # selfsup eval keys results by the weights they evaluated
@@ -59,7 +50,7 @@ def main() -> None:
             "rankme": every["rankme"]}
     r = report["results"]
     report["finetune_gain_over_random_init"] = r["pretrained"]["finetune_top1"] - r["random_init"]["finetune_top1"]
-    write_report(report, args.out or Path(__file__).parent / "results" / f"{args.preset}.json")
+    write_report(report, args.out or RESULTS / f"{args.preset}.json")
     print(json.dumps(report, indent=2))
 
 

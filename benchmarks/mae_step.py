@@ -1,6 +1,6 @@
 """MAE's training step at mask ratio 0.75 against full-sequence steps: what the encoder on 25% of the tokens saves.
 
-    python benchmarks/mae_step.py [--quick]        → benchmarks/results/mae_step.json
+    python -m benchmarks.mae_step [--quick]        → benchmarks/results/mae_step.json
 
 Three training steps (forward, backward, AdamW step) on the same model and batch, alternated in one process:
 
@@ -18,15 +18,10 @@ step (less disturbed by other processes on a shared machine).
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report
+from benchmarks.harness import RESULTS, summarize, timed, write_report
 
 
 def build(backbone: str, image_size: int, patch_size: int, decoder: tuple[int, int, int], mask_ratio: float):
@@ -57,7 +52,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="vit_micro, 2 steps x 2 reps (smoke run)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "mae_step.json"))
+    parser.add_argument("--out", default=str(RESULTS / "mae_step.json"))
     args = parser.parse_args()
     if args.quick:
         args.backbone, args.steps, args.reps, args.warmup = "vit_micro", 2, 2, 1
@@ -94,25 +89,22 @@ def main() -> None:
         fn().backward()
         opt.step()
 
-    per_rep: dict[str, list[tuple[float, float]]] = {k: [] for k in steps}
+    per_rep: dict[str, list] = {k: [] for k in steps}
     for name, fn in steps.items():
-        for _ in range(args.warmup):
-            one(fn)
+        timed(lambda: one(fn), 0, args.warmup)
     for _ in range(args.reps):
         for name, fn in steps.items():  # alternated, so load changes on the machine hit all three alike
-            wall, cpu = time.perf_counter(), time.process_time()
-            for _ in range(args.steps):
-                one(fn)
-            per_rep[name].append(((time.perf_counter() - wall) / args.steps, (time.process_time() - cpu) / args.steps))
+            per_rep[name].append(timed(lambda: one(fn), args.steps))
     report = {"backbone": args.backbone, "image_size": args.image_size, "patch_size": args.patch_size,
               "tokens": length, "kept_tokens": model.len_keep, "mask_ratio": 0.75,
               "decoder_width_depth_heads": list(decoder), "batch_size": args.batch_size, "steps": args.steps,
               "reps": args.reps, "threads": args.threads, "results": {}}
     for name, reps in per_rep.items():
-        walls, cpus = [w for w, _ in reps], [c for _, c in reps]
-        report["results"][name] = {"images_per_s_best": args.batch_size / min(walls),
-                                   "images_per_s_median": args.batch_size / statistics.median(walls),
-                                   "cpu_s_per_step_median": statistics.median(cpus), "wall_s_per_rep": walls}
+        s = summarize(reps, args.batch_size)
+        report["results"][name] = {"images_per_s_best": s["images_per_s_best"],
+                                   "images_per_s_median": s["images_per_s_median"],
+                                   "cpu_s_per_step_median": s["cpu_step_ms_median"] / 1000,
+                                   "wall_s_per_rep": [sum(w for w, _ in r) / len(r) for r in reps]}
     r = report["results"]
     report["speedup_mae_vs_full_encoder_best"] = (r["mae"]["images_per_s_best"]
                                                   / r["mae_full_encoder"]["images_per_s_best"])

@@ -17,10 +17,10 @@ the default (lr, wd) grid chosen on a held-out 10%, ``--probe-epochs``) and, for
 ``selfsup eval finetune --epochs --ft-epochs`` of the pretrained encoder and of its random init.
 Writes ``benchmarks/results/methods_fmnist.json`` and prints the table (markdown).
 
-    python benchmarks/methods_fmnist.py                          # every preset (~3 min training each, loaded CPU)
-    python benchmarks/methods_fmnist.py --presets dino-fmnist --merge   # re-run one preset into the same JSON
-    python benchmarks/methods_fmnist.py --quick                  # smoke test: digits, a few steps
-    python benchmarks/methods_fmnist.py --table                  # print the table of the existing JSON
+    python -m benchmarks.methods_fmnist                          # every preset (~3 min training each, loaded CPU)
+    python -m benchmarks.methods_fmnist --presets dino-fmnist --merge   # re-run one preset into the same JSON
+    python -m benchmarks.methods_fmnist --quick                  # smoke test: digits, a few steps
+    python -m benchmarks.methods_fmnist --table                  # print the table of the existing JSON
 """
 
 from __future__ import annotations
@@ -40,9 +40,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from redundancy import overrides as budget_overrides  # noqa: E402  (the shared fixed-budget overrides)
-from throughput import cpu_kind  # noqa: E402  (model name and torch's vector ISA: what the wall times depend on)
+from benchmarks.harness import cpu_kind, has_fashion_mnist, train, trained, write_report
+from benchmarks.redundancy import overrides as budget_overrides  # the shared fixed-budget overrides
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
            "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "mae-fmnist", "swav-fmnist",
@@ -95,9 +94,8 @@ def finished_run(run: Path, cfg) -> Path | None:
     from dataclasses import asdict
 
     from selfsup.config import load_run
-    from selfsup.engine import read_run_facts
 
-    if read_run_facts(run).get("status") != "finished" or not (run / "backbone.safetensors").exists():
+    if trained(run).facts.get("status") != "finished" or not (run / "backbone.safetensors").exists():
         return None
     return run if asdict(load_run(run)) == asdict(cfg) else None
 
@@ -229,7 +227,7 @@ def main(argv=None) -> int:
             results["total_wall_s"] = max(results.get("total_wall_s", 0), part.get("total_wall_s", 0))
         order = {p: i for i, p in enumerate(PRESETS)}
         results["runs"].sort(key=lambda r: (order.get(r["preset"], len(order)), r.get("seed", 0)))
-        out.write_text(json.dumps(results, indent=2))
+        write_report(results, out)
         print(table(results))
         return 0
     if args.quick:
@@ -239,12 +237,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
-    import selfsup.engine as engine
-    import selfsup.runs.finish as finish
     from selfsup.config import load_run_config
-    from selfsup.data.datasets import fashion_mnist_default
 
-    fallback = args.quick or not (fashion_mnist_default() / "train-images-idx3-ubyte.gz").exists()
+    fallback = args.quick or not has_fashion_mnist()
     if fallback and not args.quick:
         print("Fashion-MNIST files not found: running on digits instead", file=sys.stderr)
     results = {"dataset": "digits" if fallback else "fashion-mnist", "fallback_to_digits": fallback and not args.quick,
@@ -262,7 +257,6 @@ def main(argv=None) -> int:
         results = old
     done = {(r["preset"], tuple(r["overrides"]), r.get("seed", 0)) for r in results["runs"]} if args.resume else set()
 
-    finish.end_of_run_report = lambda *a, **k: []  # evaluated below, on the fixed subsets, instead
     started = time.perf_counter()
     presets = available(args.presets.split(","))
     todo = [(e, s) for s in seeds for e in presets if (e.split("+")[0], tuple(e.split("+")[1:]), s) not in done]
@@ -283,13 +277,12 @@ def main(argv=None) -> int:
                 o = [x for x in o if not x.startswith("instruments.enabled=")]
             cfg = load_run_config(preset, o + extra)
             method = type(cfg.method).__name__.removesuffix("Config")
-            t0 = time.perf_counter()
             run = finished_run(Path(args.runs) / f"{preset}-s{seed}", cfg) if args.runs else None
             if run is not None:  # trained by an earlier call whose evaluation did not finish: scored, not retrained
-                train_s = engine.read_run_facts(run)["fit_seconds"]
-            else:
-                run = engine.pretrain(cfg, preset)
-                train_s = time.perf_counter() - t0
+                train_s = trained(run).facts["fit_seconds"]
+            else:  # the end-of-run kNN skipped: evaluated below, on the fixed subsets, instead
+                done = train(preset, o + extra, report=False)
+                run, train_s = done.run, done.wall_s
             finetune = method in FINETUNED
             where = torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_kind()
             row = {"preset": preset, "overrides": extra, "seed": seed, "method": method,
@@ -309,12 +302,11 @@ def main(argv=None) -> int:
             elapsed = time.perf_counter() - started
             print(json.dumps(row), f"[{i + 1}/{len(todo)}, about {elapsed / (i + 1) * (len(todo) - i - 1) / 60:.0f} "
                   "min left]", flush=True)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(results, indent=2))  # after every run: a stopped benchmark keeps its rows
+            write_report(results, out)  # after every run: a stopped benchmark keeps its rows
     order = {p: i for i, p in enumerate(PRESETS)}
     results["runs"].sort(key=lambda r: (order.get(r["preset"], len(order)), r.get("seed", 0)))
     results["total_wall_s"] = round(results.get("total_wall_s", 0) * bool(done) + time.perf_counter() - started, 1)
-    out.write_text(json.dumps(results, indent=2))
+    write_report(results, out)
     print(table(results))
     print(f"wrote {out} ({results['total_wall_s']} s)")
     return 0

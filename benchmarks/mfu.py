@@ -14,11 +14,11 @@ The peer step is the same algorithm assembled from lightly's building blocks (it
 prediction heads of the same widths, its losses, ``update_momentum``), the same backbone and the same
 views; step and peer alternate ``--reps`` times so drift in machine load hits both.
 
-    python benchmarks/mfu.py                          # the four methods (preset + 1024-wide heads) and the flow steps
-    python benchmarks/mfu.py --methods moco_v3 --heads wide --reps 5
-    python benchmarks/mfu.py --quick                  # smoke test (digits, batch 16, 1 step)
-    python benchmarks/mfu.py --recipe vit_s16_224     # GPU: MoCo v3 ViT-S/16 224 px on a synthetic batch, bf16
-    python benchmarks/mfu.py --methods self_flow,flow_matching   # the flow steps (SiT; no lightly peer)
+    python -m benchmarks.mfu                          # the four methods (preset + 1024-wide heads) and the flow steps
+    python -m benchmarks.mfu --methods moco_v3 --heads wide --reps 5
+    python -m benchmarks.mfu --quick                  # smoke test (digits, batch 16, 1 step)
+    python -m benchmarks.mfu --recipe vit_s16_224     # GPU: MoCo v3 ViT-S/16 224 px on a synthetic batch, bf16
+    python -m benchmarks.mfu --methods self_flow,flow_matching   # the flow steps (SiT; no lightly peer)
 
 The flow methods (``self_flow``, ``flow_matching``; presets ``self-flow-fmnist`` / ``flow-matching-fmnist``)
 time the bare step of ``FlowStep``: ``forward_flow`` on a batch the method prepared itself (its
@@ -39,18 +39,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import sys
 import time
 import warnings
 from contextlib import nullcontext
 from functools import partial
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import _sync, machine_info, write_report  # noqa: E402  (shared with the throughput benchmark)
+from benchmarks.harness import RESULTS, machine_info, mean_ms, summarize, timed, write_report
 
 METHODS = ("moco_v3", "byol", "simsiam", "simclr")
 FLOW_METHODS = ("self_flow", "flow_matching")  # SiT steps (selfsup.flow); preset heads only, no lightly peer
@@ -79,17 +78,15 @@ def measure_peak(device: torch.device, dtype: torch.dtype, size: int, reps: int)
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     c = torch.empty(size, size, device=device, dtype=dtype)
-    torch.mm(a, b, out=c)
-    _sync(device)
-    best, best_cpu = float("inf"), float("inf")
     inner = 10 if device.type == "cuda" else 1
-    for _ in range(reps):
-        t, cpu = time.perf_counter(), time.process_time()
+
+    def matmuls():
         for _ in range(inner):
             torch.mm(a, b, out=c)
-        _sync(device)
-        best = min(best, (time.perf_counter() - t) / inner)
-        best_cpu = min(best_cpu, max(time.process_time() - cpu, 1e-9) / inner)
+
+    times = timed(matmuls, reps, warmup=1, device=device)
+    best = min(w for w, _ in times) / inner
+    best_cpu = min(max(cpu, 1e-9) for _, cpu in times) / inner
     return 2 * size**3 / best, 2 * size**3 / best_cpu
 
 
@@ -335,31 +332,28 @@ def _params(step):
     return step.model.parameters() if hasattr(step, "model") else step.modules.parameters()
 
 
+def cycling(step, batches):
+    """A call of ``step`` on the next of ``batches`` each time, from the first."""
+    it = itertools.cycle(batches)
+    return lambda: step(next(it))
+
+
 def time_step(step, batches, warmup: int, steps: int, device) -> list[tuple[float, float]]:
     """(wall, process CPU) seconds of each of ``steps`` steps after ``warmup`` untimed ones, cycling
-    over ``batches``. CPU time (all threads) is less disturbed by other processes on shared cores."""
-    out = []
-    for i in range(warmup + steps):
-        t, c = time.perf_counter(), time.process_time()
-        step(batches[i % len(batches)])
-        _sync(device)
-        if i >= warmup:
-            out.append((time.perf_counter() - t, time.process_time() - c))
-    return out
+    over ``batches``."""
+    return timed(cycling(step, batches), steps, warmup, device)
 
 
 def time_augment(model, images, device, n: int) -> float:
     """Median seconds of making one step's views (selfsup's batched on-device augmentation)."""
-    gen = torch.Generator(device=device)
-    times = []
+    gen, seeds = torch.Generator(device=device), itertools.count()
+
+    def augment():
+        gen.manual_seed(next(seeds))
+        model.augment(images, gen)
+
     with torch.no_grad():
-        for i in range(n + 1):
-            gen.manual_seed(i)
-            t = time.perf_counter()
-            model.augment(images, gen)
-            _sync(device)
-            times.append(time.perf_counter() - t)
-    return statistics.median(times[1:])
+        return statistics.median(w for w, _ in timed(augment, n, warmup=1, device=device))
 
 
 def profile_step(step, views, device) -> dict:
@@ -369,8 +363,7 @@ def profile_step(step, views, device) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     step(views)
     with profile(activities=acts) as prof:
-        step(views)
-        _sync(device)
+        timed(lambda: step(views), 1, device=device)
     events = prof.key_averages()
     print(events.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
     total = sum(e.self_cpu_time_total for e in events) or 1
@@ -399,10 +392,7 @@ def flop_kernel_time(step, batches, device, n: int = 2) -> dict | None:
 
     step(batches[0])
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t = time.perf_counter()
-        for i in range(n):
-            step(batches[i % len(batches)])
-        wall = (time.perf_counter() - t) / n
+        wall = sum(w for w, _ in time_step(step, batches, 0, n, device)) / n
     kernels = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in FLOP_KERNELS) / 1e6 / n
     return {"flop_kernels_ms": 1000 * kernels, "profiled_step_ms": 1000 * wall, "flop_kernels_share": kernels / wall}
 
@@ -430,16 +420,11 @@ def make_views(cfg, info, device, n_batches: int, args):
     return batches, images, model
 
 
-def summarize(times: list[list[tuple[float, float]]], flops: int, batch: int, peak: float) -> dict:
-    """Per repetition the mean step time; the best and the median across repetitions (wall; CPU too)."""
-    means = [sum(w for w, _ in t) / len(t) for t in times]
-    cpu = [sum(c for _, c in t) / len(t) for t in times]
-    best, med = min(means), statistics.median(means)
-    return {"step_ms_best": 1000 * best, "step_ms_median": 1000 * med,
-            "rep_step_ms": [round(1000 * m, 2) for m in means],
-            "cpu_step_ms_best": 1000 * min(cpu), "rep_cpu_step_ms": [round(1000 * m, 2) for m in cpu],
-            "images_per_s_best": batch / best, "images_per_s_median": batch / med,
-            "tflops_best": flops / best / 1e12, "mfu_best": flops / best / peak, "mfu_median": flops / med / peak}
+def step_figures(times: list[list[tuple[float, float]]], flops: int, batch: int, peak: float) -> dict:
+    """``harness.summarize`` of the repetitions (the lowest as ``*_best``) with the achieved FLOP/s and MFU."""
+    s = summarize(times, batch, lowest="best")
+    best, med = s["step_ms_best"] / 1000, s["step_ms_median"] / 1000
+    return {**s, "tflops_best": flops / best / 1e12, "mfu_best": flops / best / peak, "mfu_median": flops / med / peak}
 
 
 def autocast_for(device, args):
@@ -457,22 +442,16 @@ def time_reps(steps: dict, batches, device, args, peaks: list[float], label: str
         args.cpu_peaks.append(cpu_peak)
         for k in (list(steps) if rep % 2 == 0 else list(steps)[::-1]):
             times[k].append(time_step(steps[k], batches, args.warmup, args.steps, device))
-            t = times[k][-1]
-            print(f"[{label} rep {rep + 1}/{args.reps}] {k:<8} {1000 * sum(w for w, _ in t) / len(t):8.1f} "
-                  f"ms/step wall {1000 * sum(c for _, c in t) / len(t):8.1f} CPU", file=sys.stderr, flush=True)
+            wall, cpu = mean_ms(times[k][-1])
+            print(f"[{label} rep {rep + 1}/{args.reps}] {k:<8} {wall:8.1f} ms/step wall {cpu:8.1f} CPU",
+                  file=sys.stderr, flush=True)
     return times
 
 
 def first_steps(step, batches, device, n: int = 3) -> list[float]:
     """Wall seconds of a fresh compiled step's first ``n`` calls: the first holds the forward's and the
     backward's compilation (dynamo, AOTAutograd, inductor's code generation and C++ builds)."""
-    out = []
-    for i in range(n):
-        t = time.perf_counter()
-        step(batches[i % len(batches)])
-        _sync(device)
-        out.append(time.perf_counter() - t)
-    return out
+    return [w for w, _ in time_step(step, batches, 0, n, device)]
 
 
 def rep_ratios(slow: list, fast: list) -> list[float]:
@@ -529,7 +508,7 @@ def run_case(method: str, heads: str, dataset: str, device, args, peaks: list[fl
                      if hasattr(cfg.method, k)}}
     for k, step in steps.items():
         out[k] = {"flops_per_step": flops[k][0], "flops_per_image": flops[k][0] / args.batch_size,
-                  "flops_by_op": flops[k][1], **summarize(times[k], flops[k][0], args.batch_size, peak)}
+                  "flops_by_op": flops[k][1], **step_figures(times[k], flops[k][0], args.batch_size, peak)}
     if images is not None:
         aug = time_augment(aug_model, images, device, max(args.steps, 2))
         s = out["selfsup"]
@@ -574,14 +553,9 @@ def run_flow_case(method: str, dataset: str, device, args, peaks: list[float]) -
            "model": {"size": cfg.method.size, "hidden": sit.hidden, "depth": sit.depth, "heads": sit.heads,
                      "patch_size": sit.patch_size, "tokens": sit.num_tokens},
            "selfsup": {"flops_per_step": flops, "flops_per_image": flops / args.batch_size, "flops_by_op": by_op,
-                       **summarize(times, flops, args.batch_size, max(peaks))}}
-    prep = []
-    for _ in range(max(args.steps, 2) + 1):  # the batch preparation, reported in the augmentation's place
-        t0 = time.perf_counter()
-        step.prepare(*raw[0])
-        _sync(device)
-        prep.append(time.perf_counter() - t0)
-    out["selfsup"]["augment_ms"] = 1000 * statistics.median(prep[1:])
+                       **step_figures(times, flops, args.batch_size, max(peaks))}}
+    prep = timed(lambda: step.prepare(*raw[0]), max(args.steps, 2), warmup=1, device=device)
+    out["selfsup"]["augment_ms"] = 1000 * statistics.median(w for w, _ in prep)  # the batch preparation
     out["selfsup"]["flop_kernels"] = flop_kernel_time(step, batches, device)
     if args.profile:
         out["selfsup"]["profile"] = profile_step(step, batches[0], device)
@@ -636,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-allocator", default="cached", choices=("cached", "system"),
                    help="cached (what selfsup pretrain sets on CPU: selfsup.host) or glibc's own; process-wide, "
                         "so the lightly step runs under the same setting")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "mfu.json"))
+    p.add_argument("--out", default=str(RESULTS / "mfu.json"))
     p.add_argument("--quick", action="store_true", help="smoke test: digits, batch 16, 1 warm-up + 1 step, 1 rep")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -9,21 +9,17 @@ Both give the same outputs (tests/test_multicrop.py); the rounds alternate betwe
 taken per round (shared machine). Rates are images (samples of the batch, each with all its crops) per
 second of wall time and per CPU-second of this process.
 
-    python benchmarks/multicrop.py [--quick] [--rounds 5] [--steps 3]   → benchmarks/results/multicrop.json
+    python -m benchmarks.multicrop [--quick] [--rounds 5] [--steps 3]   → benchmarks/results/multicrop.json
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from benchmarks.harness import RESULTS, default_device, sync, timed, write_report
 
 CASES = {  # name: (backbone, patch, image size, local size, local crops, batch, K)
     "micro_fmnist": ("vit_micro", 4, 28, 12, 6, 64, 1024),
@@ -60,15 +56,11 @@ def step(model, views, optimizer) -> None:
         hook()
 
 
-def timed(model, views, optimizer, steps: int, device) -> tuple[float, float]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t, c = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        step(model, views, optimizer)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t, time.process_time() - c
+def steps_time(model, views, optimizer, steps: int, device) -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``steps`` steps."""
+    sync(device)
+    times = timed(lambda: step(model, views, optimizer), steps, device=device)
+    return sum(w for w, _ in times), sum(c for _, c in times)
 
 
 def measure(case: str, rounds: int, steps: int, device: torch.device) -> dict:
@@ -87,7 +79,7 @@ def measure(case: str, rounds: int, steps: int, device: torch.device) -> dict:
         for mode in order:
             dino_module.encode_views = batched_encode if mode == "batched" else crop_by_crop
             try:
-                wall, cpu = timed(model, views, optimizer, steps, device)
+                wall, cpu = steps_time(model, views, optimizer, steps, device)
             finally:
                 dino_module.encode_views = batched_encode
             runs[mode].append((batch * steps / wall, batch * steps / max(cpu, 1e-9)))
@@ -111,9 +103,9 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--cases", nargs="*", default=list(CASES))
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "multicrop.json"))
+    p.add_argument("--out", default=str(RESULTS / "multicrop.json"))
     a = p.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device()
     cases, rounds, steps = (["micro_fmnist"], 3, 2) if a.quick else (a.cases, a.rounds, a.steps)
     results = [measure(c, rounds, steps, device) for c in cases]
     report = {"device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__, "results": results}

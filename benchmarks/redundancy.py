@@ -10,10 +10,10 @@ weighted kNN (k = 20, T = 0.07, DINO's protocol, ``selfsup.eval.knn``) and a lin
 features (``selfsup.eval.linear.probe_features``: SGD over an lr grid, chosen on a held-out 10%).
 Without the Fashion-MNIST files the script falls back to digits (8×8, patch 2) and says so in the JSON.
 
-    python benchmarks/redundancy.py                    # the default budget (<= 10 min on a busy 2-core machine)
-    python benchmarks/redundancy.py --steps 300 --presets barlow-twins-fmnist,vicreg-fmnist
-    python benchmarks/redundancy.py --quick            # smoke test: digits, a few steps
-    python benchmarks/redundancy.py --presets vicreg-fmnist,vicreg-fmnist+method.normalize_embeddings=true
+    python -m benchmarks.redundancy                    # the default budget (<= 10 min on a busy 2-core machine)
+    python -m benchmarks.redundancy --steps 300 --presets barlow-twins-fmnist,vicreg-fmnist
+    python -m benchmarks.redundancy --quick            # smoke test: digits, a few steps
+    python -m benchmarks.redundancy --presets vicreg-fmnist,vicreg-fmnist+method.normalize_embeddings=true
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.harness import has_fashion_mnist, write_report
 
 DEFAULT_PRESETS = ("barlow-twins-fmnist", "vicreg-fmnist", "simclr-fmnist")
 
@@ -80,12 +82,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
-    import selfsup.engine as engine
-    import selfsup.runs.finish as finish
-    from selfsup.config import DataConfig, load_run_config
-    from selfsup.data.datasets import fashion_mnist_default, load_dataset
+    from selfsup.config import DataConfig, load_run
+    from selfsup.data.datasets import load_dataset
 
-    fallback = args.quick or not (fashion_mnist_default() / "train-images-idx3-ubyte.gz").exists()
+    fallback = args.quick or not has_fashion_mnist()
     dataset = "digits" if fallback else "fashion-mnist"
     if fallback and not args.quick:
         print("Fashion-MNIST files not found: running on digits instead", file=sys.stderr)
@@ -94,7 +94,6 @@ def main(argv=None) -> int:
     idx = torch.randperm(len(train), generator=g)[:args.eval_train]
     train_eval = dataclasses.replace(train, images=train.images[idx], labels=train.labels[idx])
 
-    finish.end_of_run_report = lambda *a, **k: []  # the kNN below, on the fixed subsets, instead
     results = {"dataset": dataset, "fallback_to_digits": fallback and not args.quick, "steps": args.steps,
                "batch_size": args.batch_size, "seed": args.seed, "threads": args.threads,
                "eval_train_size": len(train_eval), "test_size": len(test), "knn": {"k": 20, "temperature": 0.07},
@@ -105,21 +104,17 @@ def main(argv=None) -> int:
         random_init = None
         for i, entry in enumerate(args.presets.split(",")):
             preset, *extra = entry.split("+")  # preset+key=value+...: a variant with overrides
-            cfg = load_run_config(preset, overrides(args, fallback, tmp, f"run{i}") + extra)
-            t0 = time.perf_counter()
-            run = engine.pretrain(cfg, preset)
-            wall = time.perf_counter() - t0
-            row = {"preset": preset, "overrides": extra, "method": type(cfg.method).__name__.removesuffix("Config"),
-                   "train_wall_s": round(wall, 1), **evaluate(run / "backbone.safetensors", train_eval, test, args)}
+            done = train(preset, overrides(args, fallback, tmp, f"run{i}") + extra, report=False)  # the kNN below
+            run, method = done.run, type(load_run(done.run).method).__name__.removesuffix("Config")
+            row = {"preset": preset, "overrides": extra, "method": method, "train_wall_s": round(done.wall_s, 1),
+                   **evaluate(run / "backbone.safetensors", train_eval, test, args)}
             if random_init is None:  # the same seeded micro ViT for every preset: evaluated once
                 random_init = evaluate(run / "backbone_init.safetensors", train_eval, test, args)
             results["runs"].append(row)
             print(json.dumps(row), flush=True)
         results["random_init"] = random_init
     results["total_wall_s"] = round(time.perf_counter() - started, 1)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out = write_report(results, args.out)
     print(f"random init: {json.dumps(random_init)}\nwrote {out} ({results['total_wall_s']} s)")
     return 0
 

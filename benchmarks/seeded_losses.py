@@ -9,8 +9,8 @@ Bit-identity holds on one CPU kind only: oneDNN and ATen choose other kernels on
 the last bits of float32 results differ between kinds. The JSON records the CPU kind; compared with a recording from
 another kind, the losses are compared with a relative tolerance of ``LOSS_RTOL`` and the digests are not compared.
 
-    python benchmarks/seeded_losses.py --out benchmarks/results/seeded_losses.json
-    python benchmarks/seeded_losses.py --compare benchmarks/results/seeded_losses_before.json
+    python -m benchmarks.seeded_losses --out benchmarks/results/seeded_losses.json
+    python -m benchmarks.seeded_losses --compare benchmarks/results/seeded_losses_before.json
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ import argparse
 import csv
 import hashlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from throughput import cpu_model_and_flags  # the /proc/cpuinfo parser the benchmarks share
+from benchmarks.harness import cpu_model_and_flags, selfsup_cli, write_report
 
 PRESETS = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits",
            "byol-directpred-fmnist", "self-flow-digits", "flow-matching-digits", "repa-digits")
@@ -66,10 +64,8 @@ def same_run(old: dict, new: dict, exact: bool) -> bool:
 
 
 def record(preset: str, out: Path) -> dict:
-    cmd = [str(Path(sys.executable).with_name("selfsup")), "pretrain", preset, *TINY,
-           f"output_dir={out}", f"name={preset}", *EXTRA.get(preset, lambda _: [])(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc, _ = selfsup_cli("pretrain", preset, *TINY, f"output_dir={out}", f"name={preset}",
+                          *EXTRA.get(preset, lambda _: [])(out), capture=True, check=False, OMP_NUM_THREADS="1")
     if proc.returncode:
         return {"error": proc.stderr.strip().splitlines()[-1:]}
     with (out / preset / "metrics.csv").open(newline="") as f:
@@ -97,8 +93,7 @@ def main() -> None:
         report["identical_to"] = args.compare
         report["comparison"] = "bit-identical" if exact else f"losses within rtol {LOSS_RTOL}"
         report["identical"] = {p: p in old and same_run(old[p], r, exact) for p, r in runs.items()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
     for p, r in runs.items():
         same = report.get("identical", {}).get(p)
         print(f"{p:22s} steps={len(r.get('loss', []))} {r.get('error') or r['backbone_sha256'][:12]}"

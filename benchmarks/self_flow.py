@@ -22,9 +22,9 @@ per-step losses and saves the EMA weights at fixed steps. Reported per method:
 
 The encoders (MoCo v3 for REPA, BYOL for the metrics) are pretrained here unless given.
 
-    python benchmarks/self_flow.py                     # Fashion-MNIST, 1200 steps per method
-    python benchmarks/self_flow.py --quick             # smoke test (digits, a few steps)
-    python benchmarks/self_flow.py --repa-encoder runs/moco --eval-encoder runs/byol --steps 3000
+    python -m benchmarks.self_flow                     # Fashion-MNIST, 1200 steps per method
+    python -m benchmarks.self_flow --quick             # smoke test (digits, a few steps)
+    python -m benchmarks.self_flow --repa-encoder runs/moco --eval-encoder runs/byol --steps 3000
 
 Results: ``benchmarks/results/self_flow.json``, sample grids and a loss plot next to it.
 Timing on a shared machine is disturbed by other processes: read the CPU-time columns too.
@@ -42,8 +42,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import _durations, _sync, summarize  # noqa: E402  (the joint-embedding benchmark's timing)
+from benchmarks.harness import RESULTS, Times, fit_step_times, summarize, timed, train, write_report
 
 METHODS = ("flow_matching", "self_flow", "repa")
 PRESETS = {"fashion-mnist": {"flow_matching": "flow-matching-fmnist", "self_flow": "self-flow-fmnist",
@@ -126,40 +125,17 @@ def recorder(checkpoints: list[int], snap_dir: Path):
     return Recorder()
 
 
-def pretrain_with(cfg, callback) -> Path:
-    """``selfsup.engine.pretrain`` with one more callback on its Trainer."""
-    import selfsup.engine as engine
-
-    make = engine.make_trainer
-
-    def make_trainer(c, run_dir):
-        trainer = make(c, run_dir)
-        trainer.callbacks.append(callback)
-        return trainer
-
-    engine.make_trainer = make_trainer
-    try:
-        return engine.pretrain(cfg, preset="bench")
-    finally:
-        engine.make_trainer = make
-
-
 def pretrain_encoder(args, preset: str, name: str) -> Path:
-    from selfsup.config import load_run_config
-    from selfsup.engine import pretrain
-
     run = args.runs / name
     if (run / "backbone.safetensors").exists():
         _log(f"encoder {name}: reusing {run}")
         return run
     _log(f"encoder {name}: selfsup pretrain {preset} ({args.encoder_steps} steps)")
-    cfg = load_run_config(preset, ["trainer.max_epochs=1", f"trainer.limit_train_batches={args.encoder_steps}",
-                                   "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
-                                   "trainer.devices=1", f"trainer.seed={args.seed}", f"output_dir={args.runs}",
-                                   f"name={name}", *([f"data.batch_size={args.batch_size}"] if args.quick else [])])
-    t0 = time.perf_counter()
-    pretrain(cfg, preset=preset)
-    _log(f"encoder {name}: {time.perf_counter() - t0:.0f} s")
+    done = train(preset, ["trainer.max_epochs=1", f"trainer.limit_train_batches={args.encoder_steps}",
+                          "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
+                          "trainer.devices=1", f"trainer.seed={args.seed}",
+                          *([f"data.batch_size={args.batch_size}"] if args.quick else [])], run)
+    _log(f"encoder {name}: {done.wall_s:.0f} s")
     return run
 
 
@@ -264,7 +240,7 @@ def plot_curves(results: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- throughput
 
 
-def bare_steps(cfg, dataset, warmup: int, steps: int) -> list[tuple[float, float]]:
+def bare_steps(cfg, dataset, warmup: int, steps: int) -> Times:
     """The same step without Lightning: fit + labels, forward_flow, backward, clip 1.0, AdamW, EMA lerp."""
     from selfsup.methods.build import build_method, data_info
     from selfsup.schedules import scaled_lr
@@ -277,52 +253,27 @@ def bare_steps(cfg, dataset, warmup: int, steps: int) -> list[tuple[float, float
         group["lr"] = scaled_lr(cfg.optim.base_lr, cfg.data.batch_size) * group["lr_scale"]
     params = [p for g in opt.param_groups for p in g["params"]]
     ema = (list(model.student.parameters()), list(model.ema.parameters()))
-    b, total, ends, step, epoch = cfg.data.batch_size, warmup + steps, [], 0, 0
-    while step < total:
-        order = torch.randperm(len(dataset),
-                               generator=torch.Generator().manual_seed(cfg.trainer.seed * 100_003 + epoch))
-        for i in range(len(dataset) // b):
-            if step >= total:
-                break
-            idx = order[i * b:(i + 1) * b]
-            x, labels = model.on_after_batch_transfer(dataset[idx], 0)
-            loss = model.forward_flow(x, model.class_labels(labels)).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.trainer.gradient_clip_val)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                torch._foreach_lerp_(ema[1], ema[0], 1.0 - cfg.method.ema_decay)
-            _sync(torch.device("cpu"))
-            ends.append((time.perf_counter(), time.process_time()))
-            step += 1
-        epoch += 1
-    return _durations(ends, warmup, total)
+    b = cfg.data.batch_size
 
+    def one_step_each():  # one training step per next(); an epoch's reshuffle falls in the step that crosses it
+        epoch = 0
+        while True:
+            order = torch.randperm(len(dataset),
+                                   generator=torch.Generator().manual_seed(cfg.trainer.seed * 100_003 + epoch))
+            for i in range(len(dataset) // b):
+                x, labels = model.on_after_batch_transfer(dataset[order[i * b:(i + 1) * b]], 0)
+                loss = model.forward_flow(x, model.class_labels(labels)).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.trainer.gradient_clip_val)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                with torch.no_grad():
+                    torch._foreach_lerp_(ema[1], ema[0], 1.0 - cfg.method.ema_decay)
+                yield
+            epoch += 1
 
-def engine_steps(cfg, dataset, warmup: int, steps: int, tmp: Path) -> list[tuple[float, float]]:
-    import lightning.pytorch as pl
-
-    from selfsup.engine import PretrainData, make_trainer
-    from selfsup.methods.build import build_method, data_info
-
-    ends: list = []
-    total = warmup + steps
-
-    class Clock(pl.Callback):
-        def on_train_batch_end(self, trainer, *_):
-            ends.append((time.perf_counter(), time.process_time()))
-            if len(ends) >= total:
-                trainer.should_stop = True
-
-    torch.manual_seed(cfg.trainer.seed)
-    model = build_method(cfg, data_info(cfg, dataset))
-    run_dir = tmp / f"clock-{time.time_ns()}"
-    run_dir.mkdir(parents=True)
-    trainer = make_trainer(cfg, run_dir)
-    trainer.callbacks.append(Clock())
-    trainer.fit(model, datamodule=PretrainData(cfg, dataset))
-    return _durations(ends, warmup, total)
+    loop = one_step_each()
+    return timed(lambda: next(loop), steps, warmup)
 
 
 def throughput(method: str, encoder, args, dataset) -> dict:
@@ -336,7 +287,8 @@ def throughput(method: str, encoder, args, dataset) -> dict:
         cfg = load_run_config(PRESETS[args.dataset][method], o + ["trainer.max_epochs=100", f"output_dir={tmp}"])
         reps = {"engine": [], "bare": []}
         for _ in range(args.reps):
-            reps["engine"].append(engine_steps(cfg, dataset, args.warmup, args.timed_steps, Path(tmp)))
+            reps["engine"].append(fit_step_times(cfg, dataset, Path(tmp) / f"clock-{time.time_ns()}", args.warmup,
+                                                 args.timed_steps, seed=cfg.trainer.seed))
             reps["bare"].append(bare_steps(cfg, dataset, args.warmup, args.timed_steps))
     out = {k: summarize(v, args.batch_size) for k, v in reps.items()}
     out["overhead_median"] = out["engine"]["step_ms_median"] / out["bare"]["step_ms_median"] - 1
@@ -376,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2, help="throughput: repetitions (engine and bare alternate)")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1: a shared machine)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "self_flow.json"))
+    p.add_argument("--out", default=str(RESULTS / "self_flow.json"))
     p.add_argument("--quick", action="store_true", help="smoke test: digits, 12 steps, 100 samples")
     args = p.parse_args(argv)
 
@@ -398,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
-    from selfsup.config import DataConfig, load_run_config
+    from selfsup.config import DataConfig
     from selfsup.data.datasets import load_dataset
     from selfsup.runs.source import load_source
     from selfsup.runs.source import load_flow_run
@@ -443,7 +395,6 @@ def main(argv: list[str] | None = None) -> int:
     labels = sample_labels(args.n, train.num_classes)
     results = {}
     for method in methods:
-        cfg = load_run_config(PRESETS[args.dataset][method], flow_overrides(args, method, repa_encoder))
         run = args.runs / method
         if run.exists():
             import shutil
@@ -451,9 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run)
         rec = recorder(args.checkpoints, run / "snapshots")
         _log(f"{method}: training")
-        t0 = time.perf_counter()
-        pretrain_with(cfg, rec)
-        train_seconds = time.perf_counter() - t0
+        train_seconds = train(PRESETS[args.dataset][method], flow_overrides(args, method, repa_encoder),
+                              callbacks=[rec]).wall_s
         model, _, info = load_flow_run(run)
         val_set = (fit_images(test.images[val_idx].float() / 127.5 - 1, model.input_size, info["fit"]),
                    test.labels[val_idx])
@@ -513,10 +463,7 @@ def write(path: Path, args, reference, results, repa_encoder, eval_encoder, seco
                            "repa: the MoCo v3 encoder REPA aligns to); means over the sampling seeds; not FID; val: "
                            "held-out velocity error", "metric_classifier": metric,
             "reference_real_test": reference, "results": results}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(blob, indent=1))
-    tmp.replace(path)
+    write_report(blob, path, indent=1)
 
 
 def print_summary(results: dict, reference: dict) -> None:

@@ -1,12 +1,12 @@
 """One benchmark of this tree beside the same benchmark of another checkout, in alternating fresh processes.
 
-Each round runs ``benchmarks/BENCH`` of the other tree (``--old``, e.g. a ``git worktree`` of the previous
+Each round runs benchmark ``BENCH`` of the other tree (``--old``, e.g. a ``git worktree`` of the previous
 main) and then of this one, each on its own ``src/``, and reads one figure per method from the JSON they
 write. Per-round ratios new / old cancel drift in the machine's speed; the report gives them with their
 median and writes JSON.
 
     git worktree add --detach /tmp/old <commit>
-    python benchmarks/side_by_side.py --old /tmp/old --bench throughput.py --rounds 3 \
+    python -m benchmarks.side_by_side --old /tmp/old --bench throughput --rounds 3 \
         --args "--methods moco_v3,simclr --steps 10 --reps 2"
 """
 
@@ -22,17 +22,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+from benchmarks.harness import RESULTS, ROOT, write_report
+
 FIGURES = {  # benchmark → (path of the per-method figure in its JSON, what it is)
-    "throughput.py": (("engine", "step_ms_min"), "engine step ms (best repetition)"),
-    "mfu.py": (("selfsup", "step_ms_best"), "selfsup step ms (best repetition)"),
+    "throughput": (("engine", "step_ms_min"), "engine step ms (best repetition)"),
+    "mfu": (("selfsup", "step_ms_best"), "selfsup step ms (best repetition)"),
 }
 
 
 def run(tree: Path, bench: str, args: list[str], out: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    cmd = [sys.executable, str(tree / "benchmarks" / bench), *args, "--out", str(out)]
-    subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
+    """Benchmark ``bench`` of the checkout ``tree`` on its own ``src/``: ``python -m benchmarks.BENCH`` where its
+    benchmarks are a package, else the script ``benchmarks/BENCH.py`` of a checkout from before."""
+    package = (tree / "benchmarks" / "__init__.py").exists()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(tree)]),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    how = ["-m", f"benchmarks.{bench}"] if package else [str(tree / "benchmarks" / f"{bench}.py")]
+    subprocess.run([sys.executable, *how, *args, "--out", str(out)], env=env, cwd=tree, check=True,
+                   capture_output=True, text=True)
     return json.loads(out.read_text())
 
 
@@ -51,10 +57,11 @@ def figures(report: dict, path: tuple[str, ...]) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--old", required=True, help="the other checkout (its benchmarks/ and src/)")
-    p.add_argument("--bench", default="throughput.py", choices=sorted(FIGURES))
+    p.add_argument("--bench", default="throughput", type=lambda name: name.removesuffix(".py"),
+                   choices=sorted(FIGURES))
     p.add_argument("--args", default="", help="arguments for both runs of the benchmark")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default=str(HERE / "benchmarks" / "results" / "side_by_side.json"))
+    p.add_argument("--out", default=str(RESULTS / "side_by_side.json"))
     a = p.parse_args()
     path, what = FIGURES[a.bench]
     args, old = shlex.split(a.args), Path(a.old).resolve()
@@ -62,7 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
             before = figures(run(old, a.bench, args, Path(tmp) / f"old{i}.json"), path)
-            after = figures(run(HERE, a.bench, args, Path(tmp) / f"new{i}.json"), path)
+            after = figures(run(ROOT, a.bench, args, Path(tmp) / f"new{i}.json"), path)
             rounds.append({"old": before, "new": after,
                            "ratio_new_over_old": {k: after[k] / before[k] for k in after if k in before}})
             print(f"round {i + 1}: " + ", ".join(f"{k} {r:.3f}" for k, r in rounds[-1]["ratio_new_over_old"].items()),
@@ -72,8 +79,7 @@ def main() -> None:
                    "ratios": [round(r["ratio_new_over_old"][k], 4) for r in rounds]} for k in names}
     report = {"benchmark": a.bench, "figure": what, "args": args, "old": str(old), "rounds": rounds,
               "summary": summary, "loadavg": os.getloadavg()}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=2))
+    write_report(report, a.out)
     for k, v in summary.items():
         print(f"{k:10s} {what}: new / old median {v['median_ratio']:.3f} (per round {v['ratios']})")
 

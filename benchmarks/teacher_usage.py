@@ -15,7 +15,7 @@ scores the teacher's targets softmax((t − C) / τt) on N test images, τt the 
 
 ::
 
-    python benchmarks/teacher_usage.py runs/methods5/ibot-fmnist-s0 --out benchmarks/results/teacher_usage.json
+    python -m benchmarks.teacher_usage runs/methods5/ibot-fmnist-s0 --out benchmarks/results/teacher_usage.json
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.harness import write_report
 from selfsup.config import load_run
 from selfsup.data.views import EvalTransform
 from selfsup.errors import UserError
@@ -99,13 +100,13 @@ def main() -> None:
     try:
         results = [score(run, args.images) for run in args.runs]
     except UserError as e:  # one line naming the thing and the fix, exit 2
-        print(f"teacher_usage.py: {e}", file=sys.stderr)
+        print(f"benchmarks.teacher_usage: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     for r in results:
         for tag in ("init", "trained"):
             print(r["run"], tag, json.dumps(r[tag]))
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        write_report(results, args.out, indent=1)
 
 
 if __name__ == "__main__":

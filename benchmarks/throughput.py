@@ -14,19 +14,15 @@ stops after ``--steps`` more (epoch boundaries, logging and checkpoints inside t
 Per repetition the mean step time is taken; across repetitions the min and the median are reported,
 plus the median of all single steady-state steps. Overhead = engine time / bare time − 1.
 
-    python benchmarks/throughput.py                      # all methods, digits 8x8, batch 256
-    python benchmarks/throughput.py --quick              # smoke test, < ~1 min
-    python benchmarks/throughput.py --methods moco_v3 --dataset fashion-mnist --steps 20
+    python -m benchmarks.throughput                      # all methods, digits 8x8, batch 256
+    python -m benchmarks.throughput --quick              # smoke test, < ~1 min
+    python -m benchmarks.throughput --methods moco_v3 --dataset fashion-mnist --steps 20
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +30,9 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from benchmarks.harness import RESULTS, Times, default_device, fit_step_times, machine_info, mean_ms, summarize, timed
+from benchmarks.harness import write_report
 
 METHODS = ("moco_v3", "byol", "simsiam", "simclr")
 # Heads scaled down for the micro ViT, as in the moco-v3-vit-digits demo (512 hidden, 128 out).
@@ -66,62 +65,11 @@ def run_config(method: str, dataset: str, batch_size: int, max_epochs: int, out_
     })
 
 
-def cpu_model_and_flags() -> tuple[str, set[str]]:
-    """The CPU's model name and its /proc/cpuinfo flags (no flags where there is no /proc/cpuinfo)."""
-    name, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return name, flags
-
-
-def cpu_kind() -> str:
-    """The CPU's model name, torch's vector ISA on it (AVX2 / AVX512) and its AMX / AVX-512 FP16 flags, which
-    decide what the CPU kernels run."""
-    name, flags = cpu_model_and_flags()
-    extra = [f for f in ("amx_bf16", "amx_tile", "avx512_fp16", "avx512_bf16") if f in flags]
-    return f"{name}; torch ISA {torch.backends.cpu.get_cpu_capability()}" + (f"; {' '.join(extra)}" if extra else "")
-
-
-def machine_info(device: torch.device) -> dict:
-    """Where a benchmark ran: platform, CPU kind, cores, torch, GPU name, load average at the end."""
-    return {"platform": platform.platform(), "cpu": cpu_kind(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-            "loadavg_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
-
-
-def write_report(report: dict, path: str | Path) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _durations(ends: list[tuple[float, float]], warmup: int, total: int) -> list[tuple[float, float]]:
-    """(wall, process CPU) seconds of each step after the warm-up, from per-step end clocks."""
-    ends = ends[warmup - 1:total]
-    return [(w1 - w0, c1 - c0) for (w0, c0), (w1, c1) in zip(ends, ends[1:])]
-
-
-def run_bare(method: str, dataset, args) -> list[float]:
-    """Step durations (s) of the bare loop, warm-up steps excluded."""
+def run_bare(method: str, dataset, args) -> Times:
+    """(wall, CPU) seconds of each bare-loop step, warm-up steps excluded."""
     from selfsup.methods.build import build_method, data_info
 
-    device = _device()
+    device = default_device()
     cfg = run_config(method, args.dataset, args.batch_size, 1, tempfile.gettempdir())
     model = build_method(cfg, data_info(cfg, dataset)).to(device)
     model.train()
@@ -130,75 +78,35 @@ def run_bare(method: str, dataset, args) -> list[float]:
         group["lr"] = cfg.optim.base_lr * cfg.data.batch_size / 256 * group["lr_scale"]
     gen = torch.Generator(device=device)
     n, b = len(dataset), args.batch_size
-    per_epoch = n // b
-    total = args.warmup + args.steps
-    ends: list[float] = []
-    step, epoch = 0, 0
-    while step < total:
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.trainer.seed * 100_003 + epoch))
-        for i in range(per_epoch):
-            if step >= total:
-                break
-            idx = order[i * b:(i + 1) * b]
-            images = dataset.images[idx].to(device, non_blocking=True)
-            gen.manual_seed(cfg.trainer.seed * 1_000_003 + step)
-            views = model.augment(images, gen)
-            loss = model.forward_views(views).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            _sync(device)
-            ends.append((time.perf_counter(), time.process_time()))
-            step += 1
-        epoch += 1
-    return _durations(ends, args.warmup, total)
+
+    def steps():  # one training step per next(); an epoch's reshuffle falls in the step that crosses it
+        step, epoch = 0, 0
+        while True:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.trainer.seed * 100_003 + epoch))
+            for i in range(n // b):
+                idx = order[i * b:(i + 1) * b]
+                images = dataset.images[idx].to(device, non_blocking=True)
+                gen.manual_seed(cfg.trainer.seed * 1_000_003 + step)
+                views = model.augment(images, gen)
+                loss = model.forward_views(views).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                yield
+            epoch += 1
+
+    loop = steps()
+    return timed(lambda: next(loop), args.steps, args.warmup, device)
 
 
-def run_engine(method: str, dataset, args) -> list[float]:
-    """Step durations (s) of ``selfsup.engine`` (Trainer.fit), warm-up steps excluded."""
-    import lightning.pytorch as pl
-
-    from selfsup.engine import PretrainData, make_trainer
-    from selfsup.methods.build import build_method, data_info
-
-    device = _device()
+def run_engine(method: str, dataset, args) -> Times:
+    """(wall, CPU) seconds of each ``selfsup.engine`` step (Trainer.fit), warm-up steps excluded."""
     total = args.warmup + args.steps
     per_epoch = len(dataset) // args.batch_size
-    ends: list[float] = []
-
-    class Clock(pl.Callback):
-        def on_train_batch_end(self, trainer, *_):
-            _sync(device)
-            ends.append((time.perf_counter(), time.process_time()))
-            if len(ends) >= total:
-                trainer.should_stop = True
-
     with tempfile.TemporaryDirectory(prefix="selfsup-bench-") as tmp:
         cfg = run_config(method, args.dataset, args.batch_size, math.ceil(total / per_epoch) + 1, tmp)
-        model = build_method(cfg, data_info(cfg, dataset))
-        run_dir = Path(tmp) / "bench"
-        run_dir.mkdir()
-        trainer = make_trainer(cfg, run_dir)
-        trainer.callbacks.append(Clock())
-        trainer.fit(model, datamodule=PretrainData(cfg, dataset))
-    return _durations(ends, args.warmup, total)
-
-
-def summarize(reps: list[list[tuple[float, float]]], batch_size: int) -> dict:
-    """Per repetition the mean step time; min and median across repetitions; median of all steps.
-
-    Wall time is the figure; process CPU time (all threads) is given too, as it is less disturbed
-    by other processes sharing the cores."""
-    means = [sum(w for w, _ in r) / len(r) for r in reps]
-    cpu = [sum(c for _, c in r) / len(r) for r in reps]
-    all_steps = [w for r in reps for w, _ in r]
-    best, med, step_med = min(means), statistics.median(means), statistics.median(all_steps)
-    return {
-        "cpu_step_ms_min": 1000 * min(cpu), "cpu_step_ms_median": 1000 * statistics.median(cpu),
-        "step_ms_min": 1000 * best, "step_ms_median": 1000 * med, "step_ms_median_all_steps": 1000 * step_med,
-        "images_per_s_best": batch_size / best, "images_per_s_median": batch_size / med,
-        "rep_step_ms": [round(1000 * m, 2) for m in means],
-    }
+        return fit_step_times(cfg, dataset, Path(tmp) / "bench", args.warmup, args.steps, default_device())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default="digits", choices=sorted(DATASET_SETTINGS))
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads for both (default: torch's own; 1 with --quick)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "throughput.json"))
+    p.add_argument("--out", default=str(RESULTS / "throughput.json"))
     p.add_argument("--quick", action="store_true", help="smoke test: batch 32, 1 warm-up + 2 steps, 1 repetition")
     args = p.parse_args(argv)
     if args.quick:
@@ -228,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     args.threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    if _device().type == "cpu":  # what the engine sets for CPU training, for both sides from the start
+    if default_device().type == "cpu":  # what the engine sets for CPU training, for both sides from the start
         from selfsup import host
         host.cache_freed_memory()
 
@@ -238,20 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     dataset = load_dataset(DataConfig(name=args.dataset, batch_size=args.batch_size), "train")
     if len(dataset) < args.batch_size:
         p.error(f"--batch-size {args.batch_size} exceeds the {len(dataset)} training images")
-    device = _device()
+    device = default_device()
     results = {}
     started = time.perf_counter()
     for method in methods:
-        runs: dict[str, list[list[float]]] = {"bare": [], "engine": []}
+        runs: dict[str, list[Times]] = {"bare": [], "engine": []}
         for rep in range(args.reps):  # alternate which goes first, so drift in machine load hits both
             order = ("bare", "engine") if rep % 2 == 0 else ("engine", "bare")
             for kind in order:
                 steps = (run_bare if kind == "bare" else run_engine)(method, dataset, args)
                 runs[kind].append(steps)
-                print(f"[{method} rep {rep + 1}/{args.reps}] {kind:<6} "
-                      f"{1000 * sum(w for w, _ in steps) / len(steps):8.1f} ms/step wall, "
-                      f"{1000 * sum(c for _, c in steps) / len(steps):8.1f} ms/step CPU",
-                      file=sys.stderr, flush=True)
+                wall, cpu = mean_ms(steps)
+                print(f"[{method} rep {rep + 1}/{args.reps}] {kind:<6} {wall:8.1f} ms/step wall, "
+                      f"{cpu:8.1f} ms/step CPU", file=sys.stderr, flush=True)
         bare, engine = summarize(runs["bare"], args.batch_size), summarize(runs["engine"], args.batch_size)
         results[method] = {
             "bare": bare, "engine": engine,

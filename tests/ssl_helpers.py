@@ -5,7 +5,6 @@ the CLI runner and the one-line user-error checks, and the run-folder helpers of
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import os
 import re
@@ -284,11 +283,10 @@ def losses(run_dir):
 
 
 def mfu_benchmark():
-    """``benchmarks/mfu.py`` as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("mfu_bench", ROOT / "benchmarks" / "mfu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The ``benchmarks.mfu`` module (the repository root is on the tests' path: pyproject's ``pythonpath``)."""
+    import benchmarks.mfu
+
+    return benchmarks.mfu
 
 
 MULTICROP = {"local_crops_number": 2, "local_crops_size": 4}  # a 2 global + 2 local view plan on 8x8 digits
@@ -353,7 +351,7 @@ def in_fresh_interpreter(module: str, function: str, *args: str, timeout: float 
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import {module}; "
             f"{module}.{function}(*sys.argv[1:])")
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -202,15 +202,9 @@ def test_alarm_config_errors(override):
 def test_the_alarm_benchmarks_cases_resolve_and_an_unknown_one_is_one_line(capsys):
     """benchmarks/collapse_alarm.py: each collapse-by-construction case's overrides are valid keys of its preset,
     and ``--only`` naming no case exits 2 before any training."""
-    import importlib.util
-
+    import benchmarks.collapse_alarm as bench
     from selfsup.config import load_run_config
-    from ssl_helpers import ROOT
 
-    path = ROOT / "benchmarks" / "collapse_alarm.py"
-    spec = importlib.util.spec_from_file_location("collapse_alarm", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     for name, (preset, overrides) in bench.COLLAPSES.items():
         assert load_run_config(preset, overrides).instruments.collapse_alarm, name
     for preset in bench.HEALTHY:

@@ -442,14 +442,10 @@ def test_cpu_presets_teacher_forgets_its_random_init(preset):
 
 
 def test_the_curves_benchmark_reads_the_collapse_signs_at_each_fifth_of_a_run(tmp_path):
-    import importlib.util
     import math
 
-    from ssl_helpers import ROOT
+    import benchmarks.dino_curves as bench
 
-    spec = importlib.util.spec_from_file_location("dino_curves", ROOT / "benchmarks" / "dino_curves.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("method:\n  out_dim: 64\n")
@@ -466,13 +462,8 @@ def test_the_curves_benchmark_reads_the_collapse_signs_at_each_fifth_of_a_run(tm
 
 
 def test_the_teacher_usage_benchmark_counts_the_outputs_the_targets_use():
-    import importlib.util
+    import benchmarks.teacher_usage as bench
 
-    from ssl_helpers import ROOT
-
-    spec = importlib.util.spec_from_file_location("teacher_usage", ROOT / "benchmarks" / "teacher_usage.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     winners = torch.tensor([0, 0, 0, 1, 1, 2])
     logits = 10.0 * F.one_hot(winners, 4).float()
     labels = torch.tensor([5, 5, 3, 3, 3, 7])

@@ -1,16 +1,12 @@
 """benchmarks/floor_curves.py: the floor sweep's variants of one preset, side by side."""
 
-import importlib.util
 import json
-
-from ssl_helpers import ROOT
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("floor_curves", ROOT / "benchmarks" / "floor_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import benchmarks.floor_curves
+
+    return benchmarks.floor_curves
 
 
 def variant(name, preset="wmse-vit-fmnist", epochs=5, seed=100, gain=None, **series):

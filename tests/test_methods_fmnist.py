@@ -1,24 +1,18 @@
 """benchmarks/methods_fmnist.py's bookkeeping: the init's digest (one floor per network) and scoring a finished run."""
 
-import importlib.util
 import json
-import sys
 
 import torch
 import yaml
 from safetensors.torch import save_file
 
 from selfsup.config import load_run_config, to_dict
-from ssl_helpers import ROOT
 
 
 def bench():
-    path = ROOT / "benchmarks" / "methods_fmnist.py"
-    sys.path.insert(0, str(path.parent))  # its imports of redundancy and throughput
-    spec = importlib.util.spec_from_file_location("methods_fmnist", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import benchmarks.methods_fmnist
+
+    return benchmarks.methods_fmnist
 
 
 def test_the_digest_reads_a_batchnorm_counter_and_names_the_weights(tmp_path):

@@ -14,7 +14,7 @@ from torch import nn
 from selfsup.methods import moco_v3 as moco_module
 from selfsup.methods.base import compile_step, compile_step_modules, encode_views, has_batch_statistics
 from selfsup.models import vit
-from ssl_helpers import ROOT, in_fresh_interpreter, mfu_benchmark, random_views, tiny_config, tiny_method
+from ssl_helpers import in_fresh_interpreter, mfu_benchmark, random_views, tiny_config, tiny_method
 
 def test_flop_count_of_a_moco_v3_vit_step_matches_a_hand_count():
     model = tiny_method("moco_v3")  # vit_micro (D 128, depth 4, 4 heads), 8x8 patch 2, heads 128-64-64-32 / 32-64-32
@@ -261,9 +261,8 @@ def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
 
 def test_levers_benchmark_quick_puts_a_lever_beside_the_baseline(tmp_path):
     """levers.py: the baseline and each lever in fresh mfu.py processes, per-round ratios in its JSON."""
-    spec = importlib.util.spec_from_file_location("levers_bench", ROOT / "benchmarks" / "levers.py")
-    levers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(levers)
+    import benchmarks.levers as levers
+
     out = tmp_path / "levers.json"
     assert levers.main(["--quick", "--levers", "plain attention=--attention matmul", "--out", str(out)]) == 0
     results = json.loads(out.read_text())["results"]

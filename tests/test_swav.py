@@ -136,18 +136,11 @@ def test_config_errors_are_one_line():
 def test_the_floor_sweep_variants_resolve_and_an_unknown_one_is_one_line(capsys):
     """benchmarks/floor_sweep.py: every variant's overrides are valid keys of its preset (a typo would only
     surface an hour into the sweep), and ``--only`` naming no variant exits 2 before any training."""
-    import importlib.util
-    import sys
     from pathlib import Path
 
+    import benchmarks.floor_sweep as sweep
     from selfsup.config import load_run_config
-    from ssl_helpers import ROOT
 
-    path = ROOT / "benchmarks" / "floor_sweep.py"
-    sys.path.insert(0, str(path.parent))  # its import of dino_cpu
-    spec = importlib.util.spec_from_file_location("floor_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
     for name, (preset, overrides) in sweep.VARIANTS.items():
         cfg = load_run_config(preset, sweep.engine_overrides(Path("/tmp"), name, 2) + overrides)
         assert cfg.trainer.max_epochs == 2 and cfg.trainer.seed == 0
@@ -158,20 +151,12 @@ def test_the_floor_sweep_variants_resolve_and_an_unknown_one_is_one_line(capsys)
 def test_the_floor_sweep_keeps_a_variant_that_collapsed(tmp_path, monkeypatch, capsys):
     """A variant whose run stops itself (W-MSE's whitening failing: ``TrainingCollapsed``) is recorded by the sweep
     with the step it stopped at, its reason and the curves it logged, and no score; the other variants go on."""
-    import importlib.util
     import json
-    import sys
 
     import pytest
 
+    import benchmarks.floor_sweep as sweep
     from selfsup.methods.base import TrainingCollapsed
-    from ssl_helpers import ROOT
-
-    path = ROOT / "benchmarks" / "floor_sweep.py"
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location("floor_sweep_collapse", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
 
     def collapsing(run, preset, overrides):
         run.mkdir(parents=True)

@@ -108,7 +108,7 @@ class OptimConfig:
     fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
     lr_schedule_unit: str = "iteration"  # iteration | epoch: the lr changes at each epoch's start only (SimSiam's code)
     lr_1d_mult: float = 1.0  # lr of biases and norm weights (ndim <= 1) = mult x scheduled lr (Barlow Twins 0.0048/0.2)
-    fused: bool = True  # AdamW: torch's fused kernel (the same update in fewer kernels; benchmarks/README.md)
+    fused: bool = True  # AdamW: torch's fused kernel (the same update in fewer kernels; benchmarks/results/NOTES.md)
 
     def validate(self) -> None:
         if self.name not in ("adamw", "lars", "larc", "adam", "sgd"):

@@ -164,7 +164,7 @@ def compile_step_modules(method: TrainingBase, backend: str = "inductor") -> Non
     """``torch.compile`` in place each module of a method's step (``method.step_modules()``: the trainable
     ones and the EMA targets) on its own; parameter names, and so checkpoints and exports, stay as they are.
     The module-by-module variant ``trainer.compile`` replaced by :func:`compile_step` (kept for comparison:
-    benchmarks/README.md)."""
+    benchmarks/results/NOTES.md, compile_modes)."""
     for module in method.step_modules().values():
         module.compile(backend=backend)
 

@@ -87,7 +87,7 @@ class PatchEmbed(nn.Module):
 
 # Attention path: "sdpa" (torch's fused kernel, the default; on GPUs the flash / memory-efficient one) or
 # "matmul" (softmax(q kᵀ/√d) v as two batched products); both give the same result within float rounding.
-# The switch exists for the attention lever of benchmarks/levers.py (figures: benchmarks/README.md).
+# The switch exists for the attention lever of benchmarks/levers.py (figures: benchmarks/results/NOTES.md).
 ATTENTION_MODES = ("sdpa", "matmul")
 _attention = "sdpa"
 
