@@ -15,6 +15,11 @@ os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 from ssl_helpers import TINY  # noqa: E402  (after the thread settings)
+from tiers import add_timeouts, guard  # noqa: E402, F401  (guard: an autouse fixture, found here by pytest)
+
+
+def pytest_collection_modifyitems(config, items):
+    add_timeouts(items)
 
 
 @pytest.fixture
