@@ -130,8 +130,6 @@ def test_a_kill_anywhere_in_the_finishing_then_a_resume_gives_the_uninterrupted_
 
 def test_the_cli_resume_of_a_trained_run_finishes_it_and_then_has_nothing_to_do(runs, tmp_path):
     family, straight, trained = runs
-    if family != "joint":
-        pytest.skip("one family is enough for the command line")
     run = tmp_path / "B"
     shutil.copytree(trained, run)
     code, out, err = run_cli("pretrain", "--resume", run)

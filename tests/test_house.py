@@ -36,6 +36,13 @@ def test_the_light_commands_load_no_lightning(what):
     assert loaded == [], f"{what} loads {len(loaded)} Lightning modules, e.g. {loaded[:3]}"
 
 
+def test_the_version_is_answered_without_torch():
+    """``selfsup --version`` is answered before the subcommands' parsers (whose defaults import torch) are built."""
+    code = LIGHT["--version"] + "\nimport sys\nprint('torch' in sys.modules, 'scipy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-2:] == ["False", "False"], out.stdout + out.stderr
+
+
 # --------------------------------------------------------------------------- no function over 80 lines
 MAX_LINES = 80
 # functions over the bar in parts owned elsewhere, named so the list can only shrink: it must go to zero

@@ -20,7 +20,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from selfsup.claims import planning, stats
 from selfsup.claims.notes import AFTER_RUN
 from selfsup.errors import UserError
 
@@ -28,8 +27,8 @@ if TYPE_CHECKING:
     from selfsup.claims.suite import Claim, Pilot
 
 # claims.suite.PILOT_FIRST_SEED (tests/test_claims.py checks they agree), here so that the parser, built for every
-# `selfsup` command, imports no claim module: they train and evaluate (the engine, Lightning) and are imported by the
-# claims commands when they run
+# `selfsup` command, imports no claim module: they train and evaluate (the engine, Lightning; scipy) and are imported
+# by the claims commands when they run
 PILOT_FIRST_SEED = 1000
 
 RESULTS = Path(str(resources.files("selfsup.claims").joinpath("results")))  # the committed results
@@ -167,6 +166,7 @@ def cmd_run(args) -> int:
 def pilot_figures(claim: Claim, result: dict, wall_s: float) -> Pilot:
     """The ``Pilot`` of a pilot's result: its seeds, the most optimiser steps of one of its runs, its wall time and
     the per-seed sd of each rule's metric."""
+    from selfsup.claims import stats  # scipy
     from selfsup.claims.suite import Pilot
 
     sds = []
@@ -179,6 +179,7 @@ def pilot_figures(claim: Claim, result: dict, wall_s: float) -> Pilot:
 
 
 def cmd_pilot(args) -> int:
+    from selfsup.claims import planning  # scipy
     from selfsup.claims.registry import CLAIMS
     from selfsup.claims.suite import Context, MIN_SEEDS, run_claim
 
@@ -223,6 +224,7 @@ def intervals_for_pm(text: str, metrics: dict[str, list[float]], seeds: int) -> 
     """Each ``mean ± sd`` of an older result's text as ``mean [lo, hi]`` (the 95% interval), from the metric
     whose per-seed values give that mean and sd (a sign the old text dropped is restored from the values); from
     the printed mean and sd over ``seeds`` where no metric matches."""
+    from selfsup.claims import stats  # scipy
     from selfsup.claims.suite import mean_ci
 
     def replace(match: re.Match) -> str:
