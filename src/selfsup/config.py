@@ -19,7 +19,6 @@ import yaml
 from selfsup.data.datasets import DATASETS
 from selfsup.errors import UserError
 from selfsup.memory_format import MEMORY_FORMATS
-from selfsup.methods import METHODS, registered_name
 from selfsup.optim import OptimConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -341,6 +340,8 @@ class RunConfig:
     method_cls: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        from selfsup.methods import METHODS, registered_name  # the methods import Lightning: not for `selfsup presets`
+
         self.method_name = registered_name(self.method)
         self.method_cls = METHODS[self.method_name]
 
@@ -497,6 +498,8 @@ def build(cls, data: dict | None, prefix: str):
 
 def resolve(data: dict) -> RunConfig:
     """A validated RunConfig from a merged preset + overrides mapping."""
+    from selfsup.methods import METHODS  # the methods import Lightning: not for `selfsup presets` or `--help`
+
     data = dict(data)
     method = dict(data.pop("method", None) or {})
     name = method.pop("name", None)

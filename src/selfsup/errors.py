@@ -7,6 +7,13 @@ class UserError(Exception):
     exit_code = 2
 
 
+def positive(value: int, flag: str) -> int:
+    """``value`` of the command-line ``flag``, refused below 1."""
+    if value < 1:
+        raise UserError(f"{flag} {value} must be >= 1")
+    return value
+
+
 def clean_message(exc: BaseException) -> str:
     """One line for the user, also for a UserError re-raised from a DataLoader worker."""
     text = str(exc)

@@ -18,14 +18,18 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from selfsup.claims import planning, stats
 from selfsup.claims.notes import AFTER_RUN
-from selfsup.claims.registry import CLAIMS, PAPERS
-from selfsup.claims.suite import (INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, PILOT_FIRST_SEED, TEST_IMAGES, Claim,
-                                  Context, Pilot, binomial_sd, definition_hash, judge_result, mean_ci, plot_result,
-                                  run_claim)
 from selfsup.errors import UserError
+
+if TYPE_CHECKING:
+    from selfsup.claims.suite import Claim, Pilot
+
+# claims.suite.PILOT_FIRST_SEED (tests/test_claims.py checks they agree), here so that the parser, built for every
+# `selfsup` command, imports no claim module: they train and evaluate (the engine, Lightning; scipy) and are imported
+# by the claims commands when they run
+PILOT_FIRST_SEED = 1000
 
 RESULTS = Path(str(resources.files("selfsup.claims").joinpath("results")))  # the committed results
 REPO_RESULTS = "src/selfsup/claims/results"  # the same folder, as a checkout names it
@@ -41,10 +45,14 @@ def _verdict(last: dict | None) -> str:
 
 
 def source(c: Claim) -> str:
+    from selfsup.claims.registry import PAPERS
+
     return f"{PAPERS[c.seed]} (seed {c.seed})"
 
 
 def cmd_list(args) -> int:
+    from selfsup.claims.registry import CLAIMS
+
     for c in CLAIMS.values():
         last = _last(Path(args.results), c.id)
         print(f"{c.id}  [{source(c)}, {c.section}]  last: {_verdict(last)}\n    {c.statement}\n"
@@ -55,6 +63,8 @@ def cmd_list(args) -> int:
 
 def _matches(last: dict | None, claim: Claim, quick: bool, seeds: int) -> bool:
     """A stored result of this claim's current definition and code, at the same budget and seeds."""
+    from selfsup.claims.suite import definition_hash
+
     return bool(last) and last.get("code_hash") == definition_hash(claim) and last["quick"] == quick \
         and last["seeds"] == seeds
 
@@ -91,12 +101,17 @@ def _minutes(seconds: float) -> str:
 
 def check_known(ids) -> None:
     """One line naming the first id that is no claim."""
+    from selfsup.claims.registry import CLAIMS
+
     for claim_id in ids:
         if claim_id not in CLAIMS:
             raise UserError(f"claim {claim_id!r} is not known; `selfsup claims list` names them")
 
 
 def cmd_run(args) -> int:
+    from selfsup.claims.registry import CLAIMS
+    from selfsup.claims.suite import Context, plot_result, run_claim
+
     if not args.out:
         raise UserError(f"claims run writes DIR/ID.json and DIR/ID.png: give --out DIR (the committed results are "
                         f"{REPO_RESULTS} in a checkout)")
@@ -151,6 +166,9 @@ def cmd_run(args) -> int:
 def pilot_figures(claim: Claim, result: dict, wall_s: float) -> Pilot:
     """The ``Pilot`` of a pilot's result: its seeds, the most optimiser steps of one of its runs, its wall time and
     the per-seed sd of each rule's metric."""
+    from selfsup.claims import stats  # scipy
+    from selfsup.claims.suite import Pilot
+
     sds = []
     for metric in dict.fromkeys(r.metric for r in claim.rules):
         values = result["metrics"].get(metric, [])
@@ -161,6 +179,10 @@ def pilot_figures(claim: Claim, result: dict, wall_s: float) -> Pilot:
 
 
 def cmd_pilot(args) -> int:
+    from selfsup.claims import planning  # scipy
+    from selfsup.claims.registry import CLAIMS
+    from selfsup.claims.suite import Context, MIN_SEEDS, run_claim
+
     if not args.out:
         raise UserError("claims pilot writes DIR/ID.pilot.json: give --out DIR")
     check_known(args.ids)
@@ -202,6 +224,9 @@ def intervals_for_pm(text: str, metrics: dict[str, list[float]], seeds: int) -> 
     """Each ``mean ± sd`` of an older result's text as ``mean [lo, hi]`` (the 95% interval), from the metric
     whose per-seed values give that mean and sd (a sign the old text dropped is restored from the values); from
     the printed mean and sd over ``seeds`` where no metric matches."""
+    from selfsup.claims import stats  # scipy
+    from selfsup.claims.suite import mean_ci
+
     def replace(match: re.Match) -> str:
         sign, mean, sd = match.group(1), float(match.group(2)), float(match.group(3))
         signed = -mean if sign == "-" else mean
@@ -223,6 +248,9 @@ def intervals_for_pm(text: str, metrics: dict[str, list[float]], seeds: int) -> 
 
 def rejudge(result: dict) -> dict:
     """``result`` with its verdict and per-rule statistics recomputed under the claim's current rules."""
+    from selfsup.claims.registry import CLAIMS
+    from selfsup.claims.suite import TEST_IMAGES, binomial_sd, judge_result
+
     claim = CLAIMS[result["id"]]
     verdict, judged = judge_result(claim, result["metrics"])
     # the accuracies keep the test split they were measured on (a claim may have moved to another since): the
@@ -244,6 +272,9 @@ def rejudge(result: dict) -> dict:
 
 
 def cmd_rejudge(args) -> int:
+    from selfsup.claims.registry import CLAIMS
+    from selfsup.claims.suite import plot_result
+
     folder = Path(args.results)
     paths = sorted(folder.glob("*.json"))
     if not paths:
@@ -284,6 +315,8 @@ def rule_cell(s: dict) -> str:
 
 def paragraph(c: Claim, last: dict) -> str:
     """What was tried, the interval, and the scale that would decide it; from the definition and the result."""
+    from selfsup.claims.suite import INCONCLUSIVE, NOT_REPRODUCED
+
     lines = [f"**`{c.id}`** — {_verdict(last)}. Tried: {last.get('why_different') or c.why_different}; "
              f"{last['seeds']} seed(s)."]
     for s in last["statistics"]:
@@ -322,6 +355,8 @@ def budget_cell(c: Claim, last: dict | None) -> str:
 
 def table(results: Path) -> str:
     """docs/CLAIMS.md: every claim with the paper's figure, ours, the statistics, the command and the verdict."""
+    from selfsup.claims.registry import CLAIMS, PAPERS
+
     lines = ["# The seeds' claims", "",
              f"Generated by `selfsup claims table --write docs/CLAIMS.md` from `{REPO_RESULTS}/*.json` (shipped "
              "with the package); do not edit by hand.",
@@ -374,6 +409,8 @@ def cmd_table(args) -> int:
 
 def tally_text(results: Path = RESULTS) -> str:
     """``N claims: a reproduced, b not reproduced, c inconclusive`` (quick verdicts counted apart)."""
+    from selfsup.claims.registry import CLAIMS
+
     counts: dict[str, int] = {}
     for c in CLAIMS.values():
         key = _verdict(_last(results, c.id))

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 from selfsup.commands.generate import add_generation_eval_parser
 from selfsup.commands.reconstruct import add_reconstruct_parser
-from selfsup.errors import UserError
+from selfsup.errors import UserError, positive
+from selfsup.eval.features import FEATURE_BATCH
 from selfsup.eval.finetune import FinetuneConfig
 from selfsup.eval.knn import DEFAULT_KS, KnnConfig
 from selfsup.eval.linear import MAE_BASE_LR, PROTOCOL_DEFAULTS, PROTOCOLS, ProbeConfig
@@ -24,8 +26,9 @@ from selfsup.eval.report import print_table
 from selfsup.eval.spectrum import SpectrumConfig
 from selfsup.models.sit import FLOW_ENCODER
 from selfsup.models.vit import VIT_SIZES
-from selfsup.runs import evaluate
-from selfsup.runs.session import FEATURE_BATCH, EvalSession, positive
+
+if TYPE_CHECKING:
+    from selfsup.runs.session import EvalSession
 
 # --------------------------------------------------------------------------- the command line → typed configs
 
@@ -223,9 +226,12 @@ PRINTERS = {"knn": print_knn, "linear": print_linear, "finetune": print_finetune
 def command(name: str, config, **options):
     """An argparse handler: ``evaluate.run_<name>(session, config(args, session), **{k: f(args)})``, its table printed,
     exit 0 (errors raise UserError)."""
-    run = RUNNERS[name]
-
     def handler(args) -> int:
+        # a session opens a run (the methods, Lightning): imported by the command, not by the parser
+        from selfsup.runs import evaluate
+        from selfsup.runs.session import EvalSession
+
+        run = getattr(evaluate, f"run_{name.replace('-', '_')}")
         session = EvalSession.from_args(args)
         PRINTERS[name](run(session, config(args, session), **{k: f(args) for k, f in options.items()}))
         return 0
@@ -233,13 +239,12 @@ def command(name: str, config, **options):
     return handler
 
 
-RUNNERS = {"knn": evaluate.run_knn, "linear": evaluate.run_linear, "finetune": evaluate.run_finetune,
-           "rankme": evaluate.run_rankme, "norms-ood": evaluate.run_norms_ood}
-
-
 def cmd_all(args) -> int:
     """The standard set, each with its config's defaults (``evaluate.run_all``): kNN, linear probe (fast path, the run's
     protocol), RankMe / effective rank / norms, norm OOD if --ood."""
+    from selfsup.runs import evaluate
+    from selfsup.runs.session import EvalSession
+
     session = EvalSession.from_args(args)
     evaluate.run_all(session, ood_config(args) if args.ood else None, lambda name, out: PRINTERS[name](out))
     if not args.ood:
@@ -296,21 +301,8 @@ def _ood_args(p, required: bool) -> None:
     p.add_argument("--ood-limit", type=int, help="use a fixed random subset of this many OOD images")
 
 
-def add_eval_parser(subparsers) -> None:
-    """The ``selfsup eval`` command and its subcommands (defaults: the protocols' config dataclasses)."""
-    ev = subparsers.add_parser("eval",
-                               help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
-                                    "a flow run's samples: generation")
-    sub = ev.add_subparsers(dest="eval_command", required=True)
-
-    p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
-    _common(p)
-    _knn_args(p)
-    p.add_argument("--val-fraction", type=float, default=0.0,
-                   help="score on this seeded share of the training images (after --train-limit), fit on the rest, "
-                        "and leave the test split unread: to choose settings (writes knn-val.json)")
-    p.set_defaults(func=command("knn", knn_config))
-
+def _linear_parser(sub) -> None:
+    """``selfsup eval linear`` (defaults: ``ProbeConfig``)."""
     lin = ProbeConfig
     p = sub.add_parser("linear", help="linear probe, MoCo v3 protocol (MAE's for MAE runs)")
     _common(p)
@@ -341,6 +333,9 @@ def add_eval_parser(subparsers) -> None:
     _aug_args(p, lin.crop_min)
     p.set_defaults(func=command("linear", probe_config, mode=lambda args: args.mode))
 
+
+def _finetune_parser(sub) -> None:
+    """``selfsup eval finetune`` (defaults: ``FinetuneConfig``)."""
     ft = FinetuneConfig
     p = sub.add_parser("finetune", help="end-to-end fine-tuning: layer-wise lr decay, drop path, AdamW")
     _common(p)
@@ -373,6 +368,25 @@ def add_eval_parser(subparsers) -> None:
                    help="train the position table (MAE's fine-tuning does: the default for MAE runs)")
     _aug_args(p, ft.crop_min)
     p.set_defaults(func=command("finetune", finetune_config))
+
+
+def add_eval_parser(subparsers) -> None:
+    """The ``selfsup eval`` command and its subcommands (defaults: the protocols' config dataclasses)."""
+    ev = subparsers.add_parser("eval",
+                               help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
+                                    "a flow run's samples: generation")
+    sub = ev.add_subparsers(dest="eval_command", required=True)
+
+    p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")
+    _common(p)
+    _knn_args(p)
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="score on this seeded share of the training images (after --train-limit), fit on the rest, "
+                        "and leave the test split unread: to choose settings (writes knn-val.json)")
+    p.set_defaults(func=command("knn", knn_config))
+
+    _linear_parser(sub)
+    _finetune_parser(sub)
 
     sp = SpectrumConfig
     p = sub.add_parser("rankme", help="RankMe, effective rank (99%% variance), embedding norm statistics")

@@ -15,8 +15,6 @@ from selfsup.errors import UserError
 from selfsup.eval.report import print_table
 from selfsup.flow.sampler import check_options, generate, sample_labels, save_grid, to_uint8
 from selfsup.runs.generation import GenerationConfig, run_generation
-from selfsup.runs.session import checked_device
-from selfsup.runs.source import load_flow_run
 
 
 def _save_tensor(blob: dict, path: Path) -> Path:
@@ -30,6 +28,8 @@ def _save_tensor(blob: dict, path: Path) -> Path:
 
 
 def _load(run_dir: str):
+    from selfsup.runs.source import load_flow_run  # a run's model: the methods and Lightning, for this command only
+
     return load_flow_run(Path(run_dir))
 
 
@@ -49,6 +49,8 @@ def cmd_generate(args) -> int:
     model, cfg, info = _load(args.run_dir)
     if args.cfg != 1.0 and not model.num_classes:
         raise UserError(f"--cfg {args.cfg} needs a class-conditional model; {run_dir} is unconditional (use --cfg 1)")
+    from selfsup.runs.session import checked_device
+
     labels = sample_labels(args.n, model.num_classes, args.cls)
     device = checked_device(args.device)
     name = (f"samples-n{args.n}-{args.sampler}{args.steps}-cfg{args.cfg:g}"

@@ -9,18 +9,14 @@ import sys
 import yaml
 
 from selfsup import __version__
-from selfsup.commands.claims import add_claims_parser
-from selfsup.commands.data import add_data_parser
-from selfsup.commands.eval import add_eval_parser
-from selfsup.commands.generate import add_generate_parser
-from selfsup.commands.simulate import add_simulate_parser
-from selfsup.config import PRESET_DIR, preset_names
 from selfsup.diskspace import DiskFull, is_disk_full
 from selfsup.errors import UserError, clean_message
 
 
 def cmd_presets(args) -> int:
     """One line per shipped recipe."""
+    from selfsup.config import PRESET_DIR, preset_names
+
     for name in preset_names():
         summary = (yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text()) or {}).get("summary", "")
         print(f"{name:<28} {summary}")
@@ -53,9 +49,22 @@ def cmd_report(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version_parser() -> argparse.ArgumentParser:
+    """The command without its subcommands: ``selfsup --version`` is answered by it alone."""
     parser = argparse.ArgumentParser(prog="selfsup", description="Self-supervised visual representation learning.")
     parser.add_argument("--version", action="version", version=f"selfsup {__version__}")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # the subcommands' flags take their defaults from the protocols' configs (torch): imported when a parser is built
+    from selfsup.commands.claims import add_claims_parser
+    from selfsup.commands.data import add_data_parser
+    from selfsup.commands.eval import add_eval_parser
+    from selfsup.commands.generate import add_generate_parser
+    from selfsup.commands.simulate import add_simulate_parser
+
+    parser = version_parser()
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("presets", help="list the shipped recipes")
     p.set_defaults(func=cmd_presets)
@@ -81,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes print one line on stderr and exit 2."""
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["--version"]:
+        version_parser().parse_args(["--version"])  # prints it and exits, before the subcommands are imported
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # `pretrain PRESET --resume RUN key=value`: argparse ends the positionals at the option, so overrides that

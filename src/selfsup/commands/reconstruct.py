@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from selfsup.eval.reconstruct import ReconstructConfig
-from selfsup.runs.reconstruct import reconstruct
 
 
 def run_reconstruct(args) -> int:
     """``selfsup eval reconstruct``: ``reconstruct`` with the flags' ``ReconstructConfig``, and one line."""
+    from selfsup.runs.reconstruct import reconstruct  # an MAE run's model: the methods and Lightning
+
     cfg = ReconstructConfig(n=args.n, split=args.split, seed=args.seed, mask_ratio=args.mask_ratio, scale=args.scale)
     r = reconstruct(args.run, cfg, args.out)
     print(f"MAE reconstructions of {r['images']} {r['dataset']} {r['split']} images (mask ratio {r['mask_ratio']:g}, "

@@ -9,6 +9,8 @@ from selfsup.data.datasets import ImageDataset
 from selfsup.data.loader import sequential_loader
 from selfsup.data.views import EvalTransform
 
+FEATURE_BATCH = 512  # images per feature-extraction forward (selfsup eval's default)
+
 
 @torch.no_grad()
 def extract_features(backbone: nn.Module, dataset: ImageDataset, image_size: int, mean, std,

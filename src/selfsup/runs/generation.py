@@ -16,12 +16,11 @@ from pathlib import Path
 import torch
 
 from selfsup.errors import UserError
+from selfsup.eval.features import FEATURE_BATCH
 from selfsup.eval.knn import knn_predict_scores, topk_accuracy
 from selfsup.eval.report import write_json
 from selfsup.flow.metrics import (class_fidelity, feature_frechet_distance, image_features, inception_fid,
                                   inception_fid_unavailable)
-from selfsup.runs.session import FEATURE_BATCH, EvalSession
-from selfsup.runs.source import load_flow_run
 from selfsup.flow.sampler import check_options, generate, sample_images, sample_labels, save_grid
 
 OWN_FEATURES = ("the run's own EMA features (its exported flow_encoder): the model judges its own samples; "
@@ -64,6 +63,10 @@ def run_generation(run_dir: str | Path, cfg: GenerationConfig | None = None, *, 
     ``out``: results folder (default RUN/eval); ``cache``: reuse the real images' cached features; ``verbose``:
     progress lines on stdout. The result also holds ``png`` and ``json`` (the files written) and, where Inception FID
     was not computed, ``inception_fid_note`` says why."""
+    # a run folder and a session import the methods (Lightning): GenerationConfig is read by the CLI's parser without
+    from selfsup.runs.session import EvalSession
+    from selfsup.runs.source import load_flow_run
+
     cfg = cfg or GenerationConfig()
     say = print if verbose else (lambda *a, **k: None)
     check_options(cfg.steps, cfg.cfg, cfg.sampler, cfg.n)

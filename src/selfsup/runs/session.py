@@ -14,11 +14,10 @@ import torch
 
 from selfsup.config import DataConfig
 from selfsup.data.datasets import DECODED, UNLABELLED, ImageDataset, load_dataset, needs_labels
-from selfsup.errors import UserError
+from selfsup.errors import UserError, positive  # noqa: F401  (positive: runs.session.positive for callers)
 from selfsup.eval.cache import features
+from selfsup.eval.features import FEATURE_BATCH
 from selfsup.runs.source import load_source, loss_embedding, with_flow_features, with_heads
-
-FEATURE_BATCH = 512  # images per feature-extraction forward
 
 
 def data_config(source, name: str | None = None, root: str | None = None) -> DataConfig:
@@ -69,12 +68,6 @@ def checked_device(name: str | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name} asked for a GPU but none is available; use --device cpu")
     return dev
-
-
-def positive(value: int, flag: str) -> int:
-    if value < 1:
-        raise UserError(f"{flag} {value} must be >= 1")
-    return value
 
 
 class EvalSession:
