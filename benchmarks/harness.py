@@ -221,7 +221,7 @@ def trained(run: str | Path, wall_s: float | None = None) -> Trained:
     return Trained(run, Run(run).facts, json.loads(knn.read_text()) if knn.exists() else None, wall_s)
 
 
-def train(preset: str, overrides: list[str], run: str | Path | None = None, *, report: bool = True,
+def pretrain(preset: str, overrides: list[str], run: str | Path | None = None, *, report: bool = True,
           callbacks: Iterable = (), fresh: bool = False) -> Trained:
     """``selfsup pretrain PRESET OVERRIDES`` in this process (``selfsup.engine.pretrain``), into ``run``
     (``output_dir`` / ``name`` set from it after the overrides; None: where the overrides say); its run facts and
