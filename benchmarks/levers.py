@@ -81,7 +81,7 @@ def compiled_step_graphs(preset: str, overrides: list[str], backend: str, out_di
             started = time.perf_counter()
             if session == "first":
                 pretrain(preset, [*overrides, "trainer.compile=true", f"trainer.compile_backend={backend}"], run,
-                      callbacks=[stop_after_epoch()])
+                         callbacks=[stop_after_epoch()])
             else:
                 engine.pretrain(load_run(run), resume=run)
             steps = trained(run).facts["global_step"]

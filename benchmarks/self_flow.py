@@ -132,9 +132,9 @@ def pretrain_encoder(args, preset: str, name: str) -> Path:
         return run
     _log(f"encoder {name}: selfsup pretrain {preset} ({args.encoder_steps} steps)")
     done = pretrain(preset, ["trainer.max_epochs=1", f"trainer.limit_train_batches={args.encoder_steps}",
-                          "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
-                          "trainer.devices=1", f"trainer.seed={args.seed}",
-                          *([f"data.batch_size={args.batch_size}"] if args.quick else [])], run)
+                             "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
+                             "trainer.devices=1", f"trainer.seed={args.seed}",
+                             *([f"data.batch_size={args.batch_size}"] if args.quick else [])], run)
     _log(f"encoder {name}: {done.wall_s:.0f} s")
     return run
 
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = recorder(args.checkpoints, run / "snapshots")
         _log(f"{method}: training")
         train_seconds = pretrain(PRESETS[args.dataset][method], flow_overrides(args, method, repa_encoder),
-                              callbacks=[rec]).wall_s
+                                 callbacks=[rec]).wall_s
         model, _, info = load_flow_run(run)
         val_set = (fit_images(test.images[val_idx].float() / 127.5 - 1, model.input_size, info["fit"]),
                    test.labels[val_idx])
