@@ -34,7 +34,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from benchmarks.harness import read_report, timed, train, write_report
+from benchmarks.harness import pretrain, read_report, timed, write_report
 
 COLLAPSES = {
     "vicreg-inv": ("vicreg-digits", ["method.std_coeff=0", "method.cov_coeff=0"]),
@@ -53,7 +53,8 @@ def run_one(name: str, preset: str, overrides: list[str], root: Path, seed: int)
     run = root / name
     wall = None
     if not (run / "knn.json").exists():
-        wall = round(train(preset, [*overrides, f"trainer.seed={seed}", "trainer.progress_bar=false"], run).wall_s, 1)
+        done = pretrain(preset, [*overrides, f"trainer.seed={seed}", "trainer.progress_bar=false"], run)
+        wall = round(done.wall_s, 1)
     return scored(run, name, preset, overrides, wall, read_events)
 
 

@@ -122,7 +122,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import train, write_report
+from benchmarks.harness import pretrain, write_report
 
 VARIANTS = {"preset": [], "moco_init": ["model.init=moco_v3", "model.pos_embed=sincos"],
             "koleo_0.1": ["method.koleo_loss_weight=0.1"], "koleo_0": ["method.koleo_loss_weight=0.0"],
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
         for seed in seeds:
             run = Path(args.runs) / (f"{stem}-{name}" + (f"-s{seed}" if seed != 100 else ""))
             if not (run / "backbone.safetensors").exists():  # seed 100's runs keep their first names
-                done = train(args.preset, [*overrides, f"trainer.seed={seed}", "trainer.progress_bar=false"], run)
+                done = pretrain(args.preset, [*overrides, f"trainer.seed={seed}", "trainer.progress_bar=false"], run)
                 walls.append(round(done.wall_s))
             knn = run_knn(run, KnnConfig(ks=(20,), val_fraction=0.2))
             scores.append(round(knn["results"]["k=20"]["top1"], 2))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import cpu_kind, read_report, train, trained, write_report
+from benchmarks.harness import cpu_kind, pretrain, read_report, trained, write_report
 
 BAR = 10.0
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                 done = trained(run)
                 wall = done.facts.get("fit_seconds")
             else:
-                done = train(preset, [f"trainer.seed={seed}", "trainer.progress_bar=false"], run)
+                done = pretrain(preset, [f"trainer.seed={seed}", "trainer.progress_bar=false"], run)
                 wall = done.wall_s
             top1, init = done.knn["pretrained"]["top1"], done.knn["random_init"]["top1"]
             runs.append({"seed": seed, "knn20_top1": round(top1, 2), "random_init": round(init, 2),

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import read_report, train, write_report
+from benchmarks.harness import pretrain, read_report, write_report
 
 DIGITS = ["data.batch_size=64", "trainer.max_epochs=6", "optim.warmup_epochs=1", "method.momentum=0.99",
           "method.freeze_last_layer=1"]  # 22 steps / epoch
@@ -143,7 +143,7 @@ def train_variant(run: Path, preset: str, overrides: list[str]) -> float:
     from selfsup.config import load_run_config
 
     digits = load_run_config(preset, overrides).data.name == "digits"
-    wall = train(preset, overrides, run, report=digits, fresh=True).wall_s
+    wall = pretrain(preset, overrides, run, report=digits, fresh=True).wall_s
     print(f"{run.name}: {wall:.0f} s", flush=True)
     return wall
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import timed, train, write_report
+from benchmarks.harness import pretrain, timed, write_report
 
 VARIANTS = ("mlp", "linear", "directpred", "directcopy")
 
@@ -81,7 +81,7 @@ def train_variant(args, variant: str, out_dir: str) -> dict:
         def on_train_end(self, trainer, module):
             seen.update(monitor=next(c for c in trainer.callbacks if isinstance(c, KNNMonitor)), model=module)
 
-    run = train(args.preset, overrides(args, variant, out_dir), report=False, callbacks=[Seen()])
+    run = pretrain(args.preset, overrides(args, variant, out_dir), report=False, callbacks=[Seen()])
     monitor, model = seen["monitor"], seen["model"]
     curve = [(0, monitor_init_knn(monitor, model))] + [(int(s), float(v)) for s, v in monitor.history]
     metrics = read_metrics(run.run, args.knn_every, model.cfg.instruments.every_n_steps)

@@ -204,7 +204,7 @@ def fit_step_times(cfg, dataset, run_dir: Path, warmup: int, steps: int, device:
 @dataclass(frozen=True)
 class Trained:
     """A pretraining run: its folder, its facts (``run.json``: status, steps, ``fit_seconds``), its end-of-run
-    kNN report (``knn.json``; None when the report was skipped) and the wall seconds of ``train`` (None: read)."""
+    kNN report (``knn.json``; None when the report was skipped) and the wall seconds of ``pretrain`` (None: read)."""
 
     run: Path
     facts: dict
@@ -221,8 +221,8 @@ def trained(run: str | Path, wall_s: float | None = None) -> Trained:
     return Trained(run, Run(run).facts, json.loads(knn.read_text()) if knn.exists() else None, wall_s)
 
 
-def train(preset: str, overrides: list[str], run: str | Path | None = None, *, report: bool = True,
-          callbacks: Iterable = (), fresh: bool = False) -> Trained:
+def pretrain(preset: str, overrides: list[str], run: str | Path | None = None, *, report: bool = True,
+             callbacks: Iterable = (), fresh: bool = False) -> Trained:
     """``selfsup pretrain PRESET OVERRIDES`` in this process (``selfsup.engine.pretrain``), into ``run``
     (``output_dir`` / ``name`` set from it after the overrides; None: where the overrides say); its run facts and
     kNN. ``report=False`` skips the end-of-run kNN report (two feature passes over the dataset) for a benchmark

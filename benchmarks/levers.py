@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import (RESULTS, child_env, default_device, machine_info, module_cli, read_report, train,
+from benchmarks.harness import (RESULTS, child_env, default_device, machine_info, module_cli, pretrain, read_report,
                                 trained, write_report)
 
 # name=extra mfu.py flags; the baseline is the default step (cached host allocator, eager, fused attention)
@@ -80,8 +80,8 @@ def compiled_step_graphs(preset: str, overrides: list[str], backend: str, out_di
             counters.clear()
             started = time.perf_counter()
             if session == "first":
-                train(preset, [*overrides, "trainer.compile=true", f"trainer.compile_backend={backend}"], run,
-                      callbacks=[stop_after_epoch()])
+                pretrain(preset, [*overrides, "trainer.compile=true", f"trainer.compile_backend={backend}"], run,
+                         callbacks=[stop_after_epoch()])
             else:
                 engine.pretrain(load_run(run), resume=run)
             steps = trained(run).facts["global_step"]

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import cpu_kind, has_fashion_mnist, train, trained, write_report
+from benchmarks.harness import cpu_kind, has_fashion_mnist, pretrain, trained, write_report
 from benchmarks.redundancy import overrides as budget_overrides  # the shared fixed-budget overrides
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
             if run is not None:  # trained by an earlier call whose evaluation did not finish: scored, not retrained
                 train_s = trained(run).facts["fit_seconds"]
             else:  # the end-of-run kNN skipped: evaluated below, on the fixed subsets, instead
-                done = train(preset, o + extra, report=False)
+                done = pretrain(preset, o + extra, report=False)
                 run, train_s = done.run, done.wall_s
             finetune = method in FINETUNED
             where = torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_kind()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import has_fashion_mnist, write_report
+from benchmarks.harness import has_fashion_mnist, pretrain, write_report
 
 DEFAULT_PRESETS = ("barlow-twins-fmnist", "vicreg-fmnist", "simclr-fmnist")
 
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         random_init = None
         for i, entry in enumerate(args.presets.split(",")):
             preset, *extra = entry.split("+")  # preset+key=value+...: a variant with overrides
-            done = train(preset, overrides(args, fallback, tmp, f"run{i}") + extra, report=False)  # the kNN below
+            done = pretrain(preset, overrides(args, fallback, tmp, f"run{i}") + extra, report=False)  # the kNN below
             run, method = done.run, type(load_run(done.run).method).__name__.removesuffix("Config")
             row = {"preset": preset, "overrides": extra, "method": method, "train_wall_s": round(done.wall_s, 1),
                    **evaluate(run / "backbone.safetensors", train_eval, test, args)}

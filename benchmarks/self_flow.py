@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import RESULTS, Times, fit_step_times, summarize, timed, train, write_report
+from benchmarks.harness import RESULTS, Times, fit_step_times, pretrain, summarize, timed, write_report
 
 METHODS = ("flow_matching", "self_flow", "repa")
 PRESETS = {"fashion-mnist": {"flow_matching": "flow-matching-fmnist", "self_flow": "self-flow-fmnist",
@@ -131,10 +131,10 @@ def pretrain_encoder(args, preset: str, name: str) -> Path:
         _log(f"encoder {name}: reusing {run}")
         return run
     _log(f"encoder {name}: selfsup pretrain {preset} ({args.encoder_steps} steps)")
-    done = train(preset, ["trainer.max_epochs=1", f"trainer.limit_train_batches={args.encoder_steps}",
-                          "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
-                          "trainer.devices=1", f"trainer.seed={args.seed}",
-                          *([f"data.batch_size={args.batch_size}"] if args.quick else [])], run)
+    done = pretrain(preset, ["trainer.max_epochs=1", f"trainer.limit_train_batches={args.encoder_steps}",
+                             "optim.warmup_epochs=0.1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
+                             "trainer.devices=1", f"trainer.seed={args.seed}",
+                             *([f"data.batch_size={args.batch_size}"] if args.quick else [])], run)
     _log(f"encoder {name}: {done.wall_s:.0f} s")
     return run
 
@@ -402,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run)
         rec = recorder(args.checkpoints, run / "snapshots")
         _log(f"{method}: training")
-        train_seconds = train(PRESETS[args.dataset][method], flow_overrides(args, method, repa_encoder),
-                              callbacks=[rec]).wall_s
+        train_seconds = pretrain(PRESETS[args.dataset][method], flow_overrides(args, method, repa_encoder),
+                                 callbacks=[rec]).wall_s
         model, _, info = load_flow_run(run)
         val_set = (fit_images(test.images[val_idx].float() / 127.5 - 1, model.input_size, info["fit"]),
                    test.labels[val_idx])

@@ -141,7 +141,7 @@ def test_train_pretrains_a_preset_in_this_process_and_returns_its_facts_and_knn(
 
     import selfsup.engine as engine
     import selfsup.runs.finish as finish
-    from benchmarks.harness import train, trained
+    from benchmarks.harness import pretrain, trained
     from ssl_helpers import tiny_run
 
     make, report, where = engine.make_trainer, finish.end_of_run_report, []
@@ -150,11 +150,11 @@ def test_train_pretrains_a_preset_in_this_process_and_returns_its_facts_and_knn(
         def on_train_start(self, trainer, module):
             where.append(trainer.callbacks.index(self))
 
-    done = train("moco-v3-vit-digits", tiny_run(), tmp_path / "a", callbacks=[Where()])
+    done = pretrain("moco-v3-vit-digits", tiny_run(), tmp_path / "a", callbacks=[Where()])
     assert done.run == tmp_path / "a" and done.facts["status"] == "finished" and done.facts["global_step"] == 2
     assert {"pretrained", "random_init"} <= set(done.knn) and done.wall_s > 0 and where == [0]
     read = trained(done.run)
     assert (read.facts, read.knn, read.wall_s) == (done.facts, done.knn, None)
-    quiet = train("moco-v3-vit-digits", tiny_run(), tmp_path / "b", report=False)
+    quiet = pretrain("moco-v3-vit-digits", tiny_run(), tmp_path / "b", report=False)
     assert quiet.knn is None and (quiet.run / "backbone.safetensors").exists() and quiet.facts["status"] == "finished"
     assert (engine.make_trainer, finish.end_of_run_report) == (make, report)
