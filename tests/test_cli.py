@@ -204,7 +204,8 @@ def test_data_root_without_the_dataset(tmp_path):
 
 def test_a_model_that_does_not_fit_the_images_leaves_no_run_folder(tmp_path, tiny):
     code, _, err = run_cli("pretrain", PRESET, *tiny, "model.patch_size=3", f"output_dir={tmp_path}", "name=r")
-    assert_user_error(code, err, "patch_size 3", "choose a patch size")
+    assert_user_error(code, err, "patch size 3", "set data.image_size to a multiple of 3 (e.g. 6 or 9)",
+                      "model.patch_size")
     assert not (tmp_path / "r").exists()
 
 
@@ -231,10 +232,13 @@ def test_corrupt_image_in_an_imagefolder(tmp_path):
     events = [e for e in map(json.loads, (tmp_path / "s" / "events.jsonl").read_text().splitlines())
               if e["kind"] == "bad_file"]  # each skipped file once, as an event of the run
     assert [(e["path"], e["value"]) for e in events] == [(str(bad), 1.0)] and "corrupt" in events[0]["reason"]
-    # past the cap (at least 1 file; here 2 of 24): one line naming the count and the files
-    (root / "train" / "a" / "1.png").write_bytes(b"")
+    assert "(1 skipped, at most 10 of 24: the larger of 10 and data.max_bad_fraction=0.001 of them)" in err
+    assert err.count("skipped an unreadable image") == 1  # one line per skipped file, whatever reads it
+    # past the cap (at least 10 files; here 13 of 24): one line naming the count and the files
+    for i in range(12):
+        (root / "train" / "a" / f"{i}.png").write_bytes(b"")
     code, _, err = run_cli("pretrain", PRESET, *folder, f"output_dir={tmp_path}", "name=t")
-    assert_user_error(code, err, "2 of 24 images could not be read", "data.max_bad_fraction",
+    assert_user_error(code, err, "of 24 images could not be read", "more than the 10", "data.max_bad_fraction",
                       "selfsup data check", only_line=False)  # after the skipped files' lines
 
 
@@ -378,7 +382,10 @@ def test_pretrain_on_an_unlabelled_nested_folder_and_eval_asks_for_labels(tmp_pa
     images = ["data.name=images", f"data.root={root}", "data.image_size=8", "data.batch_size=4"]
     code, out, err = run_cli("pretrain", PRESET, *TINY, *images, f"output_dir={tmp_path}", "name=r")
     assert code == 0, err
-    assert "skipped 1 corrupt or unreadable image file(s) of 11" in err
+    line, = [x for x in err.splitlines() if "skipped an unreadable image" in x]  # one line for the one bad file
+    assert str(root / "c" / "broken.jpg") in line and "(1 skipped, at most 10 of 11" in line
+    events = [json.loads(x) for x in (tmp_path / "r" / "events.jsonl").read_text().splitlines()]
+    assert [e["path"] for e in events if e["kind"] == "bad_file"] == [str(root / "c" / "broken.jpg")]
     assert "no kNN report: data.name=images has no labels" in out and (tmp_path / "r" / "backbone.safetensors").exists()
     code, _, err = run_cli("eval", "knn", str(tmp_path / "r"))
     assert_user_error(code, err, "data.name=images has no labels and evaluation needs them", "--data imagefolder")
@@ -399,26 +406,26 @@ def test_version_and_the_package_says_what_it_is(capsys):
 
 
 def test_the_bad_file_cap_counts_every_worker(tmp_path):
-    """Workers each see one unreadable file (under their own cap of 1); together 2 of 24 pass it: the main process
+    """Workers each see unreadable files (under their own cap of 10); together 11 of 24 pass it: the main process
     stops the run in one line, after logging each file once as an event."""
     from types import SimpleNamespace
 
     from selfsup.engine import BadFileEvents
     from selfsup.errors import UserError
 
-    lines = [{"index": 3, "path": "/d/a/3.png", "reason": "corrupt"}, {"index": 9, "path": "/d/b/9.png",
-                                                                        "reason": "empty"}]
-    (tmp_path / "bad_files.jsonl").write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[0]) + "\n")
+    lines = [{"index": i, "path": f"/d/a/{i}.png", "reason": "corrupt"} for i in range(11)]
+    (tmp_path / "bad_files.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [lines[0], *lines[:10]]))
     events = BadFileEvents(tmp_path)
     events.cap(24, 0.001)
     trainer = SimpleNamespace(is_global_zero=True, global_step=5, loggers=[], default_root_dir=tmp_path)
-    events.on_train_batch_end(trainer, None, None, None, 0)  # one file, twice (two workers): one event, no stop
+    events.on_train_batch_end(trainer, None, None, None, 0)  # 10 files, one twice (two workers): 10 events, no stop
     with (tmp_path / "bad_files.jsonl").open("a") as f:
-        f.write(json.dumps(lines[1]) + "\n")
+        f.write(json.dumps(lines[10]) + "\n")
     trainer.global_step = 6
-    with pytest.raises(UserError, match="2 of 24 images could not be read"):
+    with pytest.raises(UserError, match="11 of 24 images could not be read"):
         events.on_train_batch_end(trainer, None, None, None, 1)
     logged = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["path"], e["value"]) for e in logged] == [(5, "/d/a/3.png", 1.0), (6, "/d/b/9.png", 2.0)]
+    assert [(e["step"], e["path"], e["value"]) for e in logged] == [
+        *((5, f"/d/a/{i}.png", float(i + 1)) for i in range(10)), (6, "/d/a/10.png", 11.0)]
     assert events.state_dict() == {"offset": (tmp_path / "bad_files.jsonl").stat().st_size,
-                                   "seen": ["/d/a/3.png", "/d/b/9.png"]}
+                                   "seen": [f"/d/a/{i}.png" for i in range(11)]}

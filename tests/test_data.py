@@ -192,10 +192,14 @@ def test_an_unreadable_training_file_is_replaced_by_the_next_readable_one(tmp_pa
     strict = FolderCrops(files, 8, [(0.3, 1.0)], seed=3)
     with raises_user_error(str(files[1])):
         strict.crop(1, 0)
-    capped = FolderCrops(files, 8, [(0.3, 1.0)], seed=3).skip_bad_files(0.0)
-    capped.crop(2, 0)  # one bad file (2, then 3 stands in) is always allowed
-    with raises_user_error("2 of 5 images could not be read", "data.max_bad_fraction"):
-        capped.crop(1, 0)
+    make_folder(tmp_path / "big", {"train": {"a": 14}})
+    many = sorted((tmp_path / "big" / "train").rglob("*.png"))
+    for f in many[:11]:
+        f.write_bytes(b"")
+    capped = FolderCrops(many, 8, [(0.3, 1.0)], seed=3).skip_bad_files(0.0)
+    capped.crop(1, 0)  # ten bad files (1..10, then 11 stands in) are always allowed
+    with raises_user_error("11 of 14 images could not be read", "the larger of 10", "data.max_bad_fraction"):
+        capped.crop(0, 0)
 
 
 def test_evaluation_features_skip_an_unreadable_file_as_training_does(tmp_path):
@@ -229,7 +233,7 @@ def test_imagefolder_size_from_its_first_images_and_one_grayscale_channel(tmp_pa
     cfg = DataConfig(name="imagefolder", root=str(tmp_path / "f"))
     val = load_dataset(cfg, "test")
     assert val.image_size == 12 and cfg.image_size == 12 and val.images.shape == (1, 3, 12, 12)
-    assert "data.image_size unset: using 12 px (the shortest side of 4 image(s)" in capsys.readouterr().err
+    assert "data.image_size unset: using 12 px (the median shorter side of 4 image(s) of" in capsys.readouterr().err
     gray = DataConfig(name="imagefolder", root=str(tmp_path / "f"), image_size=8, channels=1)
     train = load_dataset(gray, "train")
     images, _ = train[torch.tensor([0, 2])]
@@ -240,8 +244,31 @@ def test_imagefolder_size_from_its_first_images_and_one_grayscale_channel(tmp_pa
     assert crops.shape == (1, 2, 1, 8, 8)  # the decode-time training crops are grayscale too
     make_folder(tmp_path / "big", {"train": {"a": 1}}, size=(300, 260))
     big = DataConfig(name="imagefolder", root=str(tmp_path / "big"))
-    assert load_dataset(big, "train").image_size == 224 and "224, their shorter sides being 260 px" in \
-        capsys.readouterr().err
+    assert load_dataset(big, "train").image_size == 224 and ": 260 px, clamped to 8..224" in capsys.readouterr().err
+
+
+def test_the_automatic_size_is_the_median_of_a_large_sample_on_the_patch_grid(tmp_path, capsys):
+    """Issue 49: the smallest side of 16 images chose 7 px for a folder of photos; the median short side of up to
+    256 images spread over the folder, clamped to 8..224 and rounded down to data.image_size_multiple (the ViT's
+    patch), does not."""
+    from selfsup.config import load_run_config
+    from selfsup.data.datasets import auto_image_size
+
+    root = tmp_path / "photos"
+    root.mkdir()
+    Image.new("RGB", (7, 9)).save(root / "000-thumbnail.png")  # first in sorted order: the old rule took it
+    for i in range(40):
+        Image.new("RGB", (60 + i, 50 + i % 5)).save(root / f"{i + 1:03d}.png")
+    cfg = load_run_config("simclr-digits", ["data.name=images", f"data.root={root}"])
+    assert cfg.data.image_size_multiple == 2  # the micro ViT's model.patch_size
+    assert load_dataset(cfg.data, "train").image_size == 52  # the median of 7 and 40 of 50..54
+    assert "the median shorter side of 41 image(s)" in capsys.readouterr().err
+    cfg = load_run_config("simclr-digits", ["data.name=images", f"data.root={root}", "model.patch_size=16"])
+    assert load_dataset(cfg.data, "train").image_size == 48
+    assert "rounded to a multiple of 16" in capsys.readouterr().err
+    assert auto_image_size([(5, 6)] * 3)[0] == 8 and auto_image_size([(30, 33), (31, 40), (500, 600)], 4)[0] == 28
+    with pytest.raises(UserError, match="median shorter side is 3 px"):
+        auto_image_size([(3, 3)] * 3)
 
 
 def test_imagefolder_without_folders_or_images(tmp_path):
@@ -308,7 +335,8 @@ def test_unlabelled_folder_at_any_depth_skips_a_corrupt_file_with_a_count(tmp_pa
     Image.new("RGB", (10, 10)).save(tmp_path / ".cache" / "hidden.png")  # hidden folder: ignored
     train = load_dataset(DataConfig(name="images", root=str(tmp_path), image_size=8), "train")
     err = capsys.readouterr().err
-    assert "skipped 1 corrupt or unreadable image file(s) of 6" in err and str(tmp_path / "a/b/bad.jpg") in err
+    assert f"skipped an unreadable image: unreadable image file {tmp_path / 'a/b/bad.jpg'} (" in err
+    assert err.count("skipped an unreadable image") == 1 and "it is left out (1 skipped, at most 10 of 6" in err
     assert [str(f.relative_to(tmp_path)) for f in train.images.files] == sorted(files)  # sorted by path
     assert len(train) == 5 and train.num_classes == 0 and train.labels.tolist() == [-1] * 5
     assert train.images.shape == (5, 3, 8, 8) and train.channels == 3
@@ -317,6 +345,33 @@ def test_unlabelled_folder_at_any_depth_skips_a_corrupt_file_with_a_count(tmp_pa
     # pretraining crops at decode time, like imagefolder
     crops = train.images.train_crops([(0.2, 1.0), (0.5, 1.0)], seed=0).crops(torch.tensor([1, 2]), epoch=0)
     assert crops.shape == (2, 2, 3, 8, 8) and crops.dtype == torch.uint8
+
+
+def test_files_that_fail_at_listing_are_bad_files_under_both_rules(tmp_path, capsys):
+    """Issue 49: an empty file, a text file named .png and a dangling symlink stop the run under
+    data.on_bad_file=error (one line naming them); under skip each is one line, counted against the cap."""
+    for i in range(4):
+        Image.new("RGB", (10, 12), (20 * i, 5, 9)).save(tmp_path / f"{i}.png")
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "text.png").write_text("hello")
+    (tmp_path / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    with pytest.raises(UserError, match=r"3 of 7 image files under .* cannot be read .*data.on_bad_file=error stops "
+                                        r"on them.*or set data.on_bad_file=skip"):
+        load_dataset(DataConfig(name="images", root=str(tmp_path), image_size=8, on_bad_file="error"), "train")
+    train = load_dataset(DataConfig(name="images", root=str(tmp_path), image_size=8), "train")
+    err = capsys.readouterr().err
+    assert len(train) == 4 and err.count("skipped an unreadable image") == 3
+    assert "dangling symlink" in err and "empty: 0 bytes" in err and str(tmp_path / "text.png") in err
+    assert sorted(p for p, _ in train.images.listed_bad) == sorted(str(tmp_path / n) for n in
+                                                                   ("empty.png", "gone.png", "text.png"))
+    log = tmp_path / "bad.jsonl"
+    train.images.train_crops([(0.5, 1.0)], seed=0, bad_log=log)
+    train.images.train_crops([(0.5, 1.0)], seed=0, bad_log=log)  # a second loader (the next epoch) logs none again
+    assert len(log.read_text().splitlines()) == 3
+    for i in range(4, 12):  # 11 bad of 15: past the cap of max(10, 0.001 x 15)
+        (tmp_path / f"bad{i}.png").write_bytes(b"")
+    with pytest.raises(UserError, match="11 of 15 images could not be read"):
+        load_dataset(DataConfig(name="images", root=str(tmp_path), image_size=8), "train")
 
 
 def test_unlabelled_folder_has_no_test_split_and_names_its_mistakes(tmp_path):

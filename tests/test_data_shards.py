@@ -38,9 +38,11 @@ def members(path):
 
 def test_shards_keep_labels_and_names_and_cap_the_side(src, tmp_path):
     out = tmp_path / "out"
-    code, stdout, err = run_cli("data", "shards", src, out, "--shard-size", "4", "--max-side", "128")
+    code, stdout, err = run_cli("data", "shards", src, out, "--shard-size", "4", "--max-side", "128",
+                                "--labels", "folders")  # an image directly under SRC: auto would read none
     assert code == 0, err
-    assert "15 images in 4 shards" in stdout and "broken.jpg" in stdout
+    assert "15 images in 4 shards" in stdout and f"left out: {src / 'dog' / 'broken.jpg'}" in stdout
+    assert "labels: 2 classes, the first-level folders" in stdout
     meta = json.loads((out / "shards.json").read_text())
     assert meta["samples"] == 15 and meta["classes"] == ["cat", "dog"]
     samples = {}
@@ -60,6 +62,35 @@ def test_shards_keep_labels_and_names_and_cap_the_side(src, tmp_path):
     assert small.size == (40, 30)  # smaller images keep their size
     assert [json.loads(x)["path"] for x in (out / "skipped.jsonl").read_text().splitlines()] == [
         str(src / "dog" / "broken.jpg")]
+
+
+def test_an_unlabelled_folder_stays_unlabelled_and_every_file_left_out_is_listed(tmp_path):
+    """Issue 49: a folder of one's own photos, nested, with loose images at its top: its subfolders are no classes
+    (--labels auto), and a dangling symlink is listed with the unreadable files, each on its own line."""
+    root = tmp_path / "photos"
+    for folder in ("2019", "2020/summer"):
+        (root / folder).mkdir(parents=True)
+        Image.new("RGB", (40, 30)).save(root / folder / "a.png")
+    Image.new("RGB", (40, 30)).save(root / "top.png")
+    (root / "2019" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    (root / "2019" / "text.png").write_text("not an image")
+    out = tmp_path / "out"
+    code, stdout, err = run_cli("data", "shards", root, out)
+    assert code == 0, err
+    assert "labels: none, every image unlabelled" in stdout
+    meta = json.loads((out / "shards.json").read_text())
+    assert meta["classes"] == [] and meta["labels"] == "none" and meta["samples"] == 3
+    labels = [int(data) for name, data in members(out / "shard-000000.tar").items() if name.endswith(".cls")]
+    assert labels == [-1, -1, -1]
+    left = [line for line in stdout.splitlines() if line.startswith("left out: ")]
+    assert sorted(left) == [f"left out: {root / '2019' / 'gone.jpg'} (a dangling symlink: its target does not exist)",
+                            *[x for x in left if "text.png" in x]] and len(left) == 2
+    logged = [json.loads(x)["path"] for x in (out / "skipped.jsonl").read_text().splitlines()]
+    assert sorted(logged) == sorted([str(root / "2019" / "gone.jpg"), str(root / "2019" / "text.png")])
+    write_shards(root, out)  # a rerun: the shard is there, the log holds each file once
+    assert len((out / "skipped.jsonl").read_text().splitlines()) == 2
+    labelled = write_shards(root, tmp_path / "out2", labels="folders")
+    assert labelled.classes == ["2019", "2020"] and labelled.labels == "folders"
 
 
 def test_shards_resume_with_the_same_bytes(src, tmp_path):

@@ -33,8 +33,11 @@ class DataConfig:
     # | webdataset (tar shards) | latents (precomputed, float)
     name: str = "digits"
     root: str | None = None  # None: the dataset's default location (see selfsup.data.datasets)
-    # None: the dataset's native size; image folders and shards: their first images' (at most 224), printed
+    # None: the dataset's native size; image folders and shards: the median shorter side of up to 256 of their images
+    # (clamped to 8..224, rounded down to image_size_multiple), printed and recorded in config.yaml
     image_size: int | None = None
+    # the automatic image_size is a multiple of this (None: model.patch_size for a selfsup ViT backbone, else 1)
+    image_size_multiple: int | None = None
     channels: int | None = None  # image folders and shards: 3 (RGB, the default) or 1 (decoded to grayscale)
     batch_size: int = 256  # global batch (all processes); per process = batch_size / world_size
     # decoding workers (imagefolder, images, webdataset: one shard stream each); in-memory datasets need none
@@ -42,9 +45,11 @@ class DataConfig:
     # A training image of a folder (imagefolder, images) that cannot be decoded: error stops the run naming it;
     # skip replaces it by the next readable file of the list (a deterministic choice: resume stays exact), prints
     # one line, logs it in RUN/bad_files.jsonl (a bad_file event) and names the files at the end; past
-    # max_bad_fraction of the files (at least 1 is allowed; counted over every loader worker) the run stops in one
-    # line. Tar shards (webdataset) the same: a corrupt image is replaced by another sample of its batch, a shard
-    # that breaks off ends there. `selfsup data check ROOT` finds them before a run.
+    # the larger of 10 files and max_bad_fraction of them (counted over every loader worker; data/badfiles.py) the run
+    # stops in one line. Files that fail at listing (data.name=images: empty, not an image, a dangling symlink)
+    # count the same. Tar shards (webdataset) the same: a corrupt image is replaced by another sample of its batch, a
+    # shard that breaks off (truncated, unreadable) ends there and the stream goes on. `selfsup data check ROOT`
+    # finds them before a run.
     on_bad_file: str = "skip"
     max_bad_fraction: float = 0.001
     # Where the training crops of a folder (imagefolder, images) are decoded: cpu (the workers decode and crop,
@@ -72,6 +77,8 @@ class DataConfig:
             raise UserError(f"data.on_bad_file={self.on_bad_file!r} is not one of: error, skip")
         if not 0 <= self.max_bad_fraction < 1:
             raise UserError(f"data.max_bad_fraction={self.max_bad_fraction} must be in [0, 1)")
+        if self.image_size_multiple is not None and self.image_size_multiple < 1:
+            raise UserError(f"data.image_size_multiple={self.image_size_multiple} must be >= 1")
         if self.decode not in ("auto", "cpu", "device"):
             raise UserError(f"data.decode={self.decode!r} is not one of: auto, cpu, device")
         if self.name not in DATASETS:
@@ -344,6 +351,8 @@ class RunConfig:
 
         self.method_name = registered_name(self.method)
         self.method_cls = METHODS[self.method_name]
+        if self.data.image_size_multiple is None and self.model.backbone.startswith("vit_"):
+            self.data.image_size_multiple = self.model.patch_size  # the automatic size on the ViT's patch grid
 
 
 DERIVED = ("method_name", "method_cls")  # RunConfig's fields that are no config keys

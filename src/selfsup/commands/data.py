@@ -39,6 +39,9 @@ def add_data_parser(sub) -> None:
     w.add_argument("--channels", type=int, default=3, choices=(1, 3), help="3: RGB (default), 1: grayscale")
     w.add_argument("--format", default="jpg", choices=("jpg", "png"), help="the images' encoding (default jpg)")
     w.add_argument("--workers", type=int, default=None, help="shards written at once (default: one per core)")
+    w.add_argument("--labels", default="auto", choices=("auto", "folders", "none"),
+                   help="folders: SRC/<class>/ are the classes; none: every image unlabelled; auto (default): folders "
+                        "when no image sits directly under SRC, else none")
     w.set_defaults(func=cmd_data_shards)
 
 
@@ -104,12 +107,16 @@ def cmd_data_shards(args) -> int:
         print(f"\rwrote {i}/{n} shards", end=end, file=sys.stderr, flush=True)
 
     r = write_shards(args.src, args.out, args.max_side, args.quality, args.shard_size, args.channels, args.format,
-                     args.workers, progress)
+                     args.workers, progress, labels=args.labels)
     ratio = f"; {r.bytes_out / r.bytes_in:.2f} of the source bytes" if r.bytes_in else ""
     print(f"{r.written} images in {r.shards} shards under {args.out} ({r.shards_skipped} already there), longer side "
           f"at most {args.max_side}, in {time.perf_counter() - start:.1f} s{ratio}; train with "
           f"data.name=webdataset data.root={args.out}")
+    print(f"labels: {len(r.classes)} classes, the first-level folders of {args.src} ({', '.join(r.classes[:5])}"
+          f"{' ...' if len(r.classes) > 5 else ''}; --labels none keeps them unlabelled)" if r.labels == "folders" else
+          f"labels: none, every image unlabelled (--labels folders reads {args.src}/<class>/ as classes)")
+    for b in r.skipped:  # every file left out, one line each
+        print(f"left out: {b['path']} ({b['reason']})")
     if r.skipped:
-        print(f"{len(r.skipped)} unreadable file(s) left out (all in {Path(args.out) / 'skipped.jsonl'}): "
-              + ", ".join(b["path"] for b in r.skipped[:5]))
+        print(f"{len(r.skipped)} unreadable file(s) left out (all in {Path(args.out) / 'skipped.jsonl'})")
     return 0

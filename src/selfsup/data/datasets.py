@@ -13,7 +13,9 @@ grayscale channel.
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import statistics
 import struct
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -26,9 +28,11 @@ import torchvision
 from PIL import Image
 from torch import Tensor
 
+from selfsup.data.badfiles import bad_file_cap, cap_words, logged, too_many_bad_files
 from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, first_readable, resize_center_crop
 from selfsup.data.device_decode import EncodedCrops
 from selfsup.data.shards import ShardImages, count_samples, first_image_sizes, shard_urls
+from selfsup.diskspace import writing
 from selfsup.errors import UserError
 
 FASHION_MNIST_DEFAULT = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
@@ -44,7 +48,8 @@ LUMA = (0.299, 0.587, 0.114)  # PIL's L = R 299/1000 + G 587/1000 + B 114/1000 (
 IMAGENET_GRAY_MEAN = (round(sum(w * m for w, m in zip(LUMA, IMAGENET_MEAN)), 4),)
 IMAGENET_GRAY_STD = (round(sum(w * s for w, s in zip(LUMA, IMAGENET_STD)), 4),)
 DEFAULT_SIZE = 224  # the model size of larger images when data.image_size is unset (ImageNet's crop)
-SIZE_PROBE = 16  # the images (spread over the sorted files: every class) whose size data.image_size defaults to
+SIZE_SAMPLE = 256  # the images (spread over the sorted files: every class) whose sizes data.image_size defaults to
+MIN_AUTO_SIZE = 8  # the automatic data.image_size is at least this (then rounded to the patch grid)
 
 
 def folder_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -53,37 +58,52 @@ def folder_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 def infer_image_size(cfg, sizes: list[tuple[int, int]], where: str) -> int:
-    """``data.image_size`` when set, else the shorter side of the smallest of a few images (``sizes``: their
-    (width, height)), at most 224 (larger photos: ImageNet's crop), printed once; written into ``cfg`` so the
-    run's config.yaml records it. A UserError naming the key when there is no usable size."""
+    """``data.image_size`` when set, else the median shorter side of a sample of the images (``sizes``: their
+    (width, height), up to ``SIZE_SAMPLE``), clamped to ``MIN_AUTO_SIZE``..``DEFAULT_SIZE`` (larger photos:
+    ImageNet's crop) and rounded down to ``data.image_size_multiple`` (a ViT's patch grid), printed once; written into
+    ``cfg`` so the run's config.yaml records it. The median, not the smallest: one thumbnail among photos does not
+    shrink the run. A UserError naming the key when there is no usable size."""
     if cfg.image_size is not None:
         return cfg.image_size
     if not sizes:
         raise UserError(f"data.image_size is unset and no image size can be read from {where}; set data.image_size")
-    short = min(min(w, h) for w, h in sizes)
-    if short < 4:
-        raise UserError(f"images of {where} are {short} px on their shorter side; set data.image_size "
-                        "(>= 4) to the size to train at")
-    size = min(short, DEFAULT_SIZE)
+    size, why = auto_image_size(sizes, getattr(cfg, "image_size_multiple", None) or 1, where)
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        why = f"the shortest side of {len(sizes)} image(s)" if size == short else \
-            f"{DEFAULT_SIZE}, their shorter sides being {short} px or more"
-        print(f"selfsup: data.image_size unset: using {size} px ({why} of {where}); set data.image_size to choose",
+        print(f"selfsup: data.image_size unset: using {size} px ({why}); set data.image_size to choose",
               file=sys.stderr)
     cfg.image_size = size
     return size
 
 
+def auto_image_size(sizes: list[tuple[int, int]], multiple: int = 1, where: str = "the data") -> tuple[int, str]:
+    """The automatic image size of images of (width, height) ``sizes`` and how it was found (``infer_image_size``)."""
+    median = int(statistics.median(min(w, h) for w, h in sizes))
+    if median < 4:
+        raise UserError(f"the images' median shorter side is {median} px; set data.image_size (>= 4) to the size to "
+                        "train at")
+    size = min(max(median, MIN_AUTO_SIZE), DEFAULT_SIZE)
+    why = f"the median shorter side of {len(sizes)} image(s) of {where}: {median} px"
+    if size != median:
+        why += f", clamped to {MIN_AUTO_SIZE}..{DEFAULT_SIZE}"
+    if size % multiple:
+        size = max(multiple, size // multiple * multiple)
+        why += f", rounded to a multiple of {multiple} (data.image_size_multiple: the ViT's model.patch_size)"
+    return size, why
+
+
+def _header_size(path: Path) -> tuple[int, int] | None:
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception:  # a damaged file: the size comes from the others
+        return None
+
+
 def _header_sizes(files: list[Path]) -> list[tuple[int, int]]:
-    """(width, height) of the first readable files, from their headers (nothing decoded)."""
-    sizes = []
-    for f in files[:SIZE_PROBE]:
-        try:
-            with Image.open(f) as im:
-                sizes.append(im.size)
-        except Exception:  # a damaged file: the size comes from the others
-            continue
-    return sizes
+    """(width, height) of the readable ones of ``files`` (up to ``SIZE_SAMPLE``), from their headers (nothing
+    decoded; threads, as the opens wait on the disk)."""
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:
+        return [s for s in pool.map(_header_size, files[:SIZE_SAMPLE]) if s is not None]
 
 
 @dataclass
@@ -245,6 +265,8 @@ class FolderImages:
         self.channels = channels
         self.max_bad_fraction = max_bad_fraction  # None: data.on_bad_file=error
         self.bad: dict[int, str] = {}
+        self.listed_bad: list[tuple[str, str]] = []  # (path, reason): files left out at listing (data.name=images)
+        self.bad_log: Path | None = None  # the run's skipped-file log, once training opened it (train_crops)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -263,7 +285,7 @@ class FolderImages:
         taken by the next readable one, as in training (its label stays: at most ``max_bad_fraction`` of the
         features are a neighbour's), within the same cap."""
         return first_readable(lambda j: resize_center_crop(self.files[j], self.size, self.resize, self.channels), i,
-                              self.files, self.max_bad_fraction, self.bad)
+                              self.files, self.max_bad_fraction, self.bad, self.bad_log)
 
     def train_crops(self, scales, seed: int, ratio=(3 / 4, 4 / 3), sizes=None, bad_log: Path | None = None,
                     encoded: bool = False) -> FolderCrops:
@@ -273,6 +295,11 @@ class FolderImages:
         only, decoded on the device (``data.decode=device``, ``device_decode.EncodedCrops``)."""
         kind = EncodedCrops if encoded else FolderCrops
         crops = kind(self.files, self.size, scales, seed, ratio, sizes=sizes, channels=self.channels)
+        self.bad_log = bad_log or self.bad_log  # the evaluation loads of this run say and log a file once too
+        if bad_log is not None:  # the files left out at listing: the run's bad_file events too
+            with writing(bad_log, "the skipped-file log"), open(bad_log, "a") as f:
+                f.writelines(json.dumps({"index": -1, "path": p, "reason": r}) + "\n" for p, r in self.listed_bad
+                             if not logged(bad_log, p))
         return crops if self.max_bad_fraction is None else crops.skip_bad_files(self.max_bad_fraction, bad_log)
 
     def __getitem__(self, index) -> Tensor:
@@ -316,16 +343,16 @@ def load_imagefolder(split: str, cfg) -> ImageDataset:
         train = folder if split == "train" else base / "train"
         probe = files if split == "train" or not train.is_dir() else \
             [f for d in sorted(p for p in train.iterdir() if p.is_dir()) for f in sorted(d.rglob("*"))
-             if f.suffix.lower() in IMAGE_SUFFIXES][:SIZE_PROBE]
+             if f.suffix.lower() in IMAGE_SUFFIXES][:SIZE_SAMPLE]
         infer_image_size(cfg, _header_sizes(_spread(probe)), train)
     images = FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3, bad_fraction(cfg))
     return ImageDataset("imagefolder", images, torch.tensor(labels), len(classes), *folder_stats(cfg.channels or 3))
 
 
 def _spread(files: list[Path]) -> list[Path]:
-    """``SIZE_PROBE`` files spread over the list (every class of a sorted folder, not only the first)."""
-    step = max(1, len(files) // SIZE_PROBE)
-    return files[::step][:SIZE_PROBE]
+    """``SIZE_SAMPLE`` files spread over the list (every class of a sorted folder, not only the first)."""
+    step = max(1, len(files) // SIZE_SAMPLE)
+    return files[::step][:SIZE_SAMPLE]
 
 
 UNLABELLED = ("images", "webdataset")  # pretraining-only data: no labels, no test split
@@ -347,20 +374,27 @@ def image_files(base: Path) -> list[Path]:
     return sorted(out)
 
 
-def _readable(path: Path) -> bool:
-    """Whether ``path`` opens as an image (header read; PIL's verify, which checks e.g. PNG chunk CRCs)."""
+def unreadable(path: Path) -> str | None:
+    """Why ``path`` does not open as an image (header read; PIL's verify, which checks e.g. PNG chunk CRCs), or None."""
+    if not path.exists():
+        return f"unreadable image file {path} (a dangling symlink: its target does not exist)"
     try:
+        if path.stat().st_size == 0:
+            return f"unreadable image file {path} (empty: 0 bytes)"
         with Image.open(path) as im:
             im.verify()
-        return True
-    except Exception:  # PIL raises many types for damaged files (OSError, SyntaxError, ValueError, struct.error...)
-        return False
+        return None
+    except Exception as e:  # PIL raises many types (OSError, SyntaxError, ValueError, struct.error...)
+        return f"unreadable image file {path} ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]})"
 
 
 def load_images(split: str, cfg) -> ImageDataset:
     """An unlabelled folder of images, flat or nested at any depth, for pretraining: ``root/**/*.{jpg,png,...}``.
-    Files that do not open as images are skipped, and their count printed; labels −1, 0 classes; the size
-    ``data.image_size``, else the first images' (``infer_image_size``)."""
+    Files that do not open as images (empty, not an image, a dangling symlink) are the bad files of
+    ``data.on_bad_file``: ``error`` stops in one line naming them; ``skip`` leaves each out with one line, within the
+    same cap as training's (``data/badfiles.py``), and logs them as the run's ``bad_file`` events
+    (``FolderImages.train_crops``); labels −1, 0 classes; the size ``data.image_size``, else the images'
+    (``infer_image_size``)."""
     root = cfg.root
     if split != "train":
         raise needs_labels("images")
@@ -371,17 +405,24 @@ def load_images(split: str, cfg) -> ImageDataset:
         raise UserError(f"data.root={root} is not a folder; data.name=images reads every image file under a folder")
     candidates = image_files(base)
     with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:  # file opens wait on the disk
-        ok = list(pool.map(_readable, candidates, chunksize=64))
-    files = [f for f, good in zip(candidates, ok) if good]
-    if len(files) < len(candidates):
-        first = next(f for f, good in zip(candidates, ok) if not good)
-        print(f"selfsup: data.name=images skipped {len(candidates) - len(files)} corrupt or unreadable image file(s) "
-              f"of {len(candidates)} under {base} (first: {first})", file=sys.stderr)
+        why = list(pool.map(unreadable, candidates, chunksize=64))
+    files = [f for f, reason in zip(candidates, why) if reason is None]
+    bad = [(str(f), reason) for f, reason in zip(candidates, why) if reason is not None]
+    if bad and cfg.on_bad_file == "error":
+        raise UserError(f"{len(bad)} of {len(candidates)} image files under {base} cannot be read (first: "
+                        f"{bad[0][1].removeprefix('unreadable image file ')}); data.on_bad_file=error stops on them: "
+                        f"remove or replace them (selfsup data check {base} lists them), or set data.on_bad_file=skip")
+    for k, (path, reason) in enumerate(bad, 1):  # one line each, then the cap
+        print(f"selfsup: skipped an unreadable image: {reason}; it is left out ({k} skipped, "
+              f"{cap_words(len(candidates), cfg.max_bad_fraction)})", file=sys.stderr)
+    if len(bad) > bad_file_cap(len(candidates), cfg.max_bad_fraction):
+        raise UserError(too_many_bad_files([p for p, _ in bad], len(candidates), cfg.max_bad_fraction))
     if not files:
         suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
         raise UserError(f"no readable image files under {base} (looked for {suffixes} at any depth)")
     infer_image_size(cfg, _header_sizes(_spread(files)), base)
     images = FolderImages(files, cfg.image_size, cfg.load_size, cfg.channels or 3, bad_fraction(cfg))
+    images.listed_bad = bad
     return ImageDataset("images", images, torch.full((len(files),), -1), 0, *folder_stats(cfg.channels or 3))
 
 
@@ -405,12 +446,14 @@ def load_webdataset(split: str, cfg) -> StreamDataset:
     if split != "train":
         raise needs_labels("webdataset")
     urls = shard_urls(cfg.root)
-    n = cfg.num_samples if cfg.num_samples is not None else count_samples(urls)
+    skip = cfg.on_bad_file == "skip"  # a shard that breaks off is counted up to the break; the stream reports it
+    n = cfg.num_samples if cfg.num_samples is not None else count_samples(urls, skip)
     if n < 1:
         raise UserError(f"the shards {urls[0]} ... hold no image samples (members named <key>.jpg, <key>.png, ...)")
     if cfg.image_size is None:
-        infer_image_size(cfg, first_image_sizes(urls, SIZE_PROBE), urls[0])
+        infer_image_size(cfg, first_image_sizes(urls, SIZE_SAMPLE, skip), urls[0])
     images = ShardImages(urls, n, cfg.image_size, cfg.load_size, cfg.shuffle_buffer, cfg.channels or 3)
+    images.skip_damaged = skip
     return StreamDataset("webdataset", images, torch.zeros(0, dtype=torch.long), 0, *folder_stats(cfg.channels or 3))
 
 

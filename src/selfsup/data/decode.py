@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from selfsup.data.badfiles import bad_file_cap, say_skipped, too_many_bad_files  # noqa: F401  (re-exported)
 from selfsup.data.views import sample_crop_boxes
 from selfsup.diskspace import writing
 from selfsup.errors import UserError
@@ -135,30 +135,17 @@ def first_readable(read, i: int, files: list, max_fraction: float | None, bad: d
 
 def record_bad_file(bad: dict, key, path: str, reason: str, total: int, max_fraction: float, log: Path | None,
                     stands_in: str = "the next readable file stands in") -> None:
-    """Note unreadable file ``key`` (``path``) in ``bad`` (once): one line on stderr, a JSON line in ``log``; more
-    than ``max(1, max_fraction · total)`` of them stop the run in one line (``data.on_bad_file=skip``)."""
+    """Note unreadable file ``key`` (``path``) in ``bad`` (once): one line on stderr and a JSON line in ``log``, unless
+    another process of the run logged it (``badfiles.say_skipped``); past ``bad_file_cap`` the run stops in one
+    line (``data.on_bad_file=skip``)."""
     if key in bad:
         return
     bad[key] = path
-    print(f"selfsup: skipped an unreadable image: {reason.split(' (')[0].removeprefix('corrupt or ')}; {stands_in}",
-          file=sys.stderr)
-    if log is not None:
+    if say_skipped(path, reason, stands_in, len(bad), total, max_fraction, log) and log is not None:
         with writing(log, "the skipped-file log"), open(log, "a") as f:
             f.write(json.dumps({"index": key, "path": path, "reason": reason}) + "\n")
     if len(bad) > bad_file_cap(total, max_fraction):
         raise UserError(too_many_bad_files(list(bad.values()), total, max_fraction))
-
-
-def bad_file_cap(n: int, max_fraction: float) -> int:
-    """The unreadable files a run of ``n`` files may skip: ``max(1, int(max_fraction · n))``."""
-    return max(1, int(max_fraction * n))
-
-
-def too_many_bad_files(paths: list[str], n: int, max_fraction: float) -> str:
-    """The one line that stops a run past :func:`bad_file_cap`: the count, the first files, the fixes."""
-    return (f"{len(paths)} of {n} images could not be read (first: {', '.join(paths[:3])}), more than "
-            f"data.max_bad_fraction={max_fraction:g} allows; list them with `selfsup data check ROOT` and remove or "
-            "replace them, or raise data.max_bad_fraction")
 
 
 class FolderCrops:

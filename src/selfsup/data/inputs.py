@@ -71,10 +71,10 @@ def check_images(images: Any, channels: int) -> None:
     if not isinstance(images, Tensor):
         raise UserError(f"the batch's images are a {type(images).__name__}; give a tensor (B, {channels}, H, W) of "
                         "uint8 or float in [0, 1]")
-    if images.dim() != 4:
+    if images.dim() not in (4, 5):  # 5: (B, V, C, S, S), the views selfsup's own loaders crop at decode time
         raise UserError(f"images of shape {tuple(images.shape)}: a batch must be (B, {channels}, H, W)"
                         + ("; add the channel axis (images.unsqueeze(1))" if images.dim() == 3 else ""))
-    c = images.shape[1]
+    c = images.shape[-3]
     if c != channels:
         if images.shape[-1] == channels and c not in (1, 3, 4):
             raise UserError(f"images of shape {tuple(images.shape)} are channels-last; give (B, C, H, W) "

@@ -1,8 +1,11 @@
 """``selfsup data shards SRC OUT``: an image folder written as webdataset tar shards, each image re-encoded at a
 maximum side (FFCV's ``max_resolution`` idea), so that training decodes fewer pixels per image.
 
-- **Labels and names kept**: ``SRC/<class>/...`` gives each image its class index (classes sorted, as the
-  ``imagefolder`` loader numbers them); images directly under ``SRC`` are unlabelled (-1). Each sample is
+- **Labels and names kept**: ``labels="folders"``: ``SRC/<class>/...`` gives each image its class index (classes
+  sorted, as the ``imagefolder`` loader numbers them), images directly under ``SRC`` are unlabelled (-1);
+  ``labels="none"``: every image is unlabelled (-1), its folders only a place; ``labels="auto"`` (the default):
+  folders when no image sits directly under ``SRC`` (the ImageFolder layout), else none (a folder of one's own
+  photos, nested or not). Each sample is
   ``<key>.jpg`` (or ``.png`` where ``--format png``), ``<key>.cls`` (the label) and ``<key>.json`` (the source
   file relative to ``SRC``, its class name, its original size): the members the ``webdataset`` loader reads.
 - **Re-encoded at a maximum side**: an image whose longer side exceeds ``max_side`` is decoded at the smallest
@@ -11,8 +14,8 @@ maximum side (FFCV's ``max_resolution`` idea), so that training decodes fewer pi
 - **Deterministic and resumable**: files are listed in sorted order and shard ``i`` holds files ``i·n …
   (i+1)·n − 1``; a shard is written to a temporary name and renamed when complete, and a rerun skips the shards
   already there, so an interrupted run continues where it stopped and writes the same bytes.
-- **Unreadable files** are left out and listed in ``OUT/skipped.jsonl``; ``OUT/shards.json`` records the count,
-  the classes and the settings.
+- **Unreadable files** (dangling symlinks included) are left out and listed, each, in ``OUT/skipped.jsonl``;
+  ``OUT/shards.json`` records the count, the classes, how the labels were read and the settings.
 """
 
 from __future__ import annotations
@@ -40,25 +43,42 @@ class ShardReport:
     shards_skipped: int = 0  # already complete from an earlier run
     skipped: list[dict] = field(default_factory=list)  # unreadable files, with the reason
     classes: list[str] = field(default_factory=list)
+    labels: str = "folders"  # how the labels were read: folders (SRC/<class>/) or none (every image -1)
     bytes_in: int = 0  # of the source files of the shards written this run
     bytes_out: int = 0  # of those shards
 
 
-def listing(src: Path) -> tuple[list[Path], list[int], list[str]]:
-    """Every image under ``src`` in sorted order, its label (the index of its first-level folder among the sorted
-    class folders; -1 directly under ``src``) and the class names."""
-    classes = sorted(d.name for d in src.iterdir() if d.is_dir() and not d.name.startswith("."))
-    files, labels = [], []
-    for f in sorted(p for p in src.iterdir() if p.is_file()):
-        if f.suffix.lower() in IMAGE_SUFFIXES:
+def _image_name(p: Path) -> bool:
+    return p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
+
+
+def listing(src: Path, labels: str = "folders") -> tuple[list[Path], list[int], list[str], list[dict]]:
+    """Every image under ``src`` in sorted order, its label (``labels="folders"``: the index of its first-level
+    folder among the sorted class folders, -1 directly under ``src``; ``"none"``: -1), the class names, and the
+    image-named paths that are no file (a dangling symlink), each with the reason it is left out."""
+    folders = sorted(d.name for d in src.iterdir() if d.is_dir() and not d.name.startswith("."))
+    classes = folders if labels == "folders" else []
+    files, out, dropped = [], [], []
+    candidates = [(p, -1) for p in sorted(src.iterdir()) if _image_name(p) and not p.is_dir()]
+    for k, name in enumerate(folders):
+        candidates += [(p, k if classes else -1) for p in sorted((src / name).rglob("*"))
+                       if _image_name(p) and not p.is_dir()]
+    for f, label in candidates:
+        if f.is_file():
             files.append(f)
-            labels.append(-1)
-    for label, name in enumerate(classes):
-        for f in sorted((src / name).rglob("*")):
-            if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith("."):
-                files.append(f)
-                labels.append(label)
-    return files, labels, classes
+            out.append(label)
+        else:
+            what = "a dangling symlink: its target does not exist" if f.is_symlink() else "not a regular file"
+            dropped.append({"path": str(f), "reason": what})
+    return files, out, classes, dropped
+
+
+def resolve_labels(src: Path, labels: str) -> str:
+    """``labels="auto"``: ``folders`` when no image sits directly under ``src`` (the ImageFolder layout), else
+    ``none``; other values as given."""
+    if labels != "auto":
+        return labels
+    return "none" if any(_image_name(p) for p in src.iterdir()) else "folders"
 
 
 def reencode(path: Path, max_side: int, quality: int, channels: int, fmt: str) -> tuple[bytes, tuple[int, int]]:
@@ -113,7 +133,8 @@ def write_shard(path: Path, items: list[tuple[int, Path, int]], src: Path, class
 
 
 def write_shards(src: str | Path, out: str | Path, max_side: int = 320, quality: int = 90, shard_size: int = 1000,
-                 channels: int = 3, fmt: str = "jpg", workers: int | None = None, progress=None) -> ShardReport:
+                 channels: int = 3, fmt: str = "jpg", workers: int | None = None, progress=None,
+                 labels: str = "auto") -> ShardReport:
     """Write ``src``'s images as shards ``OUT/shard-000000.tar`` … of ``shard_size`` images each (see the module
     docstring); ``progress(done, total)`` after each shard."""
     src, out = Path(src), Path(out)
@@ -124,13 +145,16 @@ def write_shards(src: str | Path, out: str | Path, max_side: int = 320, quality:
             fmt not in ("jpg", "png"):
         raise UserError(f"--max-side {max_side} (>= 16), --quality {quality} (1-100), --shard-size {shard_size} "
                         f"(>= 1), --channels {channels} (1 or 3), --format {fmt} (jpg or png): a value is out of range")
-    files, labels, classes = listing(src)
+    if labels not in ("auto", "folders", "none"):
+        raise UserError(f"--labels {labels} is not one of auto, folders, none")
+    how = resolve_labels(src, labels)
+    files, labels, classes, dropped = listing(src, how)
     if not files:
         raise UserError(f"no image files under {src} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tar.tmp"):  # what an interrupted run left half-written
         stale.unlink()
-    report = ShardReport(files=len(files), classes=classes)
+    report = ShardReport(files=len(files), classes=classes, labels=how, skipped=list(dropped))
     n = math.ceil(len(files) / shard_size)
     todo, done = [], 0
     for i in range(n):
@@ -145,6 +169,10 @@ def write_shards(src: str | Path, out: str | Path, max_side: int = 320, quality:
     if progress:
         progress(done, n)
     skipped_log = out / "skipped.jsonl"
+    listed = {json.loads(x)["path"] for x in skipped_log.read_text().splitlines()} if skipped_log.exists() else set()
+    if any(b["path"] not in listed for b in dropped):  # once, a rerun finding them again
+        with skipped_log.open("a") as f:
+            f.write("".join(json.dumps(b) + "\n" for b in dropped if b["path"] not in listed))
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         jobs = [pool.submit(write_shard, path, items, src, classes, max_side, quality, channels, fmt)
                 for path, items in todo]
@@ -161,7 +189,7 @@ def write_shards(src: str | Path, out: str | Path, max_side: int = 320, quality:
                 progress(done, n)
     report.shards = n
     report.written = sum(_samples(out / f"shard-{i:06d}.tar") for i in range(n))
-    meta = {"samples": report.written, "classes": classes, "max_side": max_side, "quality": quality,
+    meta = {"samples": report.written, "classes": classes, "labels": how, "max_side": max_side, "quality": quality,
             "channels": channels, "format": fmt, "shard_size": shard_size, "source": str(src)}
     (out / "shards.json").write_text(json.dumps(meta, indent=2))
     return report

@@ -108,44 +108,51 @@ def _key_ext(name: str) -> tuple[str | None, str]:
     return ((f"{folder}/{stem}" if folder else stem) if dot else None), ext.lower()
 
 
-def count_samples(urls: list[str]) -> int:
-    """Samples with an image in local shards, from their tar headers (no image is read); a UserError for URLs."""
+def _members(path: Path, skip: bool):
+    """The regular members of local shard ``path`` in tar order; a shard that breaks off (truncated, not a tar) ends
+    at the break under ``skip`` (the stream names it when it reaches it: one line, a ``bad_file`` event), else is a
+    UserError naming it."""
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.isreg():
+                    yield tar, member
+    except (tarfile.TarError, OSError, EOFError) as e:
+        if not skip:
+            raise UserError(f"shard {path} is not a readable tar file ({type(e).__name__}); remove or rewrite it, or "
+                            "set data.on_bad_file=skip") from None
+
+
+def count_samples(urls: list[str], skip: bool = False) -> int:
+    """Samples with an image in local shards, from their tar headers (no image is read); a shard that breaks off is
+    counted up to the break under ``skip`` (``data.on_bad_file=skip``); a UserError for URLs."""
     total = 0
     for url in urls:
         path = _local_path(url)
         if path is None:
             raise UserError(f"shard {url} is not a local file, so its samples cannot be counted; set data.num_samples "
                             "(all shards together) for streamed shards")
-        try:
-            with tarfile.open(path) as tar:
-                keys = {_key_ext(m.name)[0] for m in tar if m.isreg() and _key_ext(m.name)[1] in IMAGE_EXTS}
-        except (tarfile.TarError, OSError) as e:
-            raise UserError(f"shard {path} is not a readable tar file ({type(e).__name__}); "
-                            "remove or rewrite it") from None
+        keys = {_key_ext(m.name)[0] for _, m in _members(path, skip) if _key_ext(m.name)[1] in IMAGE_EXTS}
         total += len(keys - {None})
     return total
 
 
-def first_image_sizes(urls: list[str], n: int) -> list[tuple[int, int]]:
-    """(width, height) of the first ``n`` images of the first local shard, from their headers; [] for a stream
-    (the caller then asks for data.image_size)."""
-    path = next((p for p in map(_local_path, urls) if p is not None), None)
+def first_image_sizes(urls: list[str], n: int, skip: bool = False) -> list[tuple[int, int]]:
+    """(width, height) of the first ``n`` images of the local shards, in shard order, from their headers; [] for a
+    stream (the caller then asks for data.image_size). A shard that breaks off gives what it holds before the break
+    under ``skip``."""
     sizes: list[tuple[int, int]] = []
-    if path is None:
-        return sizes
-    try:
-        with tarfile.open(path) as tar:
-            for member in tar:
-                if member.isreg() and _key_ext(member.name)[1] in IMAGE_EXTS:
-                    try:
-                        with Image.open(tar.extractfile(member)) as im:
-                            sizes.append(im.size)
-                    except Exception:  # a damaged image: the size comes from the others
-                        continue
-                    if len(sizes) == n:
-                        break
-    except (tarfile.TarError, OSError) as e:
-        raise UserError(f"shard {path} is not a readable tar file ({type(e).__name__}); remove or rewrite it") from None
+    for path in (p for p in map(_local_path, urls) if p is not None):
+        for tar, member in _members(path, skip):
+            if _key_ext(member.name)[1] not in IMAGE_EXTS:
+                continue
+            try:
+                with Image.open(tar.extractfile(member)) as im:
+                    sizes.append(im.size)
+            except Exception:  # a damaged image: the size comes from the others
+                continue
+            if len(sizes) == n:
+                return sizes
     return sizes
 
 
@@ -196,6 +203,7 @@ class ShardImages:
                  shuffle_buffer: int = 1000, channels: int = 3):
         self.urls, self.num_samples, self.size, self.resize = list(urls), num_samples, size, resize
         self.shuffle_buffer, self.channels = shuffle_buffer, channels
+        self.skip_damaged = False  # data.on_bad_file=skip: head() reads a shard up to where it breaks off
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -258,8 +266,9 @@ class ShardImages:
     def head(self, n: int) -> tuple[Tensor, Tensor]:
         """The first ``n`` decodable images in shard order as evaluation crops, uint8 (n, 3, S, S), and labels."""
         images, labels = [], []
+        damaged = (lambda url, message: None) if self.skip_damaged else None  # the training stream names it
         for shard in range(len(self.urls)):
-            for sample in self.read(shard):
+            for sample in self.read(shard, damaged):
                 ext, data = _image(sample)
                 try:
                     images.append(resize_center_crop(_Named(data, f"{sample['__url__']}:{sample['__key__']}.{ext}"),

@@ -232,8 +232,10 @@ class VisionTransformer(nn.Module):
         if ffn not in ("mlp", "swiglu") or registers < 0:
             raise ValueError(f"ffn must be mlp or swiglu and registers >= 0, got {ffn!r}, {registers}")
         if image_size % patch_size != 0:
-            raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}; "
-                             "choose a patch size that divides the image size")
+            lo = max(patch_size, image_size // patch_size * patch_size)
+            raise ValueError(f"image size {image_size} is not divisible by the ViT's patch size {patch_size}; set "
+                             f"data.image_size to a multiple of {patch_size} (e.g. {lo} or {lo + patch_size}), or a "
+                             "model.patch_size that divides it")
         self.kwargs = dict(image_size=image_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim,
                            depth=depth, num_heads=num_heads, mlp_ratio=float(mlp_ratio), qkv_bias=qkv_bias,
                            drop_path_rate=float(drop_path_rate), pool=pool, stop_grad_conv1=stop_grad_conv1,
