@@ -18,6 +18,9 @@ global norm) and then the last layer's gradients are dropped (``grad = None``: A
 decays it) during the first ``freeze_last_layer`` epochs; biases and 1-D tensors get no weight decay
 (``optim.decay_1d: false`` in the presets). Crops of one resolution go through a backbone in one call, with
 BatchNorm too (the MultiCropWrapper). The teacher backbone is the one evaluated, exported and measured.
+
+What DINO shares with iBOT and DINOv2 (the EMA teacher, the centre, the Sinkhorn-or-centre targets, the schedules,
+the clipping, the collapse signs) lives in ``methods.teacher``; the constructor composes it in one sequence.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """DINOv2 (Oquab et al. 2023), as facebookresearch/dinov2 ``dinov2/train/ssl_meta_arch.py`` and ``train/train.py``.
 
-DINO's [CLS] self-distillation (``methods.dino``) and iBOT's masked-patch term, with DINOv2's own choices; per step
+DINO's [CLS] self-distillation (``methods.dino``) and iBOT's masked-patch term (the teacher, centres and targets
+they share: ``methods.teacher``), with DINOv2's own choices; per step
 (ssl_meta_arch.py:132-346, file:line of the official code throughout; docs/DINOV2.md lists them):
 
     m = masks of the 2B global crops: half of them masked, ratios stratified over (0.1, 0.5)   # collate.py:20-36

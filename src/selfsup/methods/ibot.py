@@ -1,6 +1,7 @@
 """iBOT (Zhou et al. 2022, "Image BERT Pre-Training with Online Tokenizer"), as bytedance/ibot main_ibot.py.
 
-DINO (``methods.dino``) with a masked-image-modelling term; per step (main_ibot.py:403-413, :478-572):
+DINO (``methods.dino``; the shared teacher, centres and schedules in ``methods.teacher``) with a
+masked-image-modelling term; per step (main_ibot.py:403-413, :478-572):
 
     m_1, m_2 = block masks of the two global crops              # half the crops unmasked in the recipe
     t_cls, t_patch = teacher_head(teacher_backbone(x_global))    # unmasked, no gradient
