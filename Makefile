@@ -31,6 +31,7 @@ test: lint
 docs: $(STAMP)
 	$(BIN)/pip install --quiet "mkdocs>=1.6" "mkdocs-material>=9" "mkdocstrings[python]>=0.26"
 	$(BIN)/python -m selfsup.config_reference > docs/config.md
+	$(BIN)/python -m selfsup.config_reference --api docs/api
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:

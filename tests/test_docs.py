@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"```([a-z]*)\n(.*?)```", re.S)
 
 
@@ -85,7 +85,7 @@ def test_every_docs_page_is_in_the_site_navigation():
                 yield from pages(v)
 
     listed = set(pages(nav))
-    on_disk = {p.name for p in (ROOT / "docs").glob("*.md")}
+    on_disk = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
     assert on_disk == listed, f"not in mkdocs.yml nav: {sorted(on_disk - listed)}; missing: {sorted(listed - on_disk)}"
 
 
@@ -94,6 +94,19 @@ def test_the_config_reference_is_fresh():
 
     assert (ROOT / "docs" / "config.md").read_text() == render(), \
         "docs/config.md is stale: python -m selfsup.config_reference > docs/config.md"
+
+
+def test_every_registered_method_has_its_fresh_api_page():
+    """docs/api/<name>.md for each registered method (its docstring and Config, rendered by mkdocstrings), as the
+    generator writes it today, and no page of a method that is not registered."""
+    from selfsup.config_reference import method_page, preset_keys
+    from selfsup.methods import METHODS
+
+    pages, used = {p.stem: p.read_text() for p in (ROOT / "docs" / "api").glob("*.md")}, preset_keys()
+    assert set(pages) == set(METHODS), "python -m selfsup.config_reference --api docs/api (and list it in mkdocs.yml)"
+    for name in METHODS:
+        assert pages[name] == method_page(name, used), \
+            f"docs/api/{name}.md is stale: python -m selfsup.config_reference --api docs/api"
 
 
 def test_the_config_reference_names_every_key_its_type_default_and_presets():

@@ -93,6 +93,70 @@ def test_the_loss_check_fires_before_every_checkpoint_of_every_method(case, tmp_
         model.on_save_checkpoint({})
 
 
+# steps of a 5-epoch run of 10 steps: the first, in a warm-up, across an epoch boundary, the last
+SCHEDULE_STEPS = ((0, 0), (9, 0), (10, 1), (23, 2), (49, 4))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_schedule_returns_exactly_the_extras_its_method_declares(name, tmp_path):
+    """Every registered method's ``schedule(step, epoch)``, without a Trainer, returns as extras exactly the names
+    its class declares in ``schedule_extras`` (the names the hook sets as attributes), at every step: with the
+    warm-ups that schedule them switched on (Self-Flow's and REPA's ``rep_weight`` ramp; DINO's τt warm-up)."""
+    model = registry_method(name, tmp_path)
+    model.total_steps, model.steps_per_epoch, model.max_epochs = 50, 10, 5
+    c = model.cfg.method
+    for key, value in (("rep_warmup_steps", 20), ("warmup_teacher_temp_epochs", 2)):
+        if hasattr(c, key):
+            setattr(c, key, value)
+    for step, epoch in SCHEDULE_STEPS:
+        extras = model.schedule(step, epoch).extras
+        assert tuple(extras) == model.schedule_extras, (name, step)
+        for key, value in extras.items():
+            setattr(model, key, value)  # each is an attribute the method reads
+
+
+def test_the_hook_refuses_an_extra_the_method_does_not_declare():
+    """``on_train_batch_start`` sets a declared extra and refuses any other with an internal error naming the method
+    and the key (it would otherwise set an attribute of any name: a misspelt one silently)."""
+    from types import SimpleNamespace
+
+    from selfsup.schedules import StepValues
+
+    model = tiny_method("dino")
+    opt = model.configure_optimizers()
+    batches = SimpleNamespace(current=SimpleNamespace(completed=0))
+    model._trainer = SimpleNamespace(global_step=0, current_epoch=0, optimizers=[opt], accumulate_grad_batches=1,
+                                     fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=batches)))
+    model.schedule = lambda step, epoch: StepValues(0.1, 0.1, momentum=0.9, extras={"teacher_temp": 0.07})
+    model.on_train_batch_start(None, 0)
+    assert model.teacher_temp == 0.07 and model.step_teacher_temp.item() == pytest.approx(0.07)
+    model.schedule = lambda step, epoch: StepValues(0.1, 0.1, momentum=0.9, extras={"teacher_tmp": 0.07})
+    with pytest.raises(RuntimeError, match="DINO.schedule returned the extra 'teacher_tmp'"):
+        model.on_train_batch_start(None, 0)
+    assert not hasattr(model, "teacher_tmp")
+
+
+def test_a_frozen_teacher_stays_in_eval_mode_without_gradient_or_ema():
+    """``teacher.frozen_teacher``: no gradient, not a momentum target, in ``step_modules``, and in eval mode after
+    the whole method is set to train (what Lightning does at the start of fit), while an EMA teacher follows the
+    method's mode."""
+    import copy
+
+    from selfsup.methods.teacher import frozen_teacher
+
+    model = tiny_method("dino")
+    model.frozen_teacher = frozen_teacher(model, copy.deepcopy(model.backbone))
+    model.train()
+    assert not model.frozen_teacher.training and all(not m.training for m in model.frozen_teacher.modules())
+    assert model.teacher_backbone.training and model.backbone.training
+    assert not any(p.requires_grad for p in model.frozen_teacher.parameters())
+    assert all(t is not model.frozen_teacher for _, t in model.momentum_pairs)
+    assert model.step_modules()["frozen_teacher"] is model.frozen_teacher
+    before = [p.clone() for p in model.frozen_teacher.parameters()]
+    model.ema_step(0.5)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.frozen_teacher.parameters()))
+
+
 def test_flow_ema_decay_travels_in_the_checkpoint():
     model = flow_method("self-flow-digits", "method.ema_warmup_steps=10", "method.ema_decay=0.9")
     model.update_ema(5)

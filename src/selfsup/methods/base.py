@@ -232,6 +232,9 @@ class TrainingBase(pl.LightningModule):
     # What the collapse alarm (instruments/collapse.py) suggests when this method's representation collapses.
     collapse_remedy: ClassVar[str] = "lower optim.base_lr or lengthen optim.warmup_epochs"
     scales_min_lr: ClassVar[bool] = True  # the official final lr scales with the batch as the peak (Barlow Twins)
+    # the names of the extras its ``schedule`` returns (``StepValues.extras``), each set as the attribute of that name
+    # before every step; the hook refuses any other (DINO: teacher_temp; iBOT: and teacher_patch_temp)
+    schedule_extras: ClassVar[tuple[str, ...]] = ()
     step_forward: ClassVar[str | None] = "forward_views"  # the method trainer.compile compiles whole (compile_step)
     progress_bar: ClassVar[tuple[str, ...]] = ("train/loss",)  # the logged values the progress bar shows
     # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
@@ -252,6 +255,7 @@ class TrainingBase(pl.LightningModule):
         self.finite_watch = FiniteLossWatch()
         self.post_step_hooks: list[Callable[[], None]] = []
         self.momentum_pairs: list[tuple[nn.Module, nn.Module]] = []  # (online, EMA target)
+        self.frozen_modules: list[nn.Module] = []  # fixed teachers: no gradient, eval mode for good (``train``)
         self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
         self._generator: torch.Generator | None = None
 
@@ -278,9 +282,17 @@ class TrainingBase(pl.LightningModule):
         return target
 
     def step_modules(self) -> dict[str, nn.Module]:
-        """The modules of the step: the trainable ones and the EMA targets (``trainer.compile``, memory format)."""
-        targets = [t for _, t in self.momentum_pairs]
+        """The modules of the step: the trainable ones, the EMA targets and the frozen teachers (``trainer.compile``,
+        memory format)."""
+        targets = [t for _, t in self.momentum_pairs] + self.frozen_modules
         return {**self.trainable(), **{n: c for n, c in self.named_children() if any(c is t for t in targets)}}
+
+    def train(self, mode: bool = True):
+        """``nn.Module.train``, the ``frozen_modules`` left in eval mode (Lightning sets the whole module's mode)."""
+        super().train(mode)
+        for module in self.frozen_modules:
+            module.eval()
+        return self
 
     # ----------------------------------------------------------------- EMA
     @property
@@ -411,7 +423,8 @@ class TrainingBase(pl.LightningModule):
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         """Applies this step's ``schedule``: each parameter group's lr (× its ``lr_scale``; ``fixed_lr`` groups the
         peak; the ``frozen`` groups 0) and, where given, weight decay (the ``decayed`` groups), the momentum
-        (``self.momentum`` and the in-step EMA weight) and the method's extras (attributes of their names)."""
+        (``self.momentum`` and the in-step EMA weight) and the method's extras (attributes of their names), each
+        one its class declares in ``schedule_extras`` (another is an internal error naming the method and the key)."""
         v = self.schedule(self.trainer.global_step, self.current_epoch)
         for group in self.trainer.optimizers[0].param_groups:
             group["lr"] = (v.peak_lr if group["fixed_lr"] else v.lr) * group["lr_scale"]
@@ -422,6 +435,9 @@ class TrainingBase(pl.LightningModule):
         if v.momentum is not None:
             self.momentum = v.momentum
         for name, value in v.extras.items():
+            if name not in self.schedule_extras:
+                raise RuntimeError(f"{type(self).__name__}.schedule returned the extra {name!r}, which "
+                                   f"{type(self).__name__}.schedule_extras {self.schedule_extras} does not declare")
             setattr(self, name, value)
         # the in-step EMA acts at an optimiser step's first micro-batch only
         self.ema_weight.fill_(0.0 if micro_batch(self.trainer) else 1.0 - self.momentum)

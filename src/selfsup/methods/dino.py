@@ -18,6 +18,9 @@ global norm) and then the last layer's gradients are dropped (``grad = None``: A
 decays it) during the first ``freeze_last_layer`` epochs; biases and 1-D tensors get no weight decay
 (``optim.decay_1d: false`` in the presets). Crops of one resolution go through a backbone in one call, with
 BatchNorm too (the MultiCropWrapper). The teacher backbone is the one evaluated, exported and measured.
+
+What DINO shares with iBOT and DINOv2 (the EMA teacher, the centre, the Sinkhorn-or-centre targets, the schedules,
+the clipping, the collapse signs) lives in ``methods.teacher``; the constructor composes it in one sequence.
 """
 
 from __future__ import annotations
@@ -25,14 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from selfsup.distributed import all_reduce_sum, world
+from selfsup.distributed import all_reduce_sum
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_cross_entropy, dino_teacher_probs, koleo_loss, sinkhorn_knopp
-from selfsup.methods.base import SSLMethod, check_momentum, encode_views
+from selfsup.losses import dino_cross_entropy
+from selfsup.methods.base import check_momentum, encode_views
+from selfsup.methods.teacher import Centres, SelfDistillation, ema_teacher
 from selfsup.models.heads import DINOHead
-from selfsup.schedules import StepValues, dino_cosine, teacher_temperature
 from selfsup.step import StepOutput
 
 
@@ -87,74 +89,25 @@ class DINOConfig:
         check_momentum(self)
 
 
-def _without_drop_path(module: nn.Module) -> nn.Module:
-    """The teacher is built without stochastic depth (main_dino.py:162-166): every drop-path rate set to 0."""
-    for m in module.modules():
-        if hasattr(m, "drop_prob"):  # timm DropPath
-            m.drop_prob = 0.0
-        elif type(m).__name__ == "DropPath" and hasattr(m, "p"):  # selfsup ViT
-            m.p = 0.0
-    return module
-
-
-def require_cls_vit(method: str, cfg, backbone: nn.Module) -> None:
-    """iBOT's and DINOv2's patch terms need the selfsup ViT's tokens with a class token (``model.pool=cls``)."""
-    from selfsup.models.vit import VisionTransformer
-
-    if not isinstance(backbone, VisionTransformer) or backbone.pool != "cls":
-        raise UserError(f"method {method} needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
-                        f"deit_small, vit_small, vit_base, vit_large), not model.backbone={cfg.model.backbone!r}, "
-                        f"model.pool={cfg.model.pool!r}")
-
-
-class DINO(SSLMethod):
+class DINO(SelfDistillation):
     """Student ``head(backbone(x))`` on every crop, EMA teacher on the two global crops, centred targets."""
     collapse_remedy = ("method.centering=sinkhorn_knopp (DINOv2's targets); a higher method.teacher_temp or its "
                        "warm-up (method.warmup_teacher_temp_epochs); a lower optim.base_lr; a smaller "
                        "method.out_dim")
 
     Config = DINOConfig
-    recipe = "dino"
-    eval_backbone_name = "teacher_backbone"  # the official kNN and the released weights are the teacher's
-    uses_momentum = True
-    scales_min_lr = False  # main_dino.py:238-243 cosine_scheduler(lr × batch/256, args.min_lr, ...): as given
-    n_global = 2
 
     def __init__(self, cfg, info):
-        super().__init__(cfg, info)
+        super().__init__(cfg, info)  # the student backbone
         c = cfg.method
-        self.head = self.build_head(c)
-        self.teacher_backbone = _without_drop_path(self.momentum_target(self.backbone))
-        self.teacher_head = self.build_teacher_head(c)
-        self.register_buffer("center", torch.zeros(1, c.out_dim))
-        self.register_buffer("step_teacher_temp", torch.ones(()), persistent=False)  # τt on the device, per step
+        self.head = DINOHead(self.backbone.num_features, c.out_dim, c.hidden_dim, c.bottleneck_dim, c.head_layers,
+                             c.use_bn_in_head, c.norm_last_layer)
+        self.teacher_backbone = ema_teacher(self, self.backbone)
+        self.teacher_head = ema_teacher(self, self.head)
+        self.centres = Centres(self, center=((1, c.out_dim), c.center_momentum))
         self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
         self.post_step_hooks.append(self.teacher_ema)
 
-    def build_head(self, c) -> nn.Module:
-        """The student's projection head (iBOT: its own)."""
-        return DINOHead(self.backbone.num_features, c.out_dim, c.hidden_dim, c.bottleneck_dim, c.head_layers,
-                        c.use_bn_in_head, c.norm_last_layer)
-
-    def build_teacher_head(self, c) -> nn.Module:
-        """The teacher's head: a frozen copy of the student's, its EMA."""
-        return self.momentum_target(self.head)
-
-    def trainable(self):
-        return {"backbone": self.backbone, "head": self.head}
-
-    @property
-    def teacher_temp(self) -> float:
-        """This epoch's teacher temperature τt (a host float, logged); setting it sets ``step_teacher_temp``, the
-        copy the step reads (a compiled step neither recompiles for each new τt nor reads it back)."""
-        return self._teacher_temp
-
-    @teacher_temp.setter
-    def teacher_temp(self, value: float) -> None:
-        self._teacher_temp = value
-        self.step_teacher_temp.fill_(value)
-
-    # ----------------------------------------------------------------- the step
     def forward_views(self, views):
         c = self.cfg.method
         if len(views) < self.n_global:
@@ -164,7 +117,7 @@ class DINO(SSLMethod):
             t_logits = self.teacher_head(torch.cat(t_feats))
         s_feats = encode_views(self.backbone, views, per_view_batch_norm=False)
         s_logits = self.head(torch.cat(s_feats))
-        q = self.teacher_targets(t_logits)
+        q = self.cls_targets(t_logits, all_reduce_sum)
         loss = dino_cross_entropy(s_logits, q, c.student_temp, self.n_global)
         signs = self.teacher_signs(t_logits, q)
         signs["dino_kl_teacher_student"] = loss.detach() - signs["dino_teacher_entropy"]  # mean KL(q_i || p_v)
@@ -172,77 +125,6 @@ class DINO(SSLMethod):
             koleo, koleo_signs = self.koleo(s_feats[:self.n_global])
             loss = loss + koleo
             signs.update(koleo_signs)
-        if c.centering == "centering":
-            self.update_center(t_logits)
+        if c.centering == "centering":  # C over the global batch, after the loss
+            self.centres.update(all_reduce_sum, center=(t_logits.float().sum(0), t_logits.shape[0]))
         return StepOutput(loss, embedding=t_feats[0], embedding2=t_feats[1], instruments=signs)
-
-    def koleo(self, global_feats) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """DINOv2's KoLeo term on the student backbone's features of each global crop, not across the crops of one
-        image (ssl_meta_arch.py:313-320): ``koleo_loss_weight · Σ_crops koleo(crop)``; and its signs, the term
-        and the mean nearest-neighbour distance it acts on."""
-        terms = [koleo_loss(f) for f in global_feats]
-        koleo = self.cfg.method.koleo_loss_weight * sum(t[0] for t in terms)
-        return koleo, {"koleo_loss": koleo.detach(), "koleo_nn_distance": sum(t[1] for t in terms) / len(terms)}
-
-    @torch.no_grad()
-    def teacher_targets(self, t_logits: torch.Tensor) -> torch.Tensor:
-        """The teacher's targets q (2B, K): ``softmax((t − C) / τt)`` with DINO's centre, or DINOv2's Sinkhorn-Knopp
-        at ε = τt over the global batch (``method.centering``; one Sinkhorn, SwAV's ``losses.sinkhorn_knopp``)."""
-        c = self.cfg.method
-        if c.centering == "sinkhorn_knopp":
-            _, size = world()
-            return sinkhorn_knopp(t_logits, self.step_teacher_temp, c.sinkhorn_iterations, world_size=size,
-                                  all_reduce=all_reduce_sum)
-        center = self.center if c.centering == "centering" else torch.zeros_like(self.center)  # none: sharpening only
-        return dino_teacher_probs(t_logits, center, self.step_teacher_temp)
-
-    @torch.no_grad()
-    def teacher_signs(self, t_logits: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The collapse signs DINO users watch (the paper's Fig. 7), from this step's teacher logits, its targets
-        ``q`` and the centre before its update: the mean entropy of the targets (log K: uniform), and the logits'
-        spread over the batch (std over its images, mean over the K outputs) in units of τt: under 1, what the
-        centre leaves of the logits is too small against τt for any target to be sharp (benchmarks/dino_cpu.py)."""
-        q = q.float()
-        return {"dino_teacher_entropy": -torch.special.xlogy(q, q).sum(-1).mean(),
-                "dino_teacher_spread": t_logits.float().std(0).mean() / self.step_teacher_temp,
-                "dino_center_norm": self.center.norm()}
-
-    @torch.no_grad()
-    def update_center(self, teacher_logits: torch.Tensor) -> None:
-        """C ← m C + (1 − m) · (teacher outputs of the global crops, summed and all-reduced) / (2 B · world)."""
-        _, size = world()
-        total = all_reduce_sum(teacher_logits.float().sum(dim=0, keepdim=True))
-        self.center.copy_(dino_center(self.center, total, teacher_logits.shape[0] * size,
-                                      self.cfg.method.center_momentum))
-
-    # ----------------------------------------------------------------- schedules
-    def schedule(self, step: int, epoch: int) -> StepValues:
-        """Per iteration: lr (warm-up from 0, cosine to min_lr), wd of the decayed groups (cosine to
-        ``weight_decay_end``), teacher momentum (cosine to 1), all ``utils.cosine_scheduler``
-        (main_dino.py:238-251); τt per epoch (main_dino.py:374-378, logged as ``train/teacher_temp``)."""
-        o, c, total = self.cfg.optim, self.cfg.method, self.total_steps
-        peak = self.peak_lr()
-        momentum = dino_cosine(step, total, 0, c.momentum, 1.0) if c.momentum_schedule == "cosine" else c.momentum
-        temp = teacher_temperature(epoch, c.warmup_teacher_temp, c.teacher_temp, c.warmup_teacher_temp_epochs)
-        return StepValues(dino_cosine(step, total, self.warmup_steps(), peak, self.final_lr()), peak,
-                          weight_decay=dino_cosine(step, total, 0, o.weight_decay, c.weight_decay_end),
-                          momentum=momentum, extras={"teacher_temp": temp})
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        """Per-tensor gradient clipping (utils.clip_gradients: each gradient scaled to norm ≤ ``clip_grad``),
-        then the last layer's gradients dropped during the first ``freeze_last_layer`` epochs
-        (utils.cancel_gradients_last_layer: ``grad = None``, after clipping). No host read: the scale is
-        ``min(1, clip / (‖g‖ + 1e-6))`` on the device (exactly 1 where the official code skips the tensor)."""
-        clip = self.cfg.method.clip_grad
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if clip > 0 and grads:
-            norms = torch.stack(torch._foreach_norm(grads))
-            torch._foreach_mul_(grads, (clip / (norms + 1e-6)).clamp(max=1.0).unbind())
-        if self.current_epoch < self.cfg.method.freeze_last_layer:
-            for name, p in self.named_parameters():
-                if "last_layer" in name:
-                    p.grad = None
-
-    def teacher_ema(self) -> None:
-        """The post-step hook: the teacher's EMA with this iteration's momentum (main_dino.py:344-350)."""
-        self.ema_step(self.momentum)

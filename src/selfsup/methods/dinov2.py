@@ -1,6 +1,7 @@
 """DINOv2 (Oquab et al. 2023), as facebookresearch/dinov2 ``dinov2/train/ssl_meta_arch.py`` and ``train/train.py``.
 
-DINO's [CLS] self-distillation (``methods.dino``) and iBOT's masked-patch term, with DINOv2's own choices; per step
+DINO's [CLS] self-distillation (``methods.dino``) and iBOT's masked-patch term (the teacher, centres and targets
+they share: ``methods.teacher``), with DINOv2's own choices; per step
 (ssl_meta_arch.py:132-346, file:line of the official code throughout; docs/DINOV2.md lists them):
 
     m = masks of the 2B global crops: half of them masked, ratios stratified over (0.1, 0.5)   # collate.py:20-36
@@ -48,11 +49,13 @@ import torch
 from torch import nn
 
 from selfsup.data.masks import dinov2_masks, dinov2_upperbound
-from selfsup.distributed import all_reduce_sum, world
+from selfsup.distributed import all_reduce_sum
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_cross_entropy, dinov2_patch_loss, sinkhorn_knopp
+from selfsup.losses import dino_cross_entropy, dinov2_patch_loss
 from selfsup.methods.base import encode_views
-from selfsup.methods.dino import DINO, DINOConfig, require_cls_vit
+from selfsup.methods.dino import DINOConfig
+from selfsup.methods.teacher import (Centres, SelfDistillation, add_mask_token, ema_teacher, require_cls_vit,
+                                     teacher_targets)
 from selfsup.models.heads import DINOHead
 from selfsup.models.vit import VisionTransformer
 from selfsup.optim import build_optimizer
@@ -141,7 +144,7 @@ def dinov2_param_groups(modules: dict[str, nn.Module], weight_decay: float, laye
     return list(fused.values())
 
 
-class DINOv2(DINO):
+class DINOv2(SelfDistillation):
     """DINO's [CLS] distillation + iBOT's masked patches + KoLeo, with DINOv2's heads, masks and optimiser."""
     collapse_remedy = ("method.centering=sinkhorn_knopp; a higher method.teacher_temp or its warm-up; a lower "
                        "optim.base_lr; a smaller method.out_dim")
@@ -149,17 +152,24 @@ class DINOv2(DINO):
     Config = DINOv2Config
 
     def __init__(self, cfg, info):
-        super().__init__(cfg, info)
+        super().__init__(cfg, info)  # the student backbone
         c, vit = cfg.method, self.backbone
+        require_cls_vit("dinov2", cfg, vit)
+        self.head = DINOHead(vit.num_features, c.out_dim, c.hidden_dim, c.bottleneck_dim, c.head_layers, False,
+                             c.norm_last_layer)
         if c.ibot_separate_head:  # a whole DINOHead of its own (ssl_meta_arch.py:95-109)
             self.ibot_head = DINOHead(vit.num_features, c.ibot_out_dim, c.ibot_hidden_dim, c.ibot_bottleneck_dim,
                                       c.ibot_head_layers, False, c.norm_last_layer)
-            self.teacher_ibot_head = self.momentum_target(self.ibot_head)
-        self.backbone.add_mask_token()  # after the teacher's copy: only the student uses it
+        self.teacher_backbone = ema_teacher(self, vit)
+        self.teacher_head = ema_teacher(self, self.head)
+        if c.ibot_separate_head:
+            self.teacher_ibot_head = ema_teacher(self, self.ibot_head)
+        self.grid = add_mask_token(vit, self.teacher_backbone)
         self.patch_dim = c.ibot_out_dim if c.ibot_separate_head else c.out_dim
-        self.register_buffer("center2", torch.zeros(1, 1, self.patch_dim))
-        grid = vit.image_size // vit.patch_size
-        self.grid = (grid, grid)
+        m = c.center_momentum  # one momentum for both centres
+        self.centres = Centres(self, center=((1, c.out_dim), m), center2=((1, 1, self.patch_dim), m))
+        self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
+        self.post_step_hooks.append(self.teacher_ema)
         self._upperbounds: dict[int, int] = {}
 
     def upperbound(self, n_crops: int) -> int:
@@ -171,11 +181,6 @@ class DINOv2(DINO):
             self._upperbounds[n_crops] = 0 if c.ibot_loss_weight == 0 else dinov2_upperbound(
                 n_crops, self.grid, c.mask_sample_probability, tuple(c.mask_ratio_min_max))
         return self._upperbounds[n_crops]
-
-    def build_head(self, c) -> nn.Module:
-        vit = self.backbone
-        require_cls_vit("dinov2", self.cfg, vit)
-        return super().build_head(c)
 
     def trainable(self):
         heads = {"ibot_head": self.ibot_head} if self.cfg.method.ibot_separate_head else {}
@@ -281,27 +286,20 @@ class DINOv2(DINO):
         """The teacher's targets at one temperature τt: DINO's centres, ``softmax((t − C) / τt)`` and
         ``softmax((t − C2) / τt)``, or Sinkhorn-Knopp (3 rounds, ε = τt) over the global batch's [CLS] rows and
         over the masked patch rows of every process (ssl_meta_arch.py:199-222)."""
-        c, tau = self.cfg.method, self.step_teacher_temp
-        if c.centering == "sinkhorn_knopp":
-            _, size = world()
-            q_patch = (sinkhorn_knopp(t_patch, tau, c.sinkhorn_iterations, world_size=size, all_reduce=all_reduce_sum,
-                                      valid=valid) if t_patch.shape[0] else t_patch)
-            return self.teacher_targets(t_cls), q_patch
-        return self.teacher_targets(t_cls), torch.softmax((t_patch.float() - self.center2[0]) / tau, dim=-1)
+        c = self.cfg.method
+        q_patch = teacher_targets(t_patch, c.centering, self.center2[0], self.step_teacher_temp, c.sinkhorn_iterations,
+                                  all_reduce_sum, valid=valid)
+        return self.cls_targets(t_cls, all_reduce_sum), q_patch
 
-    @torch.no_grad()
     def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor, valid: torch.Tensor) -> None:
         """C ← m C + (1 − m) Σ t_cls / (2B · world) (dino_clstoken_loss.py:76-99); C2 ← m C2 + (1 − m) ·
         Σ_processes (mean over its masked patches of t_patch) / world (ibot_patch_loss.py:128-151: the buffer is
         (1, masked, K), so its "mean over patches" is over the masked tokens and its count 1); one all-reduce."""
-        _, size = world()
-        k = t_cls.shape[1]
-        patch_mean = (t_patch.float() * valid[:, None]).sum(0) / valid.sum().clamp(min=1)
-        total = all_reduce_sum(torch.cat([t_cls.float().sum(0), patch_mean])[None])
-        m = self.cfg.method.center_momentum
-        self.center.copy_(dino_center(self.center, total[:, :k], t_cls.shape[0] * size, m))
+        cls = {"center": (t_cls.float().sum(0), t_cls.shape[0])}
         if t_patch.shape[0]:
-            self.center2.copy_(dino_center(self.center2, total[:, k:].view(1, 1, -1), size, m))
+            patch_mean = (t_patch.float() * valid[:, None]).sum(0) / valid.sum().clamp(min=1)
+            cls["center2"] = (patch_mean, 1)
+        self.centres.update(all_reduce_sum, **cls)
 
     # ----------------------------------------------------------------- schedules
     @property

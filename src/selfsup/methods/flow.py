@@ -319,6 +319,7 @@ class SelfFlow(FlowMatching):
     """
 
     Config = SelfFlowConfig
+    schedule_extras = ("rep_weight",)  # ramped over method.rep_warmup_steps (with_rep_weight)
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)
@@ -403,6 +404,7 @@ class Repa(FlowMatching):
     """REPA: ``loss = flow + 0.5 · mean(−cos(mlp(student_l), encoder(x_0) patch tokens)))``, frozen encoder."""
 
     Config = RepaConfig
+    schedule_extras = ("rep_weight",)  # ramped over method.rep_warmup_steps (with_rep_weight)
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__(cfg, info)

@@ -1,6 +1,7 @@
 """iBOT (Zhou et al. 2022, "Image BERT Pre-Training with Online Tokenizer"), as bytedance/ibot main_ibot.py.
 
-DINO (``methods.dino``) with a masked-image-modelling term; per step (main_ibot.py:403-413, :478-572):
+DINO (``methods.dino``; the shared teacher, centres and schedules in ``methods.teacher``) with a
+masked-image-modelling term; per step (main_ibot.py:403-413, :478-572):
 
     m_1, m_2 = block masks of the two global crops              # half the crops unmasked in the recipe
     t_cls, t_patch = teacher_head(teacher_backbone(x_global))    # unmasked, no gradient
@@ -31,14 +32,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
 
 from selfsup.data.masks import default_max_blocks, ibot_masks, max_masked_patches
-from selfsup.distributed import all_reduce_sum, world
+from selfsup.distributed import all_reduce_sum
 from selfsup.errors import UserError
-from selfsup.losses import dino_center, dino_cross_entropy, ibot_patch_cross_entropy, ibot_patch_loss, sinkhorn_knopp
+from selfsup.losses import dino_cross_entropy, ibot_patch_cross_entropy, ibot_patch_loss
 from selfsup.methods.base import encode_views
-from selfsup.methods.dino import DINO, DINOConfig, require_cls_vit
+from selfsup.methods.dino import DINOConfig
+from selfsup.methods.teacher import (Centres, SelfDistillation, StepScalar, add_mask_token, ema_teacher,
+                                     require_cls_vit, teacher_targets)
 from selfsup.models.heads import iBOTHead
 from selfsup.schedules import StepValues, teacher_temperature
 from selfsup.step import StepOutput
@@ -99,58 +101,40 @@ class iBOTConfig(DINOConfig):
                 raise UserError(f"method.{key}={getattr(self, key)} must be >= 0")
 
 
-class iBOT(DINO):
+class iBOT(SelfDistillation):
     """DINO's student / teacher on the [CLS] token plus self-distillation of masked patch tokens."""
     collapse_remedy = ("a higher method.teacher_temp / method.teacher_patch_temp or their warm-up; a lower "
                        "optim.base_lr; a smaller method.out_dim / method.patch_out_dim")
 
     Config = iBOTConfig
+    schedule_extras = ("teacher_temp", "teacher_patch_temp")
+    teacher_patch_temp = StepScalar()  # this epoch's patch temperature τt2; step_teacher_patch_temp on the device
 
     def __init__(self, cfg, info):
-        super().__init__(cfg, info)
-        c, vit = cfg.method, self.backbone
-        self.backbone.add_mask_token()  # after the teacher's copy: the student's only
-        self.register_buffer("center2", torch.zeros(1, 1, self.patch_dim))
-        grid = vit.image_size // vit.patch_size
-        self.grid = (grid, grid)
-        self.max_blocks = c.pred_max_blocks or default_max_blocks(self.grid, c.pred_ratio, c.pred_ratio_var)
-        self.max_masked = max_masked_patches(self.grid, c.pred_ratio, c.pred_ratio_var)
-        self.register_buffer("step_teacher_patch_temp", torch.ones(()), persistent=False)  # τt2 on the device
+        super().__init__(cfg, info)  # the student backbone
+        c = cfg.method
+        require_cls_vit("ibot", cfg, self.backbone)
+        self.patch_dim = c.out_dim if (c.shared_head or c.shared_head_teacher) else c.patch_out_dim  # :270-273
+        self.head = self.make_head(c, c.shared_head)
+        self.teacher_backbone = ema_teacher(self, self.backbone)
+        self.teacher_head = ema_teacher(self, self.head, like=None if c.shared_head == c.shared_head_teacher
+                                        else self.make_head(c, c.shared_head_teacher))
+        self.grid = add_mask_token(self.backbone, self.teacher_backbone)
+        self.centres = Centres(self, center=((1, c.out_dim), c.center_momentum),
+                               center2=((1, 1, self.patch_dim), c.center_momentum2))
+        self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
         self.teacher_patch_temp = (c.warmup_teacher_patch_temp if c.warmup_teacher_temp_epochs or c.pred_start_epoch
                                    else c.teacher_patch_temp)
-
-    # ----------------------------------------------------------------- heads
-    def build_head(self, c) -> nn.Module:
-        """The student's iBOT head (called by DINO's constructor after the backbone exists)."""
-        vit = self.backbone
-        require_cls_vit("ibot", self.cfg, vit)
-        self.patch_dim = c.out_dim if (c.shared_head or c.shared_head_teacher) else c.patch_out_dim
-        return self.make_head(c, c.shared_head)
+        self.post_step_hooks.append(self.teacher_ema)
+        self.max_blocks = c.pred_max_blocks or default_max_blocks(self.grid, c.pred_ratio, c.pred_ratio_var)
+        self.max_masked = max_masked_patches(self.grid, c.pred_ratio, c.pred_ratio_var)
 
     def make_head(self, c, shared: bool) -> iBOTHead:
+        """An iBOT head; ``shared``: the patch tokens through the [CLS] head's ``last_layer``. The student's follows
+        ``shared_head``; the teacher's ``shared_head_teacher``: with another value than the student's it is a head
+        of that kind that starts from the student's weights (:func:`ema_teacher` ``like``, main_ibot.py:263)."""
         return iBOTHead(self.backbone.num_features, c.out_dim, self.patch_dim, c.hidden_dim, c.bottleneck_dim,
                         c.head_layers, False, c.norm_last_layer, shared)
-
-    def build_teacher_head(self, c) -> nn.Module:
-        """A copy of the student's head; with another ``shared_head_teacher``, a head of that kind given the
-        student's ``state_dict`` non-strictly (main_ibot.py:263), its EMA over the shared parameter names."""
-        if c.shared_head == c.shared_head_teacher:
-            return self.momentum_target(self.head)
-        teacher = self.make_head(c, c.shared_head_teacher)
-        teacher.load_state_dict(self.head.state_dict(), strict=False)
-        teacher.requires_grad_(False)
-        self.momentum_pairs.append((self.head, teacher))
-        return teacher
-
-    @property
-    def teacher_patch_temp(self) -> float:
-        """This epoch's patch temperature τt2 (a host float, logged); setting it sets ``step_teacher_patch_temp``."""
-        return self._teacher_patch_temp
-
-    @teacher_patch_temp.setter
-    def teacher_patch_temp(self, value: float) -> None:
-        self._teacher_patch_temp = value
-        self.step_teacher_patch_temp.fill_(value)
 
     # ----------------------------------------------------------------- the step
     def draw_masks(self, n: int, device) -> torch.Tensor:
@@ -190,7 +174,7 @@ class iBOT(DINO):
             t_patch_loss, masks_loss = t_patch, masks
         if len(views) > n:  # the local crops: class token only, unmasked (main_ibot.py:410-412)
             s_cls = torch.cat([s_cls, self.head(torch.cat(encode_views(self.backbone, views[n:], False)))])
-        q_cls = self.teacher_targets(t_cls)  # DINO's centred targets, or Sinkhorn-Knopp's (method.centering)
+        q_cls = self.cls_targets(t_cls, all_reduce_sum)  # DINO's centred targets, or Sinkhorn-Knopp's
         loss_cls = dino_cross_entropy(s_cls, q_cls, c.student_temp, n) * c.lambda1
         if c.centering == "sinkhorn_knopp":  # DINOv2's patch targets: Sinkhorn-Knopp over the masked patches
             q_patch = self.patch_codes(t_patch_loss, masks_loss)
@@ -213,10 +197,9 @@ class iBOT(DINO):
         """``method.centering=sinkhorn_knopp``: the patch targets as DINOv2 makes them (ibot_patch_loss.py
         ``sinkhorn_knopp_teacher``): Sinkhorn-Knopp at ε = τt2 over the masked patches of the global batch (the
         other rows get zero codes and weigh nothing), (n·B, k, K)."""
-        _, size = world()
         flat = t_patch.reshape(-1, t_patch.shape[-1])
-        codes = sinkhorn_knopp(flat, self.step_teacher_patch_temp, self.cfg.method.sinkhorn_iterations,
-                               world_size=size, all_reduce=all_reduce_sum, valid=masks.reshape(-1))
+        codes = teacher_targets(flat, "sinkhorn_knopp", self.center2, self.step_teacher_patch_temp,
+                                self.cfg.method.sinkhorn_iterations, all_reduce_sum, valid=masks.reshape(-1))
         return codes.view_as(t_patch)
 
     def loss_patches(self, masks: torch.Tensor) -> torch.Tensor | None:
@@ -229,16 +212,12 @@ class iBOT(DINO):
             return None
         return masks.to(torch.uint8).argsort(dim=1, descending=True, stable=True)[:, :self.max_masked]
 
-    @torch.no_grad()
     def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor) -> None:
         """C ← m C + (1 − m) Σ t_cls / (2B · world); C2 ← m2 C2 + (1 − m2) Σ_images mean_patches t_patch / (2B ·
         world); both sums all-reduced in one call (main_ibot.py:559-572)."""
-        _, size = world()
-        k, count = t_cls.shape[1], t_cls.shape[0] * size
-        total = all_reduce_sum(torch.cat([t_cls.float().sum(0), t_patch.float().mean(1).sum(0)])[None])
-        c = self.cfg.method
-        self.center.copy_(dino_center(self.center, total[:, :k], count, c.center_momentum))
-        self.center2.copy_(dino_center(self.center2, total[:, k:].view(1, 1, -1), count, c.center_momentum2))
+        n = t_cls.shape[0]
+        self.centres.update(all_reduce_sum, center=(t_cls.float().sum(0), n),
+                            center2=(t_patch.float().mean(1).sum(0), n))
 
     # ----------------------------------------------------------------- schedules
     def schedule(self, step: int, epoch: int) -> StepValues:
