@@ -96,7 +96,8 @@ def test_the_distribution_is_torchvisions(height, width, scale):
     ref = np.array([RandomResizedCrop.get_params(image, list(scale), [3 / 4, 4 / 3]) for _ in range(n)],
                    dtype=np.float64)
     critical = 1.95 * math.sqrt(2 / n)
-    features = {"area": lambda x: x[:, 2] * x[:, 3] / (height * width), "log_ratio": lambda x: np.log(x[:, 3] / x[:, 2]),
+    features = {"area": lambda x: x[:, 2] * x[:, 3] / (height * width),
+                "log_ratio": lambda x: np.log(x[:, 3] / x[:, 2]),
                 "top": lambda x: x[:, 0] / height, "left": lambda x: x[:, 1] / width}
     for name, f in features.items():
         assert ks(f(ours), f(ref)) < critical, name
