@@ -115,3 +115,29 @@ def test_seeded_draws_are_reproducible_and_independent_of_the_batch():
     assert not np.array_equal(a, crop_box_batch(5, 1, [9, 3, 5, 0], heights, widths, scales))
     assert not np.array_equal(a, crop_box_batch(4, 2, [9, 3, 5, 0], heights, widths, scales))
     assert len({tuple(x) for x in a.reshape(-1, 4).tolist()}) > 15  # the views differ
+
+
+def test_the_light_decode_gives_pils_pixels_and_header(tmp_path):
+    """An RGB or grey JPEG (baseline, progressive, with restart markers and EXIF) is sized from its own frame header
+    and decoded by torchvision's libjpeg-turbo: PIL's size and exactly PIL's pixels; other files go through PIL."""
+    from PIL import Image
+
+    from selfsup.data.decode import Opened, _pixels, jpeg_header
+
+    rng = np.random.default_rng(0)
+    rgb = (rng.integers(0, 256, (37, 53, 3)) // 2 + 60).astype(np.uint8)
+    cases = {"base.jpg": ("RGB", {}), "prog.jpg": ("RGB", {"progressive": True}),
+             "restart.jpg": ("RGB", {"restart_marker_blocks": 1}), "grey.jpg": ("L", {}),
+             "exif.jpg": ("RGB", {"exif": b"Exif\x00\x00" + b"\x00" * 40}), "cmyk.jpg": ("CMYK", {}),
+             "png.png": ("RGB", {})}
+    for name, (mode, kwargs) in cases.items():
+        image = Image.fromarray(rgb).convert(mode)
+        image.save(tmp_path / name, **kwargs)
+        opened = Opened(tmp_path / name, 3)
+        with Image.open(tmp_path / name) as f:
+            expected = torch.from_numpy(np.array(f.convert("RGB"))).permute(2, 0, 1)
+            assert (opened.width, opened.height) == f.size
+        assert opened.light == (name.endswith(".jpg") and mode != "CMYK")  # CMYK: PIL's conversion
+        assert torch.equal(_pixels(opened)[0], expected), name
+    assert jpeg_header(b"\x89PNG....") is None and jpeg_header(b"\xff\xd8\xff") is None
+    assert jpeg_header((tmp_path / "base.jpg").read_bytes()) == (53, 37, 3)

@@ -182,33 +182,81 @@ class ViewBatch:
         return out[0] if single else out
 
 
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # frame headers (not DHT, DAC)
+
+
+def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
+    """(width, height, components) from a JPEG's frame header, walking the markers up to it; None where ``data`` is
+    no JPEG or the walk fails (PIL then reads the header)."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    at, n = 2, len(data)
+    while at + 4 <= n:
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
+            at += 2
+            continue
+        length = int.from_bytes(data[at + 2:at + 4], "big")
+        if marker in _SOF:
+            if at + 10 > n or length < 8:
+                return None
+            height, width = int.from_bytes(data[at + 5:at + 7], "big"), int.from_bytes(data[at + 7:at + 9], "big")
+            return (width, height, data[at + 9]) if width and height else None
+        if marker in (0xD9, 0xDA) or length < 2:  # end of image, start of scan: no frame header before
+            return None
+        at += 2 + length
+    return None
+
+
 class Opened:
-    """An image file read for its header: its bytes, its PIL image (lazy: nothing decoded yet) and its size."""
+    """An image file read for its header: its bytes, its size and whether it is a JPEG; its PIL image (lazy: nothing
+    decoded) opened where needed (a JPEG's frame header read from its bytes leaves PIL out of an RGB decode)."""
 
     def __init__(self, source, channels: int):
-        self.name, self.channels = source, channels
+        self.name, self.channels, self._image = source, channels, None
         try:
             self.data = source.getvalue() if isinstance(source, io.BytesIO) else Path(source).read_bytes()
-            self.image = Image.open(io.BytesIO(self.data))
-        except (OSError, SyntaxError, ValueError) as e:
-            raise UserError(f"corrupt or unreadable image file {source} ({type(e).__name__}); remove or replace "
-                            "it") from None
-        self.width, self.height = self.image.size
-        self.jpeg = self.image.format == "JPEG"
+        except OSError as e:
+            raise self._error(e) from None
+        header = jpeg_header(self.data) if channels == 3 else None
+        if header is not None and header[2] in (1, 3):  # grey or YCbCr: decode_jpeg's RGB is PIL's convert("RGB")
+            self.width, self.height, _ = header
+            self.jpeg, self.light = True, True
+        else:
+            self.width, self.height = self.image.size
+            self.jpeg, self.light = self.image.format == "JPEG", False
+
+    def _error(self, e: Exception) -> UserError:
+        return UserError(f"corrupt or unreadable image file {self.name} ({type(e).__name__}); remove or replace it")
+
+    @property
+    def image(self):
+        """The PIL image of the bytes (header read, nothing decoded)."""
+        if self._image is None:
+            try:
+                self._image = Image.open(io.BytesIO(self.data))
+            except (OSError, SyntaxError, ValueError) as e:
+                raise self._error(e) from None
+        return self._image
 
 
 def _pixels(opened: Opened, luma: bool = False) -> Tensor:
     """The whole image as uint8 (1, C, H, W), channels-last strides: torchvision's libjpeg-turbo decode of the file's
     bytes for an RGB JPEG (the same pixels as PIL's, without PIL's row copies), else PIL's (``luma``: a JPEG's own
     luma channel, as a draft decode gives it, for ``channels=1``)."""
-    if opened.jpeg and opened.channels == 3:
+    if opened.light:
         from torchvision.io import ImageReadMode, decode_jpeg  # torchvision's image codecs, loaded on first use
         try:
             x = decode_jpeg(torch.frombuffer(bytearray(opened.data), dtype=torch.uint8), mode=ImageReadMode.RGB)
             return x.unsqueeze(0)  # decode_jpeg gives a (C, H, W) view of (H, W, C)
         except RuntimeError:  # a JPEG kind it refuses or a corrupt body: PIL decides
             pass
-    with opened.image as f:
+    with opened.image as f:  # a header PIL cannot read raises here
         if luma:
             f.draft("L", None)
         a = np.array(_decoded(f, opened.name, opened.channels))  # writable: torch takes it as it is
