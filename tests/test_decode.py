@@ -114,9 +114,9 @@ def test_augmented_probe_on_a_folder_crops_the_whole_image(tmp_path, monkeypatch
     files = [corners_image(tmp_path / f"{i}.png") for i in range(4)]
     train = ImageDataset("imagefolder", FolderImages(files, 8), torch.arange(4) % 2, 2, (0.5,) * 3, (0.25,) * 3)
     seen = []
-    real = decode.decode_crops
-    monkeypatch.setattr(decode, "decode_crops", lambda path, boxes_of, size, draft=True, channels=3: seen.append(
-        boxes_of(48, 96)) or real(path, boxes_of, size, draft, channels))
+    real = decode.crop_box_batch
+    monkeypatch.setattr(decode, "crop_box_batch", lambda *a, **k: seen.extend(
+        [tuple(map(tuple, image)) for image in real(*a, **k).tolist()]) or real(*a, **k))
     backbone = build_backbone("vit_micro", in_chans=3, image_size=8, patch_size=2)
     probe_augmented(backbone, train, train, {"image_size": 8, "mean": [0.5] * 3, "std": [0.25] * 3},
                     ProbeConfig(epochs=2, batch_size=4, val_fraction=0.0), base_lr=0.1)

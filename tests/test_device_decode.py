@@ -147,3 +147,95 @@ def test_pretraining_decodes_on_the_device_with_or_without_workers(tmp_path, wor
         "method.dim=16", f"output_dir={tmp_path}", f"name=w{workers}"])
     run = engine.pretrain(cfg)
     assert (run / "backbone.safetensors").exists()
+
+
+def test_prefetching_one_batch_ahead_gives_each_batch_its_own_views(tmp_path):
+    """DecodePrefetcher on the CPU (streams and events no-ops, the same code path): batch k's views are decode(k)
+    whether decoded ahead or not, in order, the last batch and the first of an epoch decoded when their turn comes,
+    a resumed loop (a fresh prefetcher mid-epoch) the same, a batch other than the one started decoded anew, and an
+    error of a decode done ahead raised at its own batch."""
+    from selfsup.data.device_decode import DecodePrefetcher
+
+    files = jpegs(tmp_path)
+    enc = EncodedCrops(files, 16, [(0.2, 1.0)] * 2, seed=0)
+    epochs = {e: [enc.crops(torch.tensor(ix), e) for ix in ([0, 1], [2, 3], [4, 5])] for e in (0, 1)}
+    calls = []
+
+    def decode(batch):
+        calls.append((batch.epoch, batch.index.tolist()))
+        return decode_batch(batch, enc, "cpu")
+
+    p = DecodePrefetcher(decode, "cpu")
+    assert p.stream is None
+    for e, batches in epochs.items():  # the loop: take batch k, then start batch k+1 while step k runs
+        for k, batch in enumerate(batches):
+            views = p.take(batch)
+            assert torch.equal(views, decode_batch(batch, enc, "cpu"))
+            if k + 1 < len(batches):
+                p.start(batches[k + 1])
+                assert calls[-1] == (e, batches[k + 1].index.tolist())  # decoded ahead, before step k's end
+    assert p.started == 4 and p.hits == 4 and len(calls) == 6  # each batch decoded once
+
+    resumed = DecodePrefetcher(decode, "cpu")  # resumed at batch 1 of epoch 1
+    assert torch.equal(resumed.take(epochs[1][1]), decode_batch(epochs[1][1], enc, "cpu")) and resumed.hits == 0
+    resumed.start(epochs[1][2])
+    assert torch.equal(resumed.take(epochs[0][2]), decode_batch(epochs[0][2], enc, "cpu"))  # not the started one
+    assert resumed.hits == 0 and resumed.pending is None
+
+    def failing(batch):
+        if batch.index.tolist() == [2, 3]:
+            raise RuntimeError("corrupt")
+        return decode(batch)
+
+    f = DecodePrefetcher(failing, "cpu")
+    f.take(epochs[0][0])
+    f.start(epochs[0][1])  # the error waits for its batch
+    with pytest.raises(RuntimeError, match="corrupt"):
+        f.take(epochs[0][1])
+
+
+def test_pretraining_with_prefetched_device_decode_is_the_run_without(tmp_path, monkeypatch):
+    """In the Trainer's loop batch k+1 is decoded ahead during step k (the fetcher's batch, seen by upcoming_batch);
+    the trained weights are bit-identical to a run that decodes each batch at its own step."""
+    from safetensors.torch import load_file
+
+    import selfsup.data.device_decode as device_decode
+
+    for split in ("train", "val"):
+        for c in range(2):
+            (tmp_path / "images" / split / f"c{c}").mkdir(parents=True)
+            jpegs(tmp_path / "images" / split / f"c{c}", SIZES * 2)  # 24 training images: the report's kNN@20
+    started = []
+    real_start = device_decode.DecodePrefetcher.start
+    monkeypatch.setattr(device_decode.DecodePrefetcher, "start", lambda self, b: started.append(b.epoch) or real_start(
+        self, b))
+
+    def run(name):
+        cfg = load_run_config("simclr-digits", [
+            "data.name=imagefolder", f"data.root={tmp_path / 'images'}", "data.image_size=8", "data.batch_size=8",
+            "data.decode=device", "data.num_workers=0", "trainer.max_epochs=2", "trainer.progress_bar=false",
+            "trainer.accelerator=cpu", "trainer.devices=1", "method.proj_hidden_dim=32", "method.dim=16",
+            f"output_dir={tmp_path}", f"name={name}"])
+        return load_file(engine.pretrain(cfg) / "backbone.safetensors")
+
+    ahead = run("ahead")
+    assert started == [0, 0, 1, 1]  # 3 batches an epoch: batches 1 and 2 of each decoded ahead
+    monkeypatch.setattr(device_decode.DecodePrefetcher, "start", lambda self, b: started.append("no"))
+    monkeypatch.setattr("selfsup.methods.base.upcoming_batch", lambda trainer: None)
+    plain = run("plain")
+    assert started[4:] == [] and ahead.keys() == plain.keys()
+    assert all(torch.equal(ahead[k], plain[k]) for k in ahead)
+
+
+def test_the_lookahead_loader_holds_the_next_batch_and_changes_nothing():
+    from selfsup.data.loader import Lookahead, LookaheadLoader
+
+    made = []
+    look = Lookahead(lambda: made.append(1) or iter([10, 11, 12]))
+    assert look.upcoming is None and not made  # started on the first next(), as DeferredLoader
+    seen = []
+    for item in look:
+        seen.append((item, look.upcoming))
+    assert seen == [(10, 11), (11, 12), (12, None)] and made == [1]
+    loader = LookaheadLoader(list(range(5)), batch_size=None)
+    assert list(loader) == list(range(5)) and loader.current.upcoming is None and len(loader) == 5

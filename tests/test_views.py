@@ -250,8 +250,9 @@ def test_the_augmentation_stream_is_pinned(monkeypatch):
 
 
 def test_the_decode_time_crop_stream_is_pinned():
-    """Golden boxes of the imagefolder decode-time crops (seeded by seed, epoch and index), computed when written."""
+    """Golden boxes of the imagefolder decode-time crops (seeded by seed, epoch and index), computed when written
+    (re-pinned for issue 52's counter-based draws, ``decode.box_uniforms``; tests/test_crop_draws.py checks them)."""
     from selfsup.data.decode import crop_boxes
 
-    assert crop_boxes(0, 0, 0, 48, 64, [(0.08, 1.0), (0.08, 1.0)]) == [(0, 17, 36, 36), (0, 11, 46, 52)]
-    assert crop_boxes(0, 1, 7, 48, 64, [(0.2, 1.0)]) == [(0, 22, 47, 41)]
+    assert crop_boxes(0, 0, 0, 48, 64, [(0.08, 1.0), (0.08, 1.0)]) == [(17, 36, 24, 26), (0, 4, 48, 57)]
+    assert crop_boxes(0, 1, 7, 48, 64, [(0.2, 1.0)]) == [(2, 29, 37, 34)]

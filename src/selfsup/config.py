@@ -54,8 +54,9 @@ class DataConfig:
     max_bad_fraction: float = 0.001
     # Where the training crops of a folder (imagefolder, images) are decoded: cpu (the workers decode and crop,
     # data.decode.FolderCrops), device (the workers read bytes; the accelerator decodes JPEGs, nvJPEG on a GPU, and
-    # cuts the views: data.device_decode), auto (device on a GPU fed by fewer than 5 workers when every training file
-    # is a JPEG, else cpu: with more, the workers are faster than nvJPEG inside the step; runs.data.decode_on_device)
+    # cuts the views, the next batch decoded during the step: data.device_decode), auto (device on a GPU fed by fewer
+    # than 2 workers when every training file is a JPEG, else cpu: with more, the workers outrun nvJPEG;
+    # runs.data.decode_on_device)
     decode: str = "auto"
     # imagefolder evaluation: shorter side before the centre crop (None: image_size / 0.875)
     load_size: int | None = None

@@ -22,6 +22,7 @@ deprecates its image codecs (for TorchCodec); ``decode_jpeg`` is the decoder her
 
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 
@@ -140,3 +141,80 @@ def decoder_error(device) -> str | None:
     except (RuntimeError, NotImplementedError, ValueError) as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     return None
+
+
+def _tensors(views) -> tuple[Tensor, ...]:
+    return tuple(views) if isinstance(views, (tuple, list)) else (views,)
+
+
+class DecodePrefetcher:
+    """Batch k+1's device decode (``decode``: nvJPEG's batched decode and the crops) overlapped with step k: ``start``
+    launches it on a side CUDA stream as soon as the loader has handed the batch over, an event marks its end, and
+    ``take`` (when batch k+1's turn comes) makes the current stream wait on that event and hands the views over
+    (``record_stream``: their memory stays the step's until the step is done with them). One batch ahead at most.
+
+    A batch that was not started (the first of an epoch, after a resume, another batch than the one started) is
+    decoded by ``take`` itself, on the current stream, as before; either way batch k's views are ``decode(batch k)``,
+    so a run with prefetching is the run without it. An error of a prefetched decode (a corrupt file under
+    ``data.on_bad_file=error``) is raised by ``take``, at that batch's own step. On a device without streams (the
+    CPU) the same code runs with the streams and events as no-ops: ``start`` decodes at once."""
+
+    def __init__(self, decode, device):
+        self.decode, self.device = decode, torch.device(device)
+        cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        self.pending = None  # (key, views or None, error or None, event or None)
+        self.started = self.hits = 0  # counts: batches decoded ahead, and those used
+
+    @staticmethod
+    def key(batch: EncodedBatch) -> tuple:
+        return batch.epoch, tuple(batch.index.tolist())
+
+    def start(self, batch: EncodedBatch) -> None:
+        """Launch ``batch``'s decode on the side stream. It reads host memory only (the batch's bytes), so it waits on
+        nothing queued on the current stream; the caching allocator keeps each stream's blocks apart."""
+        views = error = event = None
+        context = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        try:
+            with context:
+                views = self.decode(batch)
+                if self.stream is not None:
+                    event = torch.cuda.Event()
+                    event.record(self.stream)
+        except Exception as e:  # noqa: BLE001 - raised at the batch's own step by take
+            error = e
+        self.pending, self.started = (self.key(batch), views, error, event), self.started + 1
+
+    def take(self, batch: EncodedBatch):
+        """``batch``'s views: the prefetched ones where ``start`` had this batch, else decoded now."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending[0] != self.key(batch):
+            return self.decode(batch)
+        _, views, error, event = pending
+        if error is not None:
+            raise error
+        self.hits += 1
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            for t in _tensors(views):
+                t.record_stream(current)
+        return views
+
+    def reset(self) -> None:
+        """Drop a batch decoded ahead (its epoch ended without it, a validation loop came between)."""
+        self.pending = None
+
+
+def upcoming_batch(trainer):
+    """The batch the loop trains on next, as the loader gives it, where the training loader is a
+    ``loader.LookaheadLoader`` (data.decode=device), which holds it one batch ahead; None at an epoch's last batch,
+    before the first, or for any other loader."""
+    try:
+        loader = trainer.train_dataloader
+    except (AttributeError, RuntimeError):
+        return None
+    current = getattr(loader, "current", None)
+    batch = current.upcoming if current is not None else None
+    encoded = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    return encoded if isinstance(encoded, EncodedBatch) else None

@@ -83,17 +83,62 @@ class DeferredLoader(DataLoader):
         return deferred()
 
 
+_END = object()
+
+
+class Lookahead:
+    """An iterator one item ahead of its consumer, started on the first ``next()``: ``upcoming`` is the item the next
+    ``next()`` returns (None before the first and after the last), so the training module can start work on batch
+    k+1 while step k runs (``device_decode.DecodePrefetcher``). The items and their order are the iterator's."""
+
+    def __init__(self, make):
+        self.make, self.it, self.buffer = make, None, _END
+
+    def __iter__(self):
+        return self
+
+    def _pull(self) -> None:
+        try:
+            self.buffer = next(self.it)
+        except StopIteration:
+            self.buffer = _END
+
+    def __next__(self):
+        if self.it is None:
+            self.it = self.make()
+            self._pull()
+        item = self.buffer
+        if item is _END:
+            raise StopIteration
+        self._pull()
+        return item
+
+    @property
+    def upcoming(self):
+        return None if self.buffer is _END else self.buffer
+
+
+class LookaheadLoader(DataLoader):
+    """A DataLoader (deferred as ``DeferredLoader``) whose current iterator, ``current``, is a ``Lookahead``."""
+
+    current: Lookahead | None = None
+
+    def __iter__(self):
+        self.current = Lookahead(lambda: DataLoader.__iter__(self))
+        return self.current
+
+
 def batch_loader(dataset: ImageDataset, sampler: EpochBatchSampler, num_workers: int = 0,
-                 pin_memory: bool = False) -> DataLoader:
-    """A DataLoader whose items are whole batches ``(uint8 images, labels)`` picked by ``sampler``."""
+                 pin_memory: bool = False, lookahead: bool = False) -> DataLoader:
+    """A DataLoader whose items are whole batches ``(uint8 images, labels)`` picked by ``sampler``; ``lookahead``: a
+    ``LookaheadLoader`` (data.decode=device: the module decodes the next batch during the step)."""
     lazy = isinstance(dataset.images, (FolderImages, FolderCrops))
     workers = num_workers if lazy else 0
+    kind = LookaheadLoader if lookahead else DeferredLoader if workers else DataLoader
     # Its own generator: a DataLoader draws a base seed at every iter(), from the global RNG by default, which
     # would shift the global stream (drop path's masks) between a run and its resume at a new epoch's iterator.
-    return (DeferredLoader if workers else DataLoader)(dataset, sampler=sampler, batch_size=None,
-                                                         num_workers=workers, pin_memory=pin_memory,
-                                                         persistent_workers=workers > 0,
-                                                         generator=torch.Generator().manual_seed(0))
+    return kind(dataset, sampler=sampler, batch_size=None, num_workers=workers, pin_memory=pin_memory,
+                persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0))
 
 
 def stream_loader(crops: ShardCrops, sampler: StreamBatchSampler, num_workers: int = 0,

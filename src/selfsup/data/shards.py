@@ -47,7 +47,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from selfsup.data.decode import crop_boxes, decode_crops, record_bad_file, resize_center_crop, stack_runs
+from selfsup.data.decode import Opened, ViewBatch, crop_box_batch, decode_views, record_bad_file, resize_center_crop
 from selfsup.errors import UserError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
@@ -337,28 +337,46 @@ class ShardCrops:
         self._open[(epoch, s)] = (it, k + 1)
         return out
 
-    def _crops(self, sid: int, sample: dict, epoch: int) -> Tensor | None:
+    def _opened(self, sample: dict) -> Opened | None:
+        """The sample's image read for its header, or None where it is corrupt under ``skip``."""
         ext, data = _image(sample)
         name = f"{sample['__url__']}:{sample['__key__']}.{ext}"
         try:
-            return decode_crops(_Named(data, name),
-                                lambda h, w: crop_boxes(self.seed, epoch, sid, h, w, self.scales, self.ratio),
-                                self.sizes or self.images.size, channels=self.images.channels)
+            return Opened(_Named(data, name), self.images.channels)
         except UserError as e:
-            if self.max_bad_fraction is None:
-                raise
-            self._skipped(name, str(e), "another sample of its batch stands in")
-            return None
+            return self._bad(name, e)
+
+    def _bad(self, name: str, e: UserError) -> None:
+        if self.max_bad_fraction is None:
+            raise e
+        self._skipped(name, str(e), "another sample of its batch stands in")
+        return None
 
     def __getitem__(self, index) -> tuple[Tensor, Tensor]:
+        """Every header read, every box drawn in one ``crop_box_batch`` call (seeded by sample id), each image
+        decoded once into the preallocated batch (``ViewBatch``); a corrupt sample's place is copied from another."""
         epoch, s, k = index
         samples = self._samples(epoch, s, k)
-        views = [self._crops(sid, sample, epoch) for sid, sample in samples]
-        good = [i for i, v in enumerate(views) if v is not None]
-        if not good:
+        opened = [self._opened(sample) for _, sample in samples]
+        good = [i for i, o in enumerate(opened) if o is not None]
+        boxes = crop_box_batch(self.seed, epoch, [samples[i][0] for i in good], [opened[i].height for i in good],
+                               [opened[i].width for i in good], self.scales, self.ratio)
+        sizes = self.sizes or [self.images.size] * len(self.scales)
+        batch = ViewBatch(len(samples), sizes, self.images.channels)
+        decoded = []
+        for i, image_boxes in zip(good, boxes):
+            try:
+                decode_views(opened[i], image_boxes, sizes, batch.slots(i))
+                decoded.append(i)
+            except UserError as e:
+                self._bad(str(opened[i].name), e)
+        if not decoded:
             raise UserError(f"every image of batch {k} of stream {s} is corrupt (first: {samples[0][1]['__url__']}); "
                             "check the shards")
-        pick = [i if views[i] is not None else good[n % len(good)] for n, i in enumerate(range(len(views)))]
+        ok = set(decoded)
+        pick = [i if i in ok else decoded[n % len(decoded)] for n, i in enumerate(range(len(samples)))]
+        for i, j in enumerate(pick):
+            if i != j:
+                batch.copy(i, j)
         labels = torch.tensor([_label(samples[i][1]) for i in pick])
-        chosen = [views[i] for i in pick]
-        return (torch.stack(chosen) if self.sizes is None else stack_runs(chosen, self.sizes)), labels
+        return batch.result(self.sizes is None), labels

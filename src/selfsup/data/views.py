@@ -362,7 +362,9 @@ class MultiViewAugment(_Normalizing):
             self._check(decoded[0])
             out = []
             for cfg, size, count, first in self.groups:
-                x = torch.cat([_to_float(v) for v in decoded[first:first + count]])
+                # contiguous: the workers write views channels-last (data.decode.ViewBatch); the ops below then
+                # run on the layout (and so the sums) of a stacked batch
+                x = torch.cat([_to_float(v) for v in decoded[first:first + count]]).contiguous()
                 out += self._view(x, cfg, generator, first, size, count, cropped=True)
             return out
         self._check(images)

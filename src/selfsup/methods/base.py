@@ -31,7 +31,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from selfsup.data.device_decode import EncodedBatch, EncodedCrops, decode_batch
+from selfsup.data.device_decode import DecodePrefetcher, EncodedBatch, EncodedCrops, decode_batch, upcoming_batch
 from selfsup.data.inputs import check_images, collate_batch
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
@@ -617,8 +617,22 @@ class SSLMethod(TrainingBase):
         """``data.decode=device``: the workers' bytes decoded and cropped on this module's device at once
         (``data.device_decode``); any other batch as it is."""
         if isinstance(batch, (tuple, list)) and isinstance(batch[0], EncodedBatch) and self.encoded_crops is not None:
-            return decode_batch(batch[0], self.encoded_crops, self.device), batch[1]
+            prefetch = self._decode_prefetch()
+            views = prefetch.take(batch[0])
+            upcoming = upcoming_batch(self.trainer)  # batch k+1, fetched: decoded on a side stream during step k
+            if upcoming is not None:
+                prefetch.start(upcoming)
+            return views, batch[1]
         return collate_batch(batch)  # a user's loader: a list of PIL images or tensors stacked (data/inputs.py)
+
+    def _decode_prefetch(self) -> DecodePrefetcher:
+        """The one-batch-ahead device decode of this module's ``encoded_crops`` on its device (made on first use)."""
+        crops, device = self.encoded_crops, self.device
+        current = self.__dict__.get("_prefetch")
+        if current is None or current[0] is not crops or current[1].device != torch.device(device):
+            current = (crops, DecodePrefetcher(lambda b: decode_batch(b, crops, device), device))
+            self.__dict__["_prefetch"] = current
+        return current[1]
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""

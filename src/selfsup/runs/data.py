@@ -66,7 +66,8 @@ class PretrainData(pl.LightningDataModule):
                                     rank=self.trainer.global_rank, world_size=world_size,
                                     consumed=self._consumed, tag_epoch=folder)
         return batch_loader(dataset, sampler, self.cfg.data.num_workers,
-                            pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
+                            pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator",
+                            lookahead=folder and encoded)  # data.decode=device: the next batch decoded ahead
 
     def _stream_loader(self, local: int, world_size: int):
         plan = self.trainer.lightning_module.decode_crops()
@@ -90,13 +91,16 @@ class PretrainData(pl.LightningDataModule):
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
 
 
-# data.decode=auto decodes on the GPU only below this many loader workers per process. Measured on an H200 with 16
-# Xeon cores (benchmarks/results/end_to_end_cuda.json, decode_realistic_cuda.json): with 14 workers the CPU path fed
-# DINO ViT-S/16's multi-crop step at 0.93 of its rate with free data, nvJPEG in the step at 0.65 (it adds ~70 ms of
-# GPU time to a 130 ms step); a multi-crop worker decodes ~136 images per CPU-second there, so ~5 workers give what
-# the device path gives (637 images/s), and the same count holds for MoCo v3's two views (~1,450 against 273 per
-# CPU-second). Below it the CPU path starves the step and the device's decode is the faster of the two.
-DEVICE_DECODE_BELOW_WORKERS = 5
+# data.decode=auto decodes on the GPU only below this many loader workers per process. The rule: the device path
+# when the workers' rate, workers x one worker's images per CPU-second, stays below the device's decode rate. Measured
+# on an H200 with 16 Xeon cores (benchmarks/results/end_to_end_cuda.json, decode_realistic_cuda.json): nvJPEG decodes
+# and crops DINO's multi-crop at 637 images/s (MoCo v3's two views: ~1,450), where a CPU worker of that run decoded
+# ~136 (two views: 273) images per CPU-second. Issue 52's CPU path is 3.6x (two views 2.3x) faster per CPU-second
+# than that one on the same files (benchmarks/results/decode_realistic.json, an AMD EPYC), so a Xeon worker should
+# give ~490 (two views ~630): 2 workers outrun the device for multi-crop (980 > 637), and decoding ahead on a side
+# stream (device_decode.DecodePrefetcher) leaves the device path GPU time, not step time. Re-measured by
+# benchmarks/gpu_session.sh (the end-to-end part, device against 2 and 14 workers) on the next lent GPU.
+DEVICE_DECODE_BELOW_WORKERS = 2
 
 
 def decode_on_device(decode: str, files: list, trainer, device=None, workers: int = 0) -> bool:
