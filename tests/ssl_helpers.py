@@ -57,7 +57,11 @@ HEADS = {
     "swav": dict(hidden_mlp=32, feat_dim=16, nmb_prototypes=24),
     "wmse": dict(head_size=32, emb=4, w_size=8),
     "nnclr": dict(proj_hidden_dim=64, dim=32, pred_hidden_dim=64, queue_size=40),
+    "ijepa": dict(pred_depth=1, pred_emb_dim=32, pred_num_heads=4, min_keep=1, pred_mask_scale=[0.2, 0.3],
+                  num_pred_masks=2),
+    "lejepa": dict(proj_hidden_dim=32, proj_dim=8, num_slices=16),
 }
+MODEL = {"ijepa": {"class_token": False, "pool": "avg"}}  # a method's own backbone settings (I-JEPA's ViT)
 
 
 def tiny_config(method: str, method_extra: dict | None = None, **sections):
@@ -65,7 +69,7 @@ def tiny_config(method: str, method_extra: dict | None = None, **sections):
     data = {
         "method": {"name": method, **HEADS.get(method, {}), **(method_extra or {})},  # a new method: its defaults
         "data": {"name": "digits", "batch_size": 16},
-        "model": {"backbone": "vit_micro", "patch_size": 2, "stop_grad_conv1": True},
+        "model": {"backbone": "vit_micro", "patch_size": 2, "stop_grad_conv1": True, **MODEL.get(method, {})},
         "optim": {"name": "adamw", "base_lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 0},
         "trainer": dict(TINY_TRAINER),
     }

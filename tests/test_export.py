@@ -127,7 +127,7 @@ def test_the_metadata_holds_every_constructor_argument(exported):
     assert vit["kwargs"] | {"drop_path_rate": None} == dict(
         image_size=16, patch_size=4, in_chans=3, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0, qkv_bias=True,
         drop_path_rate=None, pool="cls", stop_grad_conv1=False, layer_scale=0.1, pos_embed="sincos", init="moco_v3",
-        final_norm=True, registers=0, ffn="mlp", drop_path_uniform=False)
+        final_norm=True, registers=0, ffn="mlp", drop_path_uniform=False, class_token=True)
     assert (vit["class_token"], vit["pos_embed"], vit["norm_layer"], vit["norm_eps"], vit["mlp_hidden"]) == (
         True, "sincos_2d", "LayerNorm", 1e-6, 512)
     r18 = read_meta(work / "resnet_small_stem.safetensors")["architecture"]

@@ -174,6 +174,35 @@ def ramped(values, weight, ramp):
     return out
 
 
+def ijepa_values(start=2e-4, ema=(0.996, 1.0), wd=(0.04, 0.4), ipe_scale=1.25):
+    """I-JEPA's schedulers (utils/schedulers.py:11-76, stepped before each iteration: at step + 1) over
+    ``T = int(ipe_scale · E · ipe)``: lr from ``start_lr`` (scaled as the peak) over ``int(warmup · ipe)`` iterations,
+    then the cosine to the final lr floored at it; wd by the cosine from 0.04 to 0.4 capped at 0.4; the momentum of
+    the EMA after the step ``ema0 + k (ema1 − ema0) / (ipe · E · ipe_scale)`` (train.py:227-229)."""
+    T, W = int(ipe_scale * EPOCHS * SPE), int(WARMUP * SPE)
+    start, final = start * BATCH / 256, SCALED_MIN
+
+    def values(step, epoch):
+        n = step + 1
+        if n < W:
+            lr = start + n / W * (PEAK - start)
+        else:
+            lr = max(final, final + (PEAK - final) * 0.5 * (1 + math.cos(math.pi * (n - W) / (T - W))))
+        w = min(wd[1], wd[1] + (wd[0] - wd[1]) * 0.5 * (1 + math.cos(math.pi * n / T)))
+        return StepValues(lr, PEAK, w, ema[0] + step * (ema[1] - ema[0]) / (SPE * EPOCHS * ipe_scale))
+    return values
+
+
+def lejepa_values(step, epoch):
+    """MINIMAL.md:157-161: LinearLR(start_factor 0.01, warm-up iterations) then CosineAnnealingLR(T_max = total −
+    warm-up, eta_min = the final lr) in a SequentialLR, stepped after each iteration."""
+    W = WARMUP * SPE
+    if step < W:
+        return StepValues(PEAK * (0.01 + 0.99 * step / W), PEAK)
+    return StepValues(SCALED_MIN + (PEAK - SCALED_MIN) * 0.5 * (1 + math.cos(math.pi * (step - W) / (TOTAL - W))),
+                      PEAK)
+
+
 DINO_TEMPS = {"warmup_teacher_temp": 0.02, "teacher_temp": 0.05, "warmup_teacher_temp_epochs": 3}
 SCALED_MIN = MIN_LR * BATCH / 256  # optim.min_lr scaled as the peak (the methods whose official end lr scales)
 OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
@@ -198,6 +227,8 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
     "swav": (lambda tmp: joint("swav", {"start_warmup_lr": 1e-5}), swav_values()),
     "wmse": (lambda tmp: joint("wmse", {"lr_schedule": "step", "warmup_iters": 5, "lr_drops": [2, 1]}), wmse_values()),
     "nnclr": (lambda tmp: joint("nnclr"), with_warmup_cosine(SCALED_MIN)),  # no official code: selfsup's own
+    "ijepa": (lambda tmp: joint("ijepa", {"ipe_scale": 1.25}, optim={"weight_decay": 0.04}), ijepa_values()),
+    "lejepa": (lambda tmp: joint("lejepa"), lejepa_values),
     "flow_matching": (lambda tmp: flow("flow-matching-digits"), with_warmup_cosine(SCALED_MIN)),
     "self_flow": (lambda tmp: flow("self-flow-digits", "method.rep_warmup_steps=20"),
                   ramped(with_warmup_cosine(SCALED_MIN), 0.8, 20)),

@@ -151,6 +151,7 @@ class ModelConfig:
     registers: int = 0  # ViT register tokens (DINOv2 "registers": 4), after the class token, dropped from outputs
     ffn: str = "mlp"  # ViT block FFN: mlp (GELU) | swiglu (DINOv2 ViT-L/g's swiglufused)
     drop_path_uniform: bool = False  # ViT: every block the same drop-path rate (DINOv2), not rising linearly
+    class_token: bool = True  # ViT: false builds it without a class token (I-JEPA's ViT; pool avg)
 
     def validate(self) -> None:
         if self.pos_embed not in ("sincos", "learned", "none"):
@@ -163,6 +164,8 @@ class ModelConfig:
             raise UserError(f"model.ffn={self.ffn!r} is not known; use mlp or swiglu")
         if self.registers < 0:
             raise UserError(f"model.registers={self.registers} must be >= 0")
+        if not self.class_token and self.pool == "cls":
+            raise UserError("model.class_token=false leaves no class token to pool: set model.pool=avg")
         if self.layer_scale < 0:
             raise UserError(f"model.layer_scale={self.layer_scale} must be >= 0 (0 turns LayerScale off)")
         if not 0 <= self.drop_path_rate < 1:

@@ -78,6 +78,14 @@ def all_reduce_with_grad(x: Tensor) -> Tensor:
     return all_reduce(x.contiguous())
 
 
+def all_reduce_mean_with_grad(x: Tensor) -> Tensor:
+    """The mean of ``x`` over processes, differentiable: torch.distributed.nn's ``all_reduce(x, AVG)``, whose
+    backward averages the gradient over processes (LeJEPA's SIGReg, lejepa univariate/epps_pulley.py:8-13,
+    :91-93); ``x`` itself in one process."""
+    _, size = world()
+    return x if size == 1 else all_reduce_with_grad(x) / size
+
+
 @torch.no_grad()
 def all_reduce_sum(x: Tensor) -> Tensor:
     """``x`` summed over every process (a new tensor; no gradient; DINO's centre); ``x`` itself in one process."""

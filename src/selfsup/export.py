@@ -58,10 +58,11 @@ def architecture(backbone: nn.Module) -> dict:
     if isinstance(backbone, VisionTransformer):
         k = backbone.kwargs
         return {"family": "vit", "class": f"{cls.__module__}.{cls.__qualname__}", "kwargs": dict(k),
-                "class_token": True,
+                "class_token": k.get("class_token", True),
                 "pos_embed": {"learned": "learned", "none": "none"}.get(k["pos_embed"], "sincos_2d"),
                 "pos_embed_trainable": k["pos_embed"] == "learned",
-                "num_prefix_tokens": 1 + k.get("registers", 0),  # the class token and any register tokens
+                # the class token (if any) and any register tokens
+                "num_prefix_tokens": int(k.get("class_token", True)) + k.get("registers", 0),
                 "mlp_hidden": (backbone.blocks[0].mlp.w3.in_features if k.get("ffn", "mlp") == "swiglu"
                                else int(k["embed_dim"] * k["mlp_ratio"])),
                 "act_layer": "SwiGLU" if k.get("ffn", "mlp") == "swiglu" else "GELU",
@@ -108,7 +109,7 @@ def timm_recipe(arch: dict) -> dict | None:
     kwargs = dict(img_size=k["image_size"], patch_size=p, in_chans=k["in_chans"], embed_dim=D, depth=L,
                   num_heads=k["num_heads"], mlp_ratio=k["mlp_ratio"], qkv_bias=k["qkv_bias"], num_classes=0,
                   global_pool="token" if k["pool"] == "cls" else "avg", fc_norm=k["pool"] == "global",
-                  class_token=True,
+                  class_token=k.get("class_token", True),
                   no_embed_class=False, pre_norm=False, init_values=k["layer_scale"] or None,
                   drop_path_rate=k["drop_path_rate"], **({} if k.get("final_norm", True) else {"final_norm": False}))
     return {"model": f"vit_{size}_patch{patch}_224", "kwargs": kwargs}

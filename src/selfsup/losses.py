@@ -353,3 +353,65 @@ def nnclr_loss(nn_z: Tensor, p: Tensor, temperature: float, *, all_p: Tensor | N
     logits = F.normalize(nn_z.detach(), dim=1) @ F.normalize(all_p, dim=1).t() / temperature
     labels = torch.arange(nn_z.shape[0], device=nn_z.device) + nn_z.shape[0] * rank
     return F.cross_entropy(logits, labels)
+
+
+def ijepa_loss(prediction: Tensor, target: Tensor) -> Tensor:
+    """I-JEPA's loss (ijepa src/train.py:295-313): the smooth L1 (β = 1, mean over every element) between the
+    predictor's outputs and the target encoder's features at the same patches, each target token normalised by
+    ``F.layer_norm`` over its feature dimension, without affine parameters (:298). ``target`` holds the target
+    encoder's raw tokens (the normalisation is per token, so it commutes with picking the target blocks)."""
+    return F.smooth_l1_loss(prediction, F.layer_norm(target, (target.shape[-1],)))
+
+
+def epps_pulley_grid(t_max: float = 3.0, knots: int = 17, device=None) -> tuple[Tensor, Tensor, Tensor]:
+    """SIGReg's quadrature (lejepa univariate/epps_pulley.py:62-78; MINIMAL.md:58-67): the ``knots`` points
+    ``t = linspace(0, t_max, knots)``, the standard normal's characteristic function ``φ(t) = exp(−t²/2)`` and
+    the trapezoid weights over [0, t_max] doubled for the symmetric half [−t_max, 0] (``2 Δt``, ``Δt`` at both
+    ends) times the weight function ``φ(t)``."""
+    t = torch.linspace(0, t_max, knots, dtype=torch.float32, device=device)
+    dt = t_max / (knots - 1)
+    weights = torch.full((knots,), 2 * dt, dtype=torch.float32, device=device)
+    weights[[0, -1]] = dt
+    phi = t.square().mul(0.5).neg().exp()
+    return t, phi, weights * phi
+
+
+def sigreg(x: Tensor, slices: Tensor, *, t_max: float = 3.0, knots: int = 17, mean=None,
+           world_size: int = 1) -> Tensor:
+    """SIGReg, LeJEPA's sketched isotropic Gaussian regulariser: the Epps-Pulley statistic of each 1-D projection
+    of the embeddings, averaged over the slices (and any leading dimensions: MINIMAL.md:69-75 applies it to the
+    (V, N, K) projections of the V views at once).
+
+    ``x`` (*, N, D) embeddings, ``slices`` (D, S) unit columns (``sigreg_slices``). Per slice, the empirical
+    characteristic function at the grid ``t`` (``epps_pulley_grid``) is compared with ``φ(t)``:
+    ``T = N · W · Σ_t w(t) [(mean cos(t x) − φ(t))² + mean sin(t x)²]`` (epps_pulley.py:80-99). ``mean``: the
+    all-reduce of the batch means across processes, with gradient (the code's ``torch.distributed.nn``
+    ``all_reduce(AVG)``, :91-93: ``distributed.all_reduce_mean_with_grad``); None in one process. ``world_size``
+    W: the code multiplies by the number of processes, so the statistic is the global batch's (N · W samples)."""
+    t, phi, weights = epps_pulley_grid(t_max, knots, x.device)
+    x_t = (x @ slices.to(x.dtype)).unsqueeze(-1) * t  # (*, N, S, knots)
+    cos_mean, sin_mean = x_t.cos().mean(-3), x_t.sin().mean(-3)  # (*, S, knots)
+    if mean is not None:
+        cos_mean, sin_mean = mean(cos_mean), mean(sin_mean)
+    err = (cos_mean - phi).square() + sin_mean.square()
+    return ((err @ weights) * x.shape[-2] * world_size).mean()
+
+
+def sigreg_slices(dim: int, num_slices: int, generator: torch.Generator, device=None) -> Tensor:
+    """(dim, num_slices) random directions: Gaussian columns normalised to unit length (lejepa
+    multivariate/slicing.py:140-142), from ``generator`` (the code seeds a generator with a step counter shared by
+    every process, :131-138, so each step has new slices, the same on every process)."""
+    a = torch.randn(dim, num_slices, generator=generator, device=device)
+    return a / a.norm(p=2, dim=0)
+
+
+def lejepa_predictive(z: Tensor, n_global: int) -> Tensor:
+    """LeJEPA's predictive term: the mean squared distance of every view's embedding to the mean of the global
+    views' embeddings, ``mean_v,n,k (μ_n,k − z_v,n,k)²`` with μ the mean over the first ``n_global`` views
+    (MINIMAL.md:172 ``(proj.mean(0) - proj).square().mean()`` where every view is global). ``z`` (V, N, K)."""
+    return (z[:n_global].mean(0) - z).square().mean()
+
+
+def lejepa_loss(predictive: Tensor, sigreg_value: Tensor, lamb: float) -> Tensor:
+    """The single trade-off (MINIMAL.md:174): ``λ · SIGReg + (1 − λ) · predictive``."""
+    return sigreg_value * lamb + predictive * (1 - lamb)

@@ -55,7 +55,7 @@ class AugmentConfig:
     solarize_p: float = 0.0     # PIL ImageOps.solarize(threshold=128): pixels >= 128/255 become 1 - x
 
 
-_RECIPES = ("moco_v3", "byol", "simsiam", "simclr", "dino", "mae")
+_RECIPES = ("moco_v3", "byol", "simsiam", "simclr", "dino", "mae", "ijepa", "lejepa")
 
 
 def recipe_branches(recipe: str) -> tuple[AugmentConfig, ...]:
@@ -65,6 +65,13 @@ def recipe_branches(recipe: str) -> tuple[AugmentConfig, ...]:
         return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)
     if recipe == "mae":  # main_pretrain.py:123-127: RandomResizedCrop scale (0.2, 1) + flip, nothing else
         return (AugmentConfig(crop_min=0.2, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, solarize_p=0.0),)
+    if recipe == "ijepa":  # ijepa src/transforms.py:41-50 with the configs' use_*: false: the crop (0.3, 1), no more
+        return (AugmentConfig(crop_min=0.3, hflip_p=0.0, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, solarize_p=0.0),)
+    if recipe == "lejepa":  # lejepa README.md:53-66: two global views, flip, jitter (0.4, 0.4, 0.2, 0.1) p 0.8,
+        # grayscale 0.2, blur 0.5, solarize 0.2, the crop (0.3, 1)
+        base = AugmentConfig(crop_min=0.3, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, blur_p=0.5,
+                             solarize_p=0.2)
+        return base, replace(base)
     if recipe in ("moco_v3", "byol"):
         base = AugmentConfig(crop_min=0.08, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
         return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)
@@ -82,6 +89,8 @@ def local_recipe(recipe: str) -> AugmentConfig:
     main_dino.py:455-463); for the two-branch recipes (SwAV-style multi-crop, an option) their first branch
     with blur p=0.5 and no solarisation at the same small scale."""
     first = recipe_branches(recipe)[0]
+    if recipe == "lejepa":  # README.md:56-63: the local views keep every transform of the global ones
+        return replace(first, crop_min=0.05, crop_max=0.3)
     return replace(first, crop_min=0.05, crop_max=0.4, blur_p=0.5, solarize_p=0.0)
 
 

@@ -12,6 +12,8 @@ from selfsup.methods.dino import DINO
 from selfsup.methods.dinov2 import DINOv2
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.ibot import iBOT
+from selfsup.methods.ijepa import IJEPA
+from selfsup.methods.lejepa import LeJEPA
 from selfsup.methods.mae import MAE
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.nnclr import NNCLR
@@ -35,6 +37,8 @@ METHODS: dict[str, type] = {
     "ibot": iBOT,
     "dinov2": DINOv2,
     "mae": MAE,
+    "ijepa": IJEPA,
+    "lejepa": LeJEPA,
     "flow_matching": FlowMatching,
     "self_flow": SelfFlow,
     "repa": Repa,
@@ -51,4 +55,5 @@ def registered_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "registered_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "DINO", "DINOv2", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "FlowMatching", "SelfFlow", "Repa"]
+           "VICReg", "DINO", "DINOv2", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "IJEPA", "LeJEPA", "FlowMatching",
+           "SelfFlow", "Repa"]

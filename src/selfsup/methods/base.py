@@ -200,6 +200,7 @@ def backbone_kwargs(cfg, info: DataInfo) -> dict:
                 **({"init": m.init} if m.init != "moco_v3" else {}),
                 **({"registers": m.registers} if m.registers else {}), **({"ffn": m.ffn} if m.ffn != "mlp" else {}),
                 **({"drop_path_uniform": True} if m.drop_path_uniform else {}),
+                **({"class_token": False} if not m.class_token else {}),
                 **({"zero_init_residual": True} if m.zero_init_residual else {}))
 
 

@@ -43,11 +43,12 @@ def _timm_backbone(model_name: str, in_chans: int, image_size: int, drop_path_ra
 def _vit(name: str, *, in_chans: int, image_size: int, patch_size: int = 16, drop_path_rate: float = 0.0,
          pool: str = "cls", stop_grad_conv1: bool = False, layer_scale: float = 0.0, pos_embed: str = "sincos",
          init: str = "moco_v3", final_norm: bool = True, registers: int = 0, ffn: str = "mlp",
-         drop_path_uniform: bool = False, **_) -> nn.Module:
+         drop_path_uniform: bool = False, class_token: bool = True, **_) -> nn.Module:
     return VisionTransformer(image_size=image_size, patch_size=patch_size, in_chans=in_chans,
                              drop_path_rate=drop_path_rate, pool=pool, stop_grad_conv1=stop_grad_conv1,
                              layer_scale=layer_scale, pos_embed=pos_embed, init=init, final_norm=final_norm,
-                             registers=registers, ffn=ffn, drop_path_uniform=drop_path_uniform, **VIT_SIZES[name])
+                             registers=registers, ffn=ffn, drop_path_uniform=drop_path_uniform, class_token=class_token,
+                             **VIT_SIZES[name])
 
 
 def _vit_only(name: str, layer_scale: float = 0.0, pos_embed: str = "sincos", init: str = "moco_v3",
@@ -94,7 +95,7 @@ def _flow_encoder(name: str, **kwargs) -> nn.Module:
 # ignore the others; ``flow_encoder`` takes ``FlowEncoder.build``'s (sit, block, t, fit, seed).
 IMAGE_KEYS = {"in_chans", "image_size", "patch_size", "drop_path_rate", "pool", "stop_grad_conv1", "small_stem",
               "zero_init_residual", "layer_scale", "pos_embed", "init", "final_norm", "registers", "ffn",
-              "drop_path_uniform"}
+              "drop_path_uniform", "class_token"}
 BUILDERS: dict[str, Callable[..., nn.Module]] = {**{n: _vit for n in VIT_SIZES}, **{n: _resnet for n in RESNET_NAMES},
                                                  **{n: _convnet for n in CONVNET_SIZES}, FLOW_ENCODER: _flow_encoder}
 

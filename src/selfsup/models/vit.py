@@ -21,6 +21,7 @@ VIT_SIZES = {
     "deit_small": dict(embed_dim=384, depth=12, num_heads=6),  # DeiT-S = DINO's vit_small (6 heads)
     "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
     "vit_large": dict(embed_dim=1024, depth=24, num_heads=16),
+    "vit_huge": dict(embed_dim=1280, depth=32, num_heads=16),  # I-JEPA's ViT-H (ijepa vision_transformer.py:479-483)
 }
 
 
@@ -39,21 +40,22 @@ def build_2d_sincos_position_embedding(grid_size: int, embed_dim: int, temperatu
     return torch.cat([torch.zeros(1, embed_dim, device=device), pe], dim=0)[None]
 
 
-def interpolate_pos_embed(pos_embed: torch.Tensor, grid_size: int) -> torch.Tensor:
-    """A learned (1, 1 + G*G, D) table resampled to a g × g grid, as DINO's ``interpolate_pos_encoding``
+def interpolate_pos_embed(pos_embed: torch.Tensor, grid_size: int, prefix: int = 1) -> torch.Tensor:
+    """A learned (1, prefix + G*G, D) table resampled to a g × g grid, as DINO's ``interpolate_pos_encoding``
     (vision_transformer.py:174-194): the patch positions bicubically, with scale factor (g + 0.1) / G (the
-    +0.1 guards the output size against float error, DINO issue #8), the class position as it is."""
-    n = pos_embed.shape[1] - 1
+    +0.1 guards the output size against float error, DINO issue #8), the class position (``prefix`` 1; 0 without
+    a class token) as it is."""
+    n = pos_embed.shape[1] - prefix
     old = int(round(math.sqrt(n)))
     if grid_size == old:
         return pos_embed
     dim = pos_embed.shape[-1]
-    patch = pos_embed[:, 1:].reshape(1, old, old, dim).permute(0, 3, 1, 2)
+    patch = pos_embed[:, prefix:].reshape(1, old, old, dim).permute(0, 3, 1, 2)
     scale = (grid_size + 0.1) / old
     patch = F.interpolate(patch, scale_factor=(scale, scale), mode="bicubic")
     if tuple(patch.shape[-2:]) != (grid_size, grid_size):
         raise ValueError(f"position embedding resampled to {tuple(patch.shape[-2:])}, not {grid_size}x{grid_size}")
-    return torch.cat([pos_embed[:, :1], patch.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
+    return torch.cat([pos_embed[:, :prefix], patch.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
 
 
 class DropPath(nn.Module):
@@ -200,6 +202,8 @@ class VisionTransformer(nn.Module):
     MAE's fine-tuning pool (models_vit.py:23-53): the mean of the last block's patch tokens, then a LayerNorm
     ``fc_norm``, with no final ``norm`` (timm ``global_pool='avg', fc_norm=True``).
     ``pos_embed="none"``: no position information (a fixed zero table; MoCo v3 §6.2's ablation, −1.6 points).
+    ``class_token=False``: no class token at all (I-JEPA's ViT, ijepa vision_transformer.py:329-425): the tokens
+    are the patches only, the position table (1, N, D), and the feature is their mean (``pool`` avg or global).
     """
 
     def __init__(
@@ -222,8 +226,11 @@ class VisionTransformer(nn.Module):
         registers: int = 0,
         ffn: str = "mlp",
         drop_path_uniform: bool = False,
+        class_token: bool = True,
     ):
         super().__init__()
+        if not class_token and pool == "cls":
+            raise ValueError("a ViT without a class token pools its patch tokens: use pool avg or global")
         if pool not in ("cls", "avg", "global"):
             raise ValueError(f"pool must be 'cls', 'avg' or 'global', got {pool!r}")
         if pos_embed not in ("sincos", "learned", "none") or init not in ("moco_v3", "trunc_normal", "dinov2"):
@@ -241,7 +248,9 @@ class VisionTransformer(nn.Module):
                            drop_path_rate=float(drop_path_rate), pool=pool, stop_grad_conv1=stop_grad_conv1,
                            layer_scale=float(layer_scale), pos_embed=pos_embed,
                            init=init, final_norm=bool(final_norm), registers=int(registers), ffn=ffn,
-                           drop_path_uniform=bool(drop_path_uniform))  # every constructor argument (the metadata)
+                           drop_path_uniform=bool(drop_path_uniform),
+                           class_token=bool(class_token))  # every constructor argument (the metadata)
+        self.prefix = 1 if class_token else 0  # tokens before the patches (the class token)
         self.image_size, self.patch_size, self.in_chans = image_size, patch_size, in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth, self.pool = depth, pool
@@ -249,11 +258,11 @@ class VisionTransformer(nn.Module):
         grid = image_size // patch_size
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.no_pos = pos_embed == "none"
         table = torch.zeros(1, 1 + grid * grid, embed_dim) if self.no_pos else \
             build_2d_sincos_position_embedding(grid, embed_dim)
-        self.pos_embed = nn.Parameter(table, requires_grad=self.learned_pos)
+        self.pos_embed = nn.Parameter(table[:, 1 - self.prefix:].clone(), requires_grad=self.learned_pos)
         # stochastic depth rising linearly over the blocks (timm / DINO), or the same in each (DINOv2's
         # drop_path_uniform, vision_transformer.py:118-121)
         rates = [drop_path_rate if drop_path_uniform else drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
@@ -282,7 +291,9 @@ class VisionTransformer(nn.Module):
         normal, not truncated."""
         if self.learned_pos:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        if cls_std == 0.02:
+        if self.cls_token is None:
+            pass
+        elif cls_std == 0.02:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
         else:  # DINOv2 (dinov2 vision_transformer.py:173-178): normal, std 1e-6
             nn.init.normal_(self.cls_token, std=cls_std)
@@ -315,7 +326,8 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
         if self.registers:
             nn.init.normal_(self.register_tokens, std=1e-6)
         proj = self.patch_embed.proj
@@ -333,22 +345,23 @@ class VisionTransformer(nn.Module):
                              f"(the model size is {S}), got a tensor of shape {tuple(x.shape)}")
 
     def position_embedding(self, size: int) -> torch.Tensor:
-        """The (1, 1 + g*g, D) position table of a ``size``-pixel input (g = size / patch): the model's own at
+        """The (1, prefix + g*g, D) position table of a ``size``-pixel input (g = size / patch): the model's own at
         the model size; otherwise the fixed sin-cos table of the g × g grid (made once per grid and device)
         or the learned one resampled (``interpolate_pos_embed``, differentiable)."""
         grid = size // self.patch_size
         if size == self.image_size:
             return self.pos_embed
         if self.learned_pos:
-            return interpolate_pos_embed(self.pos_embed, grid)
+            return interpolate_pos_embed(self.pos_embed, grid, self.prefix)
         if self.no_pos:
-            return self.pos_embed.new_zeros(1, 1 + grid * grid, self.embed_dim)
+            return self.pos_embed.new_zeros(1, self.prefix + grid * grid, self.embed_dim)
         if torch.compiler.is_compiling():  # in the graph (a cache write would make the step recompile)
-            return build_2d_sincos_position_embedding(grid, self.embed_dim, device=self.pos_embed.device).to(
-                self.pos_embed.dtype)
+            return build_2d_sincos_position_embedding(grid, self.embed_dim, device=self.pos_embed.device)[
+                :, 1 - self.prefix:].to(self.pos_embed.dtype)
         key = (grid, self.pos_embed.device)
         if key not in self._other_grids:
-            self._other_grids[key] = build_2d_sincos_position_embedding(grid, self.embed_dim, device=key[1])
+            self._other_grids[key] = build_2d_sincos_position_embedding(grid, self.embed_dim, device=key[1])[
+                :, 1 - self.prefix:]
         return self._other_grids[key].to(self.pos_embed.dtype)
 
     def add_mask_token(self) -> None:
@@ -358,34 +371,43 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """All tokens (B, 1+N, D) after the final LayerNorm (none under pool='global'); token 0 is the class
-        token. ``mask`` (B, N) bool (row-major patch order): those patch embeddings are replaced by
-        ``masked_embed`` before the class token and the positions are added (iBOT's ``prepare_tokens`` /
-        ``mask_model``, :205-222, :267-269)."""
+        token ((B, N, D), the patches only, without one). ``mask`` (B, N) bool (row-major patch order): those
+        patch embeddings are replaced by ``masked_embed`` before the class token and the positions are added
+        (iBOT's ``prepare_tokens`` / ``mask_model``, :205-222, :267-269)."""
         self._check_input(x)
         pos = self.position_embedding(x.shape[-1])
         x = self.patch_embed(x)
         if mask is not None:
             x = torch.where(mask.reshape(x.shape[0], -1, 1), self.masked_embed.to(x.dtype), x)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos
-        return self._blocks_and_norm(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self._blocks_and_norm(x + pos)
 
     def _blocks_and_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The blocks and the final norm on (B, 1+N, D) tokens; register tokens, if any, are inserted after the
         class token before the blocks and removed after the norm."""
         if not self.registers:
             return self.norm(self.blocks(x))
-        x = torch.cat([x[:, :1], self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype), x[:, 1:]], dim=1)
+        p = self.prefix
+        x = torch.cat([x[:, :p], self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype), x[:, p:]], dim=1)
         x = self.norm(self.blocks(x))
-        return torch.cat([x[:, :1], x[:, 1 + self.registers:]], dim=1)
+        return torch.cat([x[:, :p], x[:, p + self.registers:]], dim=1)
 
     def forward_visible(self, x: torch.Tensor, ids_keep: torch.Tensor) -> torch.Tensor:
-        """The encoder on a subset of patches (MAE models_mae.py ``forward_encoder``): positions are added to
-        every patch, the patches ``ids_keep`` (B, K) are kept, then the class token (+ its position) is
-        prepended; returns (B, 1+K, D) after the final LayerNorm. With every index in order it equals
-        ``forward_features``."""
+        """The encoder on a subset of patches (MAE models_mae.py ``forward_encoder``; I-JEPA's ``forward(x, masks)``
+        with ``apply_masks``, vision_transformer.py:401-425): positions are added to every patch, the patches
+        ``ids_keep`` (m·B, K) are kept (m > 1: the m masks of each image stacked mask-major, the images repeated
+        as ``apply_masks`` concatenates), then the class token (+ its position), if any, is prepended; returns
+        (m·B, 1+K, D) ((m·B, K, D) without a class token) after the final LayerNorm. With every index in order
+        it equals ``forward_features``."""
         self._check_input(x)
-        x = self.patch_embed(x) + self.pos_embed[:, 1:]
+        p = self.prefix
+        x = self.patch_embed(x) + self.pos_embed[:, p:]
+        if ids_keep.shape[0] != x.shape[0]:
+            x = x.repeat(ids_keep.shape[0] // x.shape[0], 1, 1)
         x = torch.gather(x, 1, ids_keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        if self.cls_token is None:
+            return self._blocks_and_norm(x)
         cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
         return self._blocks_and_norm(torch.cat([cls, x], dim=1))
 
@@ -398,8 +420,8 @@ class VisionTransformer(nn.Module):
         if return_all_tokens:
             return x
         if self.pool == "global":
-            return self.fc_norm(x[:, 1:].mean(dim=1))
-        return x[:, 0] if self.pool == "cls" else x[:, 1:].mean(dim=1)
+            return self.fc_norm(x[:, self.prefix:].mean(dim=1))
+        return x[:, 0] if self.pool == "cls" else x[:, self.prefix:].mean(dim=1)
 
     def layer_id(self, param_name: str) -> int:
         """Depth index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 for the rest."""
