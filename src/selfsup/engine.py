@@ -528,7 +528,7 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
                         "flow model (SiT) has none but its patch projection: set it to auto or contiguous")
     train = load_dataset(cfg.data, "train")
     info = data_info(cfg, train)
-    model = build_method(cfg, info)
+    model = build_method(cfg, info, load_weights=resume is None)  # a resumed run's weights are its checkpoint's
     meta = backbone_meta(cfg, info)
     ckpt_path = run_dir / "checkpoints" / "last.ckpt" if resume else None
     if ckpt_path is not None:
@@ -543,6 +543,9 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), "the run's config")
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
         export_backbone(model.eval_backbone, run_dir / "backbone_init.safetensors", meta)
+        if model.start_weights is not None:  # model.weights: the run says what it started from
+            mark_run(run_dir, weights=model.start_weights)
+            print(f"started from {model.start_weights['source']} (sha256 {model.start_weights['sha256'][:12]})")
     trainer = make_trainer(cfg, run_dir)
     if cfg.data.on_bad_file == "skip" and cfg.data.name in ("imagefolder", "images", "webdataset"):
         for callback in trainer.callbacks:
