@@ -35,6 +35,7 @@ FORBIDDEN = [
     ("flow", (*UPPER, "methods", "instruments")),
     ("eval", (*UPPER, "methods", "instruments", "flow", "export")),
     ("export", (*UPPER, "methods", "instruments", "flow", "eval")),
+    ("weights", (*UPPER, "methods", "instruments", "flow", "eval")),  # model.weights: reads export and models
     ("models", (*UPPER, "methods", "instruments", "flow", "eval", "export", "data", "simulate", *ONE_MODULE[:-1])),
     ("data", (*UPPER, "methods", "instruments", "flow", "eval", "export", "models", "simulate")),
     ("simulate", (*UPPER, "methods", "instruments", "flow", "eval", "export", "models", "data")),

@@ -152,6 +152,12 @@ class ModelConfig:
     ffn: str = "mlp"  # ViT block FFN: mlp (GELU) | swiglu (DINOv2 ViT-L/g's swiglufused)
     drop_path_uniform: bool = False  # ViT: every block the same drop-path rate (DINOv2), not rising linearly
     class_token: bool = True  # ViT: false builds it without a class token (I-JEPA's ViT; pool avg)
+    # Start the backbone from given weights (selfsup.weights): a selfsup run folder or exported .safetensors, a local
+    # .safetensors / .pth / .pt (state dict or checkpoint: wrappers teacher, state_dict, model; prefixes module.,
+    # backbone., encoder., ...), a DINOv2 torch.hub checkpoint (dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth), timm (a
+    # timm:<name> backbone's own pretrained weights) or timm:<name>; None: a random init. Position tables are
+    # resampled to the run's image size; run.json records the source and a sha256 of the loaded tensors
+    weights: str | None = None
 
     def validate(self) -> None:
         if self.pos_embed not in ("sincos", "learned", "none"):
@@ -170,6 +176,9 @@ class ModelConfig:
             raise UserError(f"model.layer_scale={self.layer_scale} must be >= 0 (0 turns LayerScale off)")
         if not 0 <= self.drop_path_rate < 1:
             raise UserError(f"model.drop_path_rate={self.drop_path_rate} must be in [0, 1)")
+        if self.weights is not None and not str(self.weights).strip():
+            raise UserError("model.weights is empty; give a run folder, a weights file, timm or timm:<name>, "
+                            "or null for a random init")
         if self.zero_init_residual and not self.backbone.startswith("resnet"):
             raise UserError(f"model.zero_init_residual applies to the torchvision ResNets, not {self.backbone!r}; "
                             "drop it (timm ResNets zero-init their last BN already)")

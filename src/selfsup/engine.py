@@ -41,7 +41,7 @@ from selfsup.methods.base import NonFiniteLoss, TrainingBase, TrainingCollapsed
 from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.runs.data import BadFileEvents, PretrainData
 from selfsup.runs.facts import (RunInterrupted, kept_checkpoint, mark_run, out_of_space, read_run_facts,
-                                write_run_facts)
+                                record_start_weights, write_run_facts)
 from selfsup.runs.finish import finish_run
 from selfsup.runs.loggers import finish_loggers, keep_metrics, quiet_lightning, require_loggers, run_loggers
 from selfsup.runs.resume import nothing_to_train, resume_action
@@ -139,11 +139,11 @@ class Start:
     resumed_step: int = 0
 
 
-def build(cfg: RunConfig) -> Start:
-    """Config → data → model."""
+def build(cfg: RunConfig, resume: Path | None) -> Start:
+    """Config → data → model (``model.weights`` loaded for a fresh run; a resumed run's are its checkpoint's)."""
     train = load_dataset(cfg.data, "train")
     info = data_info(cfg, train)
-    return Start(train, build_method(cfg, info), backbone_meta(cfg, info))
+    return Start(train, build_method(cfg, info, load_weights=resume is None), backbone_meta(cfg, info))
 
 
 def open_run_folder(start: Start, cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None) -> None:
@@ -155,6 +155,7 @@ def open_run_folder(start: Start, cfg: RunConfig, run_dir: Path, child: bool, re
             write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), "the run's config")
             # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
             export_backbone(start.model.eval_backbone, run_dir / "backbone_init.safetensors", start.meta)
+            record_start_weights(run_dir, start.model.start_weights)
         return
     start.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
     if not child:  # what a write killed midway left: a checkpoint's, an export's, run.json's
@@ -174,7 +175,7 @@ def start_run(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None) -
     if not child:
         preflight(cfg, resume)
     refuse_contradictions(cfg)
-    start = build(cfg)
+    start = build(cfg, resume)
     open_run_folder(start, cfg, run_dir, child, resume)
     return start
 
@@ -291,7 +292,7 @@ def finish_trained(cfg: RunConfig, run_dir: Path) -> Path:
     last checkpoint holds it (the tensors themselves: their dtype and memory format, as fit left them)."""
     for folder in (run_dir / "checkpoints", run_dir):
         remove_partial_writes(folder)
-    start = build(cfg)
+    start = build(cfg, run_dir)  # the weights are the checkpoint's
     ckpt = check_checkpoint(run_dir / "checkpoints" / "last.ckpt", start.model)
     with torch.no_grad():
         for name, tensor in start.model.state_dict(keep_vars=True).items():

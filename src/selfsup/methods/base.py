@@ -241,6 +241,9 @@ class TrainingBase(pl.LightningModule):
     # the heads (child names, in order after the backbone) whose output the loss normalises with a gradient: the
     # "loss-side embedding" of the embedding-norm paper (its norm slows learning as 1/‖z‖); () where none is
     loss_embedding: ClassVar[tuple[str, ...]] = ()
+    # what the backbone was started from (``model.weights``: ``weights.StartFacts.as_dict``; run.json's ``weights``),
+    # set by the builder (``methods.build.start_from_weights``); None: a random init
+    start_weights: dict | None = None
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()

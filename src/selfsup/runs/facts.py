@@ -29,6 +29,14 @@ def mark_run(run_dir: Path, drop: tuple[str, ...] = (), **facts) -> None:
     write_text(Path(run_dir) / RUN_FACTS, json.dumps({**merged, **facts}, indent=2), "the run's facts")
 
 
+def record_start_weights(run_dir: Path, weights: dict | None) -> None:
+    """``model.weights``: the run says what it started from (run.json's ``weights``: the source and the sha256 of
+    the loaded tensors) and prints it; None (a random init) records nothing."""
+    if weights is not None:
+        mark_run(run_dir, weights=weights)
+        print(f"started from {weights['source']} (sha256 {weights['sha256'][:12]})")
+
+
 def write_run_facts(trainer, run_dir: Path, seconds: float, status: str = "finished", **extra) -> None:
     """``RUN/run.json``: what the config cannot say about a run (read by ``selfsup report``): how its last session
     ended (``status``: running while it trains, so a killed run keeps that; finished, interrupted, nan, failed),

@@ -38,7 +38,7 @@ def load_mae_run(run_dir: Path, mask_ratio: float | None = None):
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
         raise UserError(f"{run_dir} has no checkpoints/last.ckpt (it holds the decoder); train the run first")
-    model = build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")))
+    model = build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")), load_weights=False)
     state = load_checkpoint(ckpt, "pass the folder an MAE pretrain made")["state_dict"]
     try:
         model.load_state_dict(state)

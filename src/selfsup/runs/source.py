@@ -199,7 +199,8 @@ def with_heads(source: EvalSource, embedding: str) -> EvalSource:
                         f"not {source.weights.name} (no heads are saved with it); use --embedding backbone")
     m = source.meta
     model = build_method(resolve(read_run_config(source.run_dir)),
-                         DataInfo(m["in_chans"], m["image_size"], tuple(m["mean"]), tuple(m["std"])))
+                         DataInfo(m["in_chans"], m["image_size"], tuple(m["mean"]), tuple(m["std"])),
+                         load_weights=False)  # the checkpoint's weights are loaded next
     missing = [name for name in HEADS[embedding] if not isinstance(getattr(model, name, None), nn.Module)]
     if missing:
         raise UserError(f"--embedding {embedding}: a {m.get('method')} run has no {missing[0]}; "
