@@ -28,12 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from selfsup.distributed import all_reduce_local_grad, all_reduce_with_grad, gather_with_grad
 from selfsup.errors import UserError
 from selfsup.losses import barlow_twins_loss, cross_correlation
-from selfsup.methods.base import SSLMethod, encode_views
+from selfsup.methods.base import SSLMethod
 from selfsup.models.heads import mlp
 from selfsup.step import StepOutput
 
@@ -78,12 +77,8 @@ class BarlowTwins(SSLMethod):
         return {"backbone": self.backbone, "projector": self.projector}
 
     def forward_views(self, views):
-        h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
-        z1, z2 = self.projector(h1), self.projector(h2)  # the projector's BN: per-view statistics
         c = self.cfg.method
-        if c.normalize_embeddings:
-            z1, z2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
-        z1, z2 = self.grad_scale(z1), self.grad_scale(z2)
+        h1, h2, z1, z2 = self.project_pair(views, c.normalize_embeddings)  # the projector's BN: per-view statistics
         with torch.autocast(z1.device.type, enabled=False):
             z1f, z2f = z1.float(), z2.float()
             all_z1, all_z2 = gather_with_grad(z1f), gather_with_grad(z2f)

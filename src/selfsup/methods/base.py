@@ -29,6 +29,7 @@ from typing import ClassVar
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from selfsup.data.device_decode import DecodePrefetcher, EncodedBatch, EncodedCrops, decode_batch, upcoming_batch
@@ -585,6 +586,25 @@ class SSLMethod(TrainingBase):
     def forward_views(self, views: list[Tensor]) -> StepOutput:
         """Views → the step's :class:`StepOutput` (the loss, detached tensors for the instruments, own scalars)."""
         raise NotImplementedError
+
+    def project_pair(self, views: list[Tensor], normalize: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Two views through the backbone (one call when it has no BatchNorm) and the ``projector`` (its BatchNorm:
+        per-view statistics), L2-normalised where ``normalize`` (``method.normalize_embeddings``), then GradScale:
+        ``h1, h2, z1, z2`` (Barlow Twins, VICReg)."""
+        h1, h2 = encode_views(self.backbone, views)
+        z1, z2 = self.projector(h1), self.projector(h2)
+        if normalize:
+            z1, z2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+        return h1, h2, self.grad_scale(z1), self.grad_scale(z2)
+
+    def predict_views(self, views: list[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """The in-step EMA of the momentum targets (``update_momentum_encoder``, this step's momentum), then every view
+        through the online branch: ``h`` = backbone (one call per resolution when it has no BatchNorm), ``z`` =
+        projector(h), ``p`` = GradScale(predictor(z)) (MoCo v3's queries, BYOL's predictions)."""
+        self.update_momentum_encoder()
+        h = encode_views(self.backbone, views)
+        z = [self.projector(x) for x in h]
+        return h, z, [self.grad_scale(self.predictor(x)) for x in z]
 
     def step_draws(self, views: list[Tensor]) -> dict[str, Tensor]:
         """The step's other random tensors, drawn from the step's generator after the augmentation's draws (MAE's

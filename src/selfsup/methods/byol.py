@@ -70,10 +70,7 @@ class BYOL(SSLMethod):
         return {"backbone": self.backbone, "projector": self.projector, "predictor": self.predictor}
 
     def forward_views(self, views):
-        self.update_momentum_encoder()  # with this step's self.momentum
-        h = encode_views(self.backbone, views)  # one call per resolution when the backbone has no BatchNorm
-        z = [self.projector(x) for x in h]
-        p = [self.grad_scale(self.predictor(x)) for x in z]
+        h, z, p = self.predict_views(views)  # after the in-step EMA with this step's self.momentum
         sg = self.cfg.method.stop_gradient
         if sg:
             with torch.no_grad():  # targets from the two global views only

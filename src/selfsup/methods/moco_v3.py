@@ -71,10 +71,7 @@ class MoCoV3(SSLMethod):
         return {"backbone": self.backbone, "projector": self.projector, "predictor": self.predictor}
 
     def forward_views(self, views):
-        self.update_momentum_encoder()  # with this step's self.momentum
-        h = encode_views(self.backbone, views)  # one call per resolution when the backbone has no BatchNorm
-        z = [self.projector(x) for x in h]
-        q = [self.grad_scale(self.predictor(x)) for x in z]  # queries only
+        h, z, q = self.predict_views(views)  # the queries, after the in-step EMA with this step's self.momentum
         with torch.no_grad():  # keys from the two global views only
             k1, k2 = (self.momentum_projector(x) for x in encode_views(self.momentum_backbone, views[:2]))
         rank, _ = world()

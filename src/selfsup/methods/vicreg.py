@@ -21,12 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from selfsup.distributed import gather_with_grad
 from selfsup.errors import UserError
 from selfsup.losses import vicreg_loss
-from selfsup.methods.base import SSLMethod, encode_views
+from selfsup.methods.base import SSLMethod
 from selfsup.models.heads import mlp
 from selfsup.step import StepOutput
 
@@ -72,12 +71,8 @@ class VICReg(SSLMethod):
         return {"backbone": self.backbone, "projector": self.projector}
 
     def forward_views(self, views):
-        h1, h2 = encode_views(self.backbone, views)  # one call when the backbone has no BatchNorm
-        z1, z2 = self.projector(h1), self.projector(h2)
         c = self.cfg.method
-        if c.normalize_embeddings:
-            z1, z2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
-        z1, z2 = self.grad_scale(z1), self.grad_scale(z2)
+        h1, h2, z1, z2 = self.project_pair(views, c.normalize_embeddings)
         with torch.autocast(z1.device.type, enabled=False):
             z1f, z2f = z1.float(), z2.float()
             loss = vicreg_loss(z1f, z2f, all_z1=gather_with_grad(z1f), all_z2=gather_with_grad(z2f),
