@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean docs
+.PHONY: demo test test-fast lint install clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -n 2  # one worker a core (each test runs one torch thread)
+
+# the pure-function and single-process tests: no test marked spawn or train (tests/tiers.py)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not spawn and not train"
 
 docs: $(STAMP)
 	$(BIN)/pip install --quiet "mkdocs>=1.6" "mkdocs-material>=9" "mkdocstrings[python]>=0.26"
