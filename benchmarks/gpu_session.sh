@@ -13,17 +13,18 @@
 # 1. step (issue 52 item 3; benchmarks/gpu_step.py): MoCo v3 and DINO ViT-S/16 at 224 px, bf16, fused AdamW:
 #    the torch profiler's top kernels, idle gaps and host syncs of one step (profile_*.json); step time and MFU at
 #    batch 128 and doubling to the largest that fits (sweep_*.json); the SDPA kernel taken (sdpa.json); the step
-#    that crosses an epoch end, and the checkpoint writes, timed apart (epoch_end.json).            ~3 minutes
+#    that crosses an epoch end, and the checkpoint writes, timed apart (epoch_end.json).      at most 170 s
 # 2. e2e (issue 52 item 2; benchmarks/end_to_end.py): DINO ViT-S/16 (2 x 224 + 8 x 96, batch 128) through the engine
 #    from synthetic JPEGs: data.decode=device (the next batch decoded on a side stream during the step) and
 #    data.decode=cpu with 14 workers against the step with free data (end_to_end_cuda.json), then the CPU path with
 #    2 workers (end_to_end_cuda_2workers.json): data.decode=auto's rule (engine.DEVICE_DECODE_BELOW_WORKERS).
-#    Goal: device >= 0.9 of step-only.                                                                ~3 minutes
+#    Goal: device >= 0.9 of step-only.                                                        at most 210 s
 # 3. mfu (benchmarks/mfu.py --device cuda): MoCo v3 ViT-S/16 eager beside compiled, alternating (mfu_cuda.json).
 # 4. decode (benchmarks/decode.py --sizes realistic --device cuda): the workers' CPU cost per image beside
 #    torchvision's on the same files, nvJPEG's batched decode + crops (decode_realistic_cuda.json).
 # 5. methods (issue 24 item 6): benchmarks/methods_fmnist.py, 5 short Fashion-MNIST epochs (40 steps each) at seed 0,
-#    three processes side by side on the GPU (methods_fmnist_5ep_short.json and its table).        ~2 minutes
+#    three processes side by side on the GPU (methods_fmnist_5ep_short.json and its table).    at most 95 s
+# The limits add up to 600 s (mfu 80 s, decode 45 s); the parts come in the order of what the issues need most.
 # Each part has its own time limit, so a slow one cannot eat the next's.
 set -uo pipefail
 DRY=0
@@ -65,7 +66,7 @@ part() {  # part NAME SECONDS COMMAND...: run it with its limit, its log in $OUT
 
 if has step; then
     dry=(); [[ $DRY == 1 ]] && dry=(--dry-run)
-    part step 200 $PY benchmarks/gpu_step.py "${dry[@]}" --out-dir "$OUT"
+    part step 170 $PY benchmarks/gpu_step.py "${dry[@]}" --out-dir "$OUT"
 fi
 
 if has e2e; then
@@ -78,12 +79,12 @@ if has e2e; then
         e2e2=("${e2e[@]}")
     else
         workers=$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))
-        # 6,144 images = 48 steps an epoch, so the 40 timed steps stay inside one epoch
-        e2e=(--images 6144 --batch-size 128 --workers "$workers" --steps 40 --warmup 8)
-        e2e2=(--images 6144 --batch-size 128 --workers 2 --steps 20 --warmup 5)
+        # 4,096 images = 32 steps an epoch, so the 30 timed and warm-up steps stay inside one epoch
+        e2e=(--images 4096 --batch-size 128 --workers "$workers" --steps 24 --warmup 6)
+        e2e2=(--images 2048 --batch-size 128 --workers 2 --steps 10 --warmup 4)
     fi
-    part e2e 150 $PY benchmarks/end_to_end.py "${e2e[@]}" --arms step_only,device,cpu --out "$OUT/end_to_end_cuda.json"
-    part e2e_2workers 60 $PY benchmarks/end_to_end.py "${e2e2[@]}" --arms cpu \
+    part e2e 140 $PY benchmarks/end_to_end.py "${e2e[@]}" --arms step_only,device,cpu --out "$OUT/end_to_end_cuda.json"
+    part e2e_2workers 70 $PY benchmarks/end_to_end.py "${e2e2[@]}" --arms cpu \
         --out "$OUT/end_to_end_cuda_2workers.json"
 fi
 
@@ -92,7 +93,7 @@ if has mfu; then
         part mfu 100 $PY benchmarks/mfu.py --quick --device cpu --methods moco_v3 --heads preset --no-lightly \
             --out "$OUT/mfu_cuda.json"
     else
-        part mfu 100 $PY benchmarks/mfu.py --device cuda --methods moco_v3 --reps 2 --no-lightly \
+        part mfu 80 $PY benchmarks/mfu.py --device cuda --methods moco_v3 --reps 2 --no-lightly \
             --out "$OUT/mfu_cuda.json"
     fi
 fi
@@ -102,7 +103,7 @@ if has decode; then
         part decode 60 $PY benchmarks/decode.py --sizes realistic --quick --device cpu \
             --out "$OUT/decode_realistic_cuda.json"
     else
-        part decode 60 $PY benchmarks/decode.py --sizes realistic --device cuda --images 96 --repeat 3 \
+        part decode 45 $PY benchmarks/decode.py --sizes realistic --device cuda --images 64 --repeat 3 \
             --out "$OUT/decode_realistic_cuda.json"
     fi
 fi
@@ -120,7 +121,7 @@ if has methods; then
     t0=$SECONDS
     pids=()
     for g in "${!groups[@]}"; do  # the groups side by side (the micro ViT leaves the GPU idle)
-        timeout "$(limit 150)" $PY benchmarks/methods_fmnist.py "${budget[@]}" --seeds 0 --presets "${groups[$g]}" \
+        timeout "$(limit 95)" $PY benchmarks/methods_fmnist.py "${budget[@]}" --seeds 0 --presets "${groups[$g]}" \
             --runs "$W/runs" --out "$W/methods_g$g.json" > "$W/methods_g$g.log" 2>&1 &
         pids+=($!)
     done

@@ -298,7 +298,7 @@ def part_epoch_end(device, args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="profile,sweep,sdpa,epoch_end")
+    p.add_argument("--parts", default="profile,sdpa,epoch_end,sweep")  # the sweep, longest, last
     p.add_argument("--methods", default="moco_v3,dino")
     p.add_argument("--out-dir", default="benchmarks/results/gpu_step")
     p.add_argument("--dry-run", action="store_true", help="every part on the CPU at toy size")
