@@ -5,7 +5,9 @@ measurement: the longer side 500 px for 70% of the images, else log-normal aroun
 200-1600, the aspect 4:3 (55%), 3:4 (25%), 1:1 (10%) or 16:9 (10%); and adds the prepared arms: the same images re-
 encoded at a longer side of ``--max-side`` (320, ``selfsup data shards``' re-encoding, ``data.prepare.reencode``)
 and decoded by the same crop-at-decode path, for two views and for DINOv2's multi-crop (2 x 224 at (0.32, 1) + 8 x
-98 at (0.05, 0.32)), each against torchvision's per-image PIL pipeline on the originals; and
+98 at (0.05, 0.32)), each against torchvision's per-image PIL pipeline on the same files (``speedup_*_same_files``:
+the mean over the repeats of each repeat's ratio; ``*_vs_torchvision_original``: against torchvision on the
+originals); and
 ``data.decode=device``'s two sides: a worker's CPU cost (``EncodedCrops``: bytes, header, seeded boxes) per CPU-
 second beside the others, and the batch's decode and crops on ``--device`` (cuda: nvJPEG; cpu: the same code here)
 in images per wall second. ``--sizes fixed`` (the default, the earlier figures) keeps one size:

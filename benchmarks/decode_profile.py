@@ -3,7 +3,7 @@
 of the data path put in one part (decode, resize, crop-box draws, stacking / batch writes, tensor conversion,
 file open + header) and each part's share of the profiled time.
 
-    python benchmarks/decode_profile.py [--images 64] [--repeat 3] [--out results/decode_profile.json]
+    python -m benchmarks.decode_profile [--images 64] [--repeat 3] [--out results/decode_profile.json]
 """
 
 from __future__ import annotations
@@ -11,30 +11,33 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from decode import make_jpegs, realistic_sizes  # noqa: E402
-from throughput import write_report  # noqa: E402
+from benchmarks.decode import make_jpegs, realistic_sizes
+from benchmarks.harness import RESULTS, write_report
 
 # (part, substrings of "file:function" of the profiled functions, matched against their own time)
 PARTS = [
-    ("decode", ("ImageFile.py:load", "decode_jpeg", "_decode_file", "Image.py:convert", "ImagingDecoder")),
+    ("decode", ("ImageFile.py:load", "Image.py:load", "decode_jpeg", "_decode_file", "Image.py:convert",
+                "ImagingDecoder", "_pixels", "draft")),
     ("resize", ("resize", "interpolate", "_upsample_bilinear2d_aa", "reduce")),
     ("crop_box_draws", ("crop_boxes", "sample_crop_boxes", "_uniform", "SeedSequence", "generate_state",
                         "manual_seed", "Generator", "torch.rand", "method 'exp'", "method 'round'", "sqrt",
                         "gather", "argmax", "where", "minimum", "floor", "uniform_", "built-in method any",
-                        "method 'any'", "box_uniforms", "crop_box_batch", "_mix64", "random_boxes")),
-    ("stack_and_batch_writes", ("stack", "stack_runs", "copy_", "empty", "zeros")),
-    ("to_tensor", ("_to_tensor", "asarray", "from_numpy", "permute", "method 'copy'", "__array_interface__",
-                   "tobytes")),
+                        "method 'any'", "box_uniforms", "crop_box_batch", "_mix64", "rsub", "method 'to' of",
+                        "torch.exp", "torch.log", "take_along_axis", "method 'astype'")),
+    ("stack_and_batch_writes", ("stack", "stack_runs", "copy_", "empty", "zeros", "ViewBatch", "slots",
+                                "method 'permute'", "method 'unsqueeze'")),
+    ("to_tensor", ("_to_tensor", "asarray", "from_numpy", "method 'copy'", "__array_interface__", "tobytes",
+                   "ImagingEncoder", "Image.py:copy", "_imaging.new", "frombuffer")),
     ("open_and_header", ("Image.py:open", "_open", "JpegImagePlugin", "fromfile", "read_bytes", "io.open",
-                         "_getheader", "header")),
+                         "_getheader", "header", "Opened", "_safe_read", "_binary.py", "BufferedReader",
+                         "pathlib.py")),
 ]
 
 
@@ -90,14 +93,14 @@ def main() -> None:
             for arm, paths in (("original", files), ("prepared", prepared)):
                 crops = FolderCrops(paths, size, seed=0, **plan)
                 crops.crops(idx, 0)  # warm-up
-                prof = cProfile.Profile()
+                prof = cProfile.Profile(time.process_time)  # CPU time: other jobs on the cores do not count
                 prof.enable()
                 for epoch in range(args.repeat):
                     crops.crops(idx, epoch)
                 prof.disable()
                 out[f"{kind}_{arm}"] = shares(prof) | {"top": top(prof)}
                 print(kind, arm, {k: v for k, v in out[f"{kind}_{arm}"].items() if k != "top"})
-    path = Path(args.out) if args.out else Path(__file__).parent / "results" / "decode_profile.json"
+    path = Path(args.out) if args.out else RESULTS / "decode_profile.json"
     write_report(out, path)
     print(f"wrote {path}")
 

@@ -1,71 +1,137 @@
 #!/usr/bin/env bash
-# The device checks for a lent GPU machine, prepared as one short script per call (issues 24, 25 and 39).
+# The device checks for a lent GPU machine (issues 24, 25, 39 and 52), prepared as one run of under 10 minutes.
 #
 # Run from the repository root on the device machine, with the Fashion-MNIST IDX files carried in .gpu/:
 #   here, once:   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu; cp -r /usr/share/datasets/fashion-mnist .gpu/
 #                 .venv/bin/python -m pip download --no-deps --only-binary=:all: -d .gpu/whl webdataset braceexpand
 #                 (the device image has torch, Lightning, timm, but not webdataset, which the shards arm needs)
 #   device tool:  run(command="bash benchmarks/gpu_session.sh", carry=[".gpu"], timeout_s=600)
-#   then, when the device time left allows a second call:
-#                 run(command="bash benchmarks/gpu_session.sh methods", carry=[".gpu"], timeout_s=420)
-# Everything it writes lands in $OUT (the tool brings it back): copy the JSONs to benchmarks/results/ and commit.
-#
-# Part "data" (the default; issue 39 item 4 and issue 25 item 4), about 9 minutes with a machine's start (run
-# 2026-12-04: 3 + 5 minutes):
-# 1. benchmarks/mfu.py --device cuda: MoCo v3 ViT-S/16 at 224 px, bf16 autocast, fused AdamW, eager beside the
-#    compiled step, alternating. lightly's peer step only where lightly is importable there.
-# 2. benchmarks/decode.py --sizes realistic --device cuda: the workers' CPU cost per image of each path beside
-#    torchvision's, and data.decode=device's batched nvJPEG decode + crops in images/s on the GPU.
-# 3. benchmarks/end_to_end.py: DINO ViT-S/16 (2 x 224 + 8 x 96, batch 128, bf16) through the engine from synthetic
-#    JPEGs (data.decode=device; data.decode=cpu; shards) against the step with free data. Goal: >= 90% of it.
-# Part "methods" (issue 24 item 6): benchmarks/methods_fmnist.py at 5 whole Fashion-MNIST epochs x 3 seeds on the
-#    GPU, in processes side by side, then one JSON and its table, and DINO's 5-epoch curves.
-# Each step has its own time limit, so a slow one cannot eat the next's.
+#   a dry run here (every part on the CPU at toy size, a minute or two; tests/test_gpu_session.py runs it):
+#                 OUT=/tmp/gpu_dry bash benchmarks/gpu_session.sh --dry-run
+# Everything it writes lands in $OUT (the tool brings it back), one JSON per part: copy them to benchmarks/results/
+# and commit. Parts (all by default, in this order; name some to run only those: `... gpu_session.sh step e2e`):
+# 1. step (issue 52 item 3; benchmarks/gpu_step.py): MoCo v3 and DINO ViT-S/16 at 224 px, bf16, fused AdamW:
+#    the torch profiler's top kernels, idle gaps and host syncs of one step (profile_*.json); step time and MFU at
+#    batch 128 and doubling to the largest that fits (sweep_*.json); the SDPA kernel taken (sdpa.json); the step
+#    that crosses an epoch end, and the checkpoint writes, timed apart (epoch_end.json).      at most 170 s
+# 2. e2e (issue 52 item 2; benchmarks/end_to_end.py): DINO ViT-S/16 (2 x 224 + 8 x 96, batch 128) through the engine
+#    from synthetic JPEGs: data.decode=device (the next batch decoded on a side stream during the step) and
+#    data.decode=cpu with 14 workers against the step with free data (end_to_end_cuda.json), then the CPU path with
+#    2 workers (end_to_end_cuda_2workers.json): data.decode=auto's rule (runs.data.DEVICE_DECODE_BELOW_WORKERS).
+#    Goal: device >= 0.9 of step-only.                                                        at most 210 s
+# 3. mfu (benchmarks/mfu.py --device cuda): MoCo v3 ViT-S/16 eager beside compiled, alternating (mfu_cuda.json).
+# 4. decode (benchmarks/decode.py --sizes realistic --device cuda): the workers' CPU cost per image beside
+#    torchvision's on the same files, nvJPEG's batched decode + crops (decode_realistic_cuda.json).
+# 5. methods (issue 24 item 6): benchmarks/methods_fmnist.py, 5 short Fashion-MNIST epochs (40 steps each) at seed 0,
+#    three processes side by side on the GPU (methods_fmnist_5ep_short.json and its table).    at most 95 s
+# The limits add up to 600 s (mfu 80 s, decode 45 s); the parts come in the order of what the issues need most.
+# Each part has its own time limit, so a slow one cannot eat the next's.
 set -uo pipefail
+DRY=0
+PARTS=()
+for arg in "$@"; do
+    if [[ "$arg" == "--dry-run" ]]; then DRY=1; else PARTS+=("$arg"); fi
+done
+[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(step e2e mfu decode methods)
 OUT=${OUT:-/tmp/gpu_out}
-W=/tmp/gpu_work  # the per-process files and runs; only the results come back
-mkdir -p "$OUT" "$W"
-export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
+W=$(mktemp -d /tmp/gpu_work.XXXXXX)  # the per-process files and runs; only the results come back
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[[ -d .gpu/fashion-mnist ]] && export SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
 PY=${PYTHON:-python3}
-if compgen -G ".gpu/whl/*.whl" > /dev/null; then  # the carried wheels (webdataset for the shards arm)
+if [[ $DRY == 0 ]] && compgen -G ".gpu/whl/*.whl" > /dev/null; then  # the carried wheels (webdataset: shards)
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl \
         && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
-PARTS=${*:-data}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-$PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" | tee -a "$OUT/gpu.txt"
-nproc | sed 's/^/cpu cores: /' | tee -a "$OUT/gpu.txt"
+has() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
+# the time limit of a part: its GPU figure, or 240 s for its toy run on a CPU
+limit() { if [[ $DRY == 1 ]]; then echo 240; else echo "$1"; fi; }
+{
+    if [[ $DRY == 1 ]]; then echo "dry run: every part on the CPU at toy size"; else
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; fi
+    $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"
+    nproc | sed 's/^/cpu cores: /'
+} 2>&1 | tee "$OUT/gpu.txt"
+status=0
+part() {  # part NAME SECONDS COMMAND...: run it with its limit, its log in $OUT/NAME.log, note a failure
+    local name=$1 seconds=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$(limit "$seconds")" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+    tail -n 5 "$OUT/$name.log"
+    [[ $rc == 0 ]] || status=1
+}
 
-if [[ " $PARTS " == *" data "* ]]; then
-    peer=--no-lightly
-    $PY -c "import lightly" 2>/dev/null && peer=
-    timeout 170 $PY -m benchmarks.mfu --device cuda --methods moco_v3 --reps 3 $peer --out "$OUT/mfu_cuda.json" \
-        2>&1 | tail -n 40 | tee "$OUT/mfu_cuda.log"
-    timeout 90 $PY -m benchmarks.decode --sizes realistic --device cuda --images 128 --repeat 3 \
-        --out "$OUT/decode_realistic_cuda.json" 2>&1 | tail -n 40 | tee "$OUT/decode_cuda.log"
-    workers=$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))
-    # 6,144 images = 48 steps an epoch, so the 60 timed steps cross one epoch end (its step_ms shows where)
-    timeout 330 $PY -m benchmarks.end_to_end --images 6144 --batch-size 128 --workers "$workers" --steps 60 \
-        --warmup 10 --out "$OUT/end_to_end_cuda.json" 2>&1 | grep -v -i warn | tail -n 20 | tee "$OUT/end_to_end.log"
+if has step; then
+    dry=(); [[ $DRY == 1 ]] && dry=(--dry-run)
+    part step 170 $PY -m benchmarks.gpu_step "${dry[@]}" --out-dir "$OUT"
 fi
 
-if [[ " $PARTS " == *" methods "* ]]; then
-    # 3 seeds x 3 groups of presets = 9 processes side by side (the micro ViT leaves the GPU idle)
+if has e2e; then
+    if [[ $DRY == 1 ]]; then
+        toy=(data.image_size=32 augment.local_crops_size=16 augment.local_crops_number=2 model.backbone=vit_micro
+             model.patch_size=8 method.out_dim=256 method.hidden_dim=64 method.bottleneck_dim=32
+             trainer.precision=32-true)
+        e2e=(--images 12 --batch-size 4 --workers 0 --steps 2 --warmup 1)
+        for o in "${toy[@]}"; do e2e+=(--set "$o"); done
+        e2e2=("${e2e[@]}")
+    else
+        workers=$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))
+        # 4,096 images = 32 steps an epoch, so the 30 timed and warm-up steps stay inside one epoch
+        e2e=(--images 4096 --batch-size 128 --workers "$workers" --steps 24 --warmup 6)
+        e2e2=(--images 2048 --batch-size 128 --workers 2 --steps 10 --warmup 4)
+    fi
+    part e2e 140 $PY -m benchmarks.end_to_end "${e2e[@]}" --arms step_only,device,cpu --out "$OUT/end_to_end_cuda.json"
+    part e2e_2workers 70 $PY -m benchmarks.end_to_end "${e2e2[@]}" --arms cpu \
+        --out "$OUT/end_to_end_cuda_2workers.json"
+fi
+
+if has mfu; then
+    if [[ $DRY == 1 ]]; then
+        part mfu 100 $PY -m benchmarks.mfu --quick --device cpu --methods moco_v3 --heads preset --no-lightly \
+            --out "$OUT/mfu_cuda.json"
+    else
+        part mfu 80 $PY -m benchmarks.mfu --device cuda --methods moco_v3 --reps 2 --no-lightly \
+            --out "$OUT/mfu_cuda.json"
+    fi
+fi
+
+if has decode; then
+    if [[ $DRY == 1 ]]; then
+        part decode 60 $PY -m benchmarks.decode --sizes realistic --quick --device cpu \
+            --out "$OUT/decode_realistic_cuda.json"
+    else
+        part decode 45 $PY -m benchmarks.decode --sizes realistic --device cuda --images 64 --repeat 3 \
+            --out "$OUT/decode_realistic_cuda.json"
+    fi
+fi
+
+if has methods; then
     groups=("simclr-fmnist,byol-fmnist,simsiam-fmnist,moco-v3-vit-fmnist,barlow-twins-fmnist"
             "vicreg-fmnist,dino-fmnist,ibot-fmnist,mae-fmnist"
-            "swav-fmnist,wmse-vit-fmnist,nnclr-fmnist")
+            "swav-fmnist,wmse-fmnist,nnclr-fmnist")
+    if [[ $DRY == 1 ]]; then
+        groups=("simclr-fmnist")
+        budget=(--quick --accelerator cpu)
+    else
+        budget=(--epochs 5 --steps-per-epoch 40 --eval-train 5000 --probe-epochs 10 --ft-epochs 1 --accelerator gpu)
+    fi
+    t0=$SECONDS
     pids=()
-    for seed in 0 1 2; do
-        for g in 0 1 2; do
-            timeout 330 $PY -m benchmarks.methods_fmnist --epochs 5 --steps-per-epoch 0 --seeds $seed \
-                --accelerator gpu --presets "${groups[$g]}" --instruments --runs "$W/runs" \
-                --out "$W/methods_s${seed}_g$g.json" > "$W/methods_s${seed}_g$g.log" 2>&1 &
-            pids+=($!)
-        done
+    for g in "${!groups[@]}"; do  # the groups side by side (the micro ViT leaves the GPU idle)
+        timeout "$(limit 95)" $PY -m benchmarks.methods_fmnist "${budget[@]}" --seeds 0 --presets "${groups[$g]}" \
+            --runs "$W/runs" --out "$W/methods_g$g.json" > "$W/methods_g$g.log" 2>&1 &
+        pids+=($!)
     done
-    wait "${pids[@]}"
-    $PY -m benchmarks.methods_fmnist --combine "$W"/methods_s*_g*.json --out "$OUT/methods_fmnist_5ep.json" \
-        | tee "$OUT/methods_table.md"
-    tail -n 2 "$W"/methods_s*_g*.log | tee "$OUT/methods.log"
-    $PY -m benchmarks.dino_curves "$W/runs/dino-fmnist-s0" --out "$OUT/dino_fmnist_5ep_curves" | tail -n 7
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    $PY -m benchmarks.methods_fmnist --combine "$W"/methods_g*.json --out "$OUT/methods_fmnist_5ep_short.json" \
+        > "$OUT/methods_table.md" 2>&1 || rc=1
+    tail -n 2 "$W"/methods_g*.log > "$OUT/methods.log"
+    echo "methods: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+    [[ $rc == 0 ]] || status=1
 fi
+rm -rf "$W"
+exit $status

@@ -27,7 +27,7 @@ variant was written here before its run; the result follows it.
 
 Results: written below each run as it finishes (``results/jepa_choice_<preset>.json``).
 
-    python benchmarks/jepa_choice.py --preset ijepa-digits --only code
+    python -m benchmarks.jepa_choice --preset ijepa-digits --only code
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
+from benchmarks.harness import write_report
 
 VARIANTS = {
     "ijepa-digits": {"code": [], "backbone_init": ["method.init=backbone"]},

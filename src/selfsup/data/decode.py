@@ -2,12 +2,14 @@
 
 Training (``FolderCrops``): each view of each image is its own RandomResizedCrop (the recipe's scale
 per view, ratio (3/4, 4/3), torchvision's sampling rule) taken from the whole decoded image and
-resized (PIL, antialiased bilinear) straight to its view's output size, so a batch is a fixed-size
+resized (antialiased bilinear, uint8) straight to its view's output size, so a batch is a fixed-size
 ``uint8 (B, V, C, S, S)`` tensor (a multi-crop plan with several sizes: one such tensor per run of views of
 equal size) that the batched on-device augmentation takes without cropping again.
-The crop boxes come from a generator seeded by (seed, epoch, image index): the same on every worker
-count and after a resume. A JPEG is decoded at the smallest DCT scale that still leaves every crop
-at least the output size (``PIL.Image.draft``), which is most of the saving over a full decode.
+The crop boxes of a whole batch come from one vectorised draw (``crop_box_batch``) on counter-based uniforms keyed
+by (seed, epoch, image index): the same on every worker count and after a resume. Each image is decoded once: an RGB
+JPEG by torchvision's libjpeg-turbo on its bytes (sized from its own frame header), a JPEG whose every crop shrinks
+at least 2x at the smallest DCT scale that still leaves every crop at least the output size (``PIL.Image.draft``),
+anything else by PIL; each view is then resized once into a preallocated channels-last batch (``ViewBatch``).
 
 Evaluation (``resize_center_crop``): resize the shorter side to ``resize`` (default size / 0.875:
 256 for 224), then the central ``size`` square, exactly as torchvision's Resize + CenterCrop on PIL.
