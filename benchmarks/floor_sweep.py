@@ -264,7 +264,7 @@ from dino_cpu import knn_10k, train_variant  # noqa: E402  (the DINO sweep's tra
 from throughput import write_report  # noqa: E402  (the benchmarks' JSON writer)
 
 from selfsup.checkpoints import NonFiniteWeights  # noqa: E402
-from selfsup.engine import read_run_facts  # noqa: E402
+from selfsup.runs.facts import read_run_facts  # noqa: E402
 from selfsup.methods.base import NonFiniteLoss, TrainingCollapsed  # noqa: E402
 
 STOPS = (TrainingCollapsed, NonFiniteLoss, NonFiniteWeights)  # a run that stops itself: run.json names the step

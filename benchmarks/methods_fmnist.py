@@ -95,7 +95,7 @@ def finished_run(run: Path, cfg) -> Path | None:
     from dataclasses import asdict
 
     from selfsup.config import load_run
-    from selfsup.engine import read_run_facts
+    from selfsup.runs.facts import read_run_facts
 
     if read_run_facts(run).get("status") != "finished" or not (run / "backbone.safetensors").exists():
         return None
@@ -241,6 +241,7 @@ def main(argv=None) -> int:
 
     import selfsup.engine as engine
     import selfsup.runs.finish as finish
+    from selfsup.runs.facts import read_run_facts
     from selfsup.config import load_run_config
     from selfsup.data.datasets import fashion_mnist_default
 
@@ -286,7 +287,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             run = finished_run(Path(args.runs) / f"{preset}-s{seed}", cfg) if args.runs else None
             if run is not None:  # trained by an earlier call whose evaluation did not finish: scored, not retrained
-                train_s = engine.read_run_facts(run)["fit_seconds"]
+                train_s = read_run_facts(run)["fit_seconds"]
             else:
                 run = engine.pretrain(cfg, preset)
                 train_s = time.perf_counter() - t0

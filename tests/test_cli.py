@@ -403,7 +403,7 @@ def test_the_bad_file_cap_counts_every_worker(tmp_path):
     stops the run in one line, after logging each file once as an event."""
     from types import SimpleNamespace
 
-    from selfsup.engine import BadFileEvents
+    from selfsup.runs.data import BadFileEvents
     from selfsup.errors import UserError
 
     lines = [{"index": 3, "path": "/d/a/3.png", "reason": "corrupt"}, {"index": 9, "path": "/d/b/9.png",
