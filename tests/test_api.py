@@ -39,3 +39,33 @@ def test_pretrain_then_evaluate(tmp_path):
 def test_a_bad_override_is_the_clis_user_error():
     with pytest.raises(UserError, match="max_epoch"):
         selfsup.pretrain("simclr-digits", trainer={"max_epoch": 1})
+
+
+# --------------------------------------------------------------------------- resume from Python
+def test_pretrain_resume_is_the_clis_resume(tmp_path, monkeypatch, capsys):
+    """``selfsup.pretrain(resume=RUN)``: the rules of ``--resume`` (the same function): an interrupted run continued
+    ends bit-identical to the uninterrupted one; a contradicting override is refused; a finished run has nothing to
+    train until ``trainer.max_epochs`` extends it."""
+    from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt, with_callback
+
+    def run(name):
+        return selfsup.pretrain("moco-v3-vit-digits", [*RESUME, f"output_dir={tmp_path}", f"name={name}"])
+
+    straight = run("A").path
+    with monkeypatch.context() as m:
+        with_callback(m, StopAfterEpoch())
+        b = run("B").path
+    assert ckpt(b)["global_step"] == 3 and Run(b).facts["status"] == "finished"
+    # the run's facts say finished after epoch 1 of 2: its config's 2 epochs extend it, as the CLI reads them
+    with pytest.raises(UserError, match="contradicts"):
+        selfsup.pretrain(resume=b, optim={"base_lr": 5})
+    with pytest.raises(UserError, match="drop the preset"):
+        selfsup.pretrain("simclr-digits", resume=b)
+    resumed = selfsup.pretrain(resume=str(b))
+    assert isinstance(resumed, Run) and resumed.path == b
+    assert_same_run(straight, b)
+    capsys.readouterr()
+    selfsup.pretrain(resume=b)
+    assert "nothing to train" in capsys.readouterr().out
+    selfsup.pretrain(resume=b, trainer={"max_epochs": 3})
+    assert ckpt(b)["global_step"] == 9 and Run(b).config.trainer.max_epochs == 3 and Run(b).facts["epochs"] == 3

@@ -323,16 +323,16 @@ def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeyp
 
 def test_a_broken_eval_import_is_not_hidden(monkeypatch):
     """cli.py once caught ImportError around the eval front end, so a broken import read "invalid choice: 'eval'";
-    the dispatcher imports every command module at its top, so a broken one fails the command line's import."""
-    import importlib
-
-    from selfsup.commands.main import build_parser
+    the parser imports every command module when it is built (after --version, before any other command), so a
+    broken one fails every command but --version."""
+    from selfsup.commands.main import build_parser, main
 
     assert "eval" in build_parser()._subparsers._group_actions[0].choices
-    monkeypatch.delitem(sys.modules, "selfsup.commands.main")  # imported afresh below (restored after the test)
     monkeypatch.setitem(sys.modules, "selfsup.commands.eval", None)  # any import of it now raises ImportError
     with pytest.raises(ImportError, match="selfsup.commands.eval"):
-        importlib.import_module("selfsup.commands.main")
+        build_parser()
+    with pytest.raises(ImportError, match="selfsup.commands.eval"):
+        main(["presets"])
 
 
 def test_real_executable_exit_code_and_no_traceback(tmp_path):
@@ -410,7 +410,7 @@ def test_the_bad_file_cap_counts_every_worker(tmp_path):
     stops the run in one line, after logging each file once as an event."""
     from types import SimpleNamespace
 
-    from selfsup.engine import BadFileEvents
+    from selfsup.runs.data import BadFileEvents
     from selfsup.errors import UserError
 
     lines = [{"index": i, "path": f"/d/a/{i}.png", "reason": "corrupt"} for i in range(11)]

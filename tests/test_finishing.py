@@ -15,9 +15,14 @@ import pytest
 
 import selfsup.engine as engine
 from selfsup.config import load_run, load_run_config
-from ssl_helpers import FLOW_TINY, RESUME, run_cli
+from ssl_helpers import FLOW_TINY, RESUME, run_cli, tiny_run
 
-RUNS = {"joint": ("moco-v3-vit-digits", RESUME), "flow": ("self-flow-digits", FLOW_TINY)}
+RUNS = {"joint": ("moco-v3-vit-digits", RESUME), "flow": ("self-flow-digits", FLOW_TINY),
+        # DINO exports and scores its teacher; MAE's encoder sees the kept patches only
+        "dino": ("dino-digits", [*tiny_run(heads=False), "method.out_dim=64", "method.hidden_dim=32",
+                                 "method.bottleneck_dim=16", "augment.local_crops_number=2", "data.batch_size=32"]),
+        "mae": ("mae-digits", [*tiny_run(heads=False), "method.decoder_embed_dim=32", "method.decoder_depth=1",
+                               "method.decoder_num_heads=2"])}
 SAME_BYTES = ("backbone.safetensors", "heads.safetensors", "backbone_init.safetensors", "samples_end.png")
 
 
@@ -90,11 +95,9 @@ def assert_same_finish(a: Path, b: Path) -> None:
     assert not list(b.glob(".*.tmp"))
 
 
-@pytest.fixture(scope="module", params=["joint", "flow"])
-def runs(request, tmp_path_factory):
-    """(the family, the run never killed, a copy of the same run killed right after its training: run.json says
-    trained and nothing of its finishing is done)."""
-    family, out = request.param, tmp_path_factory.mktemp(request.param)
+def straight_and_trained(family: str, out: Path) -> tuple[Path, Path]:
+    """The run never killed, and the same run killed right after its training (run.json says trained, nothing of
+    its finishing is done)."""
     straight = engine.pretrain(cfg_for(family, out, "A"))
     status = forked(lambda: (kill_once_trained(), engine.pretrain(cfg_for(family, out, "B"))))
     assert killed(status), status
@@ -102,7 +105,22 @@ def runs(request, tmp_path_factory):
     facts = json.loads((trained / "run.json").read_text())
     assert facts["status"] == "trained" and "finished_steps" not in facts
     assert not (trained / "backbone.safetensors").exists() and not (trained / "knn.json").exists()
-    return family, straight, trained
+    return straight, trained
+
+
+@pytest.fixture(scope="module", params=["joint", "flow"])
+def runs(request, tmp_path_factory):
+    """(the family, the run never killed, a copy of it killed right after its training)."""
+    return request.param, *straight_and_trained(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.mark.parametrize("family", ["dino", "mae"])
+def test_a_run_killed_once_trained_is_finished_from_its_checkpoint_as_if_never_killed(family, tmp_path):
+    """The model a resume rebuilds from the last checkpoint exports and scores as the one fit left: DINO's teacher,
+    MAE's encoder."""
+    straight, trained = straight_and_trained(family, tmp_path)
+    assert forked(lambda: resume(trained)) == 0
+    assert_same_finish(straight, trained)
 
 
 # the atomic writes of the finishing: backbone, heads (a joint run's), run.json (export done), knn.json,
@@ -134,7 +152,7 @@ def test_the_cli_resume_of_a_trained_run_finishes_it_and_then_has_nothing_to_do(
     shutil.copytree(trained, run)
     code, out, err = run_cli("pretrain", "--resume", run)
     assert code == 0, err
-    assert "kNN (k=" in out and f"run folder: {run}" in out
+    assert "pretrained   top-1" in out and f"run folder: {run}" in out  # the report, printed
     assert_same_finish(straight, run)
     code, out, err = run_cli("pretrain", "--resume", run)
     assert code == 0 and "is finished" in out and "nothing to train" in out

@@ -1,6 +1,5 @@
-"""Pretraining on the Lightning engine, in three steps: start (config → data → model → run folder), fit (the
-Trainer), finish (facts → export → report: ``runs.finish``). A resume of a run whose training is done but whose
-finishing was cut short only finishes it.
+"""Pretraining on the Lightning engine in three steps: start (config → data → model → run folder), fit (the Trainer),
+finish (facts → export → report: ``runs.finish``; a resumed run whose training is done is only finished).
 
 A run folder holds ``config.yaml`` (resolved), ``checkpoints/last.ckpt``, the loggers' files (``trainer.loggers``:
 ``metrics.csv``, ``tensorboard/``, ``wandb/``), ``backbone_init.safetensors`` (the random init, the kNN floor),

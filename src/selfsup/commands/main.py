@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", None)  # engine.RunInterrupted: the checkpoint is written, the command printed
+        signum = getattr(e, "signum", None)  # runs.facts.RunInterrupted: the checkpoint is written, the command printed
         if signum is None:
             print("selfsup: interrupted", file=sys.stderr)
         return 128 + (signum or 2)
