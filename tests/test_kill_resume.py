@@ -141,7 +141,8 @@ BOUNDARY = ["data.batch_size=32", "trainer.accelerator=cpu", "trainer.devices=1"
 NARROW = {"proj_hidden_dim": 32, "pred_hidden_dim": 32, "dim": 16, "out_dim": 32, "hidden_dim": 32,
           "bottleneck_dim": 16, "patch_out_dim": 32, "decoder_embed_dim": 16, "decoder_depth": 1,
           "decoder_num_heads": 2, "ema_warmup_steps": 4, "rep_warmup_steps": 4, "warmup_teacher_temp_epochs": 2,
-          "head_size": 32, "emb": 16, "w_size": 32, "pred_depth": 1, "pred_emb_dim": 32}  # W-MSE: a sub-batch wider than the embedding, dividing the batch
+          # W-MSE: a sub-batch wider than the embedding, dividing the batch; I-JEPA's predictor
+          "head_size": 32, "emb": 16, "w_size": 32, "pred_depth": 1, "pred_emb_dim": 32}
 
 
 def method_preset(name: str) -> str:
