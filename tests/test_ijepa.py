@@ -497,6 +497,9 @@ def test_user_errors():
         tiny_method("ijepa", {"min_keep": 1}, model={"class_token": False, "pool": "cls"})
     with raises_user_error("method.ipe_scale"):
         ijepa({"ipe_scale": 0.5})
+    from ssl_helpers import tiny_config
+    with raises_user_error("model.class_token=false", "resnet18"):
+        tiny_config("simclr", model={"backbone": "resnet18", "class_token": False, "pool": "avg"})
 
 
 def test_the_target_encoder_starts_as_the_context_encoder():
