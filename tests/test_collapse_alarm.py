@@ -61,7 +61,21 @@ def test_a_dip_in_the_warm_up_that_recovers_is_no_collapse_and_the_replay_is_the
 def test_the_rank_fraction_is_configurable_and_the_default_signs_are_named_as_the_instruments_log_them():
     assert {s.name: s.threshold for s in collapse_signs(0.1)}["eff_rank_batch"] == 0.1
     assert {s.name for s in SIGNS} == {"eff_rank_batch", "dim_std_projection_batch", "knn_over_init",
-                                       "dino_teacher_spread", "swav_code_entropy_over_log_k", "wmse_cov_condition"}
+                                       "dino_teacher_spread", "swav_code_entropy_over_log_k", "wmse_cov_condition",
+                                       "ijepa_target_std", "ijepa_prediction_std", "lejepa_sigreg_over_point_mass"}
+
+
+def test_the_jepa_signs_fire_on_a_collapse_and_not_on_the_pilots_curves():
+    """The I-JEPA spreads are judged against their first value, the LeJEPA statistic against 0.5 of a point mass's:
+    series shaped as the digits pilots' (benchmarks/jepa_choice.py) stay silent, a fall to a point fires."""
+    healthy = {"ijepa_target_std": [(0, 0.124)] + [(10 * i, 0.08) for i in range(1, 8)],
+               "ijepa_prediction_std": [(0, 0.041)] + [(10 * i, 0.018) for i in range(1, 8)],
+               "lejepa_sigreg_over_point_mass": [(0, 0.74)] + [(10 * i, 0.1) for i in range(1, 8)]}
+    assert CollapseAlarm(5, collapse_signs()).replay(healthy, warmup_steps=0) == []
+    collapsed = {"ijepa_target_std": [(0, 0.124)] + [(10 * i, 0.001) for i in range(1, 8)],
+                 "lejepa_sigreg_over_point_mass": [(0, 0.74)] + [(10 * i, 0.97) for i in range(1, 8)]}
+    fired = CollapseAlarm(5, collapse_signs()).replay(collapsed, warmup_steps=0)
+    assert sorted(e["sign"] for e in fired) == ["ijepa_target_std", "lejepa_sigreg_over_point_mass"]
 
 
 def test_batch_dim_std_is_the_per_dim_std_measure():

@@ -33,6 +33,7 @@ CASES = {
     "swav": ({}, {}, {}),
     "wmse": ({"emb": 8, "w_size": 16, "head_size": 32}, {}, {}),  # its permutations: step_draws
     "nnclr": ({}, {}, {}),
+    "lejepa": ({}, {}, {}),  # its slices: step_draws
 }
 
 

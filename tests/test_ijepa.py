@@ -497,6 +497,9 @@ def test_user_errors():
         tiny_method("ijepa", {"min_keep": 1}, model={"class_token": False, "pool": "cls"})
     with raises_user_error("method.ipe_scale"):
         ijepa({"ipe_scale": 0.5})
+    from ssl_helpers import tiny_config
+    with raises_user_error("model.class_token=false", "resnet18"):
+        tiny_config("simclr", model={"backbone": "resnet18", "class_token": False, "pool": "avg"})
 
 
 def test_the_target_encoder_starts_as_the_context_encoder():
@@ -504,3 +507,57 @@ def test_the_target_encoder_starts_as_the_context_encoder():
     m = ijepa()
     assert all(torch.equal(a, b) for a, b in zip(m.target_encoder.parameters(), m.backbone.parameters()))
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(m.target_encoder.parameters(), m.backbone.parameters()))
+
+
+# ----------------------------------------------------------------------------- two processes
+WORLD, TIMEOUT_S = 2, 240
+
+
+class _Loss(nn.Module):
+    def __init__(self, method, enc, pred):
+        super().__init__()
+        self.method, self.enc, self.pred = method, enc, pred
+
+    def forward(self, x):
+        return self.method.forward_views([x], self.enc, self.pred).loss
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        m = ijepa()
+        e, p = m.masks(16, 3)
+        rows = slice(rank * 8, (rank + 1) * 8)
+        ddp = nn.parallel.DistributedDataParallel(_Loss(m, e[:, rows], p[:, rows]), broadcast_buffers=False)
+        loss = ddp(images(0, batch=16)[rows])
+        loss.backward()
+        grads = {n: q.grad.detach().clone() for n, q in m.named_parameters() if q.grad is not None}
+        torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_step_of_two_processes_is_one_processs(tmp_path):
+    """Each process its half of the batch and of the step's masks (the code's collator truncates within a process's
+    batch; here both halves share the whole batch's lengths): the mean loss and DDP's averaged gradients equal one
+    process's on the whole batch (the smooth L1 is a mean over equal halves; train.py:312 all-reduces the loss for
+    its log only)."""
+    from spawn import spawn_and_join
+
+    spawn_and_join(_worker, (str(tmp_path / "rendezvous"), str(tmp_path)), WORLD, TIMEOUT_S, poll_s=2)
+    results = [torch.load(tmp_path / f"{r}.pt") for r in range(WORLD)]
+    m = ijepa()
+    e, p = m.masks(16, 3)
+    loss = m.forward_views([images(0, batch=16)], e, p).loss
+    loss.backward()
+    torch.testing.assert_close(sum(r["loss"] for r in results) / WORLD, loss.detach(), rtol=1e-5, atol=1e-6)
+    scale = max(q.grad.abs().max().item() for q in m.parameters() if q.grad is not None)
+    for r in results:
+        for n, q in m.named_parameters():
+            if q.grad is not None:
+                torch.testing.assert_close(r["grads"][n], q.grad, rtol=1e-4, atol=1e-5 * scale, msg=n)

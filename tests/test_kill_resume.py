@@ -80,6 +80,12 @@ CASES = {
     # NNCLR's support set (a FIFO of 192 rows: it wraps around during the run) and its pointer in the checkpoint
     "nnclr": ("nnclr-digits", CPU + HEADS + ["method.pred_hidden_dim=64", "method.queue_size=192"] + STEPS,
               [(4, "end")]),
+    # I-JEPA's masks (host draws from the step's seed) and the EMA of the target encoder after each step
+    "ijepa": ("ijepa-digits", CPU + ["method.pred_depth=1", "method.pred_emb_dim=32"] + STEPS, [(2, "start"),
+                                                                                                (4, "end")]),
+    # LeJEPA's slices (from the step's seed, no rank) and its local views
+    "lejepa": ("lejepa-digits", CPU + ["method.proj_hidden_dim=64", "augment.local_crops_number=2",
+                                       "augment.local_crops_size=4"] + STEPS, [(4, "end")]),
 }
 
 def killed(preset: str, overrides: list[str], resume: Path | None, step: int, where: str) -> None:
@@ -135,7 +141,8 @@ BOUNDARY = ["data.batch_size=32", "trainer.accelerator=cpu", "trainer.devices=1"
 NARROW = {"proj_hidden_dim": 32, "pred_hidden_dim": 32, "dim": 16, "out_dim": 32, "hidden_dim": 32,
           "bottleneck_dim": 16, "patch_out_dim": 32, "decoder_embed_dim": 16, "decoder_depth": 1,
           "decoder_num_heads": 2, "ema_warmup_steps": 4, "rep_warmup_steps": 4, "warmup_teacher_temp_epochs": 2,
-          "head_size": 32, "emb": 16, "w_size": 32}  # W-MSE: a sub-batch wider than the embedding, dividing the batch
+          # W-MSE: a sub-batch wider than the embedding, dividing the batch; I-JEPA's predictor
+          "head_size": 32, "emb": 16, "w_size": 32, "pred_depth": 1, "pred_emb_dim": 32}
 
 
 def method_preset(name: str) -> str:

@@ -68,3 +68,10 @@ def test_method_errors_are_one_line():
     net.num_features = 5
     with pytest.raises(UserError, match="num_features"):
         selfsup.method("byol", net, num_features=4, image_size=8, batch_size=8)
+
+
+def test_sigreg_alone_in_a_plain_loop():
+    """The page's third block: SIGReg and the predictive term on a plain encoder, three steps."""
+    scope: dict = {}
+    exec(compile(page_blocks()[2], str(PAGE), "exec"), scope)
+    assert torch.isfinite(scope["loss"]) and scope["step"] == 2

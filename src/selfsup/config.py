@@ -172,6 +172,8 @@ class ModelConfig:
             raise UserError(f"model.registers={self.registers} must be >= 0")
         if not self.class_token and self.pool == "cls":
             raise UserError("model.class_token=false leaves no class token to pool: set model.pool=avg")
+        if not self.class_token and not self.backbone.startswith("vit_"):
+            raise UserError(f"model.class_token=false applies to the selfsup ViTs, not {self.backbone!r}; drop it")
         if self.layer_scale < 0:
             raise UserError(f"model.layer_scale={self.layer_scale} must be >= 0 (0 turns LayerScale off)")
         if not 0 <= self.drop_path_rate < 1:

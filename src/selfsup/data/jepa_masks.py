@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -78,8 +79,9 @@ def draw_multiblock(batch: int, grid: tuple[int, int], generator: torch.Generato
     uniforms, the target positions, the context attempts' positions."""
     H, W = grid
     u = torch.rand(2, generator=generator)  # float32, as ``torch.rand(1).item()`` (:56)
-    ph, pw = block_size(float(u[0]), tuple(pred_scale), tuple(aspect_ratio), grid)
-    eh, ew = block_size(float(u[1]), tuple(enc_scale), (1.0, 1.0), grid)
+    uu = u.numpy()  # host values without a tensor read
+    ph, pw = block_size(float(uu[0]), tuple(pred_scale), tuple(aspect_ratio), grid)
+    eh, ew = block_size(float(uu[1]), tuple(enc_scale), (1.0, 1.0), grid)
     t = enc_attempts(npred, allow_overlap)
     return MultiBlockDraws(
         u=u,
@@ -89,51 +91,54 @@ def draw_multiblock(batch: int, grid: tuple[int, int], generator: torch.Generato
         enc_left=torch.randint(0, W - ew, (batch, nenc, t), generator=generator))
 
 
-def _blocks(top: Tensor, left: Tensor, h: int, w: int, grid: tuple[int, int]) -> Tensor:
+def _blocks(top: np.ndarray, left: np.ndarray, h: int, w: int, grid: tuple[int, int]) -> np.ndarray:
     """(..., H, W) bool rectangles of h × w patches at (top, left)."""
     H, W = grid
-    rows = torch.arange(H).view(H, 1)
-    cols = torch.arange(W).view(1, W)
+    rows, cols = np.arange(H).reshape(H, 1), np.arange(W).reshape(1, W)
     t, le = top[..., None, None], left[..., None, None]
     return (rows >= t) & (rows < t + h) & (cols >= le) & (cols < le + w)
 
 
-def first_indices(mask: Tensor, k: int) -> Tensor:
+def first_indices(mask: np.ndarray, k: int) -> np.ndarray:
     """(n, k) the ascending indices of the first ``k`` True entries of each row of the (n, L) bool ``mask``
     (``torch.nonzero(mask)[:k]`` per row; every row holds at least ``k``)."""
-    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :k]
+    return np.argsort(~mask, axis=1, kind="stable")[:, :k]
 
 
 def multiblock_masks(draws: MultiBlockDraws, grid: tuple[int, int], pred_scale, enc_scale, aspect_ratio,
                      min_keep: int, allow_overlap: bool) -> tuple[Tensor, Tensor]:
     """(context indices (nenc, B, K_enc), target indices (npred, B, K_pred)) from ``draws``: the official
     collator's ``collated_masks_enc`` / ``collated_masks_pred`` (lists of (B, K) tensors) stacked. Raises
-    ValueError where the official loop would never end."""
+    ValueError where the official loop would never end. Computed in numpy on the host (no tensor value is read
+    back: nothing here waits for a device)."""
     H, W = grid
-    B, npred = draws.pred_top.shape
-    nenc = draws.enc_top.shape[1]
-    ph, pw = block_size(float(draws.u[0]), tuple(pred_scale), tuple(aspect_ratio), grid)
-    eh, ew = block_size(float(draws.u[1]), tuple(enc_scale), (1.0, 1.0), grid)
+    u = draws.u.numpy()
+    pred_top, pred_left = draws.pred_top.numpy(), draws.pred_left.numpy()
+    enc_top, enc_left = draws.enc_top.numpy(), draws.enc_left.numpy()
+    B, npred = pred_top.shape
+    nenc = enc_top.shape[1]
+    ph, pw = block_size(float(u[0]), tuple(pred_scale), tuple(aspect_ratio), grid)
+    eh, ew = block_size(float(u[1]), tuple(enc_scale), (1.0, 1.0), grid)
     if ph * pw <= min_keep:
         raise ValueError(f"a target block of {ph}x{pw} patches never keeps more than min_keep={min_keep}")
-    pred = _blocks(draws.pred_top, draws.pred_left, ph, pw, grid)  # (B, npred, H, W)
-    enc = _blocks(draws.enc_top, draws.enc_left, eh, ew, grid)  # (B, nenc, T, H, W)
+    pred = _blocks(pred_top, pred_left, ph, pw, grid)  # (B, npred, H, W)
+    enc = _blocks(enc_top, enc_left, eh, ew, grid)  # (B, nenc, T, H, W)
     T = enc.shape[2]
     if allow_overlap:
         kept = enc
     else:
         # allowed[j]: the complement of the first j target blocks (j = 0: everything)
-        allowed = torch.cat([torch.ones(B, 1, H, W, dtype=torch.bool), ~pred], dim=1).cumprod(dim=1).bool()
-        regions = (npred - torch.arange(T) // TIMEOUT).clamp(min=0)  # blocks restricting attempt a
-        kept = enc & allowed[:, regions].unsqueeze(1)  # (B, nenc, T, H, W)
-    count = kept.flatten(3).sum(-1)
-    ok = count > min_keep
-    if not bool(ok.any(dim=2).all()):
+        allowed = np.logical_and.accumulate(np.concatenate([np.ones((B, 1, H, W), dtype=bool), ~pred], axis=1),
+                                            axis=1)
+        regions = np.clip(npred - np.arange(T) // TIMEOUT, 0, None)  # blocks restricting attempt a
+        kept = enc & allowed[:, regions][:, None]  # (B, nenc, T, H, W)
+    ok = kept.reshape(B, nenc, T, H * W).sum(-1) > min_keep
+    if not ok.any(axis=2).all():
         raise ValueError(f"a context block of {eh}x{ew} patches never keeps more than min_keep={min_keep}")
-    first = ok.int().argmax(dim=2)  # the first accepted attempt
-    chosen = kept.gather(2, first[:, :, None, None, None].expand(-1, -1, 1, H, W)).squeeze(2)  # (B, nenc, H, W)
-    k_enc = int(chosen.flatten(2).sum(-1).min())
-    enc_idx = first_indices(chosen.transpose(0, 1).reshape(nenc * B, H * W), k_enc).view(nenc, B, k_enc)
-    pred_idx = first_indices(pred.transpose(0, 1).reshape(npred * B, H * W), ph * pw).view(npred, B, ph * pw)
-    return enc_idx, pred_idx
-
+    first = ok.argmax(axis=2)  # the first accepted attempt
+    chosen = np.take_along_axis(kept, first[:, :, None, None, None], axis=2)[:, :, 0]  # (B, nenc, H, W)
+    k_enc = int(chosen.reshape(B, nenc, H * W).sum(-1).min())
+    enc_idx = first_indices(chosen.transpose(1, 0, 2, 3).reshape(nenc * B, H * W), k_enc).reshape(nenc, B, k_enc)
+    k_pred = ph * pw
+    pred_idx = first_indices(pred.transpose(1, 0, 2, 3).reshape(npred * B, H * W), k_pred).reshape(npred, B, k_pred)
+    return torch.from_numpy(enc_idx).long(), torch.from_numpy(pred_idx).long()

@@ -38,6 +38,16 @@ construction and on healthy presets):
   at 0.48 learnt. Threshold: above 0.9.
 * ``wmse_cov_condition`` (W-MSE): the condition number of the covariance its whitening inverts. The preset
   whose features fell to rank 12 reached 3e6, a third of its lr kept it at 8e4. Threshold: above 1e6.
+* ``ijepa_target_std`` and ``ijepa_prediction_std`` (I-JEPA): the spread over the batch of the target encoder's
+  pooled features, and of the predictor's outputs over the predicted tokens, over their first values. A collapsed
+  target encoder maps every image to one point (spread 0) and the predictor then has one target. On the digits
+  pilots (``benchmarks/jepa_choice.py``, seed 100) the target spread kept 0.41 of its first value in the run that
+  learnt nothing (the code's init on 4-pixel patches) and 0.62-0.71 in the one that learnt; the prediction spread
+  0.44 or more. Thresholds: under 0.1 of the first value (no run here came near; not calibrated on a collapse).
+* ``lejepa_sigreg_over_point_mass`` (LeJEPA): the SIGReg statistic over its value for a point mass at 0 on the
+  same global batch (1: as far from the isotropic Gaussian as a collapse to one point). The ``lejepa-digits``
+  pilot starts at 0.74 (the random init's projections) and sits at 0.09-0.14 after its warm-up. Threshold: above
+  0.5 (not calibrated on a collapse).
 
 Without the kNN monitor (off by default) a run that stops learning without collapsing is named at its end only.
 """
@@ -79,6 +89,12 @@ SIGNS = (
     Sign("swav_code_entropy_over_log_k", 0.9, above=True, meaning="the codes are near uniform (entropy / log K)"),
     Sign("wmse_cov_condition", 1e6, above=True, meaning="the whitened covariance is near singular (condition "
          "number)"),
+    Sign("ijepa_target_std", 0.1, relative=True, meaning="the target encoder's pooled features no longer vary over "
+         "the batch (spread over its first value)"),
+    Sign("ijepa_prediction_std", 0.1, relative=True, meaning="the predictor's outputs no longer vary (spread over "
+         "its first value)"),
+    Sign("lejepa_sigreg_over_point_mass", 0.5, above=True, meaning="the projections are as far from an isotropic "
+         "Gaussian as half a collapse to one point (SIGReg over a point mass's)"),
 )
 
 

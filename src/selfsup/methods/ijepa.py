@@ -86,7 +86,11 @@ class IJEPA(SSLMethod):
                        "optim.warmup_epochs; keep method.pred_mask_scale's blocks large enough to be semantic")
     recipe = "ijepa"
     uses_momentum = True
-    eval_backbone_name = "target_encoder"  # the paper evaluates the target encoder's average-pooled output
+    eval_backbone_name = "target_encoder"  # the target encoder's average-pooled output is evaluated
+    # the context length changes from step to step (the code truncates every context block to the batch's shortest,
+    # multiblock.py:164-168): a whole-step graph of static shapes would recompile for each length, so
+    # trainer.compile compiles the modules one by one (their shapes dynamic after the first change)
+    step_forward = None
 
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
