@@ -198,6 +198,10 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
     "swav": (lambda tmp: joint("swav", {"start_warmup_lr": 1e-5}), swav_values()),
     "wmse": (lambda tmp: joint("wmse", {"lr_schedule": "step", "warmup_iters": 5, "lr_drops": [2, 1]}), wmse_values()),
     "nnclr": (lambda tmp: joint("nnclr"), with_warmup_cosine(SCALED_MIN)),  # no official code: selfsup's own
+    # LightlyTrain's distillation: the shared warm-up + cosine per step (lightly CosineWarmupScheduler; its end value
+    # 0.001 of the peak is the presets' optim.min_lr), min_lr scaled as the peak
+    "distill": (lambda tmp: joint("distill", {"teacher": {"weights": str(repa_encoder(tmp))}, "queue_size": 16}),
+                with_warmup_cosine(SCALED_MIN)),
     "flow_matching": (lambda tmp: flow("flow-matching-digits"), with_warmup_cosine(SCALED_MIN)),
     "self_flow": (lambda tmp: flow("self-flow-digits", "method.rep_warmup_steps=20"),
                   ramped(with_warmup_cosine(SCALED_MIN), 0.8, 20)),

@@ -216,7 +216,7 @@ def test_a_run_starts_from_another_run_and_says_so(tmp_path):
     facts = json.loads((second / "run.json").read_text())["weights"]
     source = load_file(str(first / "backbone.safetensors"))
     init = load_file(str(second / "backbone_init.safetensors"))
-    assert facts["kind"] == "selfsup" and facts["source"] == str(first) and "started from" in out
+    assert facts["kind"] == "selfsup" and facts["source"] == str(first) and f"weights: {first}" in out
     assert set(init) == set(source) and all(torch.equal(init[k], source[k]) for k in source)  # the kNN floor
     assert facts["sha256"] == state_sha256(source)
 

@@ -543,9 +543,10 @@ def _pretrain(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None, s
         write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), "the run's config")
         # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
         export_backbone(model.eval_backbone, run_dir / "backbone_init.safetensors", meta)
-        if model.start_weights is not None:  # model.weights: the run says what it started from
-            mark_run(run_dir, weights=model.start_weights)
-            print(f"started from {model.start_weights['source']} (sha256 {model.start_weights['sha256'][:12]})")
+        if model.run_facts:  # model.weights, a distillation teacher: the run says what it started from
+            mark_run(run_dir, **model.run_facts)
+            for key, facts in model.run_facts.items():
+                print(f"{key}: {facts['source']} (sha256 {facts['sha256'][:12]})")
     trainer = make_trainer(cfg, run_dir)
     if cfg.data.on_bad_file == "skip" and cfg.data.name in ("imagefolder", "images", "webdataset"):
         for callback in trainer.callbacks:
