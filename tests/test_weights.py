@@ -272,3 +272,30 @@ def test_a_user_s_own_network_starts_from_weights_through_selfsup_method(tmp_pat
     assert model.backbone is mine and model.start_weights["dropped"] == ["fc.bias", "fc.weight"]
     assert all(torch.equal(mine.state_dict()[k], v) for k, v in tv.state_dict().items() if not k.startswith("fc."))
     assert all(torch.equal(model.target_backbone.state_dict()[k], v) for k, v in mine.state_dict().items())
+
+
+def test_selfsup_eval_knn_evaluates_a_dinov2_hub_checkpoint_on_an_image_folder(tmp_path):
+    """The third use (evaluate a checkpoint): the hub file's architecture read from its shapes, at 224 px in
+    ImageNet's normalisation, on a labelled folder; a plain state dict that names no architecture is one line."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", 4), ("val", 2)):
+        for label in ("a", "b"):
+            folder = tmp_path / "images" / split / label
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = (torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_small_patch14_dinov2", pretrained=False, num_classes=0, img_size=56)
+    torch.save(hub_layout(ref.state_dict()), tmp_path / "dinov2_vits14_pretrain.pth")
+    code, out, err = run_cli("eval", "knn", tmp_path / "dinov2_vits14_pretrain.pth", "--data", "imagefolder",
+                             "--root", tmp_path / "images", "--resize")
+    assert code == 0, err
+    result = json.loads((tmp_path / "dinov2_vits14_pretrain-eval" / "knn.json").read_text())
+    assert result["test_size"] == 4 and result["train_size"] == 8
+    torch.save(timm.create_model("resnet18", pretrained=False).state_dict(), tmp_path / "r18.pth")
+    code, _, err = run_cli("eval", "knn", tmp_path / "r18.pth", "--data", "imagefolder", "--root", tmp_path / "images",
+                           "--resize")
+    assert_user_error(code, err, "does not say its architecture", "model.weights")

@@ -440,8 +440,12 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
                     raise UserError(f"{what}={spec}: the teacher's patch is {found['patch_size']} px and the images "
                                     f"are {image_size} px; set data.image_size to a multiple of {found['patch_size']}")
             else:
-                raise UserError(f"{what}={spec} does not say its architecture; name it: method.teacher.backbone=<a "
-                                "selfsup backbone or timm:<name>> (and method.teacher.kwargs)")
+                fix = ("name it: method.teacher.backbone=<a selfsup backbone or timm:<name>> (and "
+                       "method.teacher.kwargs)" if what.startswith("method.teacher") else
+                       "load it into a run's backbone with model.weights (model.backbone and model.* name the "
+                       "architecture) and evaluate that run's backbone_init.safetensors")
+                raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export nor a DINOv2 "
+                                f"hub checkpoint); {fix}")
     try:
         module = build_backbone(backbone, in_chans=in_chans, image_size=image_size, **kwargs)
     except (TypeError, ValueError) as e:
