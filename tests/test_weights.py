@@ -299,3 +299,17 @@ def test_selfsup_eval_knn_evaluates_a_dinov2_hub_checkpoint_on_an_image_folder(t
     code, _, err = run_cli("eval", "knn", tmp_path / "r18.pth", "--data", "imagefolder", "--root", tmp_path / "images",
                            "--resize")
     assert_user_error(code, err, "does not say its architecture", "model.weights")
+
+
+def test_a_resumed_run_reads_its_checkpoint_not_the_weights_again(tmp_path):
+    """The weights are loaded once, at the start: a resume takes the checkpoint, even with the source gone."""
+    code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}", "name=src")
+    assert code == 0, err
+    code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}", "name=adapted",
+                           f"model.weights={tmp_path / 'src'}")
+    assert code == 0, err
+    (tmp_path / "src").rename(tmp_path / "moved")
+    code, _, err = run_cli("pretrain", "--resume", tmp_path / "adapted", "trainer.max_epochs=2")
+    assert code == 0, err
+    facts = json.loads((tmp_path / "adapted" / "run.json").read_text())
+    assert facts["weights"]["source"] == str(tmp_path / "src") and facts["sessions"] == 2
