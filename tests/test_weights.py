@@ -313,3 +313,15 @@ def test_a_resumed_run_reads_its_checkpoint_not_the_weights_again(tmp_path):
     assert code == 0, err
     facts = json.loads((tmp_path / "adapted" / "run.json").read_text())
     assert facts["weights"]["source"] == str(tmp_path / "src") and facts["sessions"] == 2
+
+
+def test_the_settings_of_a_dinov2_giant_hub_file_are_read_from_its_shapes():
+    """ViT-g/14 (1536 wide, 40 blocks, 24 heads, SwiGLU, 4 registers): read from the keys and shapes alone."""
+    from selfsup.weights import vit_settings
+
+    state = {"cls_token": torch.zeros(1, 1, 1536), "patch_embed.proj.weight": torch.zeros(1536, 3, 14, 14),
+             "register_tokens": torch.zeros(1, 4, 1536), "mask_token": torch.zeros(1, 1536)}
+    for i in range(40):
+        state |= {f"blocks.{i}.ls1.gamma": torch.zeros(1), f"blocks.{i}.mlp.w12.weight": torch.zeros(1)}
+    assert vit_settings(state, hub=True) == ("model.backbone=vit_giant2 model.patch_size=14 model.pos_embed=learned "
+                                             "model.layer_scale=1e-5 model.registers=4 model.ffn=swiglu")

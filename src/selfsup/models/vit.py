@@ -21,6 +21,7 @@ VIT_SIZES = {
     "deit_small": dict(embed_dim=384, depth=12, num_heads=6),  # DeiT-S = DINO's vit_small (6 heads)
     "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
     "vit_large": dict(embed_dim=1024, depth=24, num_heads=16),
+    "vit_giant2": dict(embed_dim=1536, depth=40, num_heads=24),  # DINOv2's ViT-g (vision_transformer.py:383-396)
 }
 
 
