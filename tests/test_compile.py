@@ -34,6 +34,7 @@ CASES = {
     "wmse": ({"emb": 8, "w_size": 16, "head_size": 32}, {}, {}),  # its permutations: step_draws
     "nnclr": ({}, {}, {}),
     "lejepa": ({}, {}, {}),  # its slices: step_draws
+    "distill": ({"queue_size": 32}, {}, {}),  # the queue, mixup's λ and permutation (step_draws), a frozen teacher
 }
 
 
@@ -84,6 +85,16 @@ def check_every_case(tmp: str) -> None:
 def check_one_graph(method: str, tmp: str) -> None:
     tmp_path = Path(tmp)
     method_extra, trainer, augment = CASES[method]
+    if method == "distill":  # its frozen teacher: a random-init micro ViT exported to a file
+        from selfsup.export import export_backbone
+        from selfsup.models.backbones import build_backbone
+
+        kwargs = dict(in_chans=1, image_size=8, patch_size=4)
+        meta = {"backbone": "vit_micro", "kwargs": kwargs, "image_size": 8, "in_chans": 1, "mean": [0.3],
+                "std": [0.3], "dataset": "digits", "method": "moco_v3"}
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        teacher = export_backbone(build_backbone("vit_micro", **kwargs), tmp_path / "teacher.safetensors", meta)
+        method_extra = {**method_extra, "teacher": {"weights": str(teacher)}}
     cfg = tiny_config(method, method_extra, augment=augment, output_dir=str(tmp_path), name="run",
                       trainer={"compile": True, "compile_backend": "eager", "max_epochs": 2,
                                "limit_train_batches": 2 * trainer.get("accumulate_grad_batches", 1),

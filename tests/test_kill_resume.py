@@ -167,6 +167,8 @@ def boundary_overrides(name: str, tmp_path: Path) -> list[str]:
     out = BOUNDARY + [f"method.{k}={v}" for k, v in NARROW.items() if k in fields]
     if "encoder" in fields:  # REPA: a frozen ViT encoder from a file
         out.append(f"method.encoder={random_vit(tmp_path)}")
+    if "teacher" in fields:  # distill: a frozen teacher from a file (reloaded and checked at each resume)
+        out += [f"method.teacher.weights={random_vit(tmp_path)}", "method.queue_size=48"]
     return out
 
 

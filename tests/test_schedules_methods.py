@@ -229,6 +229,10 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
     "nnclr": (lambda tmp: joint("nnclr"), with_warmup_cosine(SCALED_MIN)),  # no official code: selfsup's own
     "ijepa": (lambda tmp: joint("ijepa", {"ipe_scale": 1.25}, optim={"weight_decay": 0.04}), ijepa_values()),
     "lejepa": (lambda tmp: joint("lejepa"), lejepa_values),
+    # LightlyTrain's distillation: the shared warm-up + cosine per step (lightly CosineWarmupScheduler; its end value
+    # 0.001 of the peak is the presets' optim.min_lr), min_lr scaled as the peak
+    "distill": (lambda tmp: joint("distill", {"teacher": {"weights": str(repa_encoder(tmp))}, "queue_size": 16}),
+                with_warmup_cosine(SCALED_MIN)),
     "flow_matching": (lambda tmp: flow("flow-matching-digits"), with_warmup_cosine(SCALED_MIN)),
     "self_flow": (lambda tmp: flow("self-flow-digits", "method.rep_warmup_steps=20"),
                   ramped(with_warmup_cosine(SCALED_MIN), 0.8, 20)),

@@ -98,6 +98,8 @@ def test_no_host_reads_between_logging_steps(tmp_path, method):
     else:
         multicrop = {"augment": {"local_crops_number": 2, "local_crops_size": 4}} if method in ("dino", "ibot") else {}
         masking = {"pred_ratio": [0.0, 0.3], "pred_ratio_var": [0.0, 0.2]} if method == "ibot" else None
+        if method == "distill":  # a frozen teacher from a file
+            masking = {"teacher": {"weights": str(random_vit(tmp_path))}, "queue_size": 32}
         cfg = tiny_config(method, masking, trainer=trainer, instruments={"every_n_steps": 5}, output_dir=str(tmp_path),
                           name="run", **multicrop)
     reads, logged = _fit_counting(cfg, tmp_path)

@@ -38,6 +38,12 @@ def registry_method(case: str, tmp_path):
     """A tiny instance of a registered method (or a variant): the joint ones on the micro ViT of ``tiny_method``, the
     flow ones as a micro SiT on digits (REPA with a random-init exported ViT as its frozen encoder)."""
     name, extra = VARIANTS.get(case, (case, None))
+    if name == "distill":  # a frozen teacher from a file: a random-init exported ViT
+        kwargs = dict(in_chans=1, image_size=8, patch_size=4)
+        meta = {"backbone": "vit_micro", "kwargs": kwargs, "image_size": 8, "in_chans": 1, "mean": [0.3], "std": [0.3],
+                "dataset": "digits", "method": "moco_v3"}
+        path = export_backbone(build_backbone("vit_micro", **kwargs), tmp_path / "teacher.safetensors", meta)
+        extra = {"teacher": {"weights": str(path)}, "queue_size": 16}
     if METHODS[name].family == "joint":
         return tiny_method(name, extra)
     method = {"name": name, "size": "micro", "patch_size": 2}

@@ -216,7 +216,7 @@ def test_a_run_starts_from_another_run_and_says_so(tmp_path):
     facts = json.loads((second / "run.json").read_text())["weights"]
     source = load_file(str(first / "backbone.safetensors"))
     init = load_file(str(second / "backbone_init.safetensors"))
-    assert facts["kind"] == "selfsup" and facts["source"] == str(first) and "started from" in out
+    assert facts["kind"] == "selfsup" and facts["source"] == str(first) and f"weights: {first}" in out
     assert set(init) == set(source) and all(torch.equal(init[k], source[k]) for k in source)  # the kNN floor
     assert facts["sha256"] == state_sha256(source)
 
@@ -272,3 +272,56 @@ def test_a_user_s_own_network_starts_from_weights_through_selfsup_method(tmp_pat
     assert model.backbone is mine and model.start_weights["dropped"] == ["fc.bias", "fc.weight"]
     assert all(torch.equal(mine.state_dict()[k], v) for k, v in tv.state_dict().items() if not k.startswith("fc."))
     assert all(torch.equal(model.target_backbone.state_dict()[k], v) for k, v in mine.state_dict().items())
+
+
+def test_selfsup_eval_knn_evaluates_a_dinov2_hub_checkpoint_on_an_image_folder(tmp_path):
+    """The third use (evaluate a checkpoint): the hub file's architecture read from its shapes, at 224 px in
+    ImageNet's normalisation, on a labelled folder; a plain state dict that names no architecture is one line."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", 4), ("val", 2)):
+        for label in ("a", "b"):
+            folder = tmp_path / "images" / split / label
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = (torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_small_patch14_dinov2", pretrained=False, num_classes=0, img_size=56)
+    torch.save(hub_layout(ref.state_dict()), tmp_path / "dinov2_vits14_pretrain.pth")
+    code, out, err = run_cli("eval", "knn", tmp_path / "dinov2_vits14_pretrain.pth", "--data", "imagefolder",
+                             "--root", tmp_path / "images", "--resize")
+    assert code == 0, err
+    result = json.loads((tmp_path / "dinov2_vits14_pretrain-eval" / "knn.json").read_text())
+    assert result["test_size"] == 4 and result["train_size"] == 8
+    torch.save(timm.create_model("resnet18", pretrained=False).state_dict(), tmp_path / "r18.pth")
+    code, _, err = run_cli("eval", "knn", tmp_path / "r18.pth", "--data", "imagefolder", "--root", tmp_path / "images",
+                           "--resize")
+    assert_user_error(code, err, "does not say its architecture", "model.weights")
+
+
+def test_a_resumed_run_reads_its_checkpoint_not_the_weights_again(tmp_path):
+    """The weights are loaded once, at the start: a resume takes the checkpoint, even with the source gone."""
+    code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}", "name=src")
+    assert code == 0, err
+    code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}", "name=adapted",
+                           f"model.weights={tmp_path / 'src'}")
+    assert code == 0, err
+    (tmp_path / "src").rename(tmp_path / "moved")
+    code, _, err = run_cli("pretrain", "--resume", tmp_path / "adapted", "trainer.max_epochs=2")
+    assert code == 0, err
+    facts = json.loads((tmp_path / "adapted" / "run.json").read_text())
+    assert facts["weights"]["source"] == str(tmp_path / "src") and facts["sessions"] == 2
+
+
+def test_the_settings_of_a_dinov2_giant_hub_file_are_read_from_its_shapes():
+    """ViT-g/14 (1536 wide, 40 blocks, 24 heads, SwiGLU, 4 registers): read from the keys and shapes alone."""
+    from selfsup.weights import vit_settings
+
+    state = {"cls_token": torch.zeros(1, 1, 1536), "patch_embed.proj.weight": torch.zeros(1536, 3, 14, 14),
+             "register_tokens": torch.zeros(1, 4, 1536), "mask_token": torch.zeros(1, 1536)}
+    for i in range(40):
+        state |= {f"blocks.{i}.ls1.gamma": torch.zeros(1), f"blocks.{i}.mlp.w12.weight": torch.zeros(1)}
+    assert vit_settings(state, hub=True) == ("model.backbone=vit_giant2 model.patch_size=14 model.pos_embed=learned "
+                                             "model.layer_scale=1e-5 model.registers=4 model.ffn=swiglu")

@@ -40,7 +40,7 @@ from selfsup.methods.base import NonFiniteLoss, TrainingBase, TrainingCollapsed
 from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.runs.data import BadFileEvents, PretrainData
 from selfsup.runs.facts import (RunInterrupted, kept_checkpoint, mark_run, out_of_space, read_run_facts,
-                                record_start_weights, write_run_facts)
+                                record_start_facts, write_run_facts)
 from selfsup.runs.finish import finish_run
 from selfsup.runs.loggers import finish_loggers, keep_metrics, quiet_lightning, require_loggers, run_loggers
 from selfsup.runs.resume import nothing_to_train, resume_action
@@ -154,7 +154,7 @@ def open_run_folder(start: Start, cfg: RunConfig, run_dir: Path, child: bool, re
             write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), "the run's config")
             # the evaluated backbone at init (DINO / iBOT: the teacher, a copy of the student without iBOT's mask token)
             export_backbone(start.model.eval_backbone, run_dir / "backbone_init.safetensors", start.meta)
-            record_start_weights(run_dir, start.model.start_weights)
+            record_start_facts(run_dir, start.model.run_facts)
         return
     start.ckpt_path = run_dir / "checkpoints" / "last.ckpt"
     if not child:  # what a write killed midway left: a checkpoint's, an export's, run.json's

@@ -415,3 +415,13 @@ def lejepa_predictive(z: Tensor, n_global: int) -> Tensor:
 def lejepa_loss(predictive: Tensor, sigreg_value: Tensor, lamb: float) -> Tensor:
     """The single trade-off (MINIMAL.md:174): ``λ · SIGReg + (1 − λ) · predictive``."""
     return sigreg_value * lamb + predictive * (1 - lamb)
+def global_distillation_loss(student: Tensor, teacher: Tensor, queue: Tensor, temperature: float) -> Tensor:
+    """LightlyTrain's distillation v1 loss (lightly-train ``_methods/distillation/distillation_loss.py:51-74``):
+    KL(p_t ‖ p_s), averaged over the batch (``KLDivLoss(reduction="batchmean")``), with p_t = softmax(t Qᵀ / τ) and
+    log p_s = log_softmax(s Qᵀ / τ): the student's L2-normalised projection ``student`` (B, D) and the teacher's
+    L2-normalised embedding ``teacher`` (B, D) scored against the queue ``queue`` (Q, D) of teacher embeddings, the
+    pseudo-class weights. The teacher side carries no gradient."""
+    with torch.no_grad():
+        p_t = F.softmax(teacher.float() @ queue.float().T / temperature, dim=-1)
+    log_p_s = F.log_softmax(student.float() @ queue.float().T / temperature, dim=-1)
+    return F.kl_div(log_p_s, p_t, reduction="batchmean", log_target=False)

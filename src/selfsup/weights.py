@@ -394,3 +394,68 @@ def load_weights(module: nn.Module, spec: str, what: str = "model.weights") -> S
     facts.source, facts.tensors = spec, len(loaded)
     facts.sha256 = state_sha256(loaded)
     return facts
+
+
+# --------------------------------------------------------------------------- a network built from its weights
+
+IMAGENET_NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # DINOv2's and timm's usual input normalisation
+
+
+def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, image_size: int,
+                       what: str) -> tuple[nn.Module, StartFacts, tuple | None]:
+    """A network of its own architecture with the weights ``spec`` (a distillation teacher), in eval mode and frozen:
+    (module, facts, its input normalisation (mean, std) where the source states it, else None).
+
+    ``backbone="auto"``: the source's own architecture, a selfsup export's metadata (at ``image_size``), a DINOv2
+    hub file's shapes (DINOv2's 64 channels per head, LayerScale, learned positions at ``image_size``), or the timm
+    model of ``timm:<name>``; any other name is built by ``build_backbone(backbone, **kwargs)``."""
+    from selfsup.models.backbones import build_backbone
+
+    norm = None
+    if backbone == "auto":
+        if spec.startswith(TIMM_PREFIX):
+            backbone = spec
+            kwargs = {}
+        else:
+            raw = read_weights(spec, None, what)
+            if raw.kind == "selfsup":
+                meta = raw.meta
+                backbone, kwargs = meta["backbone"], {k: v for k, v in meta["kwargs"].items()
+                                                      if k not in ("in_chans", "image_size")}
+                norm = (tuple(meta["mean"]), tuple(meta["std"]))
+            elif raw.kind == "dinov2-hub":
+                state = next(iter(raw.candidates.values()))
+                found = _vit_from_state(state)
+                names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == found["embed_dim"] and
+                         s["depth"] == found["depth"] and s["num_heads"] == found["embed_dim"] // 64]
+                if not names:
+                    raise UserError(f"{what}={spec}: a DINOv2 hub checkpoint of width {found['embed_dim']} and depth "
+                                    f"{found['depth']} has no selfsup ViT size ({', '.join(VIT_SIZES)})")
+                backbone = names[0]
+                kwargs = dict(patch_size=found["patch_size"], pos_embed="learned", init="dinov2",
+                              layer_scale=1e-5 if found["layer_scale"] else 0.0, registers=found["registers"],
+                              ffn=found["ffn"])
+                norm = IMAGENET_NORM
+                if image_size % found["patch_size"]:
+                    raise UserError(f"{what}={spec}: the teacher's patch is {found['patch_size']} px and the images "
+                                    f"are {image_size} px; set data.image_size to a multiple of {found['patch_size']}")
+            else:
+                fix = ("name it: method.teacher.backbone=<a selfsup backbone or timm:<name>> (and "
+                       "method.teacher.kwargs)" if what.startswith("method.teacher") else
+                       "load it into a run's backbone with model.weights (model.backbone and model.* name the "
+                       "architecture) and evaluate that run's backbone_init.safetensors")
+                raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export nor a DINOv2 "
+                                f"hub checkpoint); {fix}")
+    try:
+        module = build_backbone(backbone, in_chans=in_chans, image_size=image_size, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{what}: the teacher {backbone} cannot be built ({' '.join(str(e).split())})") from None
+    facts = load_weights(module, "timm" if spec.startswith(TIMM_PREFIX) and spec[len(TIMM_PREFIX):] ==
+                         getattr(module, "timm_recipe", {}).get("model") else spec, what)
+    facts.source = spec
+    if norm is None and hasattr(module, "pretrained_cfg") and spec.startswith(TIMM_PREFIX):
+        cfg = module.pretrained_cfg or {}
+        if "mean" in cfg and "std" in cfg:
+            norm = (tuple(cfg["mean"]), tuple(cfg["std"]))
+    module.eval().requires_grad_(False)
+    return module, facts, norm

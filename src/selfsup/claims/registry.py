@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from selfsup.claims import cookbook, directpred, embedding_norms, embedding_norms_dinov2, moco_v3, self_flow
+from selfsup.claims import cookbook, directpred, distillation, embedding_norms, embedding_norms_dinov2, moco_v3, \
+    self_flow
 from selfsup.claims.suite import Claim
 
 CLAIMS: dict[str, Claim] = {c.id: c for module in (self_flow, embedding_norms, embedding_norms_dinov2, cookbook,
-                                                   directpred, moco_v3)
+                                                   distillation, directpred, moco_v3)
                             for c in module.CLAIMS}
 
 # the paper (or thread) each seed file is; the files are in the project's seeds folder (seeds/README.md)

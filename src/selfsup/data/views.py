@@ -55,11 +55,12 @@ class AugmentConfig:
     solarize_p: float = 0.0     # PIL ImageOps.solarize(threshold=128): pixels >= 128/255 become 1 - x
 
 
-_RECIPES = ("moco_v3", "byol", "simsiam", "simclr", "dino", "mae", "ijepa", "lejepa")
+_RECIPES = ("moco_v3", "byol", "simsiam", "simclr", "dino", "mae", "ijepa", "lejepa", "distillation")
 
 
 def recipe_branches(recipe: str) -> tuple[AugmentConfig, ...]:
-    """The augmentation branches (global crops) of an official recipe (a preset may override fields): two, MAE's one."""
+    """The augmentation branches (global crops) of an official recipe (a preset may override fields): two; MAE's and
+    distillation's one."""
     if recipe == "dino":  # DINO main_dino.py DataAugmentationDINO: global 1 blur 1.0; global 2 blur 0.1 + solarize 0.2
         base = AugmentConfig(crop_min=0.4, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
         return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)
@@ -72,6 +73,11 @@ def recipe_branches(recipe: str) -> tuple[AugmentConfig, ...]:
         base = AugmentConfig(crop_min=0.3, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, blur_p=0.5,
                              solarize_p=0.2)
         return base, replace(base)
+    if recipe == "distillation":  # LightlyTrain's distillation_transform.py:37-73: one view, crop scale (0.14, 1),
+        # flip, jitter p 0.8 at strength 0.5 (0.8, 0.8, 0.4, 0.2 × 0.5), grayscale 0.2, no solarisation; its blur
+        # (p 1, sigma in (0, 0.1), blur_limit 0) leaves the image as it is: none here
+        return (AugmentConfig(crop_min=0.14, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, jitter_p=0.8,
+                              grayscale_p=0.2, blur_p=0.0, solarize_p=0.0),)
     if recipe in ("moco_v3", "byol"):
         base = AugmentConfig(crop_min=0.08, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
         return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)

@@ -10,6 +10,7 @@ from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
 from selfsup.methods.dino import DINO
 from selfsup.methods.dinov2 import DINOv2
+from selfsup.methods.distill import Distill
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.ibot import iBOT
 from selfsup.methods.ijepa import IJEPA
@@ -39,6 +40,7 @@ METHODS: dict[str, type] = {
     "mae": MAE,
     "ijepa": IJEPA,
     "lejepa": LeJEPA,
+    "distill": Distill,
     "flow_matching": FlowMatching,
     "self_flow": SelfFlow,
     "repa": Repa,
@@ -55,5 +57,5 @@ def registered_name(method_cfg) -> str:
 
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "registered_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
-           "VICReg", "DINO", "DINOv2", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "IJEPA", "LeJEPA", "FlowMatching",
-           "SelfFlow", "Repa"]
+           "VICReg", "DINO", "DINOv2", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "IJEPA", "LeJEPA", "Distill",
+           "FlowMatching", "SelfFlow", "Repa"]

@@ -275,6 +275,12 @@ class TrainingBase(pl.LightningModule):
         return None
 
     @property
+    def run_facts(self) -> dict:
+        """What ``run.json`` records of the model's start: ``weights`` (``model.weights``'s facts); the distillation
+        method adds its ``teacher``'s."""
+        return {"weights": self.start_weights} if self.start_weights is not None else {}
+
+    @property
     def eval_backbone(self) -> nn.Module:
         """The backbone that is evaluated: exported, the end-of-run kNN (``runs.finish``), the kNN monitor, the online
         probe, RankMe (the joint family: the online backbone, DINO's teacher; the flow family: its ``FlowEncoder``)."""

@@ -22,6 +22,7 @@ VIT_SIZES = {
     "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
     "vit_large": dict(embed_dim=1024, depth=24, num_heads=16),
     "vit_huge": dict(embed_dim=1280, depth=32, num_heads=16),  # I-JEPA's ViT-H (ijepa vision_transformer.py:479-483)
+    "vit_giant2": dict(embed_dim=1536, depth=40, num_heads=24),  # DINOv2's ViT-g (vision_transformer.py:383-396)
 }
 
 

@@ -29,12 +29,13 @@ def mark_run(run_dir: Path, drop: tuple[str, ...] = (), **facts) -> None:
     write_text(Path(run_dir) / RUN_FACTS, json.dumps({**merged, **facts}, indent=2), "the run's facts")
 
 
-def record_start_weights(run_dir: Path, weights: dict | None) -> None:
-    """``model.weights``: the run says what it started from (run.json's ``weights``: the source and the sha256 of
-    the loaded tensors) and prints it; None (a random init) records nothing."""
-    if weights is not None:
-        mark_run(run_dir, weights=weights)
-        print(f"started from {weights['source']} (sha256 {weights['sha256'][:12]})")
+def record_start_facts(run_dir: Path, facts: dict) -> None:
+    """What a run starts from, beside a random init (``TrainingBase.run_facts``: ``model.weights``, a distillation
+    teacher), each a source and the sha256 of its tensors: recorded in run.json under its key and printed."""
+    if facts:
+        mark_run(run_dir, **facts)
+        for key, fact in facts.items():
+            print(f"{key}: {fact['source']} (sha256 {fact['sha256'][:12]})")
 
 
 def write_run_facts(trainer, run_dir: Path, seconds: float, status: str = "finished", **extra) -> None:

@@ -26,8 +26,11 @@ from selfsup.export import HEADS_FILE, load_exported, load_heads, read_meta, reb
 from selfsup.methods import METHODS, DataInfo
 from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.models.sit import FLOW_ENCODER
+from selfsup.weights import IMAGENET_NORM, build_from_weights
 
-WHAT = "pass a selfsup run folder, an exported backbone .safetensors, or a run's checkpoints/*.ckpt"
+WHAT = ("pass a selfsup run folder, an exported backbone .safetensors, a run's checkpoints/*.ckpt, or a DINOv2 "
+        "torch.hub checkpoint (.pth)")
+FOREIGN_IMAGE_SIZE = 224  # a foreign checkpoint is evaluated at this size (its position table resampled to it)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,28 @@ def _from_checkpoint(path: Path) -> EvalSource:
     return EvalSource(backbone, meta, path, run_dir, run_dir / "eval", cfg, weights_tag=tag, weights_label=label)
 
 
+def _is_selfsup_export(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return "selfsup" in (f.metadata() or {})
+    except Exception:  # unreadable: the export reader says so in its own line
+        return True
+
+
+def _from_foreign(path: Path) -> EvalSource:
+    """A checkpoint that says its own architecture without selfsup metadata (a DINOv2 torch.hub file), built by
+    ``weights.build_from_weights`` for RGB images at ``FOREIGN_IMAGE_SIZE`` px in its source's normalisation; its
+    results go to ``<file>-eval/``; the dataset is the command's ``--data`` / ``--root`` (default imagefolder)."""
+    backbone, facts, norm = build_from_weights(str(path), "auto", {}, 3, FOREIGN_IMAGE_SIZE, "the checkpoint")
+    mean, std = norm or IMAGENET_NORM
+    kwargs = dict(getattr(backbone, "kwargs", {}))
+    meta = {"backbone": type(backbone).__name__, "kwargs": kwargs, "image_size": FOREIGN_IMAGE_SIZE, "in_chans": 3,
+            "mean": list(mean), "std": list(std), "dataset": "imagefolder", "method": None, "weights": facts.as_dict()}
+    return EvalSource(backbone, meta, path, None, path.with_name(f"{path.stem}-eval"), weights_label=path.name)
+
+
 def load_source(location: str | Path) -> EvalSource:
     """Resolve CKPT_OR_RUN (run folder, exported .safetensors, or .ckpt) to an :class:`EvalSource`."""
     path = Path(location)
@@ -146,9 +171,11 @@ def load_source(location: str | Path) -> EvalSource:
                             f"train it again{init}")
         raise UserError(f"{path} is not a selfsup run folder "
                         f"(no backbone.safetensors or checkpoints/last.ckpt); {WHAT}")
-    if path.suffix == ".safetensors":
+    if path.suffix == ".safetensors" and _is_selfsup_export(path):
         run_dir = path.parent if (path.parent / "config.yaml").exists() else None
         return _from_exported(path, run_dir)
+    if path.suffix in (".pth", ".pt", ".bin", ".safetensors"):
+        return _from_foreign(path)
     if path.suffix == ".ckpt":
         return _from_checkpoint(path)
     raise UserError(f"{path} is not a selfsup run or exported backbone; {WHAT}")

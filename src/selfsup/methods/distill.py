@@ -1,0 +1,180 @@
+"""Distillation of a frozen teacher into any student backbone: LightlyTrain's global distillation (v1).
+
+The teacher is any ``model.weights`` source with its own architecture (``method.teacher.weights``,
+``method.teacher.backbone``: ``auto`` reads it from the source); the student is the run's backbone (``model.*``, or
+a user's own network through ``selfsup.method``). Per step (lightly-train ``_methods/distillation/distillation.py``,
+the facts with file:line in docs/distillation.md):
+
+    x̃ = λ x + (1 − λ) x[π]                       # mixup of the one view, λ ~ U(0, 1), π a permutation (:273-283)
+    t = normalize(teacher(x̃))                    # frozen, eval mode, no gradient (:76-80, :249-256)
+    s = normalize(W · student(x̃))                # W: Linear to the teacher's width, trunc-normal .02 (:183-189)
+    Q ← [t of every process; Q[:-B]]             # the queue of teacher embeddings, updated before the loss (:220-247)
+    loss = KL(softmax(t Qᵀ/τ) ‖ softmax(s Qᵀ/τ))  # τ = 0.07 (:92; losses.global_distillation_loss)
+
+Across processes (LightlyTrain keeps one queue and one permutation per GPU): the queue takes the teacher embeddings
+of every process in rank order and the permutation is drawn over the global batch (the views gathered without
+gradient), so N processes train as one process on the concatenated batch; with one process it is LightlyTrain's
+step. The teacher is not a child module: it is never in a checkpoint, the optimiser or DDP; its sha256 is written
+into each checkpoint and checked when a run resumes (the teacher reloaded from its source). On a GPU it runs in
+bf16 autocast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from selfsup.distributed import gather_no_grad, world
+from selfsup.errors import UserError
+from selfsup.losses import global_distillation_loss
+from selfsup.methods.base import SSLMethod, micro_batch
+from selfsup.step import StepOutput
+from selfsup.weights import build_from_weights
+
+TEACHER_SHA = "distill_teacher_sha256"  # the checkpoint key of the teacher's sha256
+
+
+@dataclass
+class TeacherConfig:
+    """The frozen teacher: any ``model.weights`` source, its architecture read from it (``auto``) or named."""
+
+    weights: str | None = None  # a selfsup run folder / export, a .safetensors / .pth, a DINOv2 hub file, timm:<name>
+    # auto: the source's own architecture (a selfsup export's metadata, a DINOv2 hub file's shapes, timm:<name>);
+    # or a backbone name (vit_*, deit_small, resnet*, bn_cnn_*, timm:<name>) built with ``kwargs``
+    backbone: str = "auto"
+    kwargs: dict = field(default_factory=dict)  # build_backbone keywords of a named teacher (patch_size, pos_embed)
+
+
+@dataclass
+class DistillConfig:
+    """LightlyTrain's distillation v1 defaults (distillation.py:85-105)."""
+
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    temperature: float = 0.07  # τ of both softmaxes (:92)
+    # rows of the queue; LightlyTrain's "auto" (:113-133) buckets the dataset size: 8192 from 20,000 images, 4096
+    # from 10,000, 2048 from 4,000, 1024 from 2,000, 512 from 1,000, 256 from 500, ... (about 25-50% of the images)
+    queue_size: int = 8192
+    mixup: bool = True  # the convex combination of the batch with a permutation of itself (:211-212)
+
+    def validate(self) -> None:
+        if not self.teacher.weights:
+            raise UserError("method.teacher.weights is required: a selfsup run folder, a weights file, a DINOv2 hub "
+                            "checkpoint or timm:<name>")
+        if not self.temperature > 0:
+            raise UserError(f"method.temperature={self.temperature} must be > 0 (LightlyTrain: 0.07)")
+        if self.queue_size < 1:
+            raise UserError(f"method.queue_size={self.queue_size} must be >= 1")
+
+
+class Distill(SSLMethod):
+    """The student ``W · backbone(x̃)`` matched to the frozen teacher's embedding through the queue's softmax."""
+
+    Config = DistillConfig
+    recipe = "distillation"
+    collapse_remedy = "a lower optim.base_lr; a larger method.queue_size"
+    loss_embedding = ("projector",)
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)
+        c = cfg.method
+        teacher, facts, norm = build_from_weights(c.teacher.weights, c.teacher.backbone, dict(c.teacher.kwargs),
+                                                  info.channels, info.image_size, "method.teacher.weights")
+        object.__setattr__(self, "teacher", teacher)  # not a child: never saved, trained or wrapped by DDP
+        self.teacher_facts = facts.as_dict()
+        width = int(teacher.num_features)
+        self.projector = nn.Linear(self.backbone.num_features, width)  # distillation.py:183-189
+        nn.init.trunc_normal_(self.projector.weight, std=0.02)
+        self.register_buffer("queue", torch.zeros(c.queue_size, width))  # :196-205 (zeros; a checkpoint buffer)
+        # the teacher's input from the student's normalised view: x_t = (x · std + mean − mean_t) / std_t
+        mean, std = torch.tensor(info.mean), torch.tensor(info.std)
+        t_mean, t_std = (torch.tensor(norm[0]), torch.tensor(norm[1])) if norm else (mean, std)
+        if t_mean.numel() != mean.numel():  # a 3-channel teacher's statistics on a 1-channel run: their mean
+            t_mean, t_std = t_mean.mean().expand_as(mean), t_std.mean().expand_as(std)
+        scale, shift = std / t_std, (mean - t_mean) / t_std
+        self.register_buffer("teacher_scale", scale.reshape(1, -1, 1, 1), persistent=False)
+        self.register_buffer("teacher_shift", shift.reshape(1, -1, 1, 1), persistent=False)
+
+    def trainable(self):
+        return {"backbone": self.backbone, "projector": self.projector}
+
+    @property
+    def run_facts(self) -> dict:
+        return {**super().run_facts, "teacher": self.teacher_facts}
+
+    # ----------------------------------------------------------------- the teacher
+    def place_teacher(self, device) -> None:
+        """The teacher on the step's device (outside the compiled step)."""
+        if next(self.teacher.parameters()).device != torch.device(device):
+            self.teacher.to(device)
+
+    @torch.no_grad()
+    def teacher_embedding(self, x: Tensor) -> Tensor:
+        """normalize(teacher(x)) in float32: eval mode, no gradient, bf16 autocast on a GPU."""
+        x = x * self.teacher_scale + self.teacher_shift
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+            t = self.teacher(x)
+        return F.normalize(t.flatten(1).float(), dim=-1)
+
+    # ----------------------------------------------------------------- the step
+    def step_draws(self, views: list[Tensor]) -> dict[str, Tensor]:
+        """λ ~ U(0, 1) and a permutation of the global batch, drawn alike by every process (a generator seeded by
+        the seed and the step, not the rank), so N processes mix as one."""
+        x = views[0]
+        self.place_teacher(x.device)
+        if not self.cfg.method.mixup:
+            return {}
+        _, size = world()
+        trainer = self._trainer  # None outside fit (Lightning's property raises there)
+        step = self.cfg.trainer.seed * 1_000_003 + (0 if trainer is None else trainer.global_step)
+        if trainer is not None:
+            step = step * getattr(trainer, "accumulate_grad_batches", 1) + micro_batch(trainer)
+        g = torch.Generator().manual_seed(7_919 * step + 17)
+        lam = torch.rand((), generator=g)
+        perm = torch.randperm(x.shape[0] * size, generator=g)
+        return {"lam": lam.to(x.device, non_blocking=True), "perm": perm.to(x.device, non_blocking=True)}
+
+    def mix(self, x: Tensor, lam: Tensor, perm: Tensor) -> Tensor:
+        """λ x + (1 − λ) x_all[π] for this process's rows of the global batch (distillation.py:273-283)."""
+        rank, _ = world()
+        partners = gather_no_grad(x)[perm[rank * x.shape[0]:(rank + 1) * x.shape[0]]]
+        return lam.to(x.dtype) * x + (1 - lam.to(x.dtype)) * partners
+
+    @torch.no_grad()
+    def update_queue(self, t: Tensor) -> None:
+        """Q ← the teacher embeddings of every process (rank order) first, then the queue's first Q − B rows
+        (distillation.py:232-247; a batch larger than the queue fills it with its first rows)."""
+        new = gather_no_grad(t.contiguous())
+        if new.shape[0] >= self.queue.shape[0]:
+            self.queue.copy_(new[:self.queue.shape[0]])
+        else:
+            self.queue.copy_(torch.cat([new, self.queue[:-new.shape[0]]]))
+
+    def forward_views(self, views: list[Tensor], lam: Tensor | None = None, perm: Tensor | None = None) -> StepOutput:
+        x = views[0]  # one view (distillation.py:208-209)
+        if lam is not None and perm is not None:
+            x = self.mix(x, lam, perm)
+        t = self.teacher_embedding(x)
+        h = self.backbone(x)
+        z = self.projector(h.flatten(1))
+        s = F.normalize(z, dim=-1)
+        self.update_queue(t)
+        loss = global_distillation_loss(s, t, self.queue, self.cfg.method.temperature)
+        with torch.no_grad():
+            agree = (s.float() * t).sum(dim=-1).mean()
+        return StepOutput(loss, embedding=h.detach(), projection=z.detach(), scalars={"teacher_cosine": agree})
+
+    # ----------------------------------------------------------------- checkpoints: the teacher is checked, not saved
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[TEACHER_SHA] = self.teacher_facts["sha256"]
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        saved = checkpoint.get(TEACHER_SHA)
+        if saved is not None and saved != self.teacher_facts["sha256"]:
+            raise UserError(f"method.teacher.weights={self.teacher_facts['source']} is not the teacher this run "
+                            f"trained with (sha256 {self.teacher_facts['sha256'][:12]}, the checkpoint's "
+                            f"{saved[:12]}); give the run's own teacher to resume it")
