@@ -191,6 +191,9 @@ class TrainerConfig:
     checkpoint_every_n_minutes: float = 10.0  # also every N minutes of wall time (0: off)
     limit_train_batches: float | int = 1.0
     progress_bar: bool = True
+    # Lightning's own console messages (GPU / TPU available, its tips, limit_train_batches=1.0, the DDP banner and
+    # torch.distributed's lines for one process, its deprecation warnings): off unless true (runs/console.py)
+    verbose: bool = False
     seed: int = 0
     compile: bool = False  # torch.compile the whole step forward (EMA update, views, heads, loss) as one graph
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)

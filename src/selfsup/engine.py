@@ -56,6 +56,7 @@ from selfsup.instruments.detectors import event_log
 from selfsup.methods import SSLMethod
 from selfsup.methods.base import NonFiniteLoss, TrainingCollapsed
 from selfsup.methods.build import backbone_meta, build_method, data_info
+from selfsup.runs import console
 from selfsup.runs.finish import end_of_run_report
 
 
@@ -395,6 +396,7 @@ def quiet_lightning() -> None:
 def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning()
+    console.quiet(cfg.trainer.verbose)  # Lightning's chatter off unless trainer.verbose=true
     t = cfg.trainer
     checkpoint = RunCheckpoints(t.checkpoint_every_n_steps, t.checkpoint_every_n_minutes, t.max_steps)
     # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.
