@@ -1,4 +1,4 @@
-"""selfsup from Python, the same code as the command line: ``pretrain`` a preset into a :class:`Run`, ``evaluate`` it;
+"""selfsup from Python, the same code as the command line: ``pretrain`` a preset into a ``Run``, ``evaluate`` it;
 or ``method``: a method as a LightningModule around your own backbone, for your own DataLoader and Trainer.
 
     import selfsup
@@ -8,7 +8,7 @@ or ``method``: a method as a LightningModule around your own backbone, for your 
 
 Overrides are the CLI's ``dotted.key=value`` items, given as sections (``trainer={"max_epochs": 1}``), as a mapping
 of dotted keys (``{"trainer.max_epochs": 1}``) or as the strings themselves; the typed config checks them as the
-CLI does (an unknown key or a bad value raises :class:`selfsup.errors.UserError`, one line naming the fix).
+CLI does (an unknown key or a bad value raises ``selfsup.errors.UserError``, one line naming the fix).
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
     already normalised, or a channel count other than ``channels`` stops with one line naming the fix. The method
     draws its views on the device (the recipe's crops, flips, colour, blur; ``mean`` / ``std`` default to
     ImageNet's for 3 channels, 0.5 / 0.25 for 1), runs its loss, schedules and EMA targets; ``backbone`` is
-    trained in place. Overrides as in :func:`pretrain` (``optim={"base_lr": 1e-3}``). The command line's run
-    folder, checkpoints, instruments and exact resume belong to :func:`pretrain`; here your Trainer decides
+    trained in place. Overrides as in ``pretrain`` (``optim={"base_lr": 1e-3}``). The command line's run
+    folder, checkpoints, instruments and exact resume belong to ``pretrain``; here your Trainer decides
     those."""
     from selfsup.methods.base import DataInfo, SSLMethod
     from selfsup.methods.build import build_method

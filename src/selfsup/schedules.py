@@ -1,4 +1,4 @@
-"""Per-iteration schedules of the official codes, as pure functions of the step, and :class:`StepValues`, what a
+"""Per-iteration schedules of the official codes, as pure functions of the step, and ``StepValues``, what a
 method's ``schedule(step, epoch)`` gives one optimiser step."""
 
 from __future__ import annotations
