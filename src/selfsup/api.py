@@ -29,6 +29,7 @@ from selfsup.errors import UserError
 from selfsup.methods import METHODS
 from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
 from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
+from selfsup.runs.recipe import folder_recipe, is_method_name
 from selfsup.runs.source import load_source
 
 
@@ -92,12 +93,16 @@ def _yaml(value: Any) -> str:
 
 
 def pretrain(preset: str, overrides: dict[str, Any] | list[str] | None = None, **sections: dict[str, Any]) -> Run:
-    """Train ``preset`` (a name from ``selfsup presets`` or a YAML file) with ``overrides``, as ``selfsup pretrain``
+    """Train ``preset`` (a name from ``selfsup presets``, a YAML file, or a method name with ``data.root=FOLDER``:
+    a recipe sized to the folder's images, ``runs.recipe``) with ``overrides``, as ``selfsup pretrain``
     (which calls this): the run folder, the checkpoints, the exported backbone and the end-of-run report. A run is
     continued with ``selfsup pretrain --resume RUN`` (its rules on what may change live there)."""
     from selfsup import engine  # the Trainer and Lightning: imported when a run starts
 
-    return Run(Path(engine.pretrain(load_run_config(preset, override_items(overrides, **sections)), preset=preset)))
+    items = override_items(overrides, **sections)
+    if is_method_name(preset) and preset not in preset_names():  # a method: a recipe sized to data.root's images
+        return Run(Path(engine.pretrain(folder_recipe(preset, items), preset=preset)))
+    return Run(Path(engine.pretrain(load_run_config(preset, items), preset=preset)))
 
 
 PROTOCOLS: dict[str, tuple[Callable[..., dict], type]] = {
