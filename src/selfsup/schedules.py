@@ -88,8 +88,8 @@ def linear_ramp(step: int, value: float, ramp_steps: int) -> float:
     return value * min(1.0, step / ramp_steps) if ramp_steps > 0 else value
 
 
-# Every schedule phase a method has (the config section, the key, its unit). A phase at least as long as the run
-# (a 5-epoch warm-up in a 1-epoch run: every step at lr 0 or on the ramp) is shortened to PHASE_SHARE of the run,
+# Every schedule phase a method has (the config section, the key, its unit). A phase longer than the run (a 5-epoch
+# warm-up in a 1-epoch run: every step on the ramp, the peak never reached) is shortened to PHASE_SHARE of the run,
 # the share of the official recipes' warm-ups (DINO 10 of 100 epochs, SimCLR 10 of 100, MoCo v3 40 of 300).
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("optim", "warmup_epochs", "epochs"),  # every method's lr warm-up
@@ -104,7 +104,7 @@ PHASE_SHARE = 0.1
 
 
 def fit_phases(cfg, total_steps: int, epoch_steps: int, share: float = PHASE_SHARE) -> list[dict]:
-    """Shorten in ``cfg`` (in place) each schedule phase of ``PHASES`` at least as long as the run (``total_steps``
+    """Shorten in ``cfg`` (in place) each schedule phase of ``PHASES`` longer than the run (``total_steps``
     optimiser steps, ``epoch_steps`` of them a schedule epoch) to ``share`` of the run, in the phase's unit (an
     integer key stays an integer, rounded down). Returns one record per phase shortened: key, was, now, the run's
     length and the unit."""
@@ -116,7 +116,7 @@ def fit_phases(cfg, total_steps: int, epoch_steps: int, share: float = PHASE_SHA
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             continue
         run = epochs if unit == "epochs" else total_steps
-        if value < run:
+        if value <= run:  # a phase the run completes (one as long as the run ends with it) is the user's choice
             continue
         now = int(share * run) if isinstance(value, int) else round(share * run, 4)
         setattr(values, key, now)
@@ -126,6 +126,6 @@ def fit_phases(cfg, total_steps: int, epoch_steps: int, share: float = PHASE_SHA
 
 def fitted_line(record: dict) -> str:
     """The console line of one shortened phase (``fit_phases``)."""
-    return (f"selfsup: {record['key']}={record['was']:g} is not shorter than the run ({record['run']:g} "
+    return (f"selfsup: {record['key']}={record['was']:g} is longer than the run ({record['run']:g} "
             f"{record['unit']}); shortened to {record['now']:g} ({PHASE_SHARE:g} of the run; set a shorter "
             f"{record['key']} or a longer run to choose)")
