@@ -136,6 +136,12 @@ def test_a_list_batch_of_pil_images_is_collated_and_trains():
     assert fit_one_step(model, loader).global_step == 1
 
 
+def test_a_dataset_of_pil_images_under_the_default_collate_trains():
+    model = selfsup.method("simclr", small_cnn(), image_size=16, batch_size=4)
+    loader = DataLoader(Images("pil"), batch_size=4, drop_last=True)  # torch's default_collate refuses PIL images
+    assert fit_one_step(model, loader).global_step == 1
+
+
 def test_collate_and_check_directly():
     pil = [Image.fromarray(np.full((5, 6, 3), 7, np.uint8)) for _ in range(3)]
     x = collate_batch(pil)

@@ -395,8 +395,9 @@ def load_preset(name_or_path: str) -> dict:
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = PRESET_DIR / f"{name_or_path}.yaml"
         if not path.exists():
-            close = difflib.get_close_matches(name_or_path, preset_names(), n=3)
+            close = difflib.get_close_matches(name_or_path, [*preset_names(), *METHODS], n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "run `selfsup presets` for the list"
+            hint += " (a method name with data.root=FOLDER: a recipe sized to your images)"
             raise UserError(f"no preset or YAML file named {name_or_path!r}; {hint}")
     data = _read_yaml(path)
     base = data.pop("base", None)
