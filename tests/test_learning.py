@@ -34,7 +34,11 @@ def test_fit_phases_shortens_every_phase_longer_than_the_run():
     assert fit_phases(load_run_config("simclr-digits", ["optim.warmup_epochs=2"]), 20, 10) == []  # as long: kept
     long = load_run_config("simclr-digits", [])
     assert fit_phases(long, total_steps=500, epoch_steps=10) == [] and long.optim.warmup_epochs == 5
-    assert {key for _, key, _ in PHASES} >= {"warmup_epochs", "warmup_iters", "rep_warmup_steps", "ema_warmup_steps"}
+    assert {p[1] for p in PHASES} >= {"warmup_epochs", "warmup_iters", "rep_warmup_steps", "ema_warmup_steps"}
+    wmse = load_run_config("wmse-digits", [])  # its selfsup schedule: the code's 500 warm-up iterations unused
+    assert [r["key"] for r in fit_phases(wmse, total_steps=100, epoch_steps=5)] == []
+    wmse = load_run_config("wmse-digits", ["method.lr_schedule=step"])  # the code's: its warm-up, not optim.*'s
+    assert [r["key"] for r in fit_phases(wmse, total_steps=100, epoch_steps=5)] == ["method.warmup_iters"]
 
 
 def test_knn_noise_band_is_two_binomial_standard_errors():

@@ -4,7 +4,9 @@ method's ``schedule(step, epoch)`` gives one optimiser step."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,18 @@ def linear_ramp(step: int, value: float, ramp_steps: int) -> float:
 # Every schedule phase a method has (the config section, the key, its unit). A phase longer than the run (a 5-epoch
 # warm-up in a 1-epoch run: every step on the ramp, the peak never reached) is shortened to PHASE_SHARE of the run,
 # the share of the official recipes' warm-ups (DINO 10 of 100 epochs, SimCLR 10 of 100, MoCo v3 40 of 300).
-PHASES: tuple[tuple[str, str, str], ...] = (
-    ("optim", "warmup_epochs", "epochs"),  # every method's lr warm-up
-    ("method", "warmup_teacher_temp_epochs", "epochs"),  # DINO, iBOT, DINOv2: τt's ramp
-    ("method", "freeze_last_layer", "epochs"),  # DINO, iBOT, DINOv2: the head's last layer frozen
-    ("method", "freeze_prototypes_niters", "steps"),  # SwAV: the prototypes frozen
-    ("method", "warmup_iters", "steps"),  # W-MSE's own warm-up
-    ("method", "ema_warmup_steps", "steps"),  # flow: the EMA decay's ramp
-    ("method", "rep_warmup_steps", "steps"),  # Self-Flow, REPA: rep_weight's ramp
+def _wmse_code_schedule(cfg) -> bool:
+    return getattr(cfg.method, "lr_schedule", None) in ("step", "cos")  # W-MSE's own warm-up, not optim.*'s
+
+
+PHASES: tuple[tuple[str, str, str, Callable[[Any], bool] | None], ...] = (  # (section, key, unit, where it applies)
+    ("optim", "warmup_epochs", "epochs", lambda cfg: not _wmse_code_schedule(cfg)),  # every method's lr warm-up
+    ("method", "warmup_teacher_temp_epochs", "epochs", None),  # DINO, iBOT, DINOv2: τt's ramp
+    ("method", "freeze_last_layer", "epochs", None),  # DINO, iBOT, DINOv2: the head's last layer frozen
+    ("method", "freeze_prototypes_niters", "steps", None),  # SwAV: the prototypes frozen
+    ("method", "warmup_iters", "steps", _wmse_code_schedule),  # W-MSE's own warm-up (lr_schedule step / cos)
+    ("method", "ema_warmup_steps", "steps", None),  # flow: the EMA decay's ramp
+    ("method", "rep_warmup_steps", "steps", None),  # Self-Flow, REPA: rep_weight's ramp
 )
 PHASE_SHARE = 0.1
 
@@ -110,7 +116,9 @@ def fit_phases(cfg, total_steps: int, epoch_steps: int, share: float = PHASE_SHA
     length and the unit."""
     epochs = total_steps / max(epoch_steps, 1)
     fitted = []
-    for section, key, unit in PHASES:
+    for section, key, unit, applies in PHASES:
+        if applies is not None and not applies(cfg):
+            continue
         values = getattr(cfg, section, None)
         value = getattr(values, key, None)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
