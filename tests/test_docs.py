@@ -1,8 +1,9 @@
 """The README and the docs pages stay true: every python block parses, every ``selfsup`` command of a shell block
 parses with the CLI's own parser (and a pretrain of a shipped preset resolves its overrides into a typed config),
 every relative link points at a file, every page is in the site's navigation, and the config reference is the one
-the dataclasses generate today. The pages' runnable snippets are executed by their own tests (test_eval_api.py,
-test_export.py, test_api.py)."""
+the dataclasses generate today. Every python block runs: here (as written, or with its training cut to two steps), or
+in the test named for its page in ``EXECUTED_BY`` (which holds the fixtures it needs); the API reference's modules
+carry no Sphinx role the site would show raw; ``make docs`` writes no tracked file."""
 
 from __future__ import annotations
 
@@ -45,6 +46,52 @@ def test_every_python_block_parses():
     assert len(found) >= 4
     for page, body in found:
         ast.parse(body, filename=str(page))
+
+
+# pages whose python blocks need a fixture (an image folder, a trained run, a process without selfsup): the test
+# that executes each of them
+EXECUTED_BY = {"evaluation.md": "test_eval_api.py", "export.md": "test_export.py", "own-loop.md": "test_own_loop.py"}
+# the cuts a block's training takes here, to run in seconds on a loaded CPU (the code path is the one written)
+SHORTER = {'trainer={"max_epochs": 1}': 'trainer={"max_epochs": 1, "limit_train_batches": 2, "progress_bar": False}'}
+
+
+def test_every_python_block_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the run folders they write (runs/...) land here
+    done: set[str] = set()
+    for page, body in blocks("python"):
+        if page.name in EXECUTED_BY:
+            test = (ROOT / "tests" / EXECUTED_BY[page.name]).read_text()
+            assert f'"{page.name}"' in test or f"/ \"{page.name}\"" in test or page.name in test, \
+                f"{page.name}: its python blocks must be executed by tests/{EXECUTED_BY[page.name]}"
+            continue
+        if body in done:  # the site's home page is the README
+            continue
+        code = body
+        for written, shorter in SHORTER.items():
+            code = code.replace(written, shorter)
+        exec(compile(code, str(page), "exec"), {"__name__": f"docs_{page.stem}"})
+        done.add(body)
+    assert len(done) >= 2
+
+
+def test_the_reference_shows_no_raw_sphinx_role():
+    """mkdocstrings renders Markdown, not reST roles: ``:class:`Run``` showed as ``:class:<code>Run</code>``."""
+    modules = re.findall(r"^::: (\S+)", (ROOT / "docs" / "reference.md").read_text(), flags=re.M)
+    assert modules
+    for module in modules:
+        path = ROOT / "src" / (module.replace(".", "/") + ".py")
+        path = path if path.exists() else path.with_suffix("") / "__init__.py"
+        roles = re.findall(r":(?:class|func|meth|mod|attr|data|obj|exc|ref):`[^`]+`", path.read_text())
+        assert not roles, f"{module}: {roles[:3]} render raw in the API reference; write ``name`` instead"
+
+
+def test_make_docs_needs_only_the_docs_dependencies_and_writes_no_tracked_file():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile[makefile.index("\ndocs:"):].split("\n\n")[0]
+    assert "$(STAMP)" not in recipe and "$(DOCS_STAMP)" in recipe  # not the torch venv
+    assert "config_reference" not in recipe and ">" not in recipe.replace("->", "")  # writes nothing but site/
+    deps = (ROOT / "requirements-docs.txt").read_text()
+    assert "mkdocs" in deps and "torch" not in deps.replace("no torch", "")
 
 
 def test_every_selfsup_command_parses():
@@ -125,7 +172,8 @@ def site_home(readme: str) -> str:
     text = readme.replace("](docs/", "](")
     text = text.replace("[development](development.md), [CONTRIBUTING](CONTRIBUTING.md)",
                         "[development](development.md) (and CONTRIBUTING.md in the repository)")
-    return text.replace("\nThe site: `make docs` builds it with MkDocs into `site/` (`mkdocs.yml`).\n", "\n")
+    return text.replace("\nThe site: `make docs` builds it with MkDocs into `site/` (`mkdocs.yml`; a venv of "
+                        "`requirements-docs.txt` only).\n", "\n")
 
 
 def test_the_site_home_is_the_readme():

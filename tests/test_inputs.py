@@ -136,6 +136,12 @@ def test_a_list_batch_of_pil_images_is_collated_and_trains():
     assert fit_one_step(model, loader).global_step == 1
 
 
+def test_a_dataset_of_pil_images_under_the_default_collate_trains():
+    model = selfsup.method("simclr", small_cnn(), image_size=16, batch_size=4)
+    loader = DataLoader(Images("pil"), batch_size=4, drop_last=True)  # torch's default_collate refuses PIL images
+    assert fit_one_step(model, loader).global_step == 1
+
+
 def test_collate_and_check_directly():
     pil = [Image.fromarray(np.full((5, 6, 3), 7, np.uint8)) for _ in range(3)]
     x = collate_batch(pil)
@@ -152,3 +158,33 @@ def test_collate_and_check_directly():
         check_images(torch.zeros(2, 8, 8, 3, dtype=torch.uint8), 3)
     with pytest.raises(UserError, match="int64"):
         check_images(torch.zeros(2, 3, 4, 4, dtype=torch.int64), 3)
+
+
+def test_an_error_line_starts_on_a_clean_line_after_a_progress_bar(tmp_path, caplog):
+    """Issue 49: `selfsup: error:` landed on the progress bar's line; and Lightning's chatter is off by default."""
+
+    from ssl_helpers import run_cli, tiny_run
+
+    args = ["pretrain", "moco-v3-vit-digits", *tiny_run(), "trainer.progress_bar=true", "trainer.max_epochs=3",
+            "optim.base_lr=1e30", f"output_dir={tmp_path}"]  # the loss becomes NaN after the bar has started
+    code, out, err = run_cli(*args, "name=a")
+    assert code == 2 and "the loss became nan" in err and "it/s" in out  # Lightning's bar (stdout) had started
+    # the bar's line (stdout, on the same screen) was left open: a newline ends it before the error line
+    assert not out.endswith("\n") and "\n\nselfsup: error: " in err and err.count("selfsup: error:") == 1
+    chatter = ("GPU available", "TPU available", "limit_train_batches=1.0", "Loading `train_dataloader`")
+    assert not any(c in caplog.text for c in chatter)  # Lightning's loggers below INFO
+    code, _, err = run_cli(*args, "name=b", "trainer.verbose=true")
+    assert code == 2 and "GPU available" in caplog.text
+
+
+def test_line_start_tracks_the_last_write():
+    import io
+
+    from selfsup.commands.main import LineStart
+
+    screen = {"at_start": True}
+    out, err = LineStart(io.StringIO(), screen), LineStart(io.StringIO(), screen)
+    out.write("Epoch 0:  50%|#####     | 1/2\r")  # stdout's bar: the screen's line is open for stderr too
+    assert not err.at_start
+    err.write("done\n")
+    assert out.at_start and err.stream.getvalue() == "done\n"

@@ -20,7 +20,7 @@ from ssl_helpers import run_cli, tiny_run
 TINY = tiny_run(heads=False)  # simclr-digits: a micro ViT, 2 steps
 
 
-def test_fit_phases_shortens_every_phase_as_long_as_the_run():
+def test_fit_phases_shortens_every_phase_longer_than_the_run():
     cfg = load_run_config("dinov2-digits", ["optim.warmup_epochs=5", "method.warmup_teacher_temp_epochs=3",
                                             "method.freeze_last_layer=1"])
     fitted = fit_phases(cfg, total_steps=20, epoch_steps=10)  # a 2-epoch run
@@ -31,9 +31,14 @@ def test_fit_phases_shortens_every_phase_as_long_as_the_run():
     swav = load_run_config("swav-digits", ["method.freeze_prototypes_niters=313"])
     (record,) = [r for r in fit_phases(swav, total_steps=40, epoch_steps=4) if r["unit"] == "steps"]
     assert record == {"key": "method.freeze_prototypes_niters", "was": 313, "now": 4, "run": 40, "unit": "steps"}
+    assert fit_phases(load_run_config("simclr-digits", ["optim.warmup_epochs=2"]), 20, 10) == []  # as long: kept
     long = load_run_config("simclr-digits", [])
     assert fit_phases(long, total_steps=500, epoch_steps=10) == [] and long.optim.warmup_epochs == 5
-    assert {key for _, key, _ in PHASES} >= {"warmup_epochs", "warmup_iters", "rep_warmup_steps", "ema_warmup_steps"}
+    assert {p[1] for p in PHASES} >= {"warmup_epochs", "warmup_iters", "rep_warmup_steps", "ema_warmup_steps"}
+    wmse = load_run_config("wmse-digits", [])  # its selfsup schedule: the code's 500 warm-up iterations unused
+    assert [r["key"] for r in fit_phases(wmse, total_steps=100, epoch_steps=5)] == []
+    wmse = load_run_config("wmse-digits", ["method.lr_schedule=step"])  # the code's: its warm-up, not optim.*'s
+    assert [r["key"] for r in fit_phases(wmse, total_steps=100, epoch_steps=5)] == ["method.warmup_iters"]
 
 
 def test_knn_noise_band_is_two_binomial_standard_errors():

@@ -1,4 +1,4 @@
-"""selfsup from Python, the same code as the command line: ``pretrain`` a preset into a :class:`Run`, ``evaluate`` it;
+"""selfsup from Python, the same code as the command line: ``pretrain`` a preset into a ``Run``, ``evaluate`` it;
 or ``method``: a method as a LightningModule around your own backbone, for your own DataLoader and Trainer.
 
     import selfsup
@@ -8,7 +8,7 @@ or ``method``: a method as a LightningModule around your own backbone, for your 
 
 Overrides are the CLI's ``dotted.key=value`` items, given as sections (``trainer={"max_epochs": 1}``), as a mapping
 of dotted keys (``{"trainer.max_epochs": 1}``) or as the strings themselves; the typed config checks them as the
-CLI does (an unknown key or a bad value raises :class:`selfsup.errors.UserError`, one line naming the fix).
+CLI does (an unknown key or a bad value raises ``selfsup.errors.UserError``, one line naming the fix).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from selfsup.errors import UserError
 from selfsup.methods import METHODS
 from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
 from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
+from selfsup.runs.recipe import folder_recipe, is_method_name
 from selfsup.runs.source import load_source
 
 
@@ -93,8 +94,9 @@ def _yaml(value: Any) -> str:
 
 def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | None = None, *,
              resume: str | Path | None = None, **sections: dict[str, Any]) -> Run:
-    """Train ``preset`` (a name from ``selfsup presets`` or a YAML file) with ``overrides``, as ``selfsup pretrain``
-    (which calls this): the run folder, the checkpoints, the exported backbone and the end-of-run report.
+    """Train ``preset`` (a name from ``selfsup presets``, a YAML file, or a method name with ``data.root=FOLDER``:
+    a recipe sized to the folder's images, ``runs.recipe``) with ``overrides``, as ``selfsup pretrain`` (which
+    calls this): the run folder, the checkpoints, the exported backbone and the end-of-run report.
 
     ``resume=RUN`` continues the run in that folder from its last checkpoint, as ``selfsup pretrain --resume RUN``
     (which calls this too): the run's own config, of which only ``trainer.max_epochs`` / ``trainer.max_steps`` (to
@@ -108,6 +110,8 @@ def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | 
         return Run(Path(_resume(Path(resume), preset, items)))
     if preset is None:
         raise UserError("selfsup.pretrain needs a preset name or YAML file (see `selfsup presets`), or resume=RUN")
+    if is_method_name(preset) and preset not in preset_names():  # a method: a recipe sized to data.root's images
+        return Run(Path(engine.pretrain(folder_recipe(preset, items), preset=preset)))
     return Run(Path(engine.pretrain(load_run_config(preset, items), preset=preset)))
 
 
@@ -168,8 +172,8 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
     already normalised, or a channel count other than ``channels`` stops with one line naming the fix. The method
     draws its views on the device (the recipe's crops, flips, colour, blur; ``mean`` / ``std`` default to
     ImageNet's for 3 channels, 0.5 / 0.25 for 1), runs its loss, schedules and EMA targets; ``backbone`` is
-    trained in place. Overrides as in :func:`pretrain` (``optim={"base_lr": 1e-3}``). The command line's run
-    folder, checkpoints, instruments and exact resume belong to :func:`pretrain`; here your Trainer decides
+    trained in place. Overrides as in ``pretrain`` (``optim={"base_lr": 1e-3}``). The command line's run
+    folder, checkpoints, instruments and exact resume belong to ``pretrain``; here your Trainer decides
     those."""
     from selfsup.methods.base import DataInfo, SSLMethod
     from selfsup.methods.build import build_method

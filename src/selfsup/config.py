@@ -205,6 +205,9 @@ class TrainerConfig:
     checkpoint_every_n_minutes: float = 10.0  # also every N minutes of wall time (0: off)
     limit_train_batches: float | int = 1.0
     progress_bar: bool = True
+    # Lightning's own console messages (GPU / TPU available, its tips, limit_train_batches=1.0, the DDP banner and
+    # torch.distributed's lines for one process, its deprecation warnings): off unless true (runs/console.py)
+    verbose: bool = False
     seed: int = 0
     compile: bool = False  # torch.compile the whole step forward (EMA update, views, heads, loss) as one graph
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: capture without code generation)
@@ -408,8 +411,9 @@ def load_preset(name_or_path: str) -> dict:
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = PRESET_DIR / f"{name_or_path}.yaml"
         if not path.exists():
-            close = difflib.get_close_matches(name_or_path, preset_names(), n=3)
+            close = difflib.get_close_matches(name_or_path, [*preset_names(), *METHODS], n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "run `selfsup presets` for the list"
+            hint += " (a method name with data.root=FOLDER: a recipe sized to your images)"
             raise UserError(f"no preset or YAML file named {name_or_path!r}; {hint}")
     data = _read_yaml(path)
     base = data.pop("base", None)

@@ -147,7 +147,7 @@ def vicreg_terms(z1: Tensor, z2: Tensor, *, all_z1: Tensor | None = None, all_z2
 def vicreg_loss(z1: Tensor, z2: Tensor, *, all_z1: Tensor | None = None, all_z2: Tensor | None = None,
                 sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
                 eps: float = 1e-4) -> Tensor:
-    """``λ s + μ v + ν c`` of :func:`vicreg_terms` (official λ, μ, ν = 25, 25, 1; main_vicreg.py:58-63, :215-219)."""
+    """``λ s + μ v + ν c`` of ``vicreg_terms`` (official λ, μ, ν = 25, 25, 1; main_vicreg.py:58-63, :215-219)."""
     invariance, variance, covariance = vicreg_terms(z1, z2, all_z1=all_z1, all_z2=all_z2, eps=eps)
     return sim_coeff * invariance + std_coeff * variance + cov_coeff * covariance
 
@@ -216,7 +216,7 @@ def ibot_patch_loss(student_patch: Tensor, teacher_patch: Tensor, center2: Tenso
 
 def ibot_patch_cross_entropy(student_patch: Tensor, teacher_probs: Tensor, masks: Tensor,
                              student_temp: float) -> Tensor:
-    """:func:`ibot_patch_loss` with the teacher's targets given (``teacher_probs`` (n·B, N, K), e.g. Sinkhorn-Knopp
+    """``ibot_patch_loss`` with the teacher's targets given (``teacher_probs`` (n·B, N, K), e.g. Sinkhorn-Knopp
     codes): per crop the mean over its masked patches of ``−Σ_k q log softmax(s / τs)``, then the mean over the
     crops, unmasked crops counting 0."""
     ce = -(teacher_probs.detach() * F.log_softmax(student_patch / student_temp, dim=-1)).sum(-1)  # (n·B, N)
@@ -230,7 +230,7 @@ def dinov2_patch_loss(student_patch: Tensor, teacher_probs: Tensor, weights: Ten
     ``−Σ_u w_u Σ_k q_u log softmax(s_u / τs) / n_crops``, u over a flat buffer of patch tokens, ``w_u`` =
     1 / (the masked patches of u's crop) for a masked patch and 0 for padding (``masks_weight``), ``n_crops`` the
     global crops of the batch (``student_masks_flat.shape[0]``): the per-crop mean over masked patches, averaged
-    over every crop, unmasked crops counting 0; equal to :func:`ibot_patch_loss` with the same targets.
+    over every crop, unmasked crops counting 0; equal to ``ibot_patch_loss`` with the same targets.
 
     ``student_patch`` (U, K) logits, ``teacher_probs`` (U, K) the teacher's centred targets, ``weights`` (U,)."""
     ce = (teacher_probs.detach().float() * F.log_softmax(student_patch.float() / student_temp, dim=-1)).sum(-1)
@@ -320,8 +320,8 @@ def norm_mse(x0: Tensor, x1: Tensor) -> Tensor:
 def wmse_loss(h: list[Tensor], perms: list[Tensor], w_size: int, eps: float = 0.0, normalize: bool = True) -> Tensor:
     """W-MSE (methods/w_mse.py:19-36): ``h`` the d views' embeddings (each (B, D)), ``perms`` one permutation of
     range(B) per whitening iteration. For each iteration, the permutation cut into chunks of ``w_size``; each
-    view's rows of a chunk whitened on their own (:func:`cholesky_whiten`; the same chunks in every view, views
-    never whitened together); then :func:`norm_mse` (``normalize``; else the plain MSE) of every pair of views
+    view's rows of a chunk whitened on their own (``cholesky_whiten``; the same chunks in every view, views
+    never whitened together); then ``norm_mse`` (``normalize``; else the plain MSE) of every pair of views
     i < j over the batch. The sum over iterations and pairs divided by ``len(perms) · d (d − 1) / 2``."""
     d, loss = len(h), h[0].new_zeros((), dtype=torch.float32)
     for perm in perms:

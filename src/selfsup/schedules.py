@@ -1,10 +1,12 @@
-"""Per-iteration schedules of the official codes, as pure functions of the step, and :class:`StepValues`, what a
+"""Per-iteration schedules of the official codes, as pure functions of the step, and ``StepValues``, what a
 method's ``schedule(step, epoch)`` gives one optimiser step."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -88,35 +90,41 @@ def linear_ramp(step: int, value: float, ramp_steps: int) -> float:
     return value * min(1.0, step / ramp_steps) if ramp_steps > 0 else value
 
 
-# Every schedule phase a method has (the config section, the key, its unit). A phase at least as long as the run
-# (a 5-epoch warm-up in a 1-epoch run: every step at lr 0 or on the ramp) is shortened to PHASE_SHARE of the run,
+# Every schedule phase a method has (the config section, the key, its unit). A phase longer than the run (a 5-epoch
+# warm-up in a 1-epoch run: every step on the ramp, the peak never reached) is shortened to PHASE_SHARE of the run,
 # the share of the official recipes' warm-ups (DINO 10 of 100 epochs, SimCLR 10 of 100, MoCo v3 40 of 300).
-PHASES: tuple[tuple[str, str, str], ...] = (
-    ("optim", "warmup_epochs", "epochs"),  # every method's lr warm-up
-    ("method", "warmup_teacher_temp_epochs", "epochs"),  # DINO, iBOT, DINOv2: τt's ramp
-    ("method", "freeze_last_layer", "epochs"),  # DINO, iBOT, DINOv2: the head's last layer frozen
-    ("method", "freeze_prototypes_niters", "steps"),  # SwAV: the prototypes frozen
-    ("method", "warmup_iters", "steps"),  # W-MSE's own warm-up
-    ("method", "ema_warmup_steps", "steps"),  # flow: the EMA decay's ramp
-    ("method", "rep_warmup_steps", "steps"),  # Self-Flow, REPA: rep_weight's ramp
+def _wmse_code_schedule(cfg) -> bool:
+    return getattr(cfg.method, "lr_schedule", None) in ("step", "cos")  # W-MSE's own warm-up, not optim.*'s
+
+
+PHASES: tuple[tuple[str, str, str, Callable[[Any], bool] | None], ...] = (  # (section, key, unit, where it applies)
+    ("optim", "warmup_epochs", "epochs", lambda cfg: not _wmse_code_schedule(cfg)),  # every method's lr warm-up
+    ("method", "warmup_teacher_temp_epochs", "epochs", None),  # DINO, iBOT, DINOv2: τt's ramp
+    ("method", "freeze_last_layer", "epochs", None),  # DINO, iBOT, DINOv2: the head's last layer frozen
+    ("method", "freeze_prototypes_niters", "steps", None),  # SwAV: the prototypes frozen
+    ("method", "warmup_iters", "steps", _wmse_code_schedule),  # W-MSE's own warm-up (lr_schedule step / cos)
+    ("method", "ema_warmup_steps", "steps", None),  # flow: the EMA decay's ramp
+    ("method", "rep_warmup_steps", "steps", None),  # Self-Flow, REPA: rep_weight's ramp
 )
 PHASE_SHARE = 0.1
 
 
 def fit_phases(cfg, total_steps: int, epoch_steps: int, share: float = PHASE_SHARE) -> list[dict]:
-    """Shorten in ``cfg`` (in place) each schedule phase of ``PHASES`` at least as long as the run (``total_steps``
+    """Shorten in ``cfg`` (in place) each schedule phase of ``PHASES`` longer than the run (``total_steps``
     optimiser steps, ``epoch_steps`` of them a schedule epoch) to ``share`` of the run, in the phase's unit (an
     integer key stays an integer, rounded down). Returns one record per phase shortened: key, was, now, the run's
     length and the unit."""
     epochs = total_steps / max(epoch_steps, 1)
     fitted = []
-    for section, key, unit in PHASES:
+    for section, key, unit, applies in PHASES:
+        if applies is not None and not applies(cfg):
+            continue
         values = getattr(cfg, section, None)
         value = getattr(values, key, None)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             continue
         run = epochs if unit == "epochs" else total_steps
-        if value < run:
+        if value <= run:  # a phase the run completes (one as long as the run ends with it) is the user's choice
             continue
         now = int(share * run) if isinstance(value, int) else round(share * run, 4)
         setattr(values, key, now)
@@ -126,6 +134,6 @@ def fit_phases(cfg, total_steps: int, epoch_steps: int, share: float = PHASE_SHA
 
 def fitted_line(record: dict) -> str:
     """The console line of one shortened phase (``fit_phases``)."""
-    return (f"selfsup: {record['key']}={record['was']:g} is not shorter than the run ({record['run']:g} "
+    return (f"selfsup: {record['key']}={record['was']:g} is longer than the run ({record['run']:g} "
             f"{record['unit']}); shortened to {record['now']:g} ({PHASE_SHARE:g} of the run; set a shorter "
             f"{record['key']} or a longer run to choose)")

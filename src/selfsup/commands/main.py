@@ -88,10 +88,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class LineStart:
+    """stdout or stderr, noting in ``screen`` (shared by both: a terminal shows them on one screen) whether the last
+    text written ended a line. A progress bar's does not (Lightning's writes to stdout, rewriting its line with a
+    carriage return), so that an error line can start on a line of its own."""
+
+    def __init__(self, stream, screen: dict):
+        self.stream, self.screen = stream, screen
+
+    @property
+    def at_start(self) -> bool:
+        return self.screen["at_start"]
+
+    def write(self, text: str) -> int:
+        if text:
+            self.screen["at_start"] = text.endswith("\n")
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str):  # flush, isatty, fileno, encoding: the stream's
+        return getattr(self.stream, name)
+
+
+def error_line(message: str, prefix: str = "selfsup: error: ") -> None:
+    """``selfsup: error: message`` on stderr, on a clean line (after a progress bar's, a newline first)."""
+    clean = not isinstance(sys.stderr, LineStart) or sys.stderr.at_start
+    print(("" if clean else "\n") + prefix + message, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes print one line on stderr and exit 2."""
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["--version"]:
         version_parser().parse_args(["--version"])  # prints it and exits, before the subcommands are imported
+    streams, screen = (sys.stdout, sys.stderr), {"at_start": True}
+    sys.stdout, sys.stderr = LineStart(sys.stdout, screen), LineStart(sys.stderr, screen)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # `pretrain PRESET --resume RUN key=value`: argparse ends the positionals at the option, so overrides that
@@ -103,20 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except UserError as e:
-        print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)
+        error_line(clean_message(e))
         return 2
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", None)  # runs.facts.RunInterrupted: the checkpoint is written, the command printed
         if signum is None:
-            print("selfsup: interrupted", file=sys.stderr)
+            error_line("interrupted", prefix="selfsup: ")
         return 128 + (signum or 2)
     except Exception as e:
         if is_disk_full(e):  # a write selfsup does not make itself (a logger's, a command's result file)
             where = getattr(args, "out", None) or getattr(args, "output_dir", None)  # the command's output, if named
-            print(f"selfsup: error: {DiskFull.of(e, where)}", file=sys.stderr)
+            error_line(str(DiskFull.of(e, where)))
             return 2
         if isinstance(e, RuntimeError) and "Original Traceback" in str(e) and "UserError" in str(e):
-            print(f"selfsup: error: {clean_message(e)}", file=sys.stderr)  # a UserError from a DataLoader worker
+            error_line(clean_message(e))  # a UserError from a DataLoader worker
             return 2
         raise
 

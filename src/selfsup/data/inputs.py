@@ -2,7 +2,9 @@
 batch only, so that a wrong input is one line naming the fix instead of a silent run on garbage or a traceback.
 
 - ``collate_batch``: a batch that is a list of images (PIL images or (C, H, W) tensors, alone or in
-  ``(image, label)`` pairs) is stacked into one uint8 / float tensor; images of different sizes are one line.
+  ``(image, label)`` pairs) is stacked into one uint8 / float tensor; images of different sizes are one line. A
+  DataLoader left on torch's ``default_collate`` (which refuses PIL images) gets ``pil_collate`` (``adopt_pil_collate``,
+  at the start of training).
 - ``check_images``: a (B, ``channels``, H, W) tensor of uint8, or float in [0, 1]. A float batch in 0-255 (a
   ``PILToTensor()`` then ``.float()``) or one already normalised (below 0: ``transforms.Normalize``) is refused in one
   line, as is a channel count other than ``channels``. One host read of the float batch's min and max, first batch
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, default_collate
 
 from selfsup.errors import UserError
 
@@ -64,6 +67,26 @@ def collate_batch(batch: Any) -> Any:
     if isinstance(first, (list, tuple)) and first and (_is_pil(first[0]) or isinstance(first[0], Tensor)):
         return (_stack(list(first)), *batch[1:])  # (list of images, labels)
     return batch
+
+
+def pil_collate(batch: list) -> Any:
+    """A DataLoader's collate for a dataset of PIL images (or ``(image, label)`` pairs): stacked by
+    ``collate_batch``; any other batch by torch's ``default_collate``."""
+    first = batch[0] if batch else None
+    if _is_pil(first) or (isinstance(first, (list, tuple)) and first and _is_pil(first[0])):
+        return collate_batch(batch)
+    return default_collate(batch)
+
+
+def adopt_pil_collate(loaders: Any) -> None:
+    """Each ``DataLoader`` of ``loaders`` (one, or a list / dict of them) that collates with torch's
+    ``default_collate``, which refuses PIL images, collates with ``pil_collate`` instead (set before its iterator
+    starts, so its workers get it)."""
+    items = loaders.values() if isinstance(loaders, dict) else loaders
+    items = items if isinstance(items, (list, tuple, type({}.values()))) else [items]
+    for loader in items:
+        if isinstance(loader, DataLoader) and loader.collate_fn is default_collate:
+            loader.collate_fn = pil_collate
 
 
 def check_images(images: Any, channels: int) -> None:

@@ -117,8 +117,8 @@ def random_masks(ratio: Tensor, grid: tuple[int, int], generator: torch.Generato
 def ibot_masks(n: int, grid: tuple[int, int], generator: torch.Generator, pred_ratio=(0.3,), pred_ratio_var=(0.0,),
                aspect_ratio: tuple[float, float] = (0.3, 1 / 0.3), shape: str = "block",
                max_blocks: int | None = None, device=None) -> Tensor:
-    """(n, H, W) bool iBOT masks (True = masked) of ``n`` crops: ratios by :func:`prediction_ratios`, then
-    :func:`block_masks` or :func:`random_masks`."""
+    """(n, H, W) bool iBOT masks (True = masked) of ``n`` crops: ratios by ``prediction_ratios``, then
+    ``block_masks`` or ``random_masks``."""
     ratio = prediction_ratios(n, pred_ratio, pred_ratio_var, generator, device)
     if shape == "rand":
         return random_masks(ratio, grid, generator)
@@ -138,7 +138,7 @@ def dinov2_masks(n: int, grid: tuple[int, int], generator: torch.Generator, prob
       (``max_num_patches = 0.5 · H · W``), aspect ratio log-uniform in (0.3, 1/0.3);
     * the n masks shuffled over the crops (``random.shuffle``): here by a random permutation.
 
-    The draws come from the step's generator on the device, as :func:`ibot_masks`."""
+    The draws come from the step's generator on the device, as ``ibot_masks``."""
     H, W = grid
     N, k = H * W, int(n * probability)
     p = torch.linspace(ratio_min_max[0], ratio_min_max[1], k + 1, device=device)

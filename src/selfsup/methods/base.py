@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from selfsup.data.device_decode import DecodePrefetcher, EncodedBatch, EncodedCrops, decode_batch, upcoming_batch
-from selfsup.data.inputs import check_images, collate_batch
+from selfsup.data.inputs import adopt_pil_collate, check_images, collate_batch
 from selfsup.data.views import MultiViewAugment, build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
@@ -632,7 +632,8 @@ class SSLMethod(TrainingBase):
     def setup(self, stage: str) -> None:
         """``trainer.memory_format`` for this backbone and device, applied before the strategy moves and wraps
         the model (DDP's gradient buckets follow the parameters' strides) and before the optimiser is built."""
-        if stage == "fit":
+        if stage == "fit":  # a user's DataLoader given to fit (Lightning iterates it once loaded): PIL images stacked
+            adopt_pil_collate(getattr(getattr(self.trainer.fit_loop, "_data_source", None), "instance", None))
             self.use_memory_format(resolve_memory_format(self.cfg.trainer.memory_format, self.backbone,
                                                          self.trainer.strategy.root_device))
 
@@ -641,6 +642,7 @@ class SSLMethod(TrainingBase):
         strides."""
         for optimizer in self.trainer.optimizers:
             match_optimizer_state(optimizer)
+
 
     # ----------------------------------------------------------------- the step
     def on_before_batch_transfer(self, batch, dataloader_idx: int):

@@ -187,7 +187,7 @@ class DINOv2(SelfDistillation):
         return {"backbone": self.backbone, "head": self.head, **heads}
 
     def configure_optimizers(self):
-        """AdamW over :func:`dinov2_param_groups` (train.py:61-62; the betas are ``optim.betas``)."""
+        """AdamW over ``dinov2_param_groups`` (train.py:61-62; the betas are ``optim.betas``)."""
         c, o = self.cfg.method, self.cfg.optim
         return build_optimizer(dinov2_param_groups(self.trainable(), o.weight_decay, c.layerwise_decay,
                                                    c.patch_embed_lr_mult), o)
@@ -216,7 +216,7 @@ class DINOv2(SelfDistillation):
 
     def forward_views(self, views, masks: torch.Tensor | None = None):
         """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
-        crops (default: :meth:`step_draws`)."""
+        crops (default: ``step_draws``)."""
         c, n = self.cfg.method, self.n_global
         if len(views) < n:
             raise UserError(f"DINOv2 needs the 2 global crops of its view plan, got {len(views)} view(s)")

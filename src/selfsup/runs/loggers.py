@@ -24,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from selfsup.config import RunConfig, to_dict
 from selfsup.errors import UserError
+from selfsup.runs import console
 
 
 def keep_metrics(trainer: pl.Trainer, run_dir: Path, step: int) -> None:
@@ -151,8 +152,10 @@ class _DropTips(logging.Filter):
 _DROP_TIPS = _DropTips()  # one instance, so adding it again is a no-op
 
 
-def quiet_lightning() -> None:
-    """Silence Lightning notices that do not apply to selfsup's design (documented choices)."""
+def quiet_lightning(verbose: bool = False) -> None:
+    """Silence Lightning notices that do not apply to selfsup's design (documented choices), and its chatter unless
+    ``verbose`` (``trainer.verbose``; ``runs.console``)."""
+    console.quiet(verbose)
     for name in ("lightning.pytorch", "lightning.fabric"):
         for handler_owner in (logging.getLogger(name), logging.getLogger(f"{name}.utilities.rank_zero")):
             handler_owner.addFilter(_DROP_TIPS)

@@ -1,0 +1,211 @@
+"""A recipe sized to a folder: ``selfsup pretrain <method> data.root=FOLDER`` (``selfsup.pretrain("simclr",
+{"data.root": FOLDER})``) resolves what a user with their own images should not have to pick, from the folder's
+measured facts and the machine, printed in one block and recorded in the run's ``config.yaml``. Every key the user
+sets wins (it is left as given, and what derives from it follows it).
+
+The recipe starts from the method's small-image CPU preset (``BASES``: its ``*-fmnist`` recipe, W-MSE's ConvNet one),
+whose heads, losses and augmentations were measured to learn on 28-px images, then sets:
+
+- ``data.name``: ``imagefolder`` where the folder holds ``train/<class>/`` (the end-of-run kNN then has labels), else
+  ``images`` (unlabelled: the kNN monitor and online probe off);
+- ``data.channels``: 1 when nearly every sampled image is grayscale (``GRAY_SHARE``), else 3;
+- ``data.image_size``: the median shorter side of up to 256 images, clamped to ``MIN_SIZE`` .. ``MAX_SIZE_CPU`` on a CPU
+  (``MAX_SIZE_GPU`` on a GPU) and, for a ViT, on a grid of ``GRID_CPU`` (``GRID_GPU``) patches a side:
+  ``model.patch_size`` = size // grid, the size rounded down to a multiple of it, the local crops too;
+- ``data.batch_size``: the base's, at most the largest power of two <= images / ``MIN_BATCHES`` (so an epoch has
+  several steps), at least ``MIN_BATCH``;
+- ``trainer.max_epochs``: enough epochs for ``TARGET_STEPS`` optimiser steps (the base's budget on Fashion-MNIST:
+  5 epochs of 234 steps), within ``MIN_EPOCHS`` .. ``MAX_EPOCHS``; ``optim.warmup_epochs`` at most ``WARMUP_SHARE`` of
+  them;
+- the sizes that scale with the data: DINO's / iBOT's / DINOv2's prototypes (``method.out_dim``, iBOT's
+  ``patch_out_dim``), SwAV's ``nmb_prototypes``: the largest power of two <= images / ``IMAGES_PER_PROTOTYPE``,
+  within ``MIN_PROTOTYPES`` .. the base's (a bucket per data size, as LightlyTrain scales them); NNCLR's support set
+  ``queue_size`` at most half the images;
+- ``trainer.accelerator``: ``gpu`` where CUDA is there, else ``cpu`` (one device); ``data.num_workers``: the cores
+  less one, at most 8.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve
+from selfsup.data.datasets import IMAGE_SUFFIXES, SIZE_SAMPLE, image_files
+from selfsup.errors import UserError
+from selfsup.methods import METHODS
+
+BASES = {"moco_v3": "moco-v3-vit-fmnist", "byol": "byol-fmnist", "simsiam": "simsiam-fmnist", "simclr": "simclr-fmnist",
+         "barlow_twins": "barlow-twins-fmnist", "vicreg": "vicreg-fmnist", "dino": "dino-fmnist", "swav": "swav-fmnist",
+         "wmse": "wmse-cnn-fmnist", "nnclr": "nnclr-fmnist", "ibot": "ibot-fmnist", "dinov2": "dinov2-fmnist",
+         "mae": "mae-fmnist"}
+MIN_SIZE, MAX_SIZE_CPU, MAX_SIZE_GPU = 16, 64, 224
+GRID_CPU, GRID_GPU = 4, 8  # ViT patches a side: 16 tokens on a CPU (the *-fmnist presets' 28 / 7), 64 on a GPU
+MIN_BATCHES, MIN_BATCH = 4, 8
+TARGET_STEPS, MIN_EPOCHS, MAX_EPOCHS = 1000, 5, 300
+WARMUP_SHARE = 0.1
+IMAGES_PER_PROTOTYPE, MIN_PROTOTYPES = 8, 64
+GRAY_SHARE = 0.9
+GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
+
+
+@dataclass
+class FolderFacts:
+    """What the recipe reads of a folder and the machine."""
+
+    root: Path
+    labelled: bool  # root/train/<class>/ (and val/): an imagefolder
+    images: int  # image files listed (the training split's, for an imagefolder)
+    short_sides: list[int]  # of up to SIZE_SAMPLE images spread over the files
+    gray: float  # the share of the sampled images that are grayscale
+    cores: int
+    gpu: str | None  # the CUDA device's name, None without one
+
+
+def _header(path: Path) -> tuple[int, str] | None:
+    try:
+        with Image.open(path) as im:
+            return min(im.size), im.mode
+    except Exception:  # an unreadable file: the others tell the size
+        return None
+
+
+def folder_facts(root: str | Path) -> FolderFacts:
+    """The facts of ``root`` (its image count, a sample's shorter sides and colour modes) and of this machine."""
+    import torch  # the machine's accelerator
+
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"data.root={root} is not a folder; give the folder of your images (nested at any depth, or "
+                        "train/<class>/ and val/<class>/ for labels)")
+    train = root / "train"
+    labelled = train.is_dir() and any(d.is_dir() for d in train.iterdir())
+    files = image_files(train if labelled else root)
+    if not files:
+        raise UserError(f"no image files under {root} (looked for {', '.join(sorted(IMAGE_SUFFIXES))} at any depth)")
+    sample = files[::max(1, len(files) // SIZE_SAMPLE)][:SIZE_SAMPLE]
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:
+        headers = [h for h in pool.map(_header, sample) if h is not None]
+    if not headers:
+        raise UserError(f"none of {len(sample)} sampled images under {root} opens; check them with "
+                        f"`selfsup data check {root}`")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return FolderFacts(root, labelled, len(files), [s for s, _ in headers],
+                       sum(m in GRAY_MODES for _, m in headers) / len(headers), os.cpu_count() or 1, gpu)
+
+
+def _pow2_at_most(x: float) -> int:
+    return 1 << max(0, int(x).bit_length() - 1) if x >= 1 else 1
+
+
+def _given(overrides: dict, key: str) -> bool:
+    section, _, name = key.partition(".")
+    return isinstance(overrides.get(section), dict) and name in overrides[section] if name else section in overrides
+
+
+def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[dict, list[tuple[str, object, str]]]:
+    """The recipe's config mapping (the base preset, the resolved values, then ``overrides`` on top) and the
+    resolved values with why: (key, value, reason), the keys the user set left out."""
+    base = load_preset(BASES[method])
+    cfg = resolve(merge(base, overrides))  # the base with the user's keys: what the resolution starts from
+    gpu = facts.gpu is not None
+    chosen: list[tuple[str, object, str]] = []
+
+    def put(key: str, value, why: str) -> None:
+        if not _given(overrides, key):
+            chosen.append((key, value, why))
+
+    put("data.name", "imagefolder" if facts.labelled else "images",
+        "train/<class>/ folders: labelled" if facts.labelled else "an unlabelled folder")
+    put("data.root", str(facts.root), "")
+    channels = 1 if facts.gray >= GRAY_SHARE else 3
+    put("data.channels", channels, f"{facts.gray:.0%} of the sampled images are grayscale")
+    median = int(statistics.median(facts.short_sides))
+    top, grid = (MAX_SIZE_GPU, GRID_GPU) if gpu else (MAX_SIZE_CPU, GRID_CPU)
+    size = cfg.data.image_size if _given(overrides, "data.image_size") else min(max(median, MIN_SIZE), top)
+    vit = cfg.model.backbone.startswith("vit_")
+    patch = cfg.model.patch_size
+    if vit and not _given(overrides, "model.patch_size"):
+        patch = max(2, size // grid)
+        put("model.patch_size", patch, f"a {size // patch} x {size // patch} grid of patches")
+    if vit and not _given(overrides, "data.image_size"):
+        size = max(patch, size // patch * patch)
+    put("data.image_size", size, f"the median shorter side of {len(facts.short_sides)} images, {median} px, clamped to "
+        f"{MIN_SIZE}..{top} ({'GPU' if gpu else 'CPU'})" + (f", a multiple of the patch {patch}" if vit else ""))
+    if cfg.augment.local_crops_number and not _given(overrides, "augment.local_crops_size"):
+        local = round(size * 96 / 224 / (patch if vit else 1)) * (patch if vit else 1)
+        put("augment.local_crops_size", max(patch if vit else 8, local), "96/224 of the image size, as DINO's")
+    batch = cfg.data.batch_size if _given(overrides, "data.batch_size") else max(
+        MIN_BATCH, min(cfg.data.batch_size, _pow2_at_most(facts.images / MIN_BATCHES)))
+    batch = min(batch, facts.images)
+    put("data.batch_size", batch, f"at most {facts.images} images / {MIN_BATCHES} and the base's {base_batch(base)}")
+    steps_per_epoch = max(1, facts.images // batch)
+    epochs = cfg.trainer.max_epochs if _given(overrides, "trainer.max_epochs") else min(
+        MAX_EPOCHS, max(MIN_EPOCHS, -(-TARGET_STEPS // steps_per_epoch)))
+    put("trainer.max_epochs", epochs, f"~{TARGET_STEPS} optimiser steps of {steps_per_epoch} an epoch, within "
+        f"{MIN_EPOCHS}..{MAX_EPOCHS}")
+    put("optim.warmup_epochs", round(min(cfg.optim.warmup_epochs, WARMUP_SHARE * epochs), 4),
+        f"at most {WARMUP_SHARE:g} of the run")
+    k = max(MIN_PROTOTYPES, _pow2_at_most(facts.images / IMAGES_PER_PROTOTYPE))
+    c = cfg.method
+    for key in ("out_dim", "patch_out_dim", "nmb_prototypes"):
+        if hasattr(c, key):
+            put(f"method.{key}", min(getattr(c, key), k), f"{facts.images} images / {IMAGES_PER_PROTOTYPE}, "
+                f"a power of two within {MIN_PROTOTYPES}..the base's {getattr(c, key)}")
+    if hasattr(c, "queue_size"):
+        put("method.queue_size", max(batch, min(c.queue_size, _pow2_at_most(facts.images / 2))),
+            "at most half the images, at least the batch")
+    put("trainer.accelerator", "gpu" if gpu else "cpu", facts.gpu or f"no GPU; {facts.cores} CPU cores")
+    put("trainer.devices", 1, "")
+    put("data.num_workers", min(8, max(0, facts.cores - 1)), f"{facts.cores} cores less one, at most 8")
+    if not facts.labelled:
+        put("eval.knn_every_n_steps", 0, "no labels")
+        put("eval.online_probe", False, "no labels")
+    values: dict = {}
+    for key, value, _ in chosen:
+        section, _, name = key.partition(".")
+        values.setdefault(section, {})[name] = value
+    return merge(merge(base, values), overrides), chosen
+
+
+def base_batch(base: dict) -> int:
+    return int((base.get("data") or {}).get("batch_size", 256))
+
+
+def recipe_block(method: str, facts: FolderFacts, chosen: list[tuple[str, object, str]]) -> list[str]:
+    """The printed block: the facts, then each resolved key=value with why."""
+    lines = [f"selfsup: a recipe for {method} sized to {facts.root} ({facts.images} images, "
+             f"{'labelled' if facts.labelled else 'unlabelled'}; {facts.gpu or f'{facts.cores} CPU cores, no GPU'}), "
+             f"from the {BASES[method]} preset; any key=value you give wins:"]
+    items = [(f"{k}={str(v).lower() if isinstance(v, bool) else v}", why) for k, v, why in chosen]
+    width = max(len(item) for item, _ in items)
+    lines += [f"  {item:<{width}}  {why}".rstrip() for item, why in items]
+    return lines
+
+
+def folder_recipe(method: str, items: list[str]) -> RunConfig:
+    """``selfsup pretrain <method> data.root=FOLDER [key=value ...]``: the recipe's typed config, its block printed."""
+    if method not in BASES:
+        raise UserError(f"selfsup pretrain {method}: a recipe sized to a folder serves the joint-embedding and masked "
+                        f"methods ({', '.join(BASES)}); a flow method trains from a preset (selfsup presets)")
+    overrides = parse_overrides(items)
+    root = (overrides.get("data") or {}).get("root")
+    if not root:
+        raise UserError(f"selfsup pretrain {method} needs data.root=FOLDER (a recipe sized to your images), or a "
+                        f"preset: {', '.join(p for p in (BASES[method],))} ... (selfsup presets)")
+    facts = folder_facts(root)
+    data, chosen = resolve_recipe(method, facts, overrides)
+    cfg = resolve(data)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print("\n".join(recipe_block(method, facts, chosen)))
+    return cfg
+
+
+def is_method_name(name: str) -> bool:
+    """Whether ``selfsup pretrain NAME`` names a method (a recipe sized to data.root) rather than a preset."""
+    return name in METHODS
