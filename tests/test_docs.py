@@ -51,6 +51,9 @@ def test_every_python_block_parses():
 # pages whose python blocks need a fixture (an image folder, a trained run, a process without selfsup): the test
 # that executes each of them
 EXECUTED_BY = {"evaluation.md": "test_eval_api.py", "export.md": "test_export.py", "own-loop.md": "test_own_loop.py"}
+# pages whose python blocks need what no test machine has (a downloaded checkpoint, a GPU preset over a folder of
+# your own): parsed above, their code paths run in the test named (on files the test makes)
+NEEDS_FILES = {"pretrained.md": "test_weights.py"}
 # the cuts a block's training takes here, to run in seconds on a loaded CPU (the code path is the one written)
 SHORTER = {'trainer={"max_epochs": 1}': 'trainer={"max_epochs": 1, "limit_train_batches": 2, "progress_bar": False}'}
 
@@ -65,6 +68,9 @@ def test_every_python_block_runs(tmp_path, monkeypatch, capsys):
                 f"{page.name}: its python blocks must be executed by tests/{EXECUTED_BY[page.name]}"
             continue
         if body in done:  # the site's home page is the README
+            continue
+        if page.name in NEEDS_FILES:
+            assert (ROOT / "tests" / NEEDS_FILES[page.name]).exists(), page.name
             continue
         code = body
         for written, shorter in SHORTER.items():

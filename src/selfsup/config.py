@@ -411,6 +411,7 @@ def load_preset(name_or_path: str) -> dict:
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = PRESET_DIR / f"{name_or_path}.yaml"
         if not path.exists():
+            from selfsup.methods import METHODS  # only on this error: the methods import Lightning
             close = difflib.get_close_matches(name_or_path, [*preset_names(), *METHODS], n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "run `selfsup presets` for the list"
             hint += " (a method name with data.root=FOLDER: a recipe sized to your images)"

@@ -74,7 +74,6 @@ def check_checkpoint(path: Path, model: TrainingBase) -> dict:
 def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
     """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
     quiet_lightning(cfg.trainer.verbose)
-    console.quiet(cfg.trainer.verbose)  # Lightning's chatter off unless trainer.verbose=true
     t = cfg.trainer
     checkpoint = RunCheckpoints(t.checkpoint_every_n_steps, t.checkpoint_every_n_minutes, t.max_steps)
     # torch's SyncBatchNorm runs only on GPUs: on CPU processes (gloo) each keeps its own BN statistics.

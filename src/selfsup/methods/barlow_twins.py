@@ -4,7 +4,7 @@ As the official code (facebookresearch/barlowtwins main.py; NEW-METHODS.md §4):
 backbone and the projector on its own (BatchNorm statistics per view, :207-209); the projector is
 [Linear (no bias) → BN → ReLU] × 2 → Linear (no bias), 8192-8192-8192 (:195-202); its outputs are
 standardised per dimension with the statistics of the global batch, as the official
-BatchNorm1d(affine=False) under SyncBN (:205, :89; written here as :func:`selfsup.losses.batch_standardize`
+BatchNorm1d(affine=False) under SyncBN (:205, :89; written here as ``selfsup.losses.batch_standardize``
 on the gathered batch, so it holds on any backend, CPU gloo included); ``C = bn(z1)ᵀ bn(z2) / N`` with N
 the global batch, summed over processes (:212-216); ``L = Σᵢ (1 − Cᵢᵢ)² + λ Σ_{i≠j} Cᵢⱼ²``, λ = 0.0051
 (:218-220, :39). The loss is computed in float32.

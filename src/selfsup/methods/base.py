@@ -1,6 +1,6 @@
 """The one training base of every method family, and the joint-embedding family's base.
 
-:class:`TrainingBase` holds, once, what every family's LightningModule needs: the per-step seeded
+``TrainingBase`` holds, once, what every family's LightningModule needs: the per-step seeded
 generator, the schedule (``schedule(step, epoch)``: a pure function giving the step's lr, weight decay, momentum
 and a method's own values, applied by one hook; warmup + cosine, ``fixed_lr`` groups, per iteration or per epoch
 by default), the step counts, EMA targets and their update, ``trainer.compile``, the optimiser (with the
@@ -11,8 +11,8 @@ scheduled by ``method.momentum``), ``post_step_hooks`` (what acts after each opt
 ``forward_step(batch)`` (the family's step forward). Evaluating it (the end-of-run report) is the application
 layer's (``selfsup.runs.finish``).
 
-A joint-embedding method subclasses :class:`SSLMethod`, builds its heads in ``__init__``, declares
-``trainable()`` and writes ``forward_views``: views in, a :class:`~selfsup.step.StepOutput` out (the loss plus
+A joint-embedding method subclasses ``SSLMethod``, builds its heads in ``__init__``, declares
+``trainable()`` and writes ``forward_views``: views in, a ``selfsup.step.StepOutput`` out (the loss plus
 the detached embeddings / projections / predictions that instruments and online evaluators read, and the
 method's own scalars, which the base logs). A method whose official schedule differs overrides ``schedule``
 (DINO, iBOT, SwAV, W-MSE; Self-Flow and REPA). The flow family's base is ``selfsup.methods.flow.FlowMatching``.
@@ -71,7 +71,7 @@ class TrainingCollapsed(UserError):
 class FiniteLossWatch:
     """Watches the loss for NaN / Inf without reading it back to the host each step: ``observe`` keeps
     the first non-finite step and value on the loss's device; ``check`` reads them (one host sync) and
-    stops training with :class:`NonFiniteLoss` naming that step."""
+    stops training with ``NonFiniteLoss`` naming that step."""
 
     def __init__(self) -> None:
         self.step: Tensor | None = None  # int64, -1 while every loss seen was finite
@@ -164,7 +164,7 @@ def multicrop_mean(two_view: Tensor, local_terms: list[Tensor], two_view_terms: 
 def compile_step_modules(method: TrainingBase, backend: str = "inductor") -> None:
     """``torch.compile`` in place each module of a method's step (``method.step_modules()``: the trainable
     ones and the EMA targets) on its own; parameter names, and so checkpoints and exports, stay as they are.
-    The module-by-module variant ``trainer.compile`` replaced by :func:`compile_step` (kept for comparison:
+    The module-by-module variant ``trainer.compile`` replaced by ``compile_step`` (kept for comparison:
     benchmarks/results/NOTES.md, compile_modes)."""
     for module in method.step_modules().values():
         module.compile(backend=backend)
@@ -213,16 +213,16 @@ class TrainingBase(pl.LightningModule):
       (set per step in ``self.momentum``, logged as ``train/momentum``);
     - ``post_step_hooks``: callables run right after each optimiser step, in order (DirectPred's predictor,
       the flow EMA), before Lightning's callbacks see the step, so a step checkpoint holds their state;
-    - ``forward_step(batch)``: the family's step forward on a transferred batch, a :class:`StepOutput`.
+    - ``forward_step(batch)``: the family's step forward on a transferred batch, a ``StepOutput``.
 
-    ``schedule(step, epoch)`` gives each optimiser step's :class:`StepValues` (a pure function of the step, the
+    ``schedule(step, epoch)`` gives each optimiser step's ``StepValues`` (a pure function of the step, the
     epoch, the config and the run's length); ``on_train_batch_start`` applies them, and the training step logs
     them with the loss and the step's own scalars.
 
     Per-step values leave the device only at Lightning's logging steps (every ``trainer.log_every_n_steps``),
     in one copy, so the steps between run without a host-device sync: on a GPU, ``self.log`` of a Python
     float copies it to the device, and a progress-bar tensor is read back at every batch end; both wait for
-    the queued step. The loss is watched for NaN / Inf on the device (:class:`FiniteLossWatch`) and checked
+    the queued step. The loss is watched for NaN / Inf on the device (``FiniteLossWatch``) and checked
     at those logging steps, before every checkpoint and at the end of training, so a bad step never reaches
     a checkpoint or an export. Checkpoints carry the global RNG state (CPU and CUDA), so a resumed run
     continues bit for bit. A family that adds to the checkpoint hooks extends them with ``super()``.
@@ -317,7 +317,7 @@ class TrainingBase(pl.LightningModule):
         self.ema_weight.fill_(1.0 - m)
 
     def update_momentum_encoder(self) -> None:
-        """:meth:`ema_step` with this step's momentum from inside the training step, once per optimiser step. It
+        """``ema_step`` with this step's momentum from inside the training step, once per optimiser step. It
         reads ``ema_weight``, the device copy of 1 − ``self.momentum``, which ``on_train_batch_start`` sets to 0
         on the later micro-batches of an accumulated step (a lerp by 0 leaves the targets as they are): no
         Python branch and no per-step constant in the step, so a compiled step neither recompiles for each new
@@ -326,7 +326,7 @@ class TrainingBase(pl.LightningModule):
 
     def ema_step(self, m: float | Tensor) -> None:
         """``target ← m · target + (1 − m) · online`` for every momentum target (``m`` a float, or the weight
-        1 − m as a device tensor: :func:`momentum_update`; a post-step hook calls this:
+        1 − m as a device tensor: ``momentum_update``; a post-step hook calls this:
         it runs once per optimiser step by construction), parameter by parameter of the same name in both
         (iBOT's EMA over the names the student and teacher share, main_ibot.py:380-390; a copy shares all)."""
         if not self.momentum_pairs:
@@ -481,8 +481,8 @@ class TrainingBase(pl.LightningModule):
         raise NotImplementedError
 
     def training_step(self, batch, batch_idx: int):
-        """``forward_step``, then :meth:`log_step` of the loss, this step's ``step_values`` and the step's own
-        scalars; returns Lightning's ``{"loss", "step"}``: the loss with its graph and the :class:`StepOutput`
+        """``forward_step``, then ``log_step`` of the loss, this step's ``step_values`` and the step's own
+        scalars; returns Lightning's ``{"loss", "step"}``: the loss with its graph and the ``StepOutput``
         (its loss detached, the batch's labels added) that callbacks read."""
         out = self.forward_step(batch)
         v, loss = self.step_values, out.loss
@@ -590,7 +590,7 @@ class SSLMethod(TrainingBase):
 
     # ----------------------------------------------------------------- to write in a method
     def forward_views(self, views: list[Tensor]) -> StepOutput:
-        """Views → the step's :class:`StepOutput` (the loss, detached tensors for the instruments, own scalars)."""
+        """Views → the step's ``StepOutput`` (the loss, detached tensors for the instruments, own scalars)."""
         raise NotImplementedError
 
     def project_pair(self, views: list[Tensor], normalize: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -233,7 +233,7 @@ class FlowMatching(TrainingBase):
 
     @property
     def eval_backbone(self) -> FlowEncoder:
-        """The evaluated backbone: :attr:`backbone` (exported as ``flow_encoder``)."""
+        """The evaluated backbone: ``backbone`` (exported as ``flow_encoder``)."""
         return self.backbone
 
     # ------------------------------------------------------------------ data
@@ -333,7 +333,7 @@ class SelfFlow(FlowMatching):
         return {"student": self.student, "head": self.head}
 
     def schedule(self, step: int, epoch: int) -> StepValues:
-        """The family's lr schedule and, where ramped, ``rep_weight`` (:func:`with_rep_weight`)."""
+        """The family's lr schedule and, where ramped, ``rep_weight`` (``with_rep_weight``)."""
         return with_rep_weight(super().schedule(step, epoch), step, self.cfg.method)
 
     def forward_flow(self, x0: Tensor, y: Tensor) -> StepOutput:
@@ -423,7 +423,7 @@ class Repa(FlowMatching):
         return {"student": self.student, "projector": self.projector}
 
     def schedule(self, step: int, epoch: int) -> StepValues:
-        """The family's lr schedule and, where ramped, ``rep_weight`` (:func:`with_rep_weight`)."""
+        """The family's lr schedule and, where ramped, ``rep_weight`` (``with_rep_weight``)."""
         return with_rep_weight(super().schedule(step, epoch), step, self.cfg.method)
 
     @torch.no_grad()

@@ -132,7 +132,7 @@ class iBOT(SelfDistillation):
     def make_head(self, c, shared: bool) -> iBOTHead:
         """An iBOT head; ``shared``: the patch tokens through the [CLS] head's ``last_layer``. The student's follows
         ``shared_head``; the teacher's ``shared_head_teacher``: with another value than the student's it is a head
-        of that kind that starts from the student's weights (:func:`ema_teacher` ``like``, main_ibot.py:263)."""
+        of that kind that starts from the student's weights (``ema_teacher`` ``like``, main_ibot.py:263)."""
         return iBOTHead(self.backbone.num_features, c.out_dim, self.patch_dim, c.hidden_dim, c.bottleneck_dim,
                         c.head_layers, False, c.norm_last_layer, shared)
 
@@ -154,7 +154,7 @@ class iBOT(SelfDistillation):
 
     def forward_views(self, views, masks: torch.Tensor | None = None):
         """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
-        crops (default: :meth:`draw_masks`)."""
+        crops (default: ``draw_masks``)."""
         c, n = self.cfg.method, self.n_global
         if len(views) < n:
             raise UserError(f"iBOT needs the 2 global crops of its view plan, got {len(views)} view(s)")

@@ -17,16 +17,16 @@ The checkpoint keys are the modules' and buffers' own names (``teacher_backbone.
 
 Two kinds of teacher:
 
-- :func:`ema_teacher`: a copy of a student module that follows it as an exponential moving average (DINO's teacher,
+- ``ema_teacher``: a copy of a student module that follows it as an exponential moving average (DINO's teacher,
   main_dino.py:162-166, :344-350; iBOT's; DINOv2's; I-JEPA's target encoder). It is a momentum target of the
   method (``TrainingBase.momentum_pairs``), so either EMA style of the base updates it: after the optimiser step
-  (a post-step hook calling ``ema_step(self.momentum)``: :meth:`SelfDistillation.teacher_ema`, the DINO family's;
+  (a post-step hook calling ``ema_step(self.momentum)``: ``SelfDistillation.teacher_ema``, the DINO family's;
   I-JEPA's target after ``optimizer.step()``), or inside the step (``update_momentum_encoder()``: MoCo v3's, BYOL's).
   Its momentum is ``self.momentum``, set per step by the method's ``schedule`` (``uses_momentum = True``).
-- :func:`frozen_teacher`: a trained network that never moves (distillation): no gradient, no EMA, kept in eval
+- ``frozen_teacher``: a trained network that never moves (distillation): no gradient, no EMA, kept in eval
   mode whatever Lightning sets (``TrainingBase.frozen_modules``).
 
-The all-reduce a distributed piece uses (:class:`Centres`, :func:`teacher_targets`) is passed in, as SwAV's
+The all-reduce a distributed piece uses (``Centres``, ``teacher_targets``) is passed in, as SwAV's
 ``losses.sinkhorn_knopp`` takes it: ``distributed.all_reduce_sum`` from the calling method's module.
 """
 
@@ -102,7 +102,7 @@ def require_cls_vit(method: str, cfg, backbone: nn.Module) -> None:
 class Centres:
     """The EMA centres of the teacher's outputs (DINO's C, main_dino.py:406-416; iBOT's and DINOv2's patch centre
     C2), buffers of ``method`` under their own names (the checkpoint keys ``center``, ``center2``), each given as
-    ``name=(shape, momentum)``. :meth:`update` moves them after the loss, in one all-reduce."""
+    ``name=(shape, momentum)``. ``update`` moves them after the loss, in one all-reduce."""
 
     def __init__(self, method: nn.Module, **centres: tuple[tuple[int, ...], float]):
         self.method, self.momenta = method, {}
@@ -185,7 +185,7 @@ class SelfDistillation(SSLMethod):
         self.ema_step(self.momentum)
 
     def cls_targets(self, t_logits: Tensor, all_reduce) -> Tensor:
-        """The [CLS] targets q (2B, K) by ``method.centering`` at τt (:func:`teacher_targets`, centre C)."""
+        """The [CLS] targets q (2B, K) by ``method.centering`` at τt (``teacher_targets``, centre C)."""
         c = self.cfg.method
         return teacher_targets(t_logits, c.centering, self.center, self.step_teacher_temp, c.sinkhorn_iterations,
                                all_reduce)
