@@ -59,14 +59,19 @@ def collate_batch(batch: Any) -> Any:
     if not isinstance(batch, (list, tuple)) or not batch:
         return batch
     first = batch[0]
-    if _is_pil(first) or all(isinstance(b, Tensor) and b.dim() == 3 for b in batch):
+    if _is_image(first) and all(_is_image(b) for b in batch):
         return _stack(list(batch))  # images alone
-    if isinstance(first, (list, tuple)) and len(first) == 2 and (_is_pil(first[0]) or isinstance(first[0], Tensor)):
+    if isinstance(first, (list, tuple)) and len(first) == 2 and _is_image(first[0]):
         images, labels = zip(*batch)  # (image, label) pairs, not collated
         return _stack(list(images)), torch.as_tensor(labels)
-    if isinstance(first, (list, tuple)) and first and (_is_pil(first[0]) or isinstance(first[0], Tensor)):
+    if isinstance(first, (list, tuple)) and first and _is_image(first[0]):
         return (_stack(list(first)), *batch[1:])  # (list of images, labels)
-    return batch
+    return batch  # a collated batch (the pipeline's decode-time views: 5-D runs of crops, not images)
+
+
+def _is_image(x: Any) -> bool:
+    """One image: a PIL image or a (C, H, W) tensor."""
+    return _is_pil(x) or (isinstance(x, Tensor) and x.dim() == 3)
 
 
 def pil_collate(batch: list) -> Any:

@@ -391,7 +391,7 @@ class TrainingBase(pl.LightningModule):
             self.cfg = cfg
         if t.is_global_zero:
             for record in self.phases_fitted:
-                print(fitted_line(record), file=sys.stderr)
+                print(fitted_line(record))  # on stdout, as the instruments' lines: stderr is for errors
 
     def final_lr(self) -> float:
         """The lr the cosine ends at: ``optim.min_lr`` scaled by ``optim.lr_scaling`` as the peak where the method's
