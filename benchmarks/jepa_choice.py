@@ -37,6 +37,9 @@ variant was written here before its run; the result follows it.
 * ``lejepa-fmnist`` ``minimal``: MINIMAL.md's recipe, two global views with flips, 5 epochs. Predicted: at least
   +6. Rule: kept when it clears +6.
 
+``lejepa-fmnist`` and ``ijepa-fmnist`` were not run to their end: the ``lejepa-fmnist`` run reached step 39 of
+1,170 in 5 minutes on the shared 2-core machine (about 2.5 hours for one run) and was stopped.
+
 Results: written below each run as it finishes (``results/jepa_choice_<preset>.json``).
 
     python benchmarks/jepa_choice.py --preset ijepa-digits --only code
