@@ -475,9 +475,13 @@ def test_three_training_steps_are_the_official_ones():
 
 # ----------------------------------------------------------------------------- wiring
 def test_masks_come_from_the_steps_seed_and_the_eval_backbone_is_the_target():
-    m = ijepa()
+    m = ijepa({"pred_mask_scale": [0.2, 0.4], "enc_mask_scale": [0.6, 1.0]})
     a, b = m.masks(8, 7), m.masks(8, 7)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+    # two processes (other position seeds), one size seed: the same block sizes, as the code's counter-seeded sizes
+    sizes = {tuple(t.shape[-1] for t in m.masks(8, 100 + rank, 5)[1:]) for rank in range(4)}
+    assert len(sizes) == 1
+    assert len({m.masks(8, 3, s)[1].shape[-1] for s in range(12)}) > 1  # and they change from step to step
     assert m.eval_backbone is m.target_encoder
     assert set(m.trainable()) == {"backbone", "predictor"}
     assert all(not p.requires_grad for p in m.target_encoder.parameters())

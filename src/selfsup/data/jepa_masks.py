@@ -17,8 +17,9 @@ Official behaviour (file:line in docs/JEPA.md §1), per batch of B images on an 
 * the patch indices of each block in ascending order (``torch.nonzero`` of the flattened mask, :96), truncated
   over the batch to the shortest target block and the shortest context block (:164-168).
 
-Here every block of the batch is drawn at once: the two sizes from the first two uniforms of the step's host
-generator, then every target position, then for each context block the ``20 · npred + 1`` attempts the official
+Here every block of the batch is drawn at once: the two sizes from two uniforms of a host generator seeded by the
+step alone (the same sizes on every process, as the code's), then, from the step's and the process's seed, every
+target position, then for each context block the ``20 · npred + 1`` attempts the official
 loop can need (after ``20 · npred`` refusals no restriction is left, and the next attempt either is accepted or
 never will be), of which the first accepted one is taken. The draws are made on the host (a small integer
 problem, as the official collator's in its loader workers), so the index lengths, which set the step's shapes,
@@ -74,11 +75,13 @@ def enc_attempts(npred: int, allow_overlap: bool) -> int:
 
 
 def draw_multiblock(batch: int, grid: tuple[int, int], generator: torch.Generator, pred_scale, enc_scale,
-                    aspect_ratio, npred: int, nenc: int, allow_overlap: bool) -> MultiBlockDraws:
+                    aspect_ratio, npred: int, nenc: int, allow_overlap: bool,
+                    size_generator: torch.Generator | None = None) -> MultiBlockDraws:
     """Every random number of one batch's masks, from ``generator`` (CPU), in a fixed order: the two size
-    uniforms, the target positions, the context attempts' positions."""
+    uniforms (from ``size_generator`` where given: the code seeds them with the iteration counter, the same on
+    every process, :125-127), the target positions, the context attempts' positions."""
     H, W = grid
-    u = torch.rand(2, generator=generator)  # float32, as ``torch.rand(1).item()`` (:56)
+    u = torch.rand(2, generator=size_generator or generator)  # float32, as ``torch.rand(1).item()`` (:56)
     uu = u.numpy()  # host values without a tensor read
     ph, pw = block_size(float(uu[0]), tuple(pred_scale), tuple(aspect_ratio), grid)
     eh, ew = block_size(float(uu[1]), tuple(enc_scale), (1.0, 1.0), grid)

@@ -26,7 +26,7 @@ from torch import Tensor
 from selfsup.data.jepa_masks import draw_multiblock, multiblock_masks, smallest_block
 from selfsup.errors import UserError
 from selfsup.losses import ijepa_loss
-from selfsup.methods.base import SSLMethod
+from selfsup.methods.base import SSLMethod, micro_batch
 from selfsup.models.jepa import JEPAPredictor, apply_masks, ijepa_init_, repeat_interleave_batch
 from selfsup.models.vit import VisionTransformer
 from selfsup.schedules import StepValues, scaled_lr
@@ -117,20 +117,22 @@ class IJEPA(SSLMethod):
         ijepa_init_(vit, self.predictor, encoder_init=c.init == "code")
         self.target_encoder = self.momentum_target(vit)
         self.post_step_hooks.append(self.target_ema)
-        self._mask_generator = torch.Generator()
+        self._mask_generator, self._size_generator = torch.Generator(), torch.Generator()
 
     def trainable(self):
         """The context encoder and the predictor (helper.py:121-139)."""
         return {"backbone": self.backbone, "predictor": self.predictor}
 
     # ----------------------------------------------------------------- masks
-    def masks(self, batch: int, seed: int) -> tuple[Tensor, Tensor]:
+    def masks(self, batch: int, seed: int, size_seed: int | None = None) -> tuple[Tensor, Tensor]:
         """(context (nenc, B, K_enc), targets (npred, B, K_pred)) patch indices on the host, from a generator seeded
-        with ``seed`` (the step's)."""
+        with ``seed`` (the step's); the two block sizes from one seeded with ``size_seed`` where given (the step's
+        without the rank: every process draws the same sizes, as the code's counter-seeded generator)."""
         c = self.cfg.method
         g = self._mask_generator.manual_seed(seed)
+        sizes = None if size_seed is None else self._size_generator.manual_seed(size_seed)
         draws = draw_multiblock(batch, self.grid, g, c.pred_mask_scale, c.enc_mask_scale, c.aspect_ratio,
-                                c.num_pred_masks, c.num_enc_masks, c.allow_overlap)
+                                c.num_pred_masks, c.num_enc_masks, c.allow_overlap, size_generator=sizes)
         try:
             return multiblock_masks(draws, self.grid, c.pred_mask_scale, c.enc_mask_scale, c.aspect_ratio,
                                     c.min_keep, c.allow_overlap)
@@ -142,8 +144,14 @@ class IJEPA(SSLMethod):
         """The step's masks, drawn on the host from the step's seed (no device read: their lengths set the step's
         shapes) and copied to the device."""
         x = views[0]
-        enc, pred = self.masks(x.shape[0], self.rng(x.device).initial_seed())
+        enc, pred = self.masks(x.shape[0], self.rng(x.device).initial_seed(), self.size_seed())
         return {"enc_masks": enc.to(x.device, non_blocking=True), "pred_masks": pred.to(x.device, non_blocking=True)}
+
+    def size_seed(self) -> int:
+        """The block sizes' seed: the step's (and micro-batch's) without the rank."""
+        t = self._trainer
+        k = getattr(t, "accumulate_grad_batches", 1)
+        return ((self.cfg.trainer.seed * 1_000_003 + t.global_step) * k + micro_batch(t)) * 7919 + 1
 
     # ----------------------------------------------------------------- the step
     def forward_views(self, views: list[Tensor], enc_masks: Tensor | None = None,
