@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
