@@ -15,7 +15,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 from ssl_helpers import TINY  # noqa: E402  (after the thread settings)
-from tiers import add_timeouts, guard  # noqa: E402, F401  (guard: an autouse fixture, found here by pytest)
+from tiers import add_timeouts, pytest_fixture_setup, pytest_runtest_protocol  # noqa: E402, F401  (the tiers' hooks)
 
 
 def pytest_collection_modifyitems(config, items):

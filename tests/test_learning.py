@@ -61,8 +61,8 @@ def test_a_warm_up_longer_than_the_run_is_shortened_and_recorded(tmp_path):
     # the replay: a 5-epoch warm-up in a 1-epoch run was every step at lr 0 (the preset's 5 epochs)
     code, out, err = run_cli("pretrain", "simclr-digits", *TINY, f"output_dir={tmp_path}", "name=run")
     assert code == 0, err
-    lines = [line for line in err.splitlines() if "optim.warmup_epochs" in line]
-    assert len(lines) == 1 and "shortened to 0.1" in lines[0], err
+    lines = [line for line in out.splitlines() if "optim.warmup_epochs" in line]  # stdout: stderr is for errors
+    assert len(lines) == 1 and "shortened to 0.1" in lines[0] and "warmup" not in err, out
     facts = json.loads((tmp_path / "run" / "run.json").read_text())
     assert facts["phases_fitted"][0] == {"key": "optim.warmup_epochs", "was": 5, "now": 0.1, "run": 1, "unit": "epochs"}
     events = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["kind"] == "not_learning"]

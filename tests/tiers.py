@@ -39,41 +39,70 @@ def add_timeouts(items) -> None:
 
 
 class Watch:
-    """What a test does that decides its tier: a process started, a ``Trainer.fit`` called."""
+    """What a test does that decides its tier, in its whole run (its fixtures' setup too: a module's fixture that
+    starts a process counts for the test that sets it up): a process started, a ``Trainer.fit`` called."""
 
-    def __init__(self, monkeypatch, forbid: tuple[str, ...]):
-        self.seen: set[str] = set()
-        self.forbid = forbid
-        for owner, name, what in ((subprocess.Popen, "__init__", "spawn"), (os, "fork", "spawn"),
-                                  (multiprocessing.process.BaseProcess, "start", "spawn")):
-            monkeypatch.setattr(owner, name, self.wrap(getattr(owner, name), what))
+    def __init__(self, forbid: tuple[str, ...]):
         import lightning.pytorch as pl
 
-        monkeypatch.setattr(pl.Trainer, "fit", self.wrap(pl.Trainer.fit, "train"))
+        self.seen: set[str] = set()
+        self.shared: dict[str, set[str]] = {}  # a module / session fixture's name -> what its setup did
+        self.forbid = forbid
+        self.patched = [(subprocess.Popen, "__init__", "spawn"), (os, "fork", "spawn"),
+                        (multiprocessing.process.BaseProcess, "start", "spawn"), (pl.Trainer, "fit", "train")]
+        self.originals = [getattr(owner, name) for owner, name, _ in self.patched]
+
+    def __enter__(self):
+        for (owner, name, what), original in zip(self.patched, self.originals):
+            setattr(owner, name, self.wrap(original, what))
+        return self
+
+    def __exit__(self, *exc):
+        for (owner, name, _), original in zip(self.patched, self.originals):
+            setattr(owner, name, original)
 
     def wrap(self, original, what: str):
         def watched(*args, **kwargs):
             self.seen.add(what)
             if what in self.forbid:
-                pytest.fail(f"this test {'starts a process' if what == 'spawn' else 'trains (Trainer.fit)'} but is "
-                            f"not marked: add @pytest.mark.{what} (tests/tiers.py)", pytrace=False)
+                pytest.fail(f"this test {'starts a process' if what == 'spawn' else 'trains (Trainer.fit)'} (or a "
+                            f"fixture it sets up does) but is not marked: add @pytest.mark.{what} (tests/tiers.py)",
+                            pytrace=False)
             return original(*args, **kwargs)
 
         return watched
 
 
-@pytest.fixture(autouse=True)
-def guard(request, monkeypatch):
-    """Record (``SELFSUP_TIERS_RECORD``) or hold (otherwise) the marks of every test."""
-    marked = tier(request.node)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Record (``SELFSUP_TIERS_RECORD``) or hold (otherwise) the marks of every test, over its setup, call and
+    teardown."""
+    marked = tier(item)
     forbid = () if RECORD or marked == "spawn" else ("spawn", "train") if marked is None else ("spawn",)
-    watch = Watch(monkeypatch, forbid)
     start = time.perf_counter()
-    yield
+    with Watch(forbid) as watch:
+        CURRENT[:] = [watch]
+        yield
+        CURRENT.clear()
     if RECORD:
         with open(RECORD, "a") as f:
-            f.write(json.dumps({"test": request.node.nodeid, "seen": sorted(watch.seen), "marked": marked,
+            f.write(json.dumps({"test": item.nodeid, "seen": sorted(watch.seen), "marked": marked,
+                                "fixtures": sorted(getattr(item, "fixturenames", [])),
+                                "shared_fixtures": {k: sorted(v) for k, v in watch.shared.items()},
                                 "seconds": round(time.perf_counter() - start, 3)}) + "\n")
+
+
+CURRENT: list[Watch] = []  # the running test's watch
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """What a fixture shared beyond one test (module or session scope) did as it was set up."""
+    watch = CURRENT[0] if CURRENT else None
+    before = set(watch.seen) if watch else set()
+    yield
+    if watch is not None and fixturedef.scope != "function" and watch.seen - before:
+        watch.shared[fixturedef.argname] = watch.seen - before
 
 
 def apply(record: str) -> None:
@@ -85,11 +114,19 @@ def apply(record: str) -> None:
     from collections import defaultdict
     from pathlib import Path
 
+    rows = [json.loads(line) for line in Path(record).read_text().splitlines()]
+    # a fixture shared by tests (module or session scope) starts its process or trains once, for the first of them:
+    # every test that uses one of its name takes its needs (under -m the first may be left out, the next one set it up)
+    shared: dict[str, set] = defaultdict(set)
+    for row in rows:
+        for fixture, seen in row.get("shared_fixtures", {}).items():
+            shared[fixture].update(seen)
     need: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
-    for line in Path(record).read_text().splitlines():
-        row = json.loads(line)
+    for row in rows:
         path, name = row["test"].split("::")[:2]
         need[path][re.sub(r"\[.*$", "", name)].update(row["seen"])
+        for fixture in row.get("fixtures", []):
+            need[path][re.sub(r"\[.*$", "", name)].update(shared.get(fixture, ()))
     root = Path(__file__).resolve().parents[1]
     for path, tests in need.items():
         file = root / path
