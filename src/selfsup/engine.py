@@ -99,7 +99,6 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
         raise UserError(f"trainer: {str(e).splitlines()[0]}") from None
 
 
-
 def preflight(cfg: RunConfig, resume: Path | None) -> None:
     """What can be refused before anything is built: the devices against this machine
     (``distributed.check_devices``) and, for a new run, an ``output_dir`` that cannot be made or written."""
@@ -113,7 +112,6 @@ def preflight(cfg: RunConfig, resume: Path | None) -> None:
         except OSError as e:
             raise UserError(f"output_dir={cfg.output_dir} cannot hold run folders ({e.strerror or type(e).__name__}); "
                             "set output_dir to a folder you can write") from None
-
 
 
 def refuse_contradictions(cfg: RunConfig) -> None:
