@@ -79,6 +79,7 @@ def fit(tmp_path, name, batch_size, accumulate, batches):
         "optim.lr_scaling=linear"])
 
 
+@pytest.mark.train
 def test_accumulated_micro_batches_give_the_large_batch_gradients_and_schedules(tmp_path):
     big, rb, tb = fit(tmp_path, "big", 32, 1, 3)  # 3 steps of 32 per epoch
     acc, ra, ta = fit(tmp_path, "acc", 16, 2, 6)  # 6 micro-batches of 16 = the same 3 steps of the same samples
@@ -123,6 +124,7 @@ def fit_flow(tmp_path, name, batch_size, accumulate, batches):
         "method.label_dropout=0", "method.ema_decay=0.9", "method.ema_warmup_steps=4"])
 
 
+@pytest.mark.train
 def test_accumulated_flow_micro_batches_give_the_large_batch_gradients_schedules_and_ema(tmp_path):
     """The flow family accumulates as the joint one: its EMA is a post-step hook (once per optimiser step, its
     warm-up counted in optimiser steps), its lr schedule counts optimiser steps, and k micro-batches of B give the
@@ -144,6 +146,7 @@ def test_accumulated_flow_micro_batches_give_the_large_batch_gradients_schedules
         torch.testing.assert_close(sa[k], sb[k], rtol=1e-4, atol=1e-4, msg=lambda m: f"{k}: {m}")
 
 
+@pytest.mark.spawn
 def test_instruments_measure_once_per_optimiser_step(tmp_path):
     """7 batches, k = 2: 4 optimiser steps (the epoch's last takes one batch); one metrics.csv row per step,
     each with the step-output instruments (never a row labelled with the previous step by a later batch)."""

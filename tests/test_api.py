@@ -22,6 +22,7 @@ def test_overrides_as_sections_mappings_or_items():
         override_items(trainer=3)
 
 
+@pytest.mark.train
 def test_pretrain_then_evaluate(tmp_path):
     run = selfsup.pretrain("simclr-digits", {"output_dir": str(tmp_path)}, **TINY)
     assert isinstance(run, Run) and (run.path / "backbone.safetensors").exists()
@@ -42,6 +43,7 @@ def test_a_bad_override_is_the_clis_user_error():
 
 
 # --------------------------------------------------------------------------- resume from Python
+@pytest.mark.train
 def test_pretrain_resume_is_the_clis_resume(tmp_path, monkeypatch, capsys):
     """``selfsup.pretrain(resume=RUN)``: the rules of ``--resume`` (the same function): an interrupted run continued
     ends bit-identical to the uninterrupted one; a contradicting override is refused; a finished run has nothing to

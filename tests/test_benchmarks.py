@@ -34,6 +34,7 @@ def test_each_benchmark_runs_as_a_module_and_parses_help(name, monkeypatch, caps
     assert "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.spawn
 def test_a_benchmark_runs_from_the_repository_root_in_a_fresh_interpreter():
     """The command the README gives, as a user types it (no PYTHONPATH to the repository: -m puts the current
     folder first)."""
@@ -117,6 +118,7 @@ def keys(report: dict, depth: int = 4, prefix: str = "") -> set[str]:
     return out
 
 
+@pytest.mark.train
 def test_throughput_quick_keeps_the_schema_of_its_committed_results(tmp_path):
     """A quick run writes every key the committed results/throughput.json has (docs and side_by_side read them)."""
     from benchmarks import throughput
@@ -134,6 +136,7 @@ def test_throughput_quick_keeps_the_schema_of_its_committed_results(tmp_path):
     assert row["engine"]["step_ms_min"] > 0 and row["bare"]["cpu_step_ms_min"] > 0
 
 
+@pytest.mark.train
 def test_train_pretrains_a_preset_in_this_process_and_returns_its_facts_and_knn(tmp_path):
     """``harness.train``: the run in the folder it names, its run.json facts and end-of-run kNN; extra callbacks first
     on the Trainer; ``report=False`` skips the kNN report; the engine is left as it was."""

@@ -25,6 +25,7 @@ def test_every_claim_is_stated_before_it_runs():
     assert {c.id for c in CLAIMS.values() if c.deterministic} == {"byol-ode", "norm-convergence-quadratic"}
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("claim_id", ["self-flow-alignment-curve", "norm-convergence-quadratic",
                                       "byol-no-ema-predictor-lr", "directpred-beats-linear", "frozen-patch-projection"])
 def test_one_quick_claim_of_each_seed_runs(claim_id, tmp_path):
@@ -43,6 +44,7 @@ def test_one_quick_claim_of_each_seed_runs(claim_id, tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 5000
 
 
+@pytest.mark.spawn
 def test_cli_run_writes_json_png_and_verdict_and_table(tmp_path, capsys):
     assert main(["claims", "run", "norm-convergence-quadratic", "--quick", "--out", str(tmp_path),
                  "--work", str(tmp_path / "runs")]) == 0
@@ -111,6 +113,7 @@ def test_definition_hash_follows_the_definition(tmp_path):
     assert definition_hash(CLAIMS["moco-v3-predictor"]) != h
 
 
+@pytest.mark.spawn
 def test_run_all_resume_skips_results_that_match_and_runs_the_rest(tmp_path, capsys):
     from selfsup.claims.suite import definition_hash
 
@@ -152,6 +155,7 @@ def test_rejudge_recomputes_an_old_result_without_training(tmp_path, capsys):
     assert (tmp_path / "moco-v3-momentum.png").exists()
 
 
+@pytest.mark.train
 def test_a_claims_runs_share_datasets_and_the_random_init_knn_and_stay_identical(tmp_path, monkeypatch):
     """Two arms of one seed (same init): under shared_datasets each split is read once and the second run reuses
     the first's random-init kNN; every result equals that of runs that share nothing."""
@@ -197,6 +201,7 @@ def test_the_claims_pages_tally_and_table_are_the_committed_results():
     assert (root / "docs" / "CLAIMS.md").read_text() == table(RESULTS)  # selfsup claims table --write docs/CLAIMS.md
 
 
+@pytest.mark.train
 def test_pilot_runs_on_its_own_seeds_and_prints_the_figures_for_the_definition(tmp_path, capsys):
     """`claims pilot` measures a claim on seeds from PILOT_FIRST_SEED (never the run's) and prints the Pilot that
     its definition then carries: steps per run, wall time, per-seed sd of each rule's metric."""

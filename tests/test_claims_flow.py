@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from selfsup.claims.registry import CLAIMS
 from selfsup.claims.suite import Context, run_claim, verdict
+import pytest
+
+pytestmark = pytest.mark.train  # tests/tiers.py
 
 TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_size=32", "trainer.log_every_n_steps=1",
         "eval.knn_every_n_steps=0"]

@@ -35,6 +35,7 @@ def test_the_few_point_claims_train_and_score_on_fashion_mnist():
     assert "byol-fmnist" in open(cookbook.__file__).read() and "byol-fmnist" in open(directpred.__file__).read()
 
 
+@pytest.mark.train
 def test_collapse_claim_quick(tmp_path):
     result = quick("predictor-and-stop-gradient-needed", tmp_path)
     assert set(result["series"]) == {f"{m} {v}" for m in ("simsiam", "byol")
@@ -146,6 +147,7 @@ def test_bad_vit_options_are_one_line_errors(overrides, message):
             tiny_config("moco_v3", model=overrides)
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("claim_id", ["moco-v3-momentum", "moco-v3-predictor", "moco-v3-position-embedding",
                                       "moco-v3-avg-pool-layernorm"])
 def test_moco_v3_ablation_claims_quick(claim_id, tmp_path):
@@ -153,6 +155,7 @@ def test_moco_v3_ablation_claims_quick(claim_id, tmp_path):
     assert all(len(v) == 1 for v in result["metrics"].values())
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("claim_id", ["symmetric-predictor-needs-ema", "weight-decay-window", "eigenspace-alignment",
                                       "sqrt-lr-scaling-small-batch", "directpred-comparable-to-mlp"])
 def test_directpred_and_cookbook_claims_quick(claim_id, tmp_path):

@@ -46,6 +46,7 @@ def test_speed_up_and_curve_helpers_by_hand(tmp_path):
     assert never is None and up == pytest.approx(3 / 7)  # never: its 6 steps + 1
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("claim_id", OURS)
 def test_each_claim_runs_in_quick_mode(claim_id, tmp_path):
     # W-MSE whitens sub-batches of 128 > its 64 dimensions: the presets' batch of 256, one batch an epoch
@@ -56,6 +57,7 @@ def test_each_claim_runs_in_quick_mode(claim_id, tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 5000
 
 
+@pytest.mark.train
 def test_cut_init_byol_moco_claim_pairs_each_method_with_its_cut(tmp_path, monkeypatch):
     """The rebuttal's BYOL / MoCo v3 result: per seed the cut and the default run of each method, same seed, the
     gain their kNN difference; BYOL on the BN ConvNet and digits, MoCo v3 on the micro ViT and Fashion-MNIST (here
@@ -94,6 +96,7 @@ def test_cut_init_byol_moco_claim_pairs_each_method_with_its_cut(tmp_path, monke
     assert result["knn_test_images"] == [16, 359] and any("not the declared" in line for line in said)
 
 
+@pytest.mark.train
 def test_the_norm_claims_share_their_default_runs_in_one_process(tmp_path, monkeypatch):
     """norms-grow, cut-init-speedup and rank-grows-when-norms-stop measure the same default SimCLR run per seed:
     trained once, reused by the later claims of the process (a seeded run is reproducible)."""

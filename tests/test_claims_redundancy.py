@@ -7,6 +7,7 @@ import math
 from selfsup.claims.embedding_norms import COLLAPSE_SHARE
 from selfsup.claims.registry import CLAIMS
 from selfsup.claims.suite import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Context, plot_result, run_claim, verdict
+import pytest
 
 TINY = ["trainer.limit_train_batches=2", "data.batch_size=32", "trainer.log_every_n_steps=1",
         "method.proj_hidden_dim=32", "method.dim=32"]
@@ -24,6 +25,7 @@ def test_rule_is_collapse_of_both_methods_stated_before_the_run():
     assert verdict(CLAIM.rules, {"barlow_twins_gain_kept": [0.1], "vicreg_gain_kept": [0.0]}) == INCONCLUSIVE  # 1 seed
 
 
+@pytest.mark.train
 def test_quick_mode_runs_four_pretrainings_and_judges_them(tmp_path):
     result = run_claim(CLAIM, Context(quick=True, seeds=1, work=tmp_path, overrides=TINY, progress=lambda m: None))
     m = result["metrics"]

@@ -47,6 +47,7 @@ def test_presets_lists_every_preset_with_a_summary(capsys):
         assert listed == name and len(summary.strip()) > 10
 
 
+@pytest.mark.train
 def test_pretrain_run_folder(e2e):
     run, stdout = e2e
     for f in ("config.yaml", "checkpoints/last.ckpt", "metrics.csv", "backbone.safetensors",
@@ -75,6 +76,7 @@ def test_pretrain_run_folder(e2e):
     assert f"run folder: {run}" in stdout
 
 
+@pytest.mark.train
 def test_exported_backbone_loads_into_timm_without_selfsup(e2e):
     import timm.models.vision_transformer as tv
     from safetensors import safe_open
@@ -175,6 +177,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_called_so(tmp_path):
         read_run_config(run)
 
 
+@pytest.mark.train
 def test_image_size_and_channels_of_a_grayscale_folder(tmp_path):
     """data.image_size unset: the first images' size (28 px), printed and recorded in config.yaml; data.channels=1
     decodes them to one channel, with the luma of ImageNet's statistics."""
@@ -209,6 +212,7 @@ def test_a_model_that_does_not_fit_the_images_leaves_no_run_folder(tmp_path, tin
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.train
 def test_corrupt_image_in_an_imagefolder(tmp_path):
     root = tmp_path / "images"
     for split in ("train", "val"):
@@ -242,6 +246,7 @@ def test_corrupt_image_in_an_imagefolder(tmp_path):
                       "selfsup data check", only_line=False)  # after the skipped files' lines
 
 
+@pytest.mark.train
 def test_resume_with_a_checkpoint_of_another_model(e2e, tmp_path):
     run, _ = e2e
     other = tmp_path / "other"
@@ -257,6 +262,7 @@ def test_resume_with_a_checkpoint_of_another_model(e2e, tmp_path):
     assert_user_error(code, err, "not a readable selfsup checkpoint", only_line=False)
 
 
+@pytest.mark.train
 def test_resume_of_a_folder_that_is_not_a_run(tmp_path, e2e):
     code, _, err = run_cli("pretrain", "--resume", str(tmp_path))
     assert_user_error(code, err, str(tmp_path), "is not a selfsup run folder")
@@ -273,12 +279,14 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path, e2e):
     assert exit_.value.code == 2 and "unrecognized arguments: --bogus" in err.getvalue()
 
 
+@pytest.mark.train
 def test_a_new_run_into_an_existing_run_folder(e2e):
     run, _ = e2e
     code, _, err = run_cli("pretrain", PRESET, *TINY, f"output_dir={run.parent}", f"name={run.name}")
     assert_user_error(code, err, "already holds a run", "--resume")
 
 
+@pytest.mark.train
 def test_nan_loss_from_a_huge_lr_names_the_step(tmp_path):
     """A huge lr makes the weights non-finite a step before the loss is: the stop names the step, and the kept
     checkpoint, whose step the message names, holds finite weights only."""
@@ -294,6 +302,7 @@ def test_nan_loss_from_a_huge_lr_names_the_step(tmp_path):
     assert not (tmp_path / "r" / "backbone.safetensors").exists()
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("log_every", [1, 100])
 def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeypatch, log_every):
     """The loss turns NaN at step 3 (4th step, epoch 2): last.ckpt stays what it was after step 2. The loss
@@ -335,6 +344,7 @@ def test_a_broken_eval_import_is_not_hidden(monkeypatch):
         main(["presets"])
 
 
+@pytest.mark.spawn
 def test_real_executable_exit_code_and_no_traceback(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     bad_key = subprocess.run([str(SELFSUP), "pretrain", PRESET, "optim.base_rl=0.1"], capture_output=True,
@@ -347,6 +357,7 @@ def test_real_executable_exit_code_and_no_traceback(tmp_path):
     assert_user_error(nan.returncode, nan.stderr, "the loss became nan at step", only_line=False)
 
 
+@pytest.mark.spawn
 def test_ctrl_c_exits_130_with_the_resume_hint(tmp_path, monkeypatch):
     import lightning.pytorch as pl
 
@@ -372,6 +383,7 @@ def test_ctrl_c_exits_130_with_the_resume_hint(tmp_path, monkeypatch):
     assert err.strip().endswith("selfsup: interrupted") and "kNN" not in out
 
 
+@pytest.mark.train
 def test_pretrain_on_an_unlabelled_nested_folder_and_eval_asks_for_labels(tmp_path):
     root = tmp_path / "photos"
     for i in range(10):

@@ -185,6 +185,7 @@ def test_every_ssl_method_names_its_remedies():
             assert cls.collapse_remedy != TrainingBase.collapse_remedy, name
 
 
+@pytest.mark.train
 def test_the_alarm_fires_on_invariance_only_vicreg_and_the_report_shows_it_first(tmp_path, capsys):
     """VICReg with only its invariance term collapses by construction (vicreg-digits: kNN 37.9% against its
     init's 58.5%); at batch 64 its features' effective rank falls 10 → 2 within 20 steps."""

@@ -61,6 +61,7 @@ def one_graph_results(tmp_path_factory) -> dict:
     return json.loads((tmp / "results.json").read_text())
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("method", list(CASES))
 def test_the_compiled_step_is_one_graph_that_never_recompiles(one_graph_results, method):
     """2 epochs of 2 steps (backend eager: dynamo's capture alone, what breaks and recompiles): fullgraph makes a
@@ -107,6 +108,7 @@ def check_one_graph(method: str, tmp: str) -> None:
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
 
 
+@pytest.mark.spawn
 def test_a_compiled_run_resumes_bit_for_bit(tmp_path):
     """MoCo v3 under trainer.compile, 4 steps straight against 2 steps, a checkpoint and 2 resumed steps in a fresh
     compile (as a new process makes): the same weights and momentum encoder, bit for bit (backend eager; AOTAutograd's

@@ -210,6 +210,7 @@ def test_evaluation_features_skip_an_unreadable_file_as_training_does(tmp_path):
     assert torch.equal(images[0], images[1]) and labels.tolist() == [1, 1]  # b/01 stands in, b's label kept
 
 
+@pytest.mark.spawn
 def test_imagefolder_corrupt_file_names_it(tmp_path):
     make_folder(tmp_path, {"train": {"a": 2, "b": 2}})
     bad = tmp_path / "train" / "b" / "01.png"

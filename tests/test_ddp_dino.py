@@ -19,6 +19,9 @@ from torch import nn
 
 from spawn import spawn_and_join
 from ssl_helpers import ViewsLoss
+import pytest
+
+pytestmark = pytest.mark.spawn  # tests/tiers.py
 
 WORLD, BATCH, TIMEOUT_S = 2, 16, 240
 

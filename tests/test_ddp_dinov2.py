@@ -22,6 +22,9 @@ import torch.distributed as dist
 from torch import nn
 
 from spawn import spawn_and_join
+import pytest
+
+pytestmark = pytest.mark.spawn  # tests/tiers.py
 
 WORLD, BATCH, TIMEOUT_S = 2, 16, 240
 VARIANTS = ("sinkhorn_knopp", "centering", "sinkhorn_no_all_reduce")

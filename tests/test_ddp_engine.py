@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 from ssl_helpers import TINY
+import pytest
+
+pytestmark = pytest.mark.spawn  # tests/tiers.py
 
 SELFSUP = Path(sys.executable).with_name("selfsup")
 

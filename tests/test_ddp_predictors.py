@@ -10,6 +10,9 @@ import torch.distributed as dist
 
 from selfsup.predictors import DirectPredConfig, TrackedLinearPredictor, directpred_weight
 from spawn import spawn_and_join
+import pytest
+
+pytestmark = pytest.mark.spawn  # tests/tiers.py
 
 WORLD, BATCH, DIM, TIMEOUT_S = 2, 16, 6, 120
 

@@ -30,6 +30,8 @@ from torch import nn
 from spawn import spawn_and_join
 from ssl_helpers import ViewsLoss, batchnorm_eval, tiny_method
 
+pytestmark = pytest.mark.spawn  # tests/tiers.py
+
 WORLD = 2
 BATCH = 16
 VARIANTS = {"vicreg": ("vicreg", {}), "bt_global": ("barlow_twins", {"ddp_gradient": "global"}),

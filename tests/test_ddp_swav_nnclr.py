@@ -26,6 +26,8 @@ from torch import nn
 from spawn import spawn_and_join
 from ssl_helpers import MULTICROP, ViewsLoss, batchnorm_eval, tiny_method
 
+pytestmark = pytest.mark.spawn  # tests/tiers.py
+
 WORLD, BATCH, TIMEOUT_S = 2, 16, 240
 VARIANTS = ("swav", "swav_queue", "swav_local_sinkhorn", "nnclr", "nnclr_local_bank", "nnclr_local_negatives")
 

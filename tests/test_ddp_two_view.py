@@ -39,6 +39,8 @@ from torch import nn
 from spawn import spawn_and_join
 from ssl_helpers import METHOD_NAMES, ViewsLoss, batchnorm_eval, tiny_method
 
+pytestmark = pytest.mark.spawn  # tests/tiers.py
+
 WORLD = 2
 BATCH = 16  # global
 WRONG_SIMCLR = ("simclr_local_grad", "simclr_no_grad")

@@ -68,6 +68,7 @@ def test_eval_transform_equals_torchvision_resize_centercrop(tmp_path, size):
         assert torch.equal(ours[i], expected), f
 
 
+@pytest.mark.spawn
 def test_crops_depend_only_on_seed_epoch_and_index(tmp_path):
     files = [corners_image(tmp_path / f"{i}.png", width=60 + 4 * i) for i in range(6)]
     labels = torch.arange(6)

@@ -134,6 +134,7 @@ def test_a_refused_batch_is_said_once(tmp_path, capsys):
     assert capsys.readouterr().err.count("the device's JPEG decoder refused a batch") == 1 and enc.fallbacks == 2
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("workers", [0, 1])
 def test_pretraining_decodes_on_the_device_with_or_without_workers(tmp_path, workers):
     for split in ("train", "val"):
@@ -194,6 +195,7 @@ def test_prefetching_one_batch_ahead_gives_each_batch_its_own_views(tmp_path):
         f.take(epochs[0][1])
 
 
+@pytest.mark.train
 def test_pretraining_with_prefetched_device_decode_is_the_run_without(tmp_path, monkeypatch):
     """In the Trainer's loop batch k+1 is decoded ahead during step k (the fetcher's batch, seen by upcoming_batch);
     the trained weights are bit-identical to a run that decodes each batch at its own step."""

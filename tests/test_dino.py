@@ -332,6 +332,7 @@ def fitted(tmp_path_factory):
     return cfg, record.rows, initial
 
 
+@pytest.mark.train
 def test_schedules_as_applied_in_training(fitted):
     cfg, rows, _ = fitted
     assert len(rows) == 6
@@ -347,6 +348,7 @@ def test_schedules_as_applied_in_training(fitted):
     assert any(row["decayed"]) and not all(rows[0]["decayed"])
 
 
+@pytest.mark.train
 def test_last_layer_frozen_for_the_first_epoch_only(fitted):
     _, rows, initial = fitted
     for row in rows:
@@ -357,6 +359,7 @@ def test_last_layer_frozen_for_the_first_epoch_only(fitted):
     assert not torch.equal(rows[-1]["last_g"], torch.ones_like(rows[-1]["last_g"]))  # norm_last_layer=False: g learns
 
 
+@pytest.mark.train
 def test_teacher_ema_follows_each_optimiser_step(fitted):
     _, rows, _ = fitted
     for row in rows:
@@ -377,6 +380,7 @@ def test_dino_config_errors():
 
 # ----------------------------------------------------------------------------- exact resume
 
+@pytest.mark.train
 def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path, monkeypatch):
     """2 globals + 2 locals, 2 epochs x 3 steps (lr warm-up, τt warm-up, the last layer frozen in epoch 0):
     killed (Ctrl-C) before step 4 and resumed, the run ends as the straight one: weights, teacher, centre,

@@ -110,6 +110,7 @@ def test_sizes_read_as_df_says_them():
         "0 B", "999 B", "1.0 kB", "6.4 MB", "2.5 GB"]
 
 
+@pytest.mark.train
 def test_a_run_whose_second_checkpoint_does_not_fit_stops_in_one_line_and_resumes(tmp_path, monkeypatch):
     """The first checkpoint (step 1) fits; the disk then holds half of the next one, whose write fails partway.
     The run stops with exit 2 and one line naming the file system, the checkpoint's size and the step kept;
@@ -140,6 +141,7 @@ def test_a_run_whose_second_checkpoint_does_not_fit_stops_in_one_line_and_resume
     assert torch.load(ckpt, weights_only=False)["global_step"] == 2
 
 
+@pytest.mark.train
 def test_a_logger_write_on_a_full_disk_names_the_run_folder_and_the_checkpoint(tmp_path, monkeypatch):
     """A write selfsup does not make itself (Lightning's metrics.csv here) fails with ENOSPC: the run still ends
     in one line, naming the run folder's file system and what it needs for its next checkpoint."""
@@ -153,6 +155,7 @@ def test_a_logger_write_on_a_full_disk_names_the_run_folder_and_the_checkpoint(t
     assert_user_error(code, err, "no space left on the", f"writing the run's logs in {tmp_path / 'r'}")
 
 
+@pytest.mark.train
 def test_a_report_whose_figures_do_not_fit_names_its_folder(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 

@@ -143,6 +143,7 @@ def _worker(rank: int, init_file: str, out_dir: str, teacher: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.spawn
 def test_two_gloo_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
     teacher = teacher_file(tmp_path)
     spawn_and_join(_worker, (str(tmp_path / "init"), str(tmp_path), teacher), WORLD, 240)
@@ -165,6 +166,7 @@ def test_two_gloo_processes_equal_one_process_on_the_concatenated_batch(tmp_path
 # --------------------------------------------------------------------------- a run, from the command line
 
 
+@pytest.mark.train
 def test_a_distill_run_records_its_teacher_and_resume_refuses_another(tmp_path):
     teacher = teacher_file(tmp_path)
     args = ["pretrain", "distill-digits", f"method.teacher.weights={teacher}", "method.queue_size=64",
@@ -183,6 +185,7 @@ def test_a_distill_run_records_its_teacher_and_resume_refuses_another(tmp_path):
     assert_user_error(code, err, "is not the teacher this run trained with", "sha256")
 
 
+@pytest.mark.train
 def test_the_distill_beats_scratch_claim_runs_quick_and_writes_the_teacher_beside(tmp_path):
     """The claim on 64 fake Fashion-MNIST images, 2 steps a run: its metrics, verdict and the teacher's kNN."""
     from idx_files import fashion_overrides

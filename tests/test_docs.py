@@ -58,6 +58,7 @@ NEEDS_FILES = {"pretrained.md": "test_weights.py"}
 SHORTER = {'trainer={"max_epochs": 1}': 'trainer={"max_epochs": 1, "limit_train_batches": 2, "progress_bar": False}'}
 
 
+@pytest.mark.train
 def test_every_python_block_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the run folders they write (runs/...) land here
     done: set[str] = set()

@@ -35,6 +35,7 @@ def readme_snippet() -> str:
     return blocks[0]
 
 
+@pytest.mark.train
 def test_the_readme_snippet_runs_and_gives_the_command_lines_results(run, tmp_path, capsys):
     snippet = readme_snippet()
     pretrain = 'selfsup.pretrain("simsiam-cnn-digits", trainer={"max_epochs": 1})'
@@ -82,6 +83,7 @@ def test_fine_tuning_defaults_per_method_live_in_the_dataclass():
     assert FinetuneConfig.for_method("mae", "resnet18").pool is None  # the global pool is a selfsup ViT's
 
 
+@pytest.mark.train
 def test_the_exported_heads_equal_the_checkpoint_rebuild_and_need_no_training_module(run, tmp_path, monkeypatch):
     from selfsup.runs.source import load_source, loss_embedding, with_heads
     from selfsup.export import load_heads
@@ -135,6 +137,7 @@ def test_the_command_lines_defaults_are_the_dataclasses():
     assert (s.split, s.max_samples) == (SpectrumConfig.split, SpectrumConfig.max_samples)
 
 
+@pytest.mark.train
 def test_knn_on_a_validation_split_carved_from_train_never_reads_the_test_split(run, tmp_path, monkeypatch):
     from selfsup.eval import KnnConfig, knn_sweep
     from selfsup.eval.splits import val_split

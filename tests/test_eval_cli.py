@@ -54,6 +54,7 @@ def bad(*argv):
     return assert_user_error(code, err)
 
 
+@pytest.mark.train
 def test_knn_writes_json_and_reuses_feature_cache(run, capsys):
     out = ok(capsys, "knn", run, "--k", "5,20")
     assert "top-1" in out
@@ -67,6 +68,7 @@ def test_knn_writes_json_and_reuses_feature_cache(run, capsys):
     assert json.loads((run / "eval" / "knn.json").read_text())["voting"] == "majority"
 
 
+@pytest.mark.train
 def test_knn_from_checkpoint_and_exported_file_agree(run, capsys, tmp_path):
     ok(capsys, "knn", run / "checkpoints" / "last.ckpt", "--k", "20", "--out", tmp_path / "a")
     ok(capsys, "knn", run / "backbone.safetensors", "--k", "20", "--out", tmp_path / "b")
@@ -76,6 +78,7 @@ def test_knn_from_checkpoint_and_exported_file_agree(run, capsys, tmp_path):
     assert (a["weights"], b["weights"]) == ("checkpoint at step 0", "trained")
 
 
+@pytest.mark.train
 def test_results_are_keyed_by_the_weights_they_evaluated(run, capsys, tmp_path):
     """The random init's results never replace the trained backbone's: knn.init.json beside knn.json, each saying
     what it evaluated, and the report labels each."""
@@ -113,6 +116,7 @@ def test_results_are_keyed_by_the_weights_they_evaluated(run, capsys, tmp_path):
     assert "RankMe [random init]" in measures and "RankMe [trained]" not in measures
 
 
+@pytest.mark.train
 def test_linear_rankme_norms_all(run, capsys):
     out = ok(capsys, "linear", run, "--epochs", "3")
     lin = json.loads((run / "eval" / "linear.json").read_text())
@@ -153,6 +157,7 @@ def test_linear_rankme_norms_all(run, capsys):
     assert {"knn", "linear", "rankme", "effective_rank_99", "norms"} <= set(summary)
 
 
+@pytest.mark.train
 def test_linear_augmented_and_finetune(run, capsys):
     ok(capsys, "linear", run, "--mode", "augmented", "--epochs", "1", "--train-limit", "200")
     lin = json.loads((run / "eval" / "linear.json").read_text())
@@ -164,6 +169,7 @@ def test_linear_augmented_and_finetune(run, capsys):
     assert ft["recipe"] == "plain"  # the digits default: the plain crop + flip, not the MAE recipe
 
 
+@pytest.mark.train
 def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
     """Also: an --out folder that does not exist yet is made (the fine-tuned backbone is its first file)."""
     out = ok(capsys, "finetune", run, "--epochs", "1", "--ft-batch", "64", "--train-limit", "128", "--recipe", "mae",
@@ -178,6 +184,7 @@ def test_finetune_with_the_mae_recipe(run, capsys, tmp_path):
     assert "--reprob" in bad("finetune", run, "--recipe", "mae", "--reprob", "1.5")
 
 
+@pytest.mark.train
 def test_ood_dataset_is_resized(run, capsys, tmp_path):
     fake_fashion(tmp_path, n_test=300)  # 28x28 IDX files written here: the backbone takes 8x8
     ok(capsys, "norms-ood", run, "--ood", "fashion-mnist", "--ood-root", tmp_path, "--ood-limit", "300",
@@ -186,6 +193,7 @@ def test_ood_dataset_is_resized(run, capsys, tmp_path):
     assert ood["ood_size"] == 300 and ood["in_size"] == 359
 
 
+@pytest.mark.train
 def test_bad_inputs(run, capsys, tmp_path):
     junk = tmp_path / "junk.txt"
     junk.write_text("x")
@@ -217,6 +225,7 @@ def test_bad_inputs(run, capsys, tmp_path):
         assert lines[0].startswith("selfsup: data.image_size unset: using 8 px") and len(lines) == 2
 
 
+@pytest.mark.spawn
 def test_exit_code_and_single_line_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "selfsup", "eval", "knn", str(tmp_path)], capture_output=True,
                           text=True, timeout=120)
@@ -224,6 +233,7 @@ def test_exit_code_and_single_line_in_a_real_process(tmp_path):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.train
 def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
     """--embedding projector scores the backbone + projector output (what the loss sees), cached apart."""
     from selfsup.runs.source import load_source, with_projector
@@ -246,6 +256,7 @@ def test_projector_embedding_for_norms_and_rankme(run, capsys, tmp_path):
     assert "needs the run's checkpoints/last.ckpt" in bad("rankme", exported_only, "--embedding", "projector")
 
 
+@pytest.mark.train
 def test_load_backbone_reads_a_run_folder_or_its_file(run, tmp_path):
     from selfsup.errors import UserError
     from selfsup.export import load_backbone

@@ -109,6 +109,7 @@ def exported(tmp_path_factory):
     return work, models, inputs, load_file(str(work / "features.safetensors"))
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("case", list(CASES))
 def test_readme_rebuild_without_selfsup_gives_selfsups_features(exported, case):
     work, models, inputs, features = exported
@@ -120,6 +121,7 @@ def test_readme_rebuild_without_selfsup_gives_selfsups_features(exported, case):
     assert ("timm" in meta) == case.startswith("vit") and ("torchvision" in meta) == case.startswith("resnet")
 
 
+@pytest.mark.spawn
 def test_the_metadata_holds_every_constructor_argument(exported):
     work = exported[0]
     vit = read_meta(work / "vit_layer_scale.safetensors")["architecture"]
@@ -193,6 +195,7 @@ def test_a_shape_the_architecture_check_cannot_see_is_refused_by_the_strict_load
         load_timm(path, "resnet34")
 
 
+@pytest.mark.spawn
 def test_load_timm_names_the_torchvision_recipe_for_a_resnet(exported):
     with pytest.raises(UserError, match=r"holds a resnet18, which has no timm equivalent \(its torchvision recipe"):
         load_timm(exported[0] / "resnet_small_stem.safetensors")

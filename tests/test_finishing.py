@@ -17,6 +17,8 @@ import selfsup.engine as engine
 from selfsup.config import load_run, load_run_config
 from ssl_helpers import FLOW_TINY, RESUME, run_cli, tiny_run
 
+pytestmark = pytest.mark.spawn  # tests/tiers.py
+
 RUNS = {"joint": ("moco-v3-vit-digits", RESUME), "flow": ("self-flow-digits", FLOW_TINY),
         # DINO exports and scores its teacher; MAE's encoder sees the kept patches only
         "dino": ("dino-digits", [*tiny_run(heads=False), "method.out_dim=64", "method.hidden_dim=32",

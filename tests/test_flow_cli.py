@@ -21,6 +21,7 @@ def runs(tmp_path_factory):
     return out / "flow", out / "moco"
 
 
+@pytest.mark.spawn
 def test_generate_writes_a_grid_and_a_tensor(runs, tmp_path):
     flow, _ = runs
     code, out, err = run_cli("generate", str(flow), "--n", "12", "--steps", "3", "--cfg", "1.5", "--class", "3",
@@ -36,6 +37,7 @@ def test_generate_writes_a_grid_and_a_tensor(runs, tmp_path):
     assert (flow / "samples" / "samples-n4-sde2-cfg1-seed0.pt").exists()
 
 
+@pytest.mark.spawn
 def test_eval_generation_writes_json(runs, tmp_path):
     flow, moco = runs
     code, out, err = run_cli("eval", "generation", str(flow), "--encoder", str(moco), "--n", "40", "--steps", "2",
@@ -50,6 +52,7 @@ def test_eval_generation_writes_json(runs, tmp_path):
     assert "encoder Fréchet distance" in out and (tmp_path / "generation-samples.png").exists()
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("argv, words", [
     (["--n", "0"], ["--n 0"]), (["--steps", "0"], ["--steps 0"]), (["--cfg", "-1"], ["--cfg -1"]),
     (["--class", "10"], ["--class 10", "0..9"]), (["--sampler", "heun"], ["--sampler", "ode, sde"]),
@@ -63,6 +66,7 @@ def test_generate_bad_options_exit_2_and_write_nothing(runs, tmp_path, argv, wor
     assert list(tmp_path.iterdir()) == [] and sorted(p.name for p in flow.rglob("*")) == before
 
 
+@pytest.mark.spawn
 def test_generate_and_eval_generation_reject_a_non_flow_run(runs, tmp_path):
     flow, moco = runs
     code, _, err = run_cli("generate", str(moco), "--out", str(tmp_path / "x"))
@@ -72,6 +76,7 @@ def test_generate_and_eval_generation_reject_a_non_flow_run(runs, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.spawn
 def test_the_suggested_eval_generation_works_as_printed(runs):
     """A flow run ends by suggesting ``selfsup eval generation RUN``: run as printed (no --encoder), it measures the
     samples in the run's own EMA feature space and says so in its table and its JSON."""
@@ -89,6 +94,7 @@ def test_the_suggested_eval_generation_works_as_printed(runs):
     assert res["encoder_frechet_distance"] > res["reference_real_test_frechet_distance"] >= 0
 
 
+@pytest.mark.spawn
 def test_eval_generation_bad_options_exit_2(runs, tmp_path):
     flow, moco = runs
     for argv, word in ((["--n", "1"], "--n 1"), (["--k", "0"], "--k"), (["--steps", "0"], "--steps 0")):

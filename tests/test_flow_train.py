@@ -209,6 +209,7 @@ def test_bad_repa_encoder(tmp_path):
         assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.train
 def test_cli_end_to_end_then_eval_features(tmp_path):
     run = tmp_path / "sf"
     code, out, err = run_cli("pretrain", "self-flow-digits", *MICRO, "trainer.max_epochs=1",
@@ -264,6 +265,7 @@ def test_paper_scale_preset():
     assert (default_block(28, 0.3), default_block(28, 0.7)) == (8, 20)
 
 
+@pytest.mark.train
 def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     import selfsup.engine as engine
     args = [*MICRO, "trainer.max_epochs=2", "trainer.limit_train_batches=2", "optim.warmup_epochs=1",
@@ -280,6 +282,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
         torch.testing.assert_close(sa[k], sb[k], atol=1e-6, rtol=0, msg=lambda msg: f"{k}: {msg}")
 
 
+@pytest.mark.train
 def test_cli_repa_trains_with_an_exported_encoder(tmp_path):
     code, out, err = run_cli("pretrain", "repa-digits", *MICRO, f"method.encoder={vit_encoder(tmp_path)}",
                              "trainer.max_epochs=1", "trainer.limit_train_batches=2",
@@ -300,6 +303,7 @@ def test_label_dropout_and_unconditional():
     assert uncond.student.num_classes == 0 and (uncond.class_labels(torch.arange(10)) == 0).all()
 
 
+@pytest.mark.train
 def test_a_latents_run_is_evaluated_like_any_backbone(tmp_path):
     """Precomputed latents (float, 4 channels) train a flow model and its features go through eval knn / rankme."""
     g = torch.Generator().manual_seed(0)

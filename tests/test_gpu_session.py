@@ -8,6 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.spawn  # tests/tiers.py
 
 ROOT = Path(__file__).resolve().parents[1]
 

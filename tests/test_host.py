@@ -15,6 +15,7 @@ from ssl_helpers import tiny_config
 GLIBC = platform.libc_ver()[0] == "glibc"
 
 
+@pytest.mark.spawn
 def test_freed_blocks_are_reused_instead_of_fresh_pages():
     """In a fresh process: before the setting a 64 MiB block is an mmap of its own (mallinfo2's hblkhd
     grows by it); after it, the block comes from the heap (arena grows, hblkhd does not), and once
@@ -53,6 +54,7 @@ def test_freed_blocks_are_reused_instead_of_fresh_pages():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("setting", ["cached", "system"])
 def test_the_engine_applies_the_setting_to_cpu_training(tmp_path, monkeypatch, setting):
     from selfsup import engine

@@ -24,6 +24,7 @@ LIGHT = {
 }
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("what", LIGHT)
 def test_the_light_commands_load_no_lightning(what):
     """``selfsup --version``, ``--help``, ``presets`` and reading a run's facts need no engine: no ``lightning`` /
@@ -36,6 +37,7 @@ def test_the_light_commands_load_no_lightning(what):
     assert loaded == [], f"{what} loads {len(loaded)} Lightning modules, e.g. {loaded[:3]}"
 
 
+@pytest.mark.spawn
 def test_the_version_is_answered_without_torch():
     """``selfsup --version`` is answered before the subcommands' parsers (whose defaults import torch) are built."""
     code = LIGHT["--version"] + "\nimport sys\nprint('torch' in sys.modules, 'scipy' in sys.modules)"

@@ -373,6 +373,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.spawn
 def test_ibot_ddp_centres_and_gradients_match_one_process(tmp_path):
     """The global batch split over 2 gloo processes: the mean loss, the DDP gradients and both centres equal
     one process on the whole batch (the centres' sums all-reduced, main_ibot.py:559-572); without the
@@ -398,6 +399,7 @@ def test_ibot_ddp_centres_and_gradients_match_one_process(tmp_path):
     assert not torch.allclose(wrong[0]["center"], wrong[1]["center"])
 
 
+@pytest.mark.train
 def test_patch_temperature_and_masking_start_as_applied_in_training(tmp_path):
     """3 epochs × 2 steps, ``pred_start_epoch`` 1, warm-up over 2 epochs: τt2 is the warm-up value in epoch 0
     (no masks, no patch loss), then linspace(0.02, 0.06, 2) from epoch 1 (main_ibot.py:503-512); τt warms up

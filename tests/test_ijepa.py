@@ -546,6 +546,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.spawn
 def test_a_step_of_two_processes_is_one_processs(tmp_path):
     """Each process its half of the batch and of the step's masks (the code's collator truncates within a process's
     batch; here both halves share the whole batch's lengths): the mean loss and DDP's averaged gradients equal one

@@ -62,6 +62,7 @@ def small_cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
 
 
+@pytest.mark.train
 def test_a_torchvision_resnet_without_num_features_trains():
     import torchvision
 
@@ -76,6 +77,7 @@ def test_a_torchvision_resnet_without_num_features_trains():
     assert trainer.global_step == 1 and not torch.equal(before, backbone.conv1.weight)
 
 
+@pytest.mark.train
 def test_a_feature_map_backbone_is_pooled_and_trains():
     backbone = nn.Sequential(nn.Conv2d(3, 6, 3, 2, 1), nn.ReLU())  # (B, 6, H/2, W/2)
     model = selfsup.method("byol", backbone, image_size=16, batch_size=4)
@@ -111,6 +113,7 @@ def test_method_names_get_did_you_mean_and_the_list_holds_joint_methods_only():
     assert "joint-embedding" in one_line(e) and "repa," not in str(e.value)
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("kind,words", [
     ("float255", "not [0, 1]; pass uint8"),
     ("normalised", "drop transforms.Normalize"),
@@ -124,18 +127,21 @@ def test_wrong_images_stop_at_the_first_batch_in_one_line(kind, words):
     assert model.global_step == 0
 
 
+@pytest.mark.train
 def test_grayscale_with_channels_1_trains():
     backbone = nn.Sequential(nn.Conv2d(1, 8, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
     model = selfsup.method("simclr", backbone, image_size=16, batch_size=4, channels=1)
     assert fit_one_step(model, DataLoader(Images("gray"), batch_size=4, drop_last=True)).global_step == 1
 
 
+@pytest.mark.train
 def test_a_list_batch_of_pil_images_is_collated_and_trains():
     model = selfsup.method("simclr", small_cnn(), image_size=16, batch_size=4)
     loader = DataLoader(Images("pil"), batch_size=4, drop_last=True, collate_fn=lambda items: items)
     assert fit_one_step(model, loader).global_step == 1
 
 
+@pytest.mark.train
 def test_a_dataset_of_pil_images_under_the_default_collate_trains():
     model = selfsup.method("simclr", small_cnn(), image_size=16, batch_size=4)
     loader = DataLoader(Images("pil"), batch_size=4, drop_last=True)  # torch's default_collate refuses PIL images
@@ -160,6 +166,7 @@ def test_collate_and_check_directly():
         check_images(torch.zeros(2, 3, 4, 4, dtype=torch.int64), 3)
 
 
+@pytest.mark.train
 def test_an_error_line_starts_on_a_clean_line_after_a_progress_bar(tmp_path, caplog):
     """Issue 49: `selfsup: error:` landed on the progress bar's line; and Lightning's chatter is off by default."""
 

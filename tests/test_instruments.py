@@ -280,6 +280,7 @@ def _losses(run_dir):
         return [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(f) if r.get("train/loss")]
 
 
+@pytest.mark.train
 def test_instruments_leave_a_seeded_run_unchanged(tmp_path, tiny):
     from selfsup.commands.main import main
 

@@ -30,6 +30,8 @@ from selfsup.config import load_run_config
 from selfsup.methods import METHODS
 from ssl_helpers import TINY, ckpt_step, forked_kill
 
+pytestmark = pytest.mark.spawn  # tests/tiers.py
+
 ROOT = Path(__file__).resolve().parents[1]
 # 3 batches per epoch, 2 epochs, warmup over the first: lr, momentum and EMA decay change every step
 STEPS = ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "trainer.checkpoint_every_n_steps=1",

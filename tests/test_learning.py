@@ -57,6 +57,7 @@ def test_backbone_moved_reads_parameters_not_buffers():
     assert backbone_moved(b, a)
 
 
+@pytest.mark.train
 def test_a_warm_up_longer_than_the_run_is_shortened_and_recorded(tmp_path):
     # the replay: a 5-epoch warm-up in a 1-epoch run was every step at lr 0 (the preset's 5 epochs)
     code, out, err = run_cli("pretrain", "simclr-digits", *TINY, f"output_dir={tmp_path}", "name=run")
@@ -73,6 +74,7 @@ def test_a_warm_up_longer_than_the_run_is_shortened_and_recorded(tmp_path):
     assert lrs and lrs[0] > 0
 
 
+@pytest.mark.train
 def test_a_run_at_lr_0_says_it_did_not_learn(tmp_path):
     code, out, err = run_cli("pretrain", "simclr-digits", *TINY, "optim.base_lr=0", f"output_dir={tmp_path}",
                              "name=run")

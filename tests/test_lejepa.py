@@ -316,6 +316,7 @@ def ddp_results(tmp_path_factory):
     return [torch.load(tmp / f"{r}.pt") for r in range(WORLD)]
 
 
+@pytest.mark.spawn
 def test_sigreg_across_two_processes_is_the_global_batchs(ddp_results):
     """epps_pulley.py:91-99: the batch means all-reduced (AVG), the statistic times N · world size: every process
     holds the global batch's statistic; torch.distributed.nn's AVG backward averages the gradient over the
@@ -332,6 +333,7 @@ def test_sigreg_across_two_processes_is_the_global_batchs(ddp_results):
     torch.testing.assert_close(ddp_results[0]["slices"], ddp_results[1]["slices"], rtol=0, atol=0)
 
 
+@pytest.mark.spawn
 def test_a_step_of_two_processes_is_one_processs(ddp_results):
     m = batchnorm_eval(lejepa())
     stand_in_trainer(m, 7, 0)

@@ -58,6 +58,7 @@ def test_wandb_chosen_but_not_installed_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 
+@pytest.mark.spawn
 def test_wandb_offline_files_hold_the_metrics_and_events_and_tensorboard_too(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):

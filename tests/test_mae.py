@@ -218,6 +218,7 @@ def run(tmp_path_factory):
     return pretrain(load_run_config("mae-digits", MAE_TINY + [f"output_dir={out}", "name=run"]))
 
 
+@pytest.mark.train
 def test_exported_encoder_loads_into_timm_with_identical_features(run):
     import timm.models.vision_transformer as tv
     from safetensors.torch import load_file
@@ -249,6 +250,7 @@ def _cli(*argv):
     return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.train
 def test_eval_reconstruct_writes_the_grid(run, tmp_path):
     from PIL import Image
 

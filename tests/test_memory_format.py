@@ -136,6 +136,7 @@ CL_RUN = RESUME + ["data.batch_size=32", "model.backbone=resnet18", "model.small
                    "trainer.memory_format=channels_last"]
 
 
+@pytest.mark.train
 def test_channels_last_run_trains_exports_and_resumes_exactly(tmp_path, monkeypatch):
     def cfg(name):
         return load_run_config("moco-v3-vit-digits", CL_RUN + [f"output_dir={tmp_path}", f"name={name}"])

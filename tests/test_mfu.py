@@ -105,6 +105,7 @@ def test_every_attention_path_matches_the_reference(tokens):
         vit.set_attention("flash")
 
 
+@pytest.mark.spawn
 def test_trainer_compile_trains_a_few_steps_on_cpu(tmp_path):
     """trainer.compile=true through the engine (aot_eager backend: graph capture and AOTAutograd's backward
     without the minutes of C++ code generation inductor needs on 2 cores); losses match eager. In a new
@@ -190,6 +191,7 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
         assert r["speedup_vs_lightly_bound"] == pytest.approx(1 / r["lightly"]["flop_kernels"]["flop_kernels_share"])
 
 
+@pytest.mark.spawn
 def test_mfu_benchmark_compile_counts_flops_on_the_eager_twin_and_times_the_compiled_step(tmp_path):
     """``mfu.py --compile`` (it crashed: FlopCounterMode is a dispatch mode torch.compile refuses to trace under):
     the FLOPs are the eager step's, the timed step is the compiled one. In a fresh interpreter (compiled backward)."""
@@ -259,6 +261,7 @@ def test_mfu_benchmark_quick_covers_the_flow_steps(tmp_path):
             > results["flow_matching/preset"]["selfsup"]["flops_per_step"])
 
 
+@pytest.mark.spawn
 def test_levers_benchmark_quick_puts_a_lever_beside_the_baseline(tmp_path):
     """levers.py: the baseline and each lever in fresh mfu.py processes, per-round ratios in its JSON."""
     import benchmarks.levers as levers

@@ -153,6 +153,7 @@ def pretrain_reading_views(cfg, index):
         engine.PretrainData.train_dataloader = real
 
 
+@pytest.mark.train
 def test_imagefolder_pretraining_with_a_multicrop_plan(tmp_path):
     """The engine asks the decoder for every crop of the plan at its size (two DINO steps: the first has lr 0)."""
     from PIL import Image
@@ -300,6 +301,7 @@ def test_two_view_methods_take_local_crops(name):
     torch.testing.assert_close(out.loss.detach(), ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.train
 def test_webdataset_pretraining_with_a_multicrop_plan(tmp_path):
     """Tar shards feed a multi-crop plan at its sizes as the folders do (they once decoded every view at the model
     size, and DINO from shards stopped at its first step)."""

@@ -40,6 +40,7 @@ def facts(run_dir: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- when checkpoints are written
+@pytest.mark.spawn
 def test_a_default_run_writes_a_checkpoint_at_each_epoch_end_and_resumes(straight, tmp_path):
     """No checkpoint_every_n_steps: the end of epoch 1 is on disk when the run is killed in epoch 2; a temp file
     of a killed write, in checkpoints/ or in the run folder, is removed at the resume."""
@@ -58,12 +59,14 @@ def test_a_default_run_writes_a_checkpoint_at_each_epoch_end_and_resumes(straigh
     assert facts(run_b)["status"] == "finished"
 
 
+@pytest.mark.spawn
 def test_checkpoints_on_the_clock(tmp_path):
     """trainer.checkpoint_every_n_minutes alone writes mid-epoch checkpoints (here at every step)."""
     forked_kill(cfg_for(tmp_path, "B", "trainer.checkpoint_every_n_minutes=1e-9"), 2)
     assert ckpt_step(tmp_path / "B") == 2
 
 
+@pytest.mark.train
 def test_lightning_alone_would_write_nothing_before_the_last_epoch(tmp_path):
     """Why selfsup writes its own checkpoints: Lightning 2.6's ModelCheckpoint(save_last=True, save_top_k=0) saves
     last.ckpt at an epoch end only when it saved another checkpoint then, which save_top_k=0 never does."""
@@ -104,6 +107,7 @@ def zero_tensor_bytes(path: Path, n: int = 64) -> None:
     path.write_bytes(bytes(raw))
 
 
+@pytest.mark.train
 def test_a_checkpoint_with_zeroed_tensor_bytes_is_refused(straight, tmp_path):
     run = tmp_path / "copy"
     shutil.copytree(straight, run)
@@ -158,6 +162,7 @@ sys.exit(main(argv))
 """
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("signum, step, written", [(signal.SIGTERM, 4, 5), (signal.SIGINT, 2, 3)])
 def test_a_signal_writes_a_checkpoint_at_the_step_boundary_and_the_resume_is_exact(straight, tmp_path, signum,
                                                                                   step, written):
@@ -179,6 +184,7 @@ def test_a_signal_writes_a_checkpoint_at_the_step_boundary_and_the_resume_is_exa
 
 
 # --------------------------------------------------------------------------- non-finite stops
+@pytest.mark.train
 def test_a_nan_at_the_first_step_says_no_checkpoint_exists(tmp_path, monkeypatch):
     from selfsup.methods import moco_v3
 
@@ -196,6 +202,7 @@ def test_a_nan_at_the_first_step_says_no_checkpoint_exists(tmp_path, monkeypatch
 
 
 # --------------------------------------------------------------------------- moved folders
+@pytest.mark.spawn
 def test_a_moved_run_folder_resumes_from_its_newest_checkpoint(straight, tmp_path):
     forked_kill(cfg_for(tmp_path, "B", "trainer.checkpoint_every_n_steps=1"), 4)
     moved = tmp_path / "elsewhere" / "renamed"
@@ -208,6 +215,7 @@ def test_a_moved_run_folder_resumes_from_its_newest_checkpoint(straight, tmp_pat
 
 
 # --------------------------------------------------------------------------- --resume
+@pytest.mark.train
 def test_resume_refuses_a_contradicting_preset_or_override(straight, tmp_path):
     run = tmp_path / "copy"
     shutil.copytree(straight, run)
@@ -219,6 +227,7 @@ def test_resume_refuses_a_contradicting_preset_or_override(straight, tmp_path):
     assert code == 0 and "is finished (6 steps, 2 epochs)" in out and "trainer.max_epochs=N" in out, err
 
 
+@pytest.mark.train
 def test_resume_extends_a_finished_run(straight, tmp_path):
     run = tmp_path / "copy"
     shutil.copytree(straight, run)
@@ -233,6 +242,7 @@ def test_resume_extends_a_finished_run(straight, tmp_path):
     assert ckpt_step(run) == 11 and facts(run)["status"] == "finished"
 
 
+@pytest.mark.train
 def test_max_steps_stops_mid_epoch_and_extends_exactly(tmp_path):
     """trainer.max_steps=4 stops after epoch 2's first batch with a mid-epoch checkpoint (its schedules span 4
     steps); trainer.max_steps=6 continues it from the next batch."""
@@ -250,12 +260,14 @@ def test_max_steps_stops_mid_epoch_and_extends_exactly(tmp_path):
 
 
 # --------------------------------------------------------------------------- failed starts, how a run ended
+@pytest.mark.train
 def test_a_failed_start_removes_the_folder_it_made(tmp_path):
     code, _, err = run_cli("pretrain", PRESET, *TINY, "data.batch_size=100000", f"output_dir={tmp_path}", "name=f")
     assert_user_error(code, err, "data.batch_size=100000", only_line=False)
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.train
 def test_the_report_says_when_a_run_did_not_finish(straight, tmp_path):
     from selfsup.report import ending, load_run
 
@@ -274,6 +286,7 @@ def test_the_report_says_when_a_run_did_not_finish(straight, tmp_path):
     assert "did not finish" in (run / "report" / "report.md").read_text()
 
 
+@pytest.mark.train
 def test_a_run_shorter_than_the_logging_interval_logs_every_step(tmp_path):
     from ssl_helpers import losses
 

@@ -29,6 +29,7 @@ def tiny_folder(root: Path, n: int = 36) -> None:
             Image.fromarray(g.integers(0, 255, (40 + i, 48, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
 
 
+@pytest.mark.train
 def test_byol_around_a_torchvision_resnet_on_an_image_folder(tmp_path, monkeypatch):
     tiny_folder(tmp_path / "data" / "my_images")
     monkeypatch.chdir(tmp_path)

@@ -200,6 +200,7 @@ def test_cli_bad_predictor_exits_2_with_one_line():
 # --------------------------------------------------------------------------- through the engine
 
 
+@pytest.mark.train
 def test_pretrain_sets_w_from_f_and_checkpoints_f(tmp_path, tiny):
     from selfsup.config import load_run_config
     from selfsup.engine import pretrain

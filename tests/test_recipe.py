@@ -61,6 +61,7 @@ def test_the_recipe_follows_the_folders_facts(tmp_path):
     assert v["method.queue_size"] == 128  # at most half the images
 
 
+@pytest.mark.spawn
 def test_pretrain_a_method_on_a_folder_prints_and_records_its_recipe(tmp_path):
     root = png_folder(tmp_path / "photos")
     code, out, err = run_cli("pretrain", "simclr", f"data.root={root}", "trainer.max_epochs=1",

@@ -238,6 +238,7 @@ RESUME = SMALL + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "opti
                   "trainer.checkpoint_every_n_steps=1"]
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("preset", ["barlow-twins-digits", "vicreg-digits"])
 def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_path, monkeypatch):
     from safetensors.torch import load_file
@@ -268,6 +269,7 @@ def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_
     assert losses(straight) == losses(run_b) and sorted(losses(straight)) == list(range(6))
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("preset", ["barlow-twins-digits", "vicreg-digits", "barlow-twins-fmnist", "vicreg-fmnist"])
 def test_cli_pretrain_of_the_cpu_presets(preset, tmp_path):
     import json

@@ -22,6 +22,7 @@ def straight(tmp_path_factory):
     return engine.pretrain(cfg_for(out, "A", "trainer.checkpoint_every_n_steps=1"))
 
 
+@pytest.mark.train
 def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path, monkeypatch):
     cfg = cfg_for(tmp_path, "B")
     with monkeypatch.context() as m:
@@ -36,6 +37,7 @@ def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path, monk
     assert (facts["global_step"], facts["epochs"], facts["sessions"]) == (6, 2, 2) and facts["fit_seconds"] > seconds
 
 
+@pytest.mark.train
 def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypatch, capsys):
     cfg = cfg_for(tmp_path, "B", "trainer.checkpoint_every_n_steps=1")
     interrupt_at(monkeypatch, cfg)
@@ -50,6 +52,7 @@ def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypat
     assert_same_run(straight, run_b)
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("name,suffix,decode", [("imagefolder", "png", "auto"), ("images", "png", "auto"),
                                                 ("imagefolder", "jpg", "device")])
 def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeypatch, name, suffix, decode):
@@ -79,6 +82,7 @@ def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeyp
     assert_same_run(straight, run_b)
 
 
+@pytest.mark.train
 def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tmp_path, monkeypatch):
     """trainer.accumulate_grad_batches=2: 6 micro-batches = 3 optimiser steps per epoch; killed before step 4
     (one step, two micro-batches into epoch 2), the resumed run skips exactly those two micro-batches and ends
@@ -94,6 +98,7 @@ def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tm
     assert_same_run(straight, run_b)
 
 
+@pytest.mark.train
 def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path, monkeypatch):
     """Self-Flow with trainer.accumulate_grad_batches=2 (its EMA a post-step hook, its noise, levels and masks drawn
     from the (step, micro-batch) seed, the representation weight ramped over optimiser steps): killed before step 4
@@ -115,6 +120,7 @@ def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path, 
     assert any(k.startswith("ema.") for k in ckpt(run_b)["state_dict"])
 
 
+@pytest.mark.spawn
 def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
     """data.name=webdataset with a decoding worker: killed mid-epoch, the resumed run re-reads its stream up to the
     consumed batches and continues at the right sample (the same views, seeded by (seed, epoch, sample))."""
@@ -131,6 +137,7 @@ def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
     assert_same_run(straight, run_b)
 
 
+@pytest.mark.train
 def test_mae_resume_mid_epoch_equals_uninterrupted_run(tmp_path, monkeypatch):
     """MAE draws each sample's mask from the step's generator (seed, step, rank): a run stopped mid-epoch and
     resumed masks every step as the uninterrupted run did, and ends with the same weights and optimiser state."""

@@ -43,6 +43,7 @@ def test_shards_are_counted_and_their_first_images_load(tmp_path):
     assert len(shards(tmp_path / "s", num_samples=10)) == 10  # the epoch length given, nothing counted
 
 
+@pytest.mark.spawn
 @pytest.mark.parametrize("workers", [0, 2])
 def test_two_processes_see_each_sample_once_per_epoch(tmp_path, workers):
     """8 equal shards of 6, global batch 8 over 2 processes (4 each): 6 batches per process and epoch; the two
@@ -64,6 +65,7 @@ def test_two_processes_see_each_sample_once_per_epoch(tmp_path, workers):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(again, first))
 
 
+@pytest.mark.spawn
 def test_a_resumed_epoch_continues_at_the_right_sample(tmp_path):
     ds = shards(write_shards(tmp_path / "s", [7, 5, 9, 3]), shuffle_buffer=4)
     full = epoch_batches(ds, 2, 0, 1, 3, 2)
@@ -147,6 +149,7 @@ def test_a_glob_of_shards_their_inferred_size_and_one_channel(tmp_path, capsys):
         shards(f"{folder}/shard-{{000000..000002}}.tar")
 
 
+@pytest.mark.spawn
 def test_streamed_urls_need_a_sample_count_and_shards_name_their_mistakes(tmp_path):
     folder = write_shards(tmp_path / "s", [4, 4])
     url = f"pipe:cat {folder}/shard-{{000000..000001}}.tar"  # any URL the webdataset library opens
@@ -172,6 +175,7 @@ def test_streamed_urls_need_a_sample_count_and_shards_name_their_mistakes(tmp_pa
         shards(tmp_path / "bad")
 
 
+@pytest.mark.train
 def test_a_truncated_or_unreadable_shard_under_skip_is_a_bad_file_event_and_the_run_goes_on(tmp_path):
     """Issue 49's replay: the default data.on_bad_file=skip, no data.num_samples, the instruments on (their fixed
     batch reads the shards' head): a truncated shard and one that is no tar at all cost one line each and a
@@ -196,6 +200,7 @@ def test_a_truncated_or_unreadable_shard_under_skip_is_a_bad_file_event_and_the_
         shards(folder, on_bad_file="error")
 
 
+@pytest.mark.spawn
 def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
     """PretrainData of two processes (the trainer each would have): every sample once per epoch across them."""
     from types import SimpleNamespace
@@ -254,6 +259,7 @@ engine.pretrain(load_run_config("byol-digits", sys.argv[3:] + [f"data.root={sys.
 '''
 
 
+@pytest.mark.spawn
 def test_two_ddp_processes_train_on_each_sample_once_per_epoch(tmp_path):
     """A real two-process CPU DDP run (gloo; Lightning re-runs the script for rank 1) on 4 shards of 6: per epoch,
     the labels the two processes trained on are every sample exactly once, dealt differently each epoch."""

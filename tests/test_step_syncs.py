@@ -81,6 +81,7 @@ def _fit_counting(cfg, tmp_path):
     return reads, logged
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("method", list(METHODS))  # every registered method: a new one is checked too
 def test_no_host_reads_between_logging_steps(tmp_path, method):
     """12 steps, logging every 4, the default instruments every 5: a logging step reads once (the NaN

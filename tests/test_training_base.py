@@ -200,6 +200,7 @@ def test_method_compile_points_to_trainer_compile():
     assert load_run_config("self-flow-sit-xl2-latents").trainer.compile
 
 
+@pytest.mark.train
 def test_lr_schedule_per_epoch_as_simsiam(tmp_path):
     """optim.lr_schedule_unit=epoch: the lr of epoch e is lr0 · ½(1 + cos(π e / E)) for all its steps
     (main_simsiam.py adjust_learning_rate); the fixed predictor lr stays lr0; iteration: per step."""

@@ -118,6 +118,7 @@ def test_simsiam_and_byol_heads(models):
     assert torch.count_nonzero(c.projector[-1].bias) == 0
 
 
+@pytest.mark.train
 def test_frozen_patch_projection_and_pos_embed_unchanged_after_training(tmp_path):
     from selfsup.engine import pretrain
 

@@ -205,6 +205,7 @@ def test_every_other_mismatch_is_one_line(tmp_path):
 # --------------------------------------------------------------------------- a run from weights, from the CLI
 
 
+@pytest.mark.train
 def test_a_run_starts_from_another_run_and_says_so(tmp_path):
     code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}", "name=first")
     assert code == 0, err
@@ -237,6 +238,7 @@ def test_the_dino_teacher_and_the_momentum_targets_start_as_the_loaded_student(t
         assert model.start_weights["source"] == path
 
 
+@pytest.mark.train
 def test_a_wrong_file_a_wrong_architecture_and_an_offline_timm_request_are_one_line(tmp_path, monkeypatch):
     (tmp_path / "w.pth").write_bytes(b"\x00not a torch file")
     code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}",
@@ -301,6 +303,7 @@ def test_selfsup_eval_knn_evaluates_a_dinov2_hub_checkpoint_on_an_image_folder(t
     assert_user_error(code, err, "does not say its architecture", "model.weights")
 
 
+@pytest.mark.train
 def test_a_resumed_run_reads_its_checkpoint_not_the_weights_again(tmp_path):
     """The weights are loaded once, at the start: a resume takes the checkpoint, even with the source gone."""
     code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}", "name=src")

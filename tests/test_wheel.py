@@ -21,6 +21,9 @@ import zipfile
 from pathlib import Path
 
 import torch
+import pytest
+
+pytestmark = pytest.mark.spawn  # tests/tiers.py
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "selfsup"

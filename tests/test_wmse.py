@@ -9,6 +9,7 @@ import torch
 
 from selfsup.losses import wmse_loss
 from ssl_helpers import random_views, raises_user_error, tiny_method
+import pytest
 
 
 def wmse(**extra):
@@ -160,6 +161,7 @@ def test_a_collapsed_embedding_stops_in_one_line_naming_the_whitening():
         m.forward_views(random_views(16))
 
 
+@pytest.mark.train
 def test_a_run_whose_whitening_fails_ends_collapsed_with_its_checkpoint(tmp_path, monkeypatch):
     import json
 

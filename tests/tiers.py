@@ -38,6 +38,16 @@ def add_timeouts(items) -> None:
             item.add_marker(pytest.mark.timeout(TIMEOUTS[tier(item)]))
 
 
+PROBES = {"uname", "lscpu", "git", "nvidia-smi", "ldconfig", "nproc", "getconf"}  # cached one-line answers
+
+
+def probe(cmd) -> bool:
+    """Whether a ``subprocess`` command line is a system probe: asked once per process by whichever test comes
+    first (``platform.processor()`` runs ``uname -p``), so it cannot decide a test's tier."""
+    first = cmd if isinstance(cmd, (str, bytes, os.PathLike)) else (cmd[0] if cmd else "")
+    return os.path.basename(os.fsdecode(first).split()[0] if first else "") in PROBES
+
+
 class Watch:
     """What a test does that decides its tier, in its whole run (its fixtures' setup too: a module's fixture that
     starts a process counts for the test that sets it up): a process started, a ``Trainer.fit`` called."""
@@ -63,6 +73,8 @@ class Watch:
 
     def wrap(self, original, what: str):
         def watched(*args, **kwargs):
+            if original is self.originals[0] and probe(args[1] if len(args) > 1 else kwargs.get("args")):
+                return original(*args, **kwargs)  # a system probe (platform.processor's uname, git), not a process
             self.seen.add(what)
             if what in self.forbid:
                 pytest.fail(f"this test {'starts a process' if what == 'spawn' else 'trains (Trainer.fit)'} (or a "
