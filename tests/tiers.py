@@ -4,9 +4,11 @@ own timeout (``TIMEOUTS``, pytest-timeout; a test's own ``@pytest.mark.timeout``
 
 The marks were taken from a measured run, not by reading the tests: ``SELFSUP_TIERS_RECORD=FILE`` records, per test,
 whether it started a process (``subprocess``, ``os.fork``, ``multiprocessing``: DDP workers, the CLI in a new
-interpreter, forked kill-and-resume children, DataLoader workers) and whether it called ``Trainer.fit``, beside its
-duration. Without it, ``guard`` holds the marks to what the tests do: an unmarked test that starts a process or
-trains fails with the mark it needs, so the fast tier cannot quietly grow slow tests.
+interpreter, forked kill-and-resume children, DataLoader workers; a system probe such as ``uname`` does not count) and
+whether it called ``Trainer.fit``, over its setup, call and teardown (a shared fixture's work counts for every test
+that uses it), beside its duration; ``python tests/tiers.py FILE`` writes the marks. Without it,
+``pytest_runtest_protocol`` holds the marks to what the tests do: an unmarked test that starts a process or trains
+fails with the mark it needs, so the fast tier cannot quietly grow slow tests.
 """
 
 from __future__ import annotations
