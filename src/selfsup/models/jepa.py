@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .mae import mae_sincos_position_embedding
-from .vit import Block, VisionTransformer
+from .vit import Block, VisionTransformer, init_linears_and_norms
 
 
 def ijepa_sincos_position_embedding(grid_size: int, embed_dim: int) -> Tensor:
@@ -89,12 +89,6 @@ def ijepa_init_(encoder: VisionTransformer, predictor: JEPAPredictor, encoder_in
         raise ValueError("I-JEPA's encoder has no class token (build it with class_token=False)")
     grid = encoder.image_size // encoder.patch_size
     encoder.pos_embed.copy_(ijepa_sincos_position_embedding(grid, encoder.embed_dim))
-    for module in (*(encoder.modules() if encoder_init else ()), *predictor.modules()):
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
-            nn.init.trunc_normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+    init_linears_and_norms((*(encoder.modules() if encoder_init else ()), *predictor.modules()),
+                           lambda w: nn.init.trunc_normal_(w, std=0.02), (nn.Linear, nn.Conv2d))
     nn.init.trunc_normal_(predictor.mask_token, std=0.02)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .vit import Block, VisionTransformer, build_2d_sincos_position_embedding
+from .vit import Block, VisionTransformer, build_2d_sincos_position_embedding, init_linears_and_norms
 
 
 def mae_sincos_position_embedding(grid_size: int, embed_dim: int) -> Tensor:
@@ -95,13 +95,6 @@ def mae_init_(encoder: VisionTransformer, decoder: MAEDecoder) -> None:
     proj = encoder.patch_embed.proj
     proj.reset_parameters()  # torch's default bias init, as official (only the weight is re-drawn below)
     nn.init.xavier_uniform_(proj.weight.view(proj.weight.shape[0], -1))
-    for module in (*encoder.modules(), *decoder.modules()):
-        if isinstance(module, nn.Linear):
-            nn.init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+    init_linears_and_norms((*encoder.modules(), *decoder.modules()), nn.init.xavier_uniform_)
     nn.init.normal_(encoder.cls_token, std=0.02)
     nn.init.normal_(decoder.mask_token, std=0.02)

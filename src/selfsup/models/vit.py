@@ -59,6 +59,19 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, grid_size: int, prefix: int =
     return torch.cat([pos_embed[:, :prefix], patch.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
 
 
+def init_linears_and_norms(modules, weight_init, linear_types: tuple = (nn.Linear,)) -> None:
+    """The transformers' weight init (timm's and DINO's ``_init_weights``, MAE's, I-JEPA's): each of ``linear_types``
+    its weight by ``weight_init`` and a zero bias, each LayerNorm weight 1 and bias 0, in ``modules``' order."""
+    for m in modules:
+        if isinstance(m, linear_types):
+            weight_init(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
 class DropPath(nn.Module):
     """Per-sample stochastic depth: zero a sample's residual branch with probability p, rescale by 1/(1-p)."""
 
@@ -300,14 +313,7 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(self.cls_token, std=cls_std)
         if self.registers:
             nn.init.normal_(self.register_tokens, std=1e-6)  # dinov2 vision_transformer.py:190-191
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_linears_and_norms(self.modules(), lambda w: nn.init.trunc_normal_(w, std=0.02))
         if stop_grad_conv1:
             self.patch_embed.proj.weight.requires_grad_(False)
             self.patch_embed.proj.bias.requires_grad_(False)
