@@ -206,7 +206,8 @@ class TrainerConfig:
     limit_train_batches: float | int = 1.0
     progress_bar: bool = True
     # Lightning's own console messages (GPU / TPU available, its tips, limit_train_batches=1.0, the DDP banner and
-    # torch.distributed's lines for one process, its deprecation warnings): off unless true (runs/console.py)
+    # torch.distributed's lines for one process, its deprecation warnings): off unless true
+    # (runs.loggers.quiet_lightning)
     verbose: bool = False
     seed: int = 0
     compile: bool = False  # torch.compile the whole step forward (EMA update, views, heads, loss) as one graph

@@ -1,6 +1,6 @@
 """A run's loggers (``trainer.loggers``: csv one row per step, tensorboard, wandb offline without a key or
 network), what a resume keeps of their files (``keep_metrics``), and Lightning's notices that do not apply
-(``quiet_lightning``)."""
+(``quiet_lightning``), its chatter included unless ``trainer.verbose=true``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from selfsup.config import RunConfig, to_dict
 from selfsup.errors import UserError
-from selfsup.runs import console
 
 
 def keep_metrics(trainer: pl.Trainer, run_dir: Path, step: int) -> None:
@@ -152,10 +151,23 @@ class _DropTips(logging.Filter):
 _DROP_TIPS = _DropTips()  # one instance, so adding it again is a no-op
 
 
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+CHATTER = (  # warnings that say nothing a selfsup user can act on
+    ".*LeafSpec.*is deprecated.*",
+    ".*litlogger.*",
+    ".*Please use `isinstance\\(treespec, TreeSpec\\)`.*",
+)
+
+
 def quiet_lightning(verbose: bool = False) -> None:
     """Silence Lightning notices that do not apply to selfsup's design (documented choices), and its chatter unless
-    ``verbose`` (``trainer.verbose``; ``runs.console``)."""
-    console.quiet(verbose)
+    ``verbose`` (``trainer.verbose``): its loggers at WARNING (GPU / TPU available, the ``limit_train_batches``
+    notice, "Loading `train_dataloader`", the DDP banner and gloo lines, the tips) and its deprecation warnings.
+    What selfsup says itself (its ``selfsup:`` lines, the progress bar, the end-of-run report) is unchanged."""
+    for name in LIGHTNING_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    for pattern in CHATTER:
+        warnings.filterwarnings("default" if verbose else "ignore", message=pattern)
     for name in ("lightning.pytorch", "lightning.fabric"):
         for handler_owner in (logging.getLogger(name), logging.getLogger(f"{name}.utilities.rank_zero")):
             handler_owner.addFilter(_DROP_TIPS)
