@@ -126,7 +126,7 @@ def end_of_run_report(model: TrainingBase, train, init_backbone: nn.Module, run_
     """The lines printed after fit: the report of the model's family (``REPORTS``), then whether the run learned
     (``runs.learning``: ``not_learning`` events with their causes)."""
     return (REPORTS[model.family](model, train, init_backbone, run_dir, step)
-            + learning_report(model, init_backbone, run_dir))
+            + learning_report(model, init_backbone, run_dir, step))
 
 
 def export_step(model: TrainingBase, train, meta: dict, run_dir: Path, step: int) -> None:

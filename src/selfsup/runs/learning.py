@@ -47,14 +47,16 @@ def backbone_moved(trained: nn.Module, init: nn.Module) -> bool:
     return False
 
 
-def learning_checks(model, init_backbone: nn.Module, run_dir: Path) -> list[dict]:
-    """The causes of a run that did not learn (empty when it did): each a dict with ``cause`` and ``line``."""
+def learning_checks(model, init_backbone: nn.Module, run_dir: Path, step: int | None = None) -> list[dict]:
+    """The causes of a run trained to ``step`` (default: the model's own) that did not learn (empty when it did):
+    each a dict with ``cause`` and ``line``. The lr's is judged where this process ran the steps (``max_lr`` holds
+    their lr); a run finished from its checkpoint after a kill (``runs.finish``) has no such record."""
     found = []
-    steps = int(model.global_step)
+    steps = int(model.global_step if step is None else step)
     if steps == 0:
         found.append({"cause": "no_steps", "value": 0.0, "baseline": 1.0,
                       "line": "the run took no optimiser step; give it more data or epochs"})
-    elif model.max_lr == 0:
+    elif int(model.global_step) == steps and model.max_lr == 0:
         found.append({"cause": "lr", "value": 0.0, "baseline": 0.0,
                       "line": f"the lr was 0 at every one of the run's {steps} step(s) (optim.base_lr="
                               f"{model.cfg.optim.base_lr:g}, optim.warmup_epochs={model.cfg.optim.warmup_epochs:g}); "
@@ -79,17 +81,20 @@ def learning_checks(model, init_backbone: nn.Module, run_dir: Path) -> list[dict
     return found
 
 
-def learning_report(model, init_backbone: nn.Module, run_dir: Path) -> list[str]:
+def learning_report(model, init_backbone: nn.Module, run_dir: Path, step: int | None = None) -> list[str]:
     """``learning_checks`` as ``not_learning`` events and the console lines; the schedule phases shortened to fit
-    the run recorded in ``run.json`` (``phases_fitted``)."""
+    the run recorded in ``run.json`` (``phases_fitted``). An event already in ``events.jsonl`` (the finishing's
+    report done again after a kill) is not written twice."""
     run_dir = Path(run_dir)
     fitted = getattr(model, "phases_fitted", [])
     if fitted:
         mark_run(run_dir, phases_fitted=fitted)
     lines = []
-    log = EventLog(run_dir / "events.jsonl")
-    for check in learning_checks(model, init_backbone, run_dir):
-        log.write(int(model.global_step), "not_learning", check["value"], check["baseline"], cause=check["cause"],
-                  meaning=check["line"])
+    step = int(model.global_step if step is None else step)
+    log, said = EventLog(run_dir / "events.jsonl"), read_events(run_dir / "events.jsonl")
+    for check in learning_checks(model, init_backbone, run_dir, step):
+        if not any(e.get("kind") == "not_learning" and e.get("cause") == check["cause"] for e in said):
+            log.write(step, "not_learning", check["value"], check["baseline"], cause=check["cause"],
+                      meaning=check["line"])
         lines.append(f"  not learning: {check['line']}")
     return lines
