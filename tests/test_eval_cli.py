@@ -286,3 +286,43 @@ def test_an_image_folder_run_is_evaluated_at_the_size_it_trained_at(tmp_path):
     assert data_config(source).image_size == 16 and run_cfg.data.image_size is None
     digits_run = SimpleNamespace(run_cfg=SimpleNamespace(data=DataConfig()), meta={"image_size": 8})
     assert data_config(digits_run, "imagefolder", str(tmp_path)).image_size is None  # another: inferred on loading
+
+
+@pytest.mark.parametrize("pool,registers,class_token", [("cls", 0, True), ("avg", 2, True), ("avg", 0, False)])
+def test_last_blocks_concatenates_each_normalised_block_pooled(pool, registers, class_token):
+    """``forward_last_blocks``: 1 block is ``forward``; N blocks are each block's tokens, through the final norm,
+    without the registers, pooled, concatenated in block order (checked against a hand-run of the blocks)."""
+    from selfsup.models.vit import LastBlocks, VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(image_size=8, patch_size=2, in_chans=1, embed_dim=16, depth=3, num_heads=2, pool=pool,
+                            registers=registers, class_token=class_token).eval()
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(vit.forward_last_blocks(x, 1), vit(x), atol=1e-6)
+        tokens = vit.patch_embed(x)
+        if class_token:
+            tokens = torch.cat([vit.cls_token.expand(4, -1, -1), tokens], dim=1)
+        tokens = tokens + vit.pos_embed
+        p = 1 if class_token else 0
+        if registers:
+            tokens = torch.cat([tokens[:, :p], vit.register_tokens.expand(4, -1, -1), tokens[:, p:]], dim=1)
+        want = []
+        for block in vit.blocks:
+            tokens = block(tokens)
+            normed = vit.norm(tokens)
+            want.append(normed[:, 0] if pool == "cls" else normed[:, p + registers:].mean(dim=1))
+        got = LastBlocks(vit, 2)(x)
+    assert got.shape == (4, 32) and torch.allclose(got, torch.cat(want[1:], dim=-1), atol=1e-5)
+
+
+@pytest.mark.train
+def test_eval_last_blocks_scores_the_concatenation_and_refuses_what_it_cannot(run, capsys, tmp_path):
+    out = ok(capsys, "knn", run, "--k", "5", "--last-blocks", "2")
+    assert "top-1" in out
+    res = json.loads((run / "eval" / "knn-last2blocks.json").read_text())
+    assert res["embedding"] == "last2blocks"
+    feats = [torch.load(p, weights_only=True)["features"] for p in (run / "eval" / "cache").glob("*.pt")]
+    assert {f.shape[1] for f in feats} >= {256}  # two blocks of the micro ViT's 128
+    assert "--last-blocks=9 is outside the ViT's blocks 1..4" in bad("knn", run, "--last-blocks", "9")
+    assert "give one of the two" in bad("rankme", run, "--last-blocks", "2", "--embedding", "projector")

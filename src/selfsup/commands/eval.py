@@ -270,6 +270,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flow-t", type=float,
                    help="flow runs: noise level of the features (default: the run's method.feature_t)")
     p.add_argument("--flow-block", type=int, help="flow runs: block whose tokens are pooled (default: the teacher's k)")
+    p.add_argument("--last-blocks", type=int, metavar="N",
+                   help="ViT backbones: the last N blocks' pooled features concatenated (I-JEPA's and DINO's linear "
+                        "evaluation; default 1, the backbone's feature)")
     p.set_defaults(embedding="backbone")  # --embedding where a protocol offers it
 
 

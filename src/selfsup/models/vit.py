@@ -381,6 +381,10 @@ class VisionTransformer(nn.Module):
         token ((B, N, D), the patches only, without one). ``mask`` (B, N) bool (row-major patch order): those
         patch embeddings are replaced by ``masked_embed`` before the class token and the positions are added
         (iBOT's ``prepare_tokens`` / ``mask_model``, :205-222, :267-269)."""
+        return self._blocks_and_norm(self._tokens(x, mask))
+
+    def _tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks' input: patch embeddings (``mask``: see :meth:`forward_features`), the class token, positions."""
         self._check_input(x)
         pos = self.position_embedding(x.shape[-1])
         x = self.patch_embed(x)
@@ -388,17 +392,23 @@ class VisionTransformer(nn.Module):
             x = torch.where(mask.reshape(x.shape[0], -1, 1), self.masked_embed.to(x.dtype), x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self._blocks_and_norm(x + pos)
+        return x + pos
+
+    def _with_registers(self, x: torch.Tensor) -> torch.Tensor:
+        """Register tokens, if any, inserted after the class token."""
+        if not self.registers:
+            return x
+        p = self.prefix
+        return torch.cat([x[:, :p], self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype), x[:, p:]], dim=1)
+
+    def _without_registers(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.prefix
+        return torch.cat([x[:, :p], x[:, p + self.registers:]], dim=1) if self.registers else x
 
     def _blocks_and_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The blocks and the final norm on (B, 1+N, D) tokens; register tokens, if any, are inserted after the
         class token before the blocks and removed after the norm."""
-        if not self.registers:
-            return self.norm(self.blocks(x))
-        p = self.prefix
-        x = torch.cat([x[:, :p], self.register_tokens.expand(x.shape[0], -1, -1).to(x.dtype), x[:, p:]], dim=1)
-        x = self.norm(self.blocks(x))
-        return torch.cat([x[:, :p], x[:, p + self.registers:]], dim=1)
+        return self._without_registers(self.norm(self.blocks(self._with_registers(x))))
 
     def forward_visible(self, x: torch.Tensor, ids_keep: torch.Tensor) -> torch.Tensor:
         """The encoder on a subset of patches (MAE models_mae.py ``forward_encoder``; I-JEPA's ``forward(x, masks)``
@@ -424,11 +434,29 @@ class VisionTransformer(nn.Module):
         through ``fc_norm`` (pool='global'); with ``return_all_tokens`` every token (B, 1+N, D) (iBOT's student
         and teacher); ``mask``: see :meth:`forward_features`."""
         x = self.forward_features(x, mask)
-        if return_all_tokens:
-            return x
+        return x if return_all_tokens else self.pool_tokens(x)
+
+    def pool_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The (B, D) feature of (B, 1+N, D) normalised tokens, as :meth:`forward` pools them."""
         if self.pool == "global":
             return self.fc_norm(x[:, self.prefix:].mean(dim=1))
         return x[:, 0] if self.pool == "cls" else x[:, self.prefix:].mean(dim=1)
+
+    def forward_last_blocks(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The pooled features of the last ``n`` blocks concatenated, (B, n·D): each block's tokens through the
+        final norm, then pooled as :meth:`forward` (DINO's ``get_intermediate_layers`` + ``n_last_blocks`` of
+        eval_linear.py, with the ViT's own pooling). ``n = 1`` is :meth:`forward`. The evaluation features of
+        ``selfsup eval --last-blocks N`` (I-JEPA's paper evaluates the last layer or the concatenation of the last
+        ones; DINO's ViT-S linear probe takes 4)."""
+        if not 1 <= n <= self.depth:
+            raise ValueError(f"n={n} last blocks: the ViT has {self.depth}")
+        x = self._with_registers(self._tokens(x))
+        pooled = []
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            if i >= self.depth - n:
+                pooled.append(self.pool_tokens(self._without_registers(self.norm(x))))
+        return torch.cat(pooled, dim=-1)
 
     def layer_id(self, param_name: str) -> int:
         """Depth index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 for the rest."""
@@ -437,3 +465,17 @@ class VisionTransformer(nn.Module):
         if param_name.startswith("blocks."):
             return int(param_name.split(".")[1]) + 1
         return self.depth + 1
+
+
+class LastBlocks(nn.Module):
+    """A ViT whose feature is :meth:`VisionTransformer.forward_last_blocks` of its last ``n`` blocks (evaluation)."""
+
+    def __init__(self, vit: VisionTransformer, n: int):
+        super().__init__()
+        if not 1 <= n <= vit.depth:
+            raise ValueError(f"n={n} last blocks: the ViT has {vit.depth}")
+        self.vit, self.n = vit, n
+        self.num_features = n * vit.num_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vit.forward_last_blocks(x, self.n)

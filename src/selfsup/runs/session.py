@@ -17,7 +17,7 @@ from selfsup.data.datasets import DECODED, UNLABELLED, ImageDataset, load_datase
 from selfsup.errors import UserError, positive  # noqa: F401  (positive: runs.session.positive for callers)
 from selfsup.eval.cache import features
 from selfsup.eval.features import FEATURE_BATCH
-from selfsup.runs.source import load_source, loss_embedding, with_flow_features, with_heads
+from selfsup.runs.source import load_source, loss_embedding, with_flow_features, with_heads, with_last_blocks
 
 
 def data_config(source, name: str | None = None, root: str | None = None) -> DataConfig:
@@ -77,13 +77,14 @@ class EvalSession:
     the run's); ``resize``: accept images of another size; ``out``: results folder (default RUN/eval);
     ``train_limit``: a fixed random subset of train; ``embedding``: backbone | projector | predictor | loss (the one
     the method's loss normalises; the backbone, with a note, where the source has none); ``flow_t`` /
-    ``flow_block``: a flow run's features at another level / block.
+    ``flow_block``: a flow run's features at another level / block; ``last_blocks``: a ViT's last N blocks, each
+    normalised and pooled, concatenated (I-JEPA's and DINO's linear evaluation; 1 or None: the backbone's feature).
     """
 
     def __init__(self, location, *, data: str | None = None, root: str | None = None, resize: bool = False,
                  device: str | None = None, batch_size: int = FEATURE_BATCH, out: str | None = None, cache: bool = True,
                  train_limit: int | None = None, embedding: str = "backbone", flow_t: float | None = None,
-                 flow_block: int | None = None):
+                 flow_block: int | None = None, last_blocks: int | None = None):
         self.device = checked_device(device)
         self.resize, self.batch_size, self.cache = resize, batch_size, cache
         self.train_limit = None if train_limit is None else positive(train_limit, "--train-limit")
@@ -97,6 +98,8 @@ class EvalSession:
             self.source = with_heads(self.source, embedding)
         if flow_t is not None or flow_block is not None:
             self.source = with_flow_features(self.source, flow_t, flow_block)
+        if last_blocks is not None:
+            self.source = with_last_blocks(self.source, last_blocks)
         if out:
             self.source.out_dir = Path(out)
         self.data_cfg = data_config(self.source, data, root)
@@ -107,7 +110,8 @@ class EvalSession:
         """The session of a ``selfsup eval`` command line (the flags of ``commands.eval``'s common arguments)."""
         return cls(args.ckpt, data=args.data, root=args.root, resize=args.resize, device=args.device,
                    batch_size=args.batch_size, out=args.out, cache=not args.no_cache, train_limit=args.train_limit,
-                   embedding=args.embedding, flow_t=args.flow_t, flow_block=args.flow_block)
+                   embedding=args.embedding, flow_t=args.flow_t, flow_block=args.flow_block,
+                   last_blocks=args.last_blocks)
 
     @property
     def out_dir(self) -> Path:

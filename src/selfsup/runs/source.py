@@ -26,6 +26,7 @@ from selfsup.export import HEADS_FILE, load_exported, load_heads, read_meta, reb
 from selfsup.methods import METHODS, DataInfo
 from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.models.sit import FLOW_ENCODER
+from selfsup.models.vit import LastBlocks, VisionTransformer
 from selfsup.weights import IMAGENET_NORM, build_from_weights
 
 WHAT = ("pass a selfsup run folder, an exported backbone .safetensors, a run's checkpoints/*.ckpt, or a DINOv2 "
@@ -289,6 +290,23 @@ def with_flow_features(source: EvalSource, t: float | None, block: int | None) -
     encoder.t, encoder.block = t, block
     meta = {**source.meta, "kwargs": {**source.meta["kwargs"], "t": t, "block": block}}
     return replace(source, backbone=encoder, meta=meta, embedding=f"flow-t{t:g}-block{block}")
+
+
+def with_last_blocks(source: EvalSource, n: int) -> EvalSource:
+    """A ViT's feature as the concatenation of its last ``n`` blocks, each normalised and pooled (``--last-blocks``:
+    ``models.vit.LastBlocks``); the results and the feature cache are keyed ``last<n>blocks``."""
+    backbone = source.backbone
+    if source.embedding != "backbone":
+        raise UserError(f"--last-blocks concatenates the backbone's blocks; --embedding {source.embedding} "
+                        "scores another output: give one of the two")
+    if not isinstance(backbone, VisionTransformer):
+        raise UserError(f"--last-blocks applies to ViT backbones; {source.weights} holds a "
+                        f"{source.meta.get('backbone', type(backbone).__name__)}: leave --last-blocks out")
+    if not 1 <= n <= backbone.depth:
+        raise UserError(f"--last-blocks={n} is outside the ViT's blocks 1..{backbone.depth}")
+    if n == 1:
+        return source
+    return replace(source, backbone=LastBlocks(backbone, n).eval(), embedding=f"last{n}blocks")
 
 
 # --------------------------------------------------------------------------- flow runs, for sampling
