@@ -12,7 +12,7 @@ import yaml
 from PIL import Image
 
 from selfsup.errors import UserError
-from selfsup.runs.recipe import MAX_EPOCHS, TARGET_STEPS, FolderFacts, folder_facts, resolve_recipe
+from selfsup.runs.recipe import BASES, MAX_EPOCHS, TARGET_STEPS, FolderFacts, folder_facts, resolve_recipe
 from ssl_helpers import run_cli
 
 
@@ -88,3 +88,22 @@ def test_a_method_without_a_folder_or_a_flow_method_is_one_line(tmp_path):
     assert code == 2 and "a flow method trains from a preset" in err
     with pytest.raises(UserError, match="is not a folder"):
         folder_facts(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("method", sorted(BASES))
+def test_every_methods_recipe_resolves_and_builds_on_a_folder(method, tmp_path):
+    """Each method's base is a preset; its recipe on a small labelled folder resolves to a config whose method
+    builds (the model and its heads at the resolved size, patch and prototype counts)."""
+    import torch
+
+    from selfsup.config import preset_names, resolve
+    from selfsup.data.datasets import load_dataset
+    from selfsup.methods.build import build_method, data_info
+
+    assert BASES[method] in preset_names()
+    facts = folder_facts(png_folder(tmp_path / "f", n=48, gray=True))
+    data, chosen = resolve_recipe(method, facts, {"data": {"root": str(tmp_path / "f")}, "output_dir": str(tmp_path)})
+    cfg = resolve(data)
+    assert cfg.data.image_size == values(chosen)["data.image_size"] and cfg.data.channels == 1
+    torch.manual_seed(0)
+    build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")))

@@ -11,7 +11,8 @@ whose heads, losses and augmentations were measured to learn on 28-px images, th
 - ``data.channels``: 1 when nearly every sampled image is grayscale (``GRAY_SHARE``), else 3;
 - ``data.image_size``: the median shorter side of up to 256 images, clamped to ``MIN_SIZE`` .. ``MAX_SIZE_CPU`` on a CPU
   (``MAX_SIZE_GPU`` on a GPU) and, for a ViT, on a grid of ``GRID_CPU`` (``GRID_GPU``) patches a side:
-  ``model.patch_size`` = size // grid, the size rounded down to a multiple of it, the local crops too;
+  ``model.patch_size`` = size // grid, the size rounded down to a multiple of it, the local crops too (I-JEPA: its
+  base's 7 x 7 grid on a CPU, ``GRID_CPU_OF``);
 - ``data.batch_size``: the base's, at most the largest power of two <= images / ``MIN_BATCHES`` (so an epoch has
   several steps), at least ``MIN_BATCH``;
 - ``trainer.max_epochs``: enough epochs for ``TARGET_STEPS`` optimiser steps (the base's budget on Fashion-MNIST:
@@ -20,13 +21,14 @@ whose heads, losses and augmentations were measured to learn on 28-px images, th
 - the sizes that scale with the data: DINO's / iBOT's / DINOv2's prototypes (``method.out_dim``, iBOT's
   ``patch_out_dim``), SwAV's ``nmb_prototypes``: the largest power of two <= images / ``IMAGES_PER_PROTOTYPE``,
   within ``MIN_PROTOTYPES`` .. the base's (a bucket per data size, as LightlyTrain scales them); NNCLR's support set
-  ``queue_size`` at most half the images;
+  ``queue_size`` at most half the images; W-MSE's ``w_size`` a divisor of a smaller batch (and ``emb`` under it);
 - ``trainer.accelerator``: ``gpu`` where CUDA is there, else ``cpu`` (one device); ``data.num_workers``: the cores
   less one, at most 8.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from concurrent.futures import ThreadPoolExecutor
@@ -42,10 +44,11 @@ from selfsup.methods import METHODS
 
 BASES = {"moco_v3": "moco-v3-vit-fmnist", "byol": "byol-fmnist", "simsiam": "simsiam-fmnist", "simclr": "simclr-fmnist",
          "barlow_twins": "barlow-twins-fmnist", "vicreg": "vicreg-fmnist", "dino": "dino-fmnist", "swav": "swav-fmnist",
-         "wmse": "wmse-cnn-fmnist", "nnclr": "nnclr-fmnist", "ibot": "ibot-fmnist", "dinov2": "dinov2-fmnist",
-         "mae": "mae-fmnist"}
+         "wmse": "wmse-fmnist", "nnclr": "nnclr-fmnist", "ibot": "ibot-fmnist", "dinov2": "dinov2-fmnist",
+         "mae": "mae-fmnist", "ijepa": "ijepa-fmnist", "lejepa": "lejepa-fmnist"}
 MIN_SIZE, MAX_SIZE_CPU, MAX_SIZE_GPU = 16, 64, 224
 GRID_CPU, GRID_GPU = 4, 8  # ViT patches a side: 16 tokens on a CPU (the *-fmnist presets' 28 / 7), 64 on a GPU
+GRID_CPU_OF = {"ijepa": 7}  # I-JEPA's target blocks need more patches: ijepa-fmnist's 7 x 7 (28 / 4)
 MIN_BATCHES, MIN_BATCH = 4, 8
 TARGET_STEPS, MIN_EPOCHS, MAX_EPOCHS = 1000, 5, 300
 WARMUP_SHARE = 0.1
@@ -126,7 +129,7 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
     channels = 1 if facts.gray >= GRAY_SHARE else 3
     put("data.channels", channels, f"{facts.gray:.0%} of the sampled images are grayscale")
     median = int(statistics.median(facts.short_sides))
-    top, grid = (MAX_SIZE_GPU, GRID_GPU) if gpu else (MAX_SIZE_CPU, GRID_CPU)
+    top, grid = (MAX_SIZE_GPU, GRID_GPU) if gpu else (MAX_SIZE_CPU, GRID_CPU_OF.get(method, GRID_CPU))
     size = cfg.data.image_size if _given(overrides, "data.image_size") else min(max(median, MIN_SIZE), top)
     vit = cfg.model.backbone.startswith("vit_")
     patch = cfg.model.patch_size
@@ -157,6 +160,11 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
         if hasattr(c, key):
             put(f"method.{key}", min(getattr(c, key), k), f"{facts.images} images / {IMAGES_PER_PROTOTYPE}, "
                 f"a power of two within {MIN_PROTOTYPES}..the base's {getattr(c, key)}")
+    if getattr(c, "w_size", 0) and batch % c.w_size:  # W-MSE whitens sub-batches of w_size > emb samples
+        w = math.gcd(c.w_size, batch)
+        put("method.w_size", w, f"a divisor of the batch {batch} (the base's {c.w_size})")
+        if c.emb >= w:
+            put("method.emb", max(1, w // 2), f"half the whitened sub-batch {w}, as the base's 2x (its {c.emb})")
     if hasattr(c, "queue_size"):
         put("method.queue_size", max(batch, min(c.queue_size, _pow2_at_most(facts.images / 2))),
             "at most half the images, at least the batch")
