@@ -16,8 +16,8 @@ whose heads, losses and augmentations were measured to learn on 28-px images, th
 - ``data.batch_size``: the base's, at most the largest power of two <= images / ``MIN_BATCHES`` (so an epoch has
   several steps), at least ``MIN_BATCH``;
 - ``trainer.max_epochs``: enough epochs for ``TARGET_STEPS`` optimiser steps (the base's budget on Fashion-MNIST:
-  5 epochs of 234 steps), within ``MIN_EPOCHS`` .. ``MAX_EPOCHS``; ``optim.warmup_epochs`` at most ``WARMUP_SHARE`` of
-  them;
+  5 epochs of 234 steps), within ``MIN_EPOCHS`` .. ``MAX_EPOCHS``; ``optim.warmup_epochs`` the base's share of its
+  run (10% in every base), at most ``WARMUP_SHARE``, so the warm-up keeps its length in steps;
 - the sizes that scale with the data: DINO's / iBOT's / DINOv2's prototypes (``method.out_dim``, iBOT's
   ``patch_out_dim``), SwAV's ``nmb_prototypes``: the largest power of two <= images / ``IMAGES_PER_PROTOTYPE``,
   within ``MIN_PROTOTYPES`` .. the base's (a bucket per data size, as LightlyTrain scales them); NNCLR's support set
@@ -152,8 +152,11 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
         MAX_EPOCHS, max(MIN_EPOCHS, -(-TARGET_STEPS // steps_per_epoch)))
     put("trainer.max_epochs", epochs, f"~{TARGET_STEPS} optimiser steps of {steps_per_epoch} an epoch, within "
         f"{MIN_EPOCHS}..{MAX_EPOCHS}")
-    put("optim.warmup_epochs", round(min(cfg.optim.warmup_epochs, WARMUP_SHARE * epochs), 4),
-        f"at most {WARMUP_SHARE:g} of the run")
+    base_cfg = resolve(base)  # the base's warm-up is a share of its own run: the recipe keeps the share
+    share = min(WARMUP_SHARE, base_cfg.optim.warmup_epochs / max(base_cfg.trainer.max_epochs, 1))
+    put("optim.warmup_epochs", round(share * epochs, 4),
+        f"{share:.0%} of the run, as the base's {base_cfg.optim.warmup_epochs:g} of {base_cfg.trainer.max_epochs} "
+        f"epochs (at most {WARMUP_SHARE:g})")
     k = max(MIN_PROTOTYPES, _pow2_at_most(facts.images / IMAGES_PER_PROTOTYPE))
     c = cfg.method
     for key in ("out_dim", "patch_out_dim", "nmb_prototypes"):
