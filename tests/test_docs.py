@@ -1,7 +1,8 @@
 """The README and the docs pages stay true: every python block parses, every ``selfsup`` command of a shell block
 parses with the CLI's own parser (and a pretrain of a shipped preset resolves its overrides into a typed config),
 every relative link points at a file, every page is in the site's navigation, and the config reference is the one
-the dataclasses generate today. Every python block runs: here (as written, or with its training cut to two steps), or
+the dataclasses generate today. The shell blocks' commands a CPU runs in seconds run (``RUNNABLE``, on stand-ins for
+their placeholders). Every python block runs: here (as written, or with its training cut to two steps), or
 in the test named for its page in ``EXECUTED_BY`` (which holds the fixtures it needs); the API reference's modules
 carry no Sphinx role the site would show raw; ``make docs`` writes no tracked file."""
 
@@ -203,3 +204,50 @@ def test_the_family_pages_rows_are_the_methods_pages():
                 if line.startswith("| ") and not line.startswith(("| method |", "| preset |"))]
         assert rows, name
         assert [r for r in rows if r not in methods] == [], f"docs/{name}.md has rows methods.md does not"
+
+
+# the shell blocks' placeholders, stood for by what the test makes: a labelled image folder, the run trained from
+# it, a scratch folder; commands on other placeholders (a downloaded checkpoint, an ImageNet folder, a GPU preset, a
+# flow run, Fashion-MNIST) are parsed only (test_every_selfsup_command_parses)
+RUNNABLE = ("presets", "claims list", "data check", "pretrain simclr data.root=", "eval knn", "eval rankme",
+            "eval all", "eval linear")
+CUT = {"pretrain": ["trainer.max_steps=2", "trainer.progress_bar=false", "eval.knn_every_n_steps=0"],
+       "eval linear": ["--epochs", "1"]}
+
+
+@pytest.mark.spawn  # the recipe's data.num_workers starts a loader worker
+def test_every_quick_shell_command_runs(tmp_path, monkeypatch, capsys):
+    """The shell blocks' commands a CPU runs in seconds, run as written on stand-ins for their placeholders (the
+    training cut to 2 steps and the probes to 1 epoch): the README's own-images pair first, then the evaluations of
+    the run it made."""
+    import numpy as np
+    from PIL import Image
+
+    from selfsup.commands.main import main
+
+    monkeypatch.chdir(tmp_path)
+    g = np.random.default_rng(0)
+    folder = tmp_path / "my_images"
+    for split, n in (("train", 24), ("val", 8)):
+        for i in range(n):
+            (folder / split / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(g.integers(0, 256, (30, 34, 3), dtype=np.uint8)).save(folder / split / "ab"[i % 2] /
+                                                                                   f"{i}.png")
+    stand_in = {"/data/my_images": str(folder)}
+    ran: list[str] = []
+    for _, argv in sorted(commands(), key=lambda c: c[1][0] != "pretrain"):  # the run first, then what reads it
+        line = " ".join(argv)
+        other_file = argv[0] == "eval" and argv[2] not in ("RUN", "RUN_OR_CKPT")  # a checkpoint of one's own
+        if not line.startswith(RUNNABLE) or line in ran or other_file:
+            continue
+        if "RUN_OR_CKPT" in argv or "RUN" in argv:
+            runs = sorted((tmp_path / "runs").glob("*/backbone.safetensors"))
+            assert runs, f"`selfsup {line}`: no run made by a pretrain block to evaluate"
+            stand_in.update({"RUN_OR_CKPT": str(runs[0].parent), "RUN": str(runs[0].parent)})
+        args = [stand_in.get(a, a.replace("/data/my_images", str(folder))) for a in argv]
+        args += next((cut for key, cut in CUT.items() if line.startswith(key)), [])
+        assert main(args) == 0, f"`selfsup {line}` failed: {capsys.readouterr().err[-500:]}"
+        ran.append(line)
+    capsys.readouterr()
+    assert {"presets", "claims list", "data check /data/my_images", "pretrain simclr data.root=/data/my_images",
+            "eval knn RUN_OR_CKPT"} <= set(ran), ran
