@@ -75,3 +75,27 @@ def test_the_lejepa_claim_pairs_each_checkpoint_and_judges_rho_over_runs(tmp_pat
     s = result["statistics"][0]
     assert s["n"] == 2 and s["pairs"] == 4 and s["verdict"] == "inconclusive" and "2 run(s)" in s["why"]
     assert set(result["series"]) == set(m["run"]) and "bootstrap over runs" in result["ours"]
+
+
+def test_a_stored_lejepa_result_is_rejudged_from_its_pairs_and_tabled_with_them(tmp_path):
+    """The verdict follows from the stored (loss, kNN, run) lists alone: `claims rejudge` and the table."""
+    import json
+
+    from selfsup.commands.claims import rejudge, rule_cell
+
+    claim = CLAIMS["lejepa-loss-tracks-accuracy"]
+    m = {"train_loss": [], "knn": [], "run": [], "step": [], "loss_knn_spearman": [0.0]}
+    for r in range(3):  # lower loss, higher kNN within and across runs
+        for k in range(4):
+            m["train_loss"].append(1.0 - 0.1 * k - 0.01 * r)
+            m["knn"].append(50.0 + 5 * k + r)
+            m["run"].append(f"lr-s{r}")
+            m["step"].append(10 * k + 9)
+    old = {"id": claim.id, "seed": claim.seed, "quick": False, "seeds": 3, "verdict": "inconclusive",
+           "metrics": m, "ours": "", "statistics": [], "why_different": claim.why_different}
+    new = rejudge(old)
+    assert new["verdict"] == "reproduced" and new["statistics"][0]["mean"] == pytest.approx(-1.0)
+    cell = rule_cell(new["statistics"][0])
+    assert cell.startswith("`loss_knn_spearman < 0`: -1 [-1, -1], n 3") and "12 (run, checkpoint) pairs" in cell
+    (tmp_path / f"{claim.id}.json").write_text(json.dumps(new))
+    assert "percentile bootstrap over the runs" in table(tmp_path)

@@ -307,6 +307,8 @@ def rule_cell(s: dict) -> str:
     else:
         lo, hi = s["interval"]
         text = f"`{s['rule']}`: {s['mean']:+.3g} [{lo:+.3g}, {hi:+.3g}], n {s['n']}, MDE {_num(s['mde'])}"
+    if s.get("pairs"):  # a correlation rule: n runs, its pairs, the bootstrap behind the interval
+        text += f"; {s['pairs']} (run, checkpoint) pairs, {s['interval_kind']}"
     if s.get("binomial_sd"):
         sds = ", ".join(f"{arm} {_num(v)}" for arm, v in s["binomial_sd"].items())
         text += f"; binomial sd of each accuracy ({s['test_images']} test images): {sds} points"
