@@ -2,7 +2,8 @@
 augmentations. Its checkable claim, at the digits table's scale.
 
 The paper's protocol is the linear probe (Table 1), so the rules are on it; kNN is reported beside. The arms share
-the micro ViT (patch 2, 16 patches of an 8×8 digit): ``ijepa-digits`` (the crop (0.3, 1) and the masks only: no
+the micro ViT (patch 2, 16 patches of an 8×8 digit; I-JEPA's has no class token and is average-pooled, as the
+official ViT, SimCLR's pools its class token, as its preset): ``ijepa-digits`` (the crop (0.3, 1) and the masks only: no
 flip, no colour, one view; its recipe follows facebookresearch/ijepa's make_transforms with those off) against
 ``simclr-digits``, the digits table's best view-based preset (92.2% kNN, two augmented views), at equal
 optimiser steps."""
@@ -67,15 +68,17 @@ CLAIMS = (
           (Rule("linear_gain_over_init", ">", 0.0, accuracy=True),
            Rule("linear_gap", ">", -MARGIN, paper=79.3 - 81.0, accuracy=True)),
           measure_ijepa_without_views,
-          "micro ViT (patch 2) on 8×8 digits at equal optimiser steps: simclr-digits at its own 50 epochs (250 "
-          "steps at batch 256, two augmented views of each image) and ijepa-digits for the same 250 steps (its "
-          "batch 128: 23 epochs, half the images; the crop and the masks, no other augmentation; its schedules "
-          "span the 250 steps), the steps rather than the epochs because the view-based arm then is the digits "
-          "table's row as it stands and the I-JEPA arm's schedules end where the run does (equal epochs, 550 I-JEPA "
-          "steps, would pass this claim's 40 CPU minutes); linear probe (MoCo v3's SGD over its lr grid chosen on a "
-          "validation split of the training images, 30 epochs on the features) on the 359 test images; the random "
-          "init is the same seed's, through the same probe; competitive = at most 5 points under SimCLR "
-          "(non-inferiority: the paper's gaps are under 2 points, one digits accuracy's binomial sd ~1.6)",
+          "micro ViT (patch 2; I-JEPA's without a class token and average-pooled, as the code's ViT, SimCLR's "
+          "with its class token, as its preset) on 8×8 digits at equal optimiser steps: simclr-digits at its own "
+          "50 epochs (250 steps at batch 256, two augmented views of each image) and ijepa-digits for the same "
+          "250 steps (its batch 128: 23 epochs; the crop and the masks, no other augmentation; its schedules span "
+          "the 250 steps). Steps rather than epochs: the view-based arm is then the digits table's row as it "
+          "stands, and equal epochs would give I-JEPA 550 steps, past this claim's 40 CPU minutes; at equal "
+          "steps I-JEPA sees half SimCLR's images, a handicap of this budget. Linear probe (MoCo v3's SGD over "
+          "its lr grid chosen on a validation split of the training images, 30 epochs on the features) on the "
+          "359 test images; the random init is the same seed's, through the same probe; competitive = at most 5 "
+          "points under SimCLR (non-inferiority: the paper's gaps are under 2 points, one digits accuracy's "
+          "binomial sd ~1.6)",
           decide="ijepa-digits does not meet the digits kNN bar on validation (benchmarks/jepa_choice.py: −1.0 "
                  "for the code's init, +9.7 for the best variant, which the preset does not take); its linear probe "
                  "there was 72.1% against its init's 78.3% (seed 100). A failing first rule says that at this scale "
