@@ -23,7 +23,7 @@ def test_both_claims_are_stated_before_they_run(tmp_path):
     assert [str(r) for r in ij.rules] == ["linear_gain_over_init > 0", "linear_gap > -5"]
     assert ij.rules[1].paper == pytest.approx(79.3 - 81.0) and ij.test_data == "digits"
     assert [str(r) for r in le.rules] == ["loss_knn_spearman < 0"]
-    assert le.rules[0].pairs == ("train_loss", "knn", "run") and le.rules[0].paper == pytest.approx(-0.9452)
+    assert le.rules[0].pairs == ("train_loss", "knn", "run", "seed") and le.rules[0].paper == pytest.approx(-0.9452)
     assert ij.default_seeds >= MIN_SEEDS and le.default_seeds >= MIN_SEEDS
     md = table(tmp_path)  # no results: both "not run yet", their papers named by arXiv id
     assert "| `ijepa-semantic-without-views` | " in md and "(arXiv:2511.08544), Figure 1" in md
@@ -73,7 +73,7 @@ def test_the_lejepa_claim_pairs_each_checkpoint_and_judges_rho_over_runs(tmp_pat
     assert len(m["knn"]) == len(m["train_loss"]) == len(m["run"]) == 4  # a checkpoint at steps 2 and 4 of each run
     assert m["step"] == [1, 3, 1, 3] and len(set(m["run"])) == 2
     s = result["statistics"][0]
-    assert s["n"] == 2 and s["pairs"] == 4 and s["verdict"] == "inconclusive" and "2 run(s)" in s["why"]
+    assert s["n"] == 2 and s["pairs"] == 4 and s["verdict"] == "inconclusive" and "2 run(s) of 1 seed(s)" in s["why"]
     assert set(result["series"]) == set(m["run"]) and "bootstrap over runs" in result["ours"]
 
 
@@ -84,12 +84,13 @@ def test_a_stored_lejepa_result_is_rejudged_from_its_pairs_and_tabled_with_them(
     from selfsup.commands.claims import rejudge, rule_cell
 
     claim = CLAIMS["lejepa-loss-tracks-accuracy"]
-    m = {"train_loss": [], "knn": [], "run": [], "step": [], "loss_knn_spearman": [0.0]}
+    m = {"train_loss": [], "knn": [], "run": [], "seed": [], "step": [], "loss_knn_spearman": [0.0]}
     for r in range(3):  # lower loss, higher kNN within and across runs
         for k in range(4):
             m["train_loss"].append(1.0 - 0.1 * k - 0.01 * r)
             m["knn"].append(50.0 + 5 * k + r)
             m["run"].append(f"lr-s{r}")
+            m["seed"].append(r)
             m["step"].append(10 * k + 9)
     old = {"id": claim.id, "seed": claim.seed, "quick": False, "seeds": 3, "verdict": "inconclusive",
            "metrics": m, "ours": "", "statistics": [], "why_different": claim.why_different}

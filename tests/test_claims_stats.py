@@ -220,7 +220,14 @@ def test_a_correlation_rule_is_judged_on_the_run_bootstrap_and_needs_three_runs(
     assert s["n"] == 3 and s["pairs"] == 9 and s["mde"] is None and "bootstrap over the runs" in s["interval_kind"]
     assert rule.correlation_stats(_trajectories(3, 1.0))["verdict"] == NOT_REPRODUCED
     two = rule.correlation_stats(_trajectories(2, -1.0))
-    assert two["verdict"] == INCONCLUSIVE and "2 run(s)" in two["why"]
+    assert two["verdict"] == INCONCLUSIVE and "2 run(s) of 2 seed(s)" in two["why"]
+    # a seed list named: six runs of two seeds (three runs a seed) are not three seeds; of three seeds they are
+    six = _trajectories(6, -1.0)
+    six["seed"] = [int(r[1:]) // 3 for r in six["run"]]
+    with_seeds = Rule("rho", "<", 0.0, pairs=("loss", "acc", "run", "seed"))
+    assert with_seeds.correlation_stats(six)["verdict"] == INCONCLUSIVE
+    six["seed"] = [int(r[1:]) // 2 for r in six["run"]]
+    assert with_seeds.correlation_stats(six)["verdict"] == REPRODUCED
     flat = _trajectories(3, -1.0)
     flat["acc"] = [5.0] * 9
     assert rule.correlation_stats(flat)["verdict"] == INCONCLUSIVE  # ρ undefined

@@ -35,7 +35,7 @@ def checkpoint_pairs(run, every: int) -> list[tuple[int, float, float]]:
 
 def measure_loss_tracks_accuracy(ctx: Context) -> dict:
     every = EVERY[ctx.quick]
-    m = {"train_loss": [], "knn": [], "run": [], "step": [], "loss_knn_spearman": [], "final_loss": [],
+    m = {"train_loss": [], "knn": [], "run": [], "seed": [], "step": [], "loss_knn_spearman": [], "final_loss": [],
          "final_knn": []}
     series = {}
     for seed in ctx.seed_ids():
@@ -49,6 +49,7 @@ def measure_loss_tracks_accuracy(ctx: Context) -> dict:
                 m["train_loss"].append(loss)
                 m["knn"].append(knn)
                 m["run"].append(name)
+                m["seed"].append(seed)
                 m["step"].append(step)
             series[name] = [[loss, knn] for _, loss, knn in pairs]
             m["final_loss"].append(pairs[-1][1] if pairs else float("nan"))
@@ -70,7 +71,7 @@ CLAIMS = (
           "higher the accuracy (label-free model selection).",
           "ViT-Base/8 on ImageNet-1K: Spearman correlation 94.52% between the training loss and the linear probe's "
           "accuracy (in our sign convention ρ(loss, accuracy) = −0.945)",
-          (Rule("loss_knn_spearman", "<", 0.0, paper=-0.9452, pairs=("train_loss", "knn", "run")),),
+          (Rule("loss_knn_spearman", "<", 0.0, paper=-0.9452, pairs=("train_loss", "knn", "run", "seed")),),
           measure_loss_tracks_accuracy,
           "micro ViT (patch 2) on 8×8 digits, lejepa-digits for its 10 epochs (110 steps) at lr 2e-3 (the preset) and "
           "5e-4, 3 seeds each (6 runs); a checkpoint every 10 steps (11 a run): its kNN@20 on the 359 test images "

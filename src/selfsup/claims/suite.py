@@ -15,7 +15,8 @@ init, data order and augmentation stream where the arm allows, and the metric is
 * an inconclusive rule says its minimum detectable effect at 80% power, whether that is larger than the paper's
   effect (underpowered), and how many seeds would detect it at the observed spread;
 * a correlation rule (``Rule.pairs``) is judged on Spearman's ρ over every (run, checkpoint) pair, its 95% interval
-  a percentile bootstrap that resamples whole runs, with the same sides; fewer than ``MIN_SEEDS`` runs: inconclusive;
+  a percentile bootstrap that resamples whole runs, with the same sides; fewer than ``MIN_SEEDS`` runs or seeds:
+  inconclusive;
 * the claim is *reproduced* when every rule holds, *not reproduced* when any rule fails, and *inconclusive*
   otherwise.
 
@@ -70,9 +71,10 @@ class Rule:
     arms: tuple[str, ...] = ()
     accuracy: bool = False  # in kNN points on the claim's test split (implied by arms)
     test_data: str = ""  # the test split of its accuracies where it is not the claim's (``TEST_IMAGES``)
-    # (x, y, group): a correlation rule. The metric is Spearman's ρ of metrics[x] against metrics[y] pooled over
-    # every pair (a run's checkpoint each), its 95% interval a bootstrap over the groups (runs) whole
-    # (``stats.cluster_bootstrap_spearman``); judged from those three lists, the metric's own list only reports it
+    # (x, y, group[, seed]): a correlation rule. The metric is Spearman's ρ of metrics[x] against metrics[y] pooled
+    # over every pair (a run's checkpoint each), its 95% interval a bootstrap over the groups (runs) whole
+    # (``stats.cluster_bootstrap_spearman``); judged from those lists, the metric's own list only reports it. The
+    # runs, and the seeds where a seed list is named, must each number at least ``MIN_SEEDS``
     pairs: tuple[str, ...] = ()
 
     def __str__(self) -> str:
@@ -123,8 +125,9 @@ class Rule:
     def correlation_stats(self, metrics: dict[str, list]) -> dict:
         """A correlation rule (``pairs``): ρ over every pair, its run-bootstrap 95% interval and the verdict; n is
         the number of runs (the resampled units), which must be at least ``MIN_SEEDS``."""
-        x, y, groups = (metrics.get(k, []) for k in self.pairs)
+        x, y, groups = (metrics.get(k, []) for k in self.pairs[:3])
         runs = len(set(groups))
+        seeds = len(set(metrics.get(self.pairs[3], []))) if len(self.pairs) > 3 else runs
         out = {"rule": str(self), "n": runs, "pairs": len(x), "mean": None, "sd": None, "interval": None,
                "mde": None, "paper_effect": self.paper_effect, "underpowered": None, "seeds_needed": None,
                "interval_kind": f"percentile bootstrap over the runs ({stats.BOOTSTRAP_RESAMPLES} resamples, "
@@ -138,9 +141,10 @@ class Rule:
         if out["interval"] is None:
             return {**out, "verdict": INCONCLUSIVE, "why": "no resample defines ρ"}
         verdict = self._side(lo, hi)
-        if runs < MIN_SEEDS:
+        if runs < MIN_SEEDS or seeds < MIN_SEEDS:
             return {**out, "verdict": INCONCLUSIVE,
-                    "why": f"{runs} run(s); a correlation across runs needs at least {MIN_SEEDS}"}
+                    "why": f"{runs} run(s) of {seeds} seed(s); a correlation across runs needs at least {MIN_SEEDS} "
+                           "of each"}
         if verdict == INCONCLUSIVE:
             return {**out, "verdict": verdict, "why": "the interval contains the threshold"}
         return {**out, "verdict": verdict, "why": ""}
