@@ -166,3 +166,72 @@ def test_the_sd_upper_bound_matches_the_normal_quantile_for_two_seeds_and_covers
         assert abs(covered - 0.8) < 3 * math.sqrt(0.8 * 0.2 / 2000)
     assert planned_mde(1.0, 2, 3) == pytest.approx(stats.mde(sd_upper(1.0, 2), 3))
     assert planned_mde(1.0, 2, 3) > stats.mde(1.0, 3)
+
+
+def test_spearman_is_pearson_of_average_ranks_by_hand():
+    # no ties: 1 − 6Σd²/(n(n² − 1)) with d = (−1, 1, −1, 1, 0): 1 − 6·4/120 = 0.8
+    assert stats.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    # ties get their average rank: x ranks (1, 2.5, 2.5, 4), y ranks (1, 3, 2, 4): 4.5 / √(4.5 · 5) = 3/√10
+    assert stats.spearman([1, 2, 2, 4], [10, 30, 20, 40]) == pytest.approx(3 / math.sqrt(10))
+    assert stats.spearman([1, 2, 2, 4], [10, 30, 20, 40]) == pytest.approx(sp.spearmanr([1, 2, 2, 4],
+                                                                                      [10, 30, 20, 40])[0])
+    assert stats.spearman([3, 2, 1], [1, 2, 3]) == pytest.approx(-1.0)
+    assert math.isnan(stats.spearman([1, 1, 1], [1, 2, 3])) and math.isnan(stats.spearman([1], [2]))
+    with pytest.raises(ValueError, match="pairs"):
+        stats.spearman([1, 2], [1])
+
+
+def test_the_cluster_bootstrap_resamples_whole_runs_by_hand():
+    # run A alone (or twice) has ρ −1, run B alone (or twice: ranks 2r − 0.5, the same ρ) 0.5; A with B pooled:
+    # x ranks (3, 2, 1, 4, 5, 6), y ranks (2.5, 4.5, 6, 1, 4.5, 2.5): −9.5 / √(17.5 · 16.5) = −0.5591. The
+    # resamples AA, AB / BA, BB come with probability 1/4, 1/2, 1/4, so the 2.5% and 97.5% points are −1 and 0.5
+    x = [3, 2, 1, 4, 5, 6]
+    y = [1, 2, 3, 0, 2, 1]
+    runs = ["A", "A", "A", "B", "B", "B"]
+    assert stats.spearman(x[3:], y[3:]) == pytest.approx(0.5)
+    assert stats.spearman(x, y) == pytest.approx(-9.5 / math.sqrt(17.5 * 16.5))
+    assert stats.spearman(x + x[3:], y + y[3:]) != pytest.approx(stats.spearman(x, y))  # a run drawn twice counts
+    assert stats.cluster_bootstrap_spearman(x, y, runs) == pytest.approx((-1.0, 0.5))
+    assert stats.cluster_bootstrap_spearman(x, y, runs, seed=7) == pytest.approx((-1.0, 0.5))
+    # one run: every resample is that run, so the interval is its ρ; seeded: the same draws give the same interval
+    assert stats.cluster_bootstrap_spearman(x[:3], y[:3], runs[:3]) == pytest.approx((-1.0, -1.0))
+    rng = np.random.default_rng(1)
+    a, b, g = rng.normal(size=40).tolist(), rng.normal(size=40).tolist(), [i // 8 for i in range(40)]
+    assert stats.cluster_bootstrap_spearman(a, b, g) == stats.cluster_bootstrap_spearman(a, b, g)
+    with pytest.raises(ValueError, match="one group per pair"):
+        stats.cluster_bootstrap_spearman(x, y, runs[:5])
+
+
+def _trajectories(runs: int, sign: float) -> dict:
+    """Runs whose every (loss, accuracy) pair lies on one decreasing (sign −1) or increasing (+1) line."""
+    m = {"loss": [], "acc": [], "run": []}
+    for g in range(runs):
+        for k in range(3):
+            m["loss"].append(10.0 * g + 3 - k)
+            m["acc"].append(sign * (10.0 * g + 3 - k))
+            m["run"].append(f"r{g}")
+    return m
+
+
+def test_a_correlation_rule_is_judged_on_the_run_bootstrap_and_needs_three_runs():
+    rule = Rule("rho", "<", 0.0, paper=-0.9452, pairs=("loss", "acc", "run"))
+    s = rule.correlation_stats(_trajectories(3, -1.0))
+    assert s["verdict"] == REPRODUCED and s["mean"] == pytest.approx(-1.0) and s["interval"] == pytest.approx([-1, -1])
+    assert s["n"] == 3 and s["pairs"] == 9 and s["mde"] is None and "bootstrap over the runs" in s["interval_kind"]
+    assert rule.correlation_stats(_trajectories(3, 1.0))["verdict"] == NOT_REPRODUCED
+    two = rule.correlation_stats(_trajectories(2, -1.0))
+    assert two["verdict"] == INCONCLUSIVE and "2 run(s) of 2 seed(s)" in two["why"]
+    # a seed list named: six runs of two seeds (three runs a seed) are not three seeds; of three seeds they are
+    six = _trajectories(6, -1.0)
+    six["seed"] = [int(r[1:]) // 3 for r in six["run"]]
+    with_seeds = Rule("rho", "<", 0.0, pairs=("loss", "acc", "run", "seed"))
+    assert with_seeds.correlation_stats(six)["verdict"] == INCONCLUSIVE
+    six["seed"] = [int(r[1:]) // 2 for r in six["run"]]
+    assert with_seeds.correlation_stats(six)["verdict"] == REPRODUCED
+    flat = _trajectories(3, -1.0)
+    flat["acc"] = [5.0] * 9
+    assert rule.correlation_stats(flat)["verdict"] == INCONCLUSIVE  # ρ undefined
+    # judge() takes the correlation from the pairs, not from the metric's own (reported) list
+    m = {**_trajectories(3, -1.0), "rho": [0.99]}
+    assert verdict((rule,), m) == REPRODUCED
+    assert judge((rule,), m)[1][0]["mean"] == pytest.approx(-1.0)

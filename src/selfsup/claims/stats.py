@@ -8,6 +8,10 @@ spread: with T' a noncentral t (n − 1 dof, noncentrality δ√n/sd), it solves
 (scipy.stats.nct), not by the normal approximation, so that a planted effect of that size is detected in 80% of
 draws. Equivalence ("comparable within ± margin") is two one-sided tests at the same level each: the 95% interval
 lies inside (−margin, +margin).
+
+A correlation across training runs and their checkpoints (LeJEPA's loss against accuracy) is Spearman's rank
+correlation over every (run, checkpoint) pair, its 95% interval a percentile bootstrap that resamples whole runs
+(``cluster_bootstrap_spearman``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
 from scipy import optimize, stats
 
 LEVEL = 0.95  # two-sided level of the interval; each side at 0.025
@@ -72,3 +77,49 @@ def seeds_needed(sd: float, effect: float, level: float = LEVEL, target: float =
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if mde(sd, mid, level, target) <= effect else (mid, hi)
     return hi
+
+
+# ---- a rank correlation over (run, checkpoint) pairs -----------------------------------------------------------
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's r of the ranks, ties given their average rank; nan where either
+    side is constant or there are fewer than 2 pairs."""
+    if len(x) != len(y):
+        raise ValueError(f"spearman needs pairs: {len(x)} x values against {len(y)} y values")
+    if len(x) < 2:
+        return math.nan
+    rx, ry = stats.rankdata(x), stats.rankdata(y)
+    dx, dy = rx - rx.mean(), ry - ry.mean()
+    norm = math.sqrt(float((dx * dx).sum()) * float((dy * dy).sum()))
+    return float((dx * dy).sum()) / norm if norm > 0 else math.nan
+
+
+def cluster_bootstrap_spearman(x: list[float], y: list[float], groups: list, resamples: int = BOOTSTRAP_RESAMPLES,
+                               seed: int = BOOTSTRAP_SEED, level: float = LEVEL) -> tuple[float, float]:
+    """The percentile bootstrap interval (``level``) of ``spearman(x, y)`` that resamples whole groups: each
+    resample draws as many groups as there are, with replacement (a fixed ``seed``), and pools their pairs.
+
+    A group is one training run: its checkpoints' pairs are serially dependent (one trajectory), so resampling
+    pairs one by one (or Fisher's z with n pairs) would count each run's checkpoints as independent evidence and
+    give too narrow an interval; the runs are the independent units. Resamples whose correlation is undefined
+    (a constant side) are left out; (nan, nan) where none is defined."""
+    if not len(x) == len(y) == len(groups):
+        raise ValueError(f"cluster_bootstrap_spearman needs one group per pair: {len(x)}, {len(y)}, {len(groups)}")
+    names = sorted(set(groups), key=str)
+    members = {g: np.flatnonzero(np.array([h == g for h in groups])) for g in names}
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    rng = np.random.default_rng(seed)
+    values = []
+    for draw in rng.integers(0, len(names), size=(resamples, len(names))):
+        idx = np.concatenate([members[names[i]] for i in draw])
+        r = spearman(xs[idx].tolist(), ys[idx].tolist())
+        if math.isfinite(r):
+            values.append(r)
+    if not values:
+        return math.nan, math.nan
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)

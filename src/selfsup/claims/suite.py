@@ -14,11 +14,15 @@ init, data order and augmentation stream where the arm allows, and the metric is
   claim with fewer than ``MIN_SEEDS`` seeds is inconclusive, saying so;
 * an inconclusive rule says its minimum detectable effect at 80% power, whether that is larger than the paper's
   effect (underpowered), and how many seeds would detect it at the observed spread;
+* a correlation rule (``Rule.pairs``) is judged on Spearman's ρ over every (run, checkpoint) pair, its 95% interval
+  a percentile bootstrap that resamples whole runs, with the same sides; fewer than ``MIN_SEEDS`` runs or seeds:
+  inconclusive;
 * the claim is *reproduced* when every rule holds, *not reproduced* when any rule fails, and *inconclusive*
   otherwise.
 
 The claims themselves live in one module per seed (``self_flow``, ``embedding_norms``, ``cookbook``,
-``directpred``, ``moco_v3``); ``registry.CLAIMS`` gathers them.
+``directpred``, ``moco_v3``, ``distillation``) and, for the papers of methods an issue added, one per paper
+(``ijepa``, ``lejepa``); ``registry.CLAIMS`` gathers them.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from selfsup.claims import stats
 from selfsup.config import load_run_config
 from selfsup.data import datasets
 from selfsup.engine import pretrain
+from selfsup.eval import ProbeConfig
+from selfsup.runs import run_linear
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 MIN_SEEDS = 3  # every training claim
@@ -65,6 +71,11 @@ class Rule:
     arms: tuple[str, ...] = ()
     accuracy: bool = False  # in kNN points on the claim's test split (implied by arms)
     test_data: str = ""  # the test split of its accuracies where it is not the claim's (``TEST_IMAGES``)
+    # (x, y, group[, seed]): a correlation rule. The metric is Spearman's ρ of metrics[x] against metrics[y] pooled
+    # over every pair (a run's checkpoint each), its 95% interval a bootstrap over the groups (runs) whole
+    # (``stats.cluster_bootstrap_spearman``); judged from those lists, the metric's own list only reports it. The
+    # runs, and the seeds where a seed list is named, must each number at least ``MIN_SEEDS``
+    pairs: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         if self.op == "within":
@@ -111,6 +122,33 @@ class Rule:
     def judge(self, values: list[float], deterministic: bool = False) -> str:
         return self.stats(values, deterministic)["verdict"]
 
+    def correlation_stats(self, metrics: dict[str, list]) -> dict:
+        """A correlation rule (``pairs``): ρ over every pair, its run-bootstrap 95% interval and the verdict; n is
+        the number of runs (the resampled units), which must be at least ``MIN_SEEDS``."""
+        x, y, groups = (metrics.get(k, []) for k in self.pairs[:3])
+        runs = len(set(groups))
+        seeds = len(set(metrics.get(self.pairs[3], []))) if len(self.pairs) > 3 else runs
+        out = {"rule": str(self), "n": runs, "pairs": len(x), "mean": None, "sd": None, "interval": None,
+               "mde": None, "paper_effect": self.paper_effect, "underpowered": None, "seeds_needed": None,
+               "interval_kind": f"percentile bootstrap over the runs ({stats.BOOTSTRAP_RESAMPLES} resamples, "
+                                f"seed {stats.BOOTSTRAP_SEED})"}
+        finite = all(v is not None and math.isfinite(v) for v in (*x, *y))
+        r = stats.spearman(x, y) if finite and len(x) == len(y) else math.nan
+        if not math.isfinite(r):
+            return {**out, "verdict": INCONCLUSIVE, "why": f"ρ undefined over {len(x)} pair(s)"}
+        lo, hi = stats.cluster_bootstrap_spearman(x, y, groups)
+        out.update(mean=r, interval=None if math.isnan(lo) else [lo, hi])
+        if out["interval"] is None:
+            return {**out, "verdict": INCONCLUSIVE, "why": "no resample defines ρ"}
+        verdict = self._side(lo, hi)
+        if runs < MIN_SEEDS or seeds < MIN_SEEDS:
+            return {**out, "verdict": INCONCLUSIVE,
+                    "why": f"{runs} run(s) of {seeds} seed(s); a correlation across runs needs at least {MIN_SEEDS} "
+                           "of each"}
+        if verdict == INCONCLUSIVE:
+            return {**out, "verdict": verdict, "why": "the interval contains the threshold"}
+        return {**out, "verdict": verdict, "why": ""}
+
     def _side(self, lo: float, hi: float) -> str:
         t = self.threshold
         if self.op == "within":
@@ -149,7 +187,7 @@ def judge(rules: tuple[Rule, ...], metrics: dict[str, list[float]], deterministi
     own ``test_data``, and each accuracy's binomial sd in points)."""
     judged = []
     for rule in rules:
-        s = rule.stats(metrics[rule.metric], deterministic)
+        s = rule.correlation_stats(metrics) if rule.pairs else rule.stats(metrics[rule.metric], deterministic)
         if rule.arms or rule.accuracy:
             images = TEST_IMAGES[rule.test_data] if rule.test_data else test_images
             s["test_images"] = images
@@ -280,6 +318,15 @@ def knn_top1(run_dir: Path, which: str = "pretrained") -> float:
     knn = json.loads((run_dir / "knn.json").read_text())
     _KNN_TEST_SIZES.append(knn["test_size"])
     return knn[which]["top1"]
+
+
+def linear_top1(weights: Path, quick: bool) -> float:
+    """The linear probe's test top-1 (%) of a run folder's trained backbone, or of a weights file in it (its
+    ``backbone_init.safetensors``: the random init, through the same evaluation path): MoCo v3's protocol, SGD
+    over its lr grid chosen on a validation split carved from the training images, on cached features; 30
+    epochs (2 when quick)."""
+    cfg = ProbeConfig.for_protocol("moco_v3", epochs=2 if quick else 30)
+    return float(run_linear(weights, cfg)["test"]["top1"])
 
 
 def events(run_dir: Path, kind: str) -> int:
