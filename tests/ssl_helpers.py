@@ -367,23 +367,26 @@ TEACHER_HEADS = {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16, "ibot_ou
 STUDENT_HEADS = {"hidden_dim": 24, "bottleneck_dim": 8, "ibot_hidden_dim": 24, "ibot_bottleneck_dim": 8}
 
 
-def dinov2_teacher_run(folder, backbone: str = "vit_micro", seed: int = 0, **method_extra) -> Path:
+def dinov2_teacher_run(folder, backbone: str = "vit_micro", seed: int = 0, norm=((0.5,), (0.25,)),
+                       **method_extra) -> Path:
     """A selfsup DINOv2 run folder standing in for a trained teacher (``distill_dinov2``'s ``method.teacher.weights``):
     a seeded tiny DINOv2 on digits (8 px, patch 2, ``tiny_config``'s) with its teacher moved off its student copy and
     non-zero centres, its teacher exported as ``backbone.safetensors`` (its metadata as a run's) and its state as
-    ``checkpoints/last.ckpt``; no training. Made once per folder and arguments."""
+    ``checkpoints/last.ckpt``; no training. ``norm``: the (mean, std) its data had. Made once per folder and
+    arguments."""
     from selfsup.export import export_backbone
     from selfsup.methods import DataInfo
     from selfsup.methods.build import backbone_meta, build_method
 
-    tag = "-".join(f"{k}{v}" for k, v in sorted(method_extra.items()))
+    tag = "-".join(f"{k}{v}" for k, v in sorted(method_extra.items())) + ("" if norm == ((0.5,), (0.25,)) else
+                                                                         f"norm{norm[0][0]}-{norm[1][0]}")
     run = Path(folder) / f"dinov2-teacher-{backbone}-{seed}{'-' + tag if tag else ''}"
     if (run / "checkpoints" / "last.ckpt").exists():
         return run
-    info = DataInfo(1, 8, (0.5,), (0.25,))
+    info = DataInfo(1, 8, tuple(norm[0]), tuple(norm[1]))
     cfg = tiny_config("dinov2", {**TEACHER_HEADS, **method_extra}, model={"backbone": backbone})
+    m = build_method(cfg, info)  # seeded by trainer.seed
     torch.manual_seed(seed)
-    m = build_method(cfg, info)
     with torch.no_grad():  # a teacher that is not its student's init, with centres of its own
         for name, p in (*m.teacher_backbone.named_parameters(), *m.teacher_head.named_parameters()):
             if name != "pos_embed":  # a fixed sin-cos table stays the table

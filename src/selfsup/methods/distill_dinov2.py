@@ -70,6 +70,7 @@ class DistillDINOv2Config(DINOv2Config):
 
     teacher: DINOv2TeacherConfig = field(default_factory=DINOv2TeacherConfig)
     out_dim: int = 0  # the student's [CLS] prototypes: the teacher's K (0: read from its head)
+    momentum: float = 0.992  # the spare EMA of the student (DINOv2's teacher momentum schedule: cosine to 1)
     ibot_out_dim: int = 0  # the separate iBOT head's: the teacher's (0: read from its head)
     mask_sample_probability: float = 0.0  # masking removed (§5): must stay 0
 
