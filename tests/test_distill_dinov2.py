@@ -212,11 +212,16 @@ def test_user_errors_are_one_line(tmp_path):
         student(run, {"mask_sample_probability": 0.5})
 
 
-def test_a_convnet_student_trains_the_cls_term_only(tmp_path):
-    m = student(dinov2_teacher_run(tmp_path), {"ibot_loss_weight": 0.0}, model={"backbone": "bn_cnn_tiny"})
+@pytest.mark.parametrize("separate", [False, True])
+def test_a_convnet_student_trains_the_cls_term_only(tmp_path, separate):
+    """Its pooled feature is its [CLS]; a teacher with a separate iBOT head needs none in the student (no patch term:
+    every student parameter takes a gradient, as DDP wants)."""
+    run = dinov2_teacher_run(tmp_path, **({"ibot_separate_head": True} if separate else {}))
+    m = student(run, {"ibot_loss_weight": 0.0}, model={"backbone": "bn_cnn_tiny"})
     out = m.forward_views(crops())
     out.loss.backward()
     assert set(out.scalars) == {"loss_dino", "loss_koleo"} and torch.isfinite(out.loss)
+    assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
     assert m.backbone.num_features == 64 and m.ema_backbone is m.eval_backbone
 
 

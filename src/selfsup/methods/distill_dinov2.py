@@ -25,7 +25,7 @@ this module chooses (each a line of docs/teacher-distillation.md):
   ``backbone.safetensors``; a hub / timm file has no heads (LightlyTrain's ``method.name=distill`` takes those);
 - the student gets fresh heads of its own (``method.hidden_dim`` / ``bottleneck_dim`` / ``head_layers``) with the
   teacher's prototype counts K (and K2): ``method.out_dim`` / ``ibot_out_dim`` 0 read them, another value must be
-  the teacher's; ``method.ibot_separate_head`` must be the teacher's;
+  the teacher's; with the patch term, ``method.ibot_separate_head`` must be the teacher's;
 - the teacher's outputs are centred as DINOv2 centres them (``method.centering``), at DINOv2's τt schedule; the EMA
   centres start from the teacher run's last ones (its centres of the same, now frozen, outputs; DINOv2 starts at 0);
 - KoLeo stays on the student backbone's [CLS] of each global crop; local crops, as the view plan has them, are
@@ -133,6 +133,8 @@ class DistillDINOv2(OutsideTeacher, DINOv2):
         if c.out_dim and c.out_dim != k:
             raise UserError(f"method.out_dim={c.out_dim}: the teacher's DINO head has {k} prototypes; set "
                             f"method.out_dim={k} (or 0: the teacher's)")
+        if c.ibot_loss_weight == 0:  # the [CLS] term only: no patch head or token to match
+            return
         if c.ibot_separate_head != separate:
             raise UserError(f"method.ibot_separate_head={str(c.ibot_separate_head).lower()}: the teacher's patches "
                             f"go through {'a separate iBOT head' if separate else 'its DINO head'}; set "
@@ -141,8 +143,6 @@ class DistillDINOv2(OutsideTeacher, DINOv2):
         if separate and c.ibot_out_dim and c.ibot_out_dim != k2:
             raise UserError(f"method.ibot_out_dim={c.ibot_out_dim}: the teacher's iBOT head has {k2} prototypes; "
                             f"set method.ibot_out_dim={k2} (or 0: the teacher's)")
-        if c.ibot_loss_weight == 0:
-            return
         if not (isinstance(student, VisionTransformer) and student.pool == "cls"):
             raise UserError(f"model.backbone={cfg.model.backbone!r} (model.pool={cfg.model.pool!r}) has no patch "
                             "tokens for the iBOT term: use a selfsup ViT with model.pool=cls, or set "
