@@ -198,6 +198,13 @@ def test_user_errors_are_one_line(tmp_path):
                     {**meta, "method": "dino"})
     with raises_user_error("is a dino run, not a dinov2 one", "method.name=distill"):
         student(dino)
+    headless = tmp_path / "headless-run"
+    shutil.copytree(run, headless)
+    state = torch.load(headless / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    torch.save({"state_dict": {k: v for k, v in state.items() if not k.startswith("teacher_head.")}},
+               headless / "checkpoints" / "last.ckpt")
+    with raises_user_error("holds no teacher_backbone / teacher_head", "method.name=distill"):
+        student(headless)
     with raises_user_error("model.patch_size=4", "the teacher's patches are 2 px", "method.ibot_loss_weight=0"):
         student(run, model={"patch_size": 4})
     with raises_user_error("model.backbone='bn_cnn_tiny'", "method.ibot_loss_weight=0"):

@@ -115,7 +115,6 @@ class DistillDINOv2(OutsideTeacher, DINOv2):
             self.ibot_head = DINOHead(width, k2, c.ibot_hidden_dim, c.ibot_bottleneck_dim, c.ibot_head_layers, False,
                                       c.norm_last_layer)
         self.ema_backbone = ema_teacher(self, student)  # the spare EMA, exported (§5)
-        self.patch_dim = k2
         self.centres = Centres(self, center=((1, k), c.center_momentum), center2=((1, 1, k2), c.center_momentum))
         for name, value in teacher.centres.items():  # the teacher run's last centres (DINOv2 starts at 0)
             if getattr(self, name).shape == value.shape:
