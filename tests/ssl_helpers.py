@@ -359,3 +359,41 @@ def in_fresh_interpreter(module: str, function: str, *args: str, timeout: float 
     proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+# --------------------------------------------------------------------------- a DINOv2 teacher run (distill_dinov2)
+TEACHER_HEADS = {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16, "ibot_out_dim": 24, "ibot_hidden_dim": 32,
+                 "ibot_bottleneck_dim": 16}  # a teacher's heads, narrowed
+STUDENT_HEADS = {"hidden_dim": 24, "bottleneck_dim": 8, "ibot_hidden_dim": 24, "ibot_bottleneck_dim": 8}
+
+
+def dinov2_teacher_run(folder, backbone: str = "vit_micro", seed: int = 0, norm=((0.5,), (0.25,)),
+                       **method_extra) -> Path:
+    """A selfsup DINOv2 run folder standing in for a trained teacher (``distill_dinov2``'s ``method.teacher.weights``):
+    a seeded tiny DINOv2 on digits (8 px, patch 2, ``tiny_config``'s) with its teacher moved off its student copy and
+    non-zero centres, its teacher exported as ``backbone.safetensors`` (its metadata as a run's) and its state as
+    ``checkpoints/last.ckpt``; no training. ``norm``: the (mean, std) its data had. Made once per folder and
+    arguments."""
+    from selfsup.export import export_backbone
+    from selfsup.methods import DataInfo
+    from selfsup.methods.build import backbone_meta, build_method
+
+    tag = "-".join(f"{k}{v}" for k, v in sorted(method_extra.items())) + ("" if norm == ((0.5,), (0.25,)) else
+                                                                         f"norm{norm[0][0]}-{norm[1][0]}")
+    run = Path(folder) / f"dinov2-teacher-{backbone}-{seed}{'-' + tag if tag else ''}"
+    if (run / "checkpoints" / "last.ckpt").exists():
+        return run
+    info = DataInfo(1, 8, tuple(norm[0]), tuple(norm[1]))
+    cfg = tiny_config("dinov2", {**TEACHER_HEADS, **method_extra}, model={"backbone": backbone})
+    m = build_method(cfg, info)  # seeded by trainer.seed
+    torch.manual_seed(seed)
+    with torch.no_grad():  # a teacher that is not its student's init, with centres of its own
+        for name, p in (*m.teacher_backbone.named_parameters(), *m.teacher_head.named_parameters()):
+            if name != "pos_embed":  # a fixed sin-cos table stays the table
+                p.add_(torch.randn_like(p) * 0.02)
+        m.center.normal_(0, 0.3)
+        m.center2.normal_(0, 0.3)
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+    export_backbone(m.eval_backbone, run / "backbone.safetensors", backbone_meta(cfg, info))
+    torch.save({"state_dict": m.state_dict(), "global_step": 0}, run / "checkpoints" / "last.ckpt")
+    return run

@@ -35,6 +35,9 @@ CASES = {
     "nnclr": ({}, {}, {}),
     "lejepa": ({}, {}, {}),  # its slices: step_draws
     "distill": ({"queue_size": 32}, {}, {}),  # the queue, mixup's λ and permutation (step_draws), a frozen teacher
+    # a frozen teacher with heads outside the module tree, every patch of the global crops, the spare EMA
+    "distill_dinov2": ({"warmup_teacher_temp_epochs": 1, "freeze_last_layer": 1}, {},
+                       {"local_crops_number": 2, "local_crops_size": 4}),
 }
 
 
@@ -96,6 +99,10 @@ def check_one_graph(method: str, tmp: str) -> None:
         tmp_path.mkdir(parents=True, exist_ok=True)
         teacher = export_backbone(build_backbone("vit_micro", **kwargs), tmp_path / "teacher.safetensors", meta)
         method_extra = {**method_extra, "teacher": {"weights": str(teacher)}}
+    if method == "distill_dinov2":  # its frozen teacher: a DINOv2 run folder (backbone + heads)
+        from ssl_helpers import STUDENT_HEADS, dinov2_teacher_run
+
+        method_extra = {**method_extra, **STUDENT_HEADS, "teacher": {"weights": str(dinov2_teacher_run(tmp_path))}}
     cfg = tiny_config(method, method_extra, augment=augment, output_dir=str(tmp_path), name="run",
                       trainer={"compile": True, "compile_backend": "eager", "max_epochs": 2,
                                "limit_train_batches": 2 * trainer.get("accumulate_grad_batches", 1),

@@ -169,8 +169,13 @@ def boundary_overrides(name: str, tmp_path: Path) -> list[str]:
     out = BOUNDARY + [f"method.{k}={v}" for k, v in NARROW.items() if k in fields]
     if "encoder" in fields:  # REPA: a frozen ViT encoder from a file
         out.append(f"method.encoder={random_vit(tmp_path)}")
-    if "teacher" in fields:  # distill: a frozen teacher from a file (reloaded and checked at each resume)
+    if name == "distill":  # a frozen teacher from a file (reloaded and checked at each resume)
         out += [f"method.teacher.weights={random_vit(tmp_path)}", "method.queue_size=48"]
+    if name == "distill_dinov2":  # a frozen teacher: a DINOv2 run folder, its K = NARROW's out_dim
+        from ssl_helpers import TEACHER_HEADS, dinov2_teacher_run
+
+        assert TEACHER_HEADS["out_dim"] == NARROW["out_dim"]
+        out.append(f"method.teacher.weights={dinov2_teacher_run(tmp_path)}")
     return out
 
 

@@ -21,7 +21,7 @@ from selfsup.methods import METHODS
 from selfsup.methods.build import build_method, data_info
 from selfsup.schedules import StepValues
 from selfsup.step import StepOutput
-from ssl_helpers import tiny_method
+from ssl_helpers import STUDENT_HEADS, dinov2_teacher_run, tiny_method
 
 SPE, EPOCHS, WARMUP, BATCH = 10, 5, 2, 16
 TOTAL = SPE * EPOCHS
@@ -233,6 +233,11 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
     # 0.001 of the peak is the presets' optim.min_lr), min_lr scaled as the peak
     "distill": (lambda tmp: joint("distill", {"teacher": {"weights": str(repa_encoder(tmp))}, "queue_size": 16}),
                 with_warmup_cosine(SCALED_MIN)),
+    # DINOv2's distillation: DINOv2's schedule, its momentum the spare EMA's
+    "distill_dinov2": (lambda tmp: joint("distill_dinov2", {**DINO_TEMPS, "momentum": 0.992, "freeze_last_layer": 1,
+                                                            "teacher": {"weights": str(dinov2_teacher_run(tmp))},
+                                                            **STUDENT_HEADS},
+                                         optim={"lr_scaling": "sqrt_1024", "weight_decay": 0.05}), dinov2_values()),
     "flow_matching": (lambda tmp: flow("flow-matching-digits"), with_warmup_cosine(SCALED_MIN)),
     "self_flow": (lambda tmp: flow("self-flow-digits", "method.rep_warmup_steps=20"),
                   ramped(with_warmup_cosine(SCALED_MIN), 0.8, 20)),

@@ -101,6 +101,10 @@ def test_no_host_reads_between_logging_steps(tmp_path, method):
         masking = {"pred_ratio": [0.0, 0.3], "pred_ratio_var": [0.0, 0.2]} if method == "ibot" else None
         if method == "distill":  # a frozen teacher from a file
             masking = {"teacher": {"weights": str(random_vit(tmp_path))}, "queue_size": 32}
+        if method == "distill_dinov2":  # a frozen teacher: a DINOv2 run folder (backbone + heads)
+            from ssl_helpers import STUDENT_HEADS, dinov2_teacher_run
+
+            masking = {"teacher": {"weights": str(dinov2_teacher_run(tmp_path))}, **STUDENT_HEADS}
         cfg = tiny_config(method, masking, trainer=trainer, instruments={"every_n_steps": 5}, output_dir=str(tmp_path),
                           name="run", **multicrop)
     reads, logged = _fit_counting(cfg, tmp_path)

@@ -44,6 +44,10 @@ def registry_method(case: str, tmp_path):
                 "dataset": "digits", "method": "moco_v3"}
         path = export_backbone(build_backbone("vit_micro", **kwargs), tmp_path / "teacher.safetensors", meta)
         extra = {"teacher": {"weights": str(path)}, "queue_size": 16}
+    if name == "distill_dinov2":  # a frozen teacher: a DINOv2 run folder (backbone + heads)
+        from ssl_helpers import STUDENT_HEADS, dinov2_teacher_run
+
+        extra = {"teacher": {"weights": str(dinov2_teacher_run(tmp_path))}, **STUDENT_HEADS}
     if METHODS[name].family == "joint":
         return tiny_method(name, extra)
     method = {"name": name, "size": "micro", "patch_size": 2}
@@ -62,7 +66,7 @@ def test_every_registered_method_is_on_the_one_base():
     assert all(issubclass(cls, TrainingBase) for cls in METHODS.values())
     assert {cls.family for cls in METHODS.values()} == {"joint", "flow"}
     assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol", "dino", "ibot", "dinov2",
-                                                                            "ijepa"}
+                                                                            "ijepa", "distill_dinov2"}
 
 
 @pytest.mark.parametrize("case", CASES)

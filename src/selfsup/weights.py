@@ -459,3 +459,68 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
             norm = (tuple(cfg["mean"]), tuple(cfg["std"]))
     module.eval().requires_grad_(False)
     return module, facts, norm
+
+
+# --------------------------------------------------------------------------- a DINOv2 run's teacher, heads included
+
+DINO_TEACHER_MODULES = ("teacher_backbone", "teacher_head", "teacher_ibot_head")  # a DINOv2 checkpoint's teacher
+
+
+@dataclass
+class DINOTeacher:
+    """A selfsup DINOv2 run's final teacher: its backbone and heads (``ibot_head`` None where the patches share the
+    [CLS] head), its centres, what was loaded and its input normalisation."""
+
+    backbone: nn.Module
+    head: nn.Module
+    ibot_head: nn.Module | None
+    centres: dict[str, Tensor]  # center (1, K), center2 (1, 1, K2): the EMA centres of its last step
+    facts: StartFacts
+    norm: tuple | None
+
+
+def build_dinov2_teacher(spec: str, in_chans: int, image_size: int, what: str) -> DINOTeacher:
+    """The teacher of the selfsup DINOv2 run folder ``spec``: its architecture from ``backbone.safetensors``'s
+    metadata (built at ``image_size``, positions resampled as ``build_from_weights``), the tensors of
+    ``checkpoints/last.ckpt``'s ``teacher_backbone.*``, ``teacher_head.*`` and ``teacher_ibot_head.*`` (the
+    heads' shapes give their sizes) and its ``center`` / ``center2``. The facts' sha256 is over the backbone's
+    and heads' tensors (``backbone.``, ``head.``, ``ibot_head.`` keys). Anything else: one line."""
+    from selfsup.models.heads import DINOHead
+
+    run = Path(spec).expanduser()
+    export, ckpt = run / "backbone.safetensors", run / "checkpoints" / "last.ckpt"
+    other = ("; a weights file, a DINOv2 hub checkpoint or timm:<name> has no DINO heads: distil it with "
+             "method.name=distill (LightlyTrain's loss)")
+    if not (run.is_dir() and export.exists() and ckpt.exists()):
+        raise UserError(f"{what}={spec} is not a finished selfsup DINOv2 run folder (backbone.safetensors and "
+                        f"checkpoints/last.ckpt){other}")
+    meta = read_meta(export)
+    if meta.get("method") != "dinov2":
+        raise UserError(f"{what}={spec} is a {meta.get('method')} run, not a dinov2 one: its heads are not "
+                        f"DINOv2's{other}")
+    backbone, facts, norm = build_from_weights(str(run), "auto", {}, in_chans, image_size, what)
+    try:
+        with torch.serialization.safe_globals(EXTRA_SAFE_GLOBALS):
+            state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    except Exception as e:
+        raise UserError(f"{what}={spec}: its checkpoint {ckpt} cannot be read ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:80]})") from None
+    parts = {name: _strip(state, f"{name}.") for name in DINO_TEACHER_MODULES}
+    if not parts["teacher_backbone"] or not parts["teacher_head"]:
+        raise UserError(f"{what}={spec}: its checkpoint {ckpt} holds no teacher_backbone / teacher_head{other}")
+    loaded, _ = convert(RawWeights({None: parts["teacher_backbone"]}, "selfsup", str(ckpt), meta), backbone, what)
+    with torch.no_grad():
+        backbone.load_state_dict(loaded, strict=True)
+    try:
+        heads = {name: DINOHead.from_state_dict(parts[f"teacher_{name}"]) if parts[f"teacher_{name}"] else None
+                 for name in ("head", "ibot_head")}
+    except ValueError as e:
+        raise UserError(f"{what}={spec}: its checkpoint's teacher heads are not DINOv2's ({e})") from None
+    whole = {f"{prefix}.{k}": v for prefix, module in (("backbone", backbone), *heads.items()) if module is not None
+             for k, v in module.state_dict().items()}
+    facts.path, facts.tensors, facts.sha256 = str(ckpt), len(whole), state_sha256(whole)
+    for module in (backbone, *heads.values()):
+        if module is not None:
+            module.eval().requires_grad_(False)
+    centres = {k: state[k].float() for k in ("center", "center2") if k in state}
+    return DINOTeacher(backbone, heads["head"], heads["ibot_head"], centres, facts, norm)

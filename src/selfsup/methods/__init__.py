@@ -11,6 +11,7 @@ from selfsup.methods.byol import BYOL
 from selfsup.methods.dino import DINO
 from selfsup.methods.dinov2 import DINOv2
 from selfsup.methods.distill import Distill
+from selfsup.methods.distill_dinov2 import DistillDINOv2
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
 from selfsup.methods.ibot import iBOT
 from selfsup.methods.ijepa import IJEPA
@@ -41,6 +42,7 @@ METHODS: dict[str, type] = {
     "ijepa": IJEPA,
     "lejepa": LeJEPA,
     "distill": Distill,
+    "distill_dinov2": DistillDINOv2,
     "flow_matching": FlowMatching,
     "self_flow": SelfFlow,
     "repa": Repa,
@@ -58,4 +60,4 @@ def registered_name(method_cfg) -> str:
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "registered_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
            "VICReg", "DINO", "DINOv2", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "IJEPA", "LeJEPA", "Distill",
-           "FlowMatching", "SelfFlow", "Repa"]
+           "DistillDINOv2", "FlowMatching", "SelfFlow", "Repa"]

@@ -217,21 +217,41 @@ class DINOv2(SelfDistillation):
     def forward_views(self, views, masks: torch.Tensor | None = None):
         """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
         crops (default: ``step_draws``)."""
-        c, n = self.cfg.method, self.n_global
-        if len(views) < n:
-            raise UserError(f"DINOv2 needs the 2 global crops of its view plan, got {len(views)} view(s)")
-        x = torch.cat(views[:n])
+        c = self.cfg.method
+        x = torch.cat(self.global_crops(views))
         if masks is None:
             masks = self.step_draws(views)["masks"]
         index, valid, weights = self.masked_tokens(masks)
-        n_cls, n_local = x.shape[0], len(views) - n
         with torch.no_grad():
             t_tokens = self.teacher_backbone(x, return_all_tokens=True)
-            t_patch = t_tokens[:, 1:].flatten(0, 1)[index]
-            t_cls_logits, t_patch_logits = self.heads(self.teacher_head, self.teacher_ibot_head
-                                                      if c.ibot_separate_head else None, t_tokens[:, 0], t_patch)
+            t_logits = self.heads(self.teacher_head, self.teacher_ibot_head if c.ibot_separate_head else None,
+                                  t_tokens[:, 0], t_tokens[:, 1:].flatten(0, 1)[index])
         s_tokens = self.backbone(x, masks, return_all_tokens=True)
-        s_cls, s_patch = s_tokens[:, 0], s_tokens[:, 1:].flatten(0, 1)[index]
+        loss, scalars, signs = self.dinov2_loss(views, t_logits, s_tokens[:, 0], s_tokens[:, 1:].flatten(0, 1)[index],
+                                                valid, weights)
+        if index.numel():
+            signs["dinov2_masked_share"] = masks.float().mean()
+        b = views[0].shape[0]
+        return StepOutput(loss, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0], scalars=scalars,
+                          instruments=signs)
+
+    def global_crops(self, views) -> list[torch.Tensor]:
+        """The view plan's 2 global crops (refused in one line without them)."""
+        if len(views) < self.n_global:
+            raise UserError(f"DINOv2 needs the 2 global crops of its view plan, got {len(views)} view(s)")
+        return views[:self.n_global]
+
+    def dinov2_loss(self, views, t_logits: tuple[torch.Tensor, torch.Tensor], s_cls: torch.Tensor,
+                    s_patch: torch.Tensor, valid: torch.Tensor,
+                    weights: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
+        """DINOv2's loss (ssl_meta_arch.py:132-346) from the teacher's logits ``t_logits`` = ([CLS] of the global
+        crops (2B, K), patch rows (U, K2)) and the student's tokens of the same crops and rows, ``s_cls`` (2B, D)
+        and ``s_patch`` (U, D): the student's local crops (``views[2:]``) and heads, the centred targets, the
+        [CLS] term, KoLeo on ``s_cls``, the patch term over the rows weighted by ``weights`` (U,) (``valid``: the
+        rows that are patches, not padding), and the centres' update. Returns (loss, scalars, signs)."""
+        c, n = self.cfg.method, self.n_global
+        t_cls_logits, t_patch_logits = t_logits
+        n_cls, n_local = s_cls.shape[0], len(views) - n
         s_local = torch.cat(encode_views(self.backbone, views[n:], False)) if n_local else s_cls[:0]
         s_cls_logits, s_patch_logits = self.heads(self.head, self.ibot_head if c.ibot_separate_head else None,
                                                   torch.cat([s_cls, s_local]), s_patch)
@@ -246,16 +266,14 @@ class DINOv2(SelfDistillation):
             loss = loss + koleo
             signs.update(koleo_signs)
             scalars["loss_koleo"] = koleo.detach()
-        if index.numel():
+        if s_patch.shape[0]:
             loss_ibot = dinov2_patch_loss(s_patch_logits, q_patch, weights, n_cls, c.student_temp)
             loss = loss + c.ibot_loss_weight * loss_ibot
             scalars["loss_ibot"] = loss_ibot.detach()
-            signs.update(self.patch_signs(t_patch_logits, q_patch, valid), dinov2_masked_share=masks.float().mean())
+            signs.update(self.patch_signs(t_patch_logits, q_patch, valid))
         if c.centering == "centering":
             self.update_centers(t_cls_logits, t_patch_logits, valid)
-        b = views[0].shape[0]
-        return StepOutput(loss, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0], scalars=scalars,
-                          instruments=signs)
+        return loss, scalars, signs
 
     @torch.no_grad()
     def patch_signs(self, t_patch: torch.Tensor, q: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -31,11 +31,9 @@ from selfsup.distributed import gather_no_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import global_distillation_loss
 from selfsup.methods.base import SSLMethod, micro_batch
+from selfsup.methods.teacher import OutsideTeacher
 from selfsup.step import StepOutput
 from selfsup.weights import build_from_weights
-
-TEACHER_SHA = "distill_teacher_sha256"  # the checkpoint key of the teacher's sha256
-
 
 @dataclass
 class TeacherConfig:
@@ -69,7 +67,7 @@ class DistillConfig:
             raise UserError(f"method.queue_size={self.queue_size} must be >= 1")
 
 
-class Distill(SSLMethod):
+class Distill(OutsideTeacher, SSLMethod):
     """The student ``W · backbone(x̃)`` matched to the frozen teacher's embedding through the queue's softmax."""
 
     Config = DistillConfig
@@ -82,38 +80,20 @@ class Distill(SSLMethod):
         c = cfg.method
         teacher, facts, norm = build_from_weights(c.teacher.weights, c.teacher.backbone, dict(c.teacher.kwargs),
                                                   info.channels, info.image_size, "method.teacher.weights")
-        object.__setattr__(self, "teacher", teacher)  # not a child: never saved, trained or wrapped by DDP
-        self.teacher_facts = facts.as_dict()
+        self.hold_teacher({"teacher": teacher}, facts, norm)  # outside the module tree (teacher.OutsideTeacher)
         width = int(teacher.num_features)
         self.projector = nn.Linear(self.backbone.num_features, width)  # distillation.py:183-189
         nn.init.trunc_normal_(self.projector.weight, std=0.02)
         self.register_buffer("queue", torch.zeros(c.queue_size, width))  # :196-205 (zeros; a checkpoint buffer)
-        # the teacher's input from the student's normalised view: x_t = (x · std + mean − mean_t) / std_t
-        mean, std = torch.tensor(info.mean), torch.tensor(info.std)
-        t_mean, t_std = (torch.tensor(norm[0]), torch.tensor(norm[1])) if norm else (mean, std)
-        if t_mean.numel() != mean.numel():  # a 3-channel teacher's statistics on a 1-channel run: their mean
-            t_mean, t_std = t_mean.mean().expand_as(mean), t_std.mean().expand_as(std)
-        scale, shift = std / t_std, (mean - t_mean) / t_std
-        self.register_buffer("teacher_scale", scale.reshape(1, -1, 1, 1), persistent=False)
-        self.register_buffer("teacher_shift", shift.reshape(1, -1, 1, 1), persistent=False)
 
     def trainable(self):
         return {"backbone": self.backbone, "projector": self.projector}
 
-    @property
-    def run_facts(self) -> dict:
-        return {**super().run_facts, "teacher": self.teacher_facts}
-
     # ----------------------------------------------------------------- the teacher
-    def place_teacher(self, device) -> None:
-        """The teacher on the step's device (outside the compiled step)."""
-        if next(self.teacher.parameters()).device != torch.device(device):
-            self.teacher.to(device)
-
     @torch.no_grad()
     def teacher_embedding(self, x: Tensor) -> Tensor:
         """normalize(teacher(x)) in float32: eval mode, no gradient, bf16 autocast on a GPU."""
-        x = x * self.teacher_scale + self.teacher_shift
+        x = self.teacher_input(x)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
             t = self.teacher(x)
         return F.normalize(t.flatten(1).float(), dim=-1)
@@ -165,16 +145,3 @@ class Distill(SSLMethod):
         with torch.no_grad():
             agree = (s.float() * t).sum(dim=-1).mean()
         return StepOutput(loss, embedding=h.detach(), projection=z.detach(), scalars={"teacher_cosine": agree})
-
-    # ----------------------------------------------------------------- checkpoints: the teacher is checked, not saved
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[TEACHER_SHA] = self.teacher_facts["sha256"]
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get(TEACHER_SHA)
-        if saved is not None and saved != self.teacher_facts["sha256"]:
-            raise UserError(f"method.teacher.weights={self.teacher_facts['source']} is not the teacher this run "
-                            f"trained with (sha256 {self.teacher_facts['sha256'][:12]}, the checkpoint's "
-                            f"{saved[:12]}); give the run's own teacher to resume it")

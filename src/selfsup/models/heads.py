@@ -91,6 +91,24 @@ class DINOHead(nn.Module):
     def forward(self, x):
         return self.last_layer(nn.functional.normalize(self.mlp(x), dim=-1, p=2))
 
+    @classmethod
+    def from_state_dict(cls, state: dict[str, torch.Tensor]) -> DINOHead:
+        """The head whose ``state_dict`` is ``state`` (its shapes give in, hidden, bottleneck and out dims and the
+        layer count; without BatchNorm), with those weights: a trained run's head rebuilt from its checkpoint.
+        ValueError where ``state`` is no such head's."""
+        linears = sorted((int(k.split(".")[1]), v) for k, v in state.items()
+                         if k.startswith("mlp.") and k.endswith(".weight") and v.ndim == 2)
+        if not linears or "last_layer.weight_v" not in state or any("running_mean" in k for k in state):
+            raise ValueError(f"not a DINO head without BatchNorm: keys {sorted(state)[:4]}")
+        first, last = linears[0][1], linears[-1][1]
+        head = cls(first.shape[1], state["last_layer.weight_v"].shape[0], first.shape[0], last.shape[0],
+                   len(linears), use_bn=False)
+        try:
+            head.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise ValueError(f"not a DINO head: {' '.join(str(e).split())[:120]}") from None
+        return head
+
 
 class iBOTHead(DINOHead):
     """iBOT's head (ibot models/head.py:145-199): DINO's MLP and L2 normalisation shared by the class and patch
