@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+from selfsup.claims.embedding_norms import DINO_OWN_INIT
 from selfsup.claims.suite import Claim, Context, Rule, ci, knn_pair, mean_ci
 
 
@@ -16,7 +17,8 @@ def measure_cut_init_dinov2(ctx: Context) -> dict:
     epochs = 1 if ctx.quick else 20  # the preset's own run (6 before its Sinkhorn-Knopp recipe, 2026-12-04)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the LayerNorm / attention warning: the cut is the paper's, on purpose
-        m = knn_pair(ctx, "dinov2-digits", ("cut", ["interventions.cut_init=3"]), ("default", []), epochs)
+        m = knn_pair(ctx, "dinov2-digits", ("cut", ["interventions.cut_init=3"]), ("default", []), epochs,
+                     DINO_OWN_INIT)  # dinov2-digits' former init and crops, as measured (issue 49 moved them)
     return {"metrics": m, "series": {},
             "ours": f"DINOv2 kNN top-1 with cut-init {ci(m['cut'])}% vs default {ci(m['default'])}%: "
                     f"cut − default {mean_ci(m['gain'])} points ({ctx.seeds} seeds, {epochs} epochs)"}
