@@ -267,3 +267,24 @@ def test_the_command_line_names_the_first_pilot_seed_of_the_suite():
     from selfsup.commands import claims as cli
 
     assert cli.PILOT_FIRST_SEED == PILOT_FIRST_SEED
+
+
+def test_a_finished_run_of_the_same_config_is_read_not_trained_again(tmp_path):
+    """An interrupted claim keeps its finished runs: ``pretrain_run`` reads a finished run (run.json, knn.json) whose
+    config.yaml is the config it would train, and trains any other."""
+    import yaml
+
+    from selfsup.claims.suite import finished_as
+    from selfsup.config import load_run_config, to_dict
+
+    cfg = load_run_config("simclr-digits", [f"output_dir={tmp_path}", "name=r", "trainer.seed=3"])
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (run / "knn.json").write_text("{}")
+    (run / "run.json").write_text(json.dumps({"status": "trained"}))
+    assert not finished_as(run, cfg)  # its finishing was cut short
+    (run / "run.json").write_text(json.dumps({"status": "finished"}))
+    assert finished_as(run, cfg)
+    other = load_run_config("simclr-digits", [f"output_dir={tmp_path}", "name=r", "trainer.seed=4"])
+    assert not finished_as(run, other)

@@ -63,6 +63,22 @@ def test_the_queue_takes_the_batch_first_and_shifts_the_rest(tmp_path):
     assert torch.equal(m.queue, torch.full((24, 128), 7.0))
 
 
+def test_teacher_centre_takes_the_bias_corrected_running_mean_off_the_features(tmp_path):
+    """method.teacher_centre=m: c ← m c + (1 − m) mean(batch), f − c / (1 − mⁿ) (the first batch minus its own mean);
+    0 (LightlyTrain's): the features as they are, and no buffer."""
+    assert not hasattr(distill(tmp_path), "teacher_mean")
+    m = distill(tmp_path, teacher_centre=0.9)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 128, generator=g) + 5, torch.randn(6, 128, generator=g) - 1
+    torch.testing.assert_close(m.centred(a), a - a.mean(0))
+    c = 0.9 * 0.1 * a.mean(0) + 0.1 * b.mean(0)
+    torch.testing.assert_close(m.centred(b), b - c / (1 - 0.9 ** 2))
+    assert "teacher_mean" in m.state_dict() and int(m.teacher_mean_steps) == 2  # checkpointed: a resume is exact
+    x = torch.rand(8, 1, 8, 8)
+    t = m.teacher_embedding(x)
+    torch.testing.assert_close(t.norm(dim=-1), torch.ones(8))
+
+
 def test_the_teacher_is_frozen_in_eval_mode_and_in_no_checkpoint(tmp_path):
     m = distill(tmp_path)
     m.train()
@@ -119,7 +135,7 @@ def _worker(rank: int, init_file: str, out_dir: str, teacher: str) -> None:
     try:
         from ssl_helpers import ViewsLoss  # noqa: F401 (the test's helpers on the path of the spawned worker)
 
-        m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12})
+        m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12, "teacher_centre": 0.9})
         x = torch.randn(2 * BATCH, 1, 8, 8, generator=torch.Generator().manual_seed(5))
         lam, perm = torch.tensor(0.3), torch.randperm(2 * BATCH, generator=torch.Generator().manual_seed(6))
 
@@ -145,9 +161,10 @@ def _worker(rank: int, init_file: str, out_dir: str, teacher: str) -> None:
 
 @pytest.mark.spawn
 def test_two_gloo_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
+    """The queue, the mixup partners and the teacher's running mean (method.teacher_centre) over the global batch."""
     teacher = teacher_file(tmp_path)
     spawn_and_join(_worker, (str(tmp_path / "init"), str(tmp_path), teacher), WORLD, 240)
-    m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12})
+    m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12, "teacher_centre": 0.9})
     x = torch.randn(2 * BATCH, 1, 8, 8, generator=torch.Generator().manual_seed(5))
     lam, perm = torch.tensor(0.3), torch.randperm(2 * BATCH, generator=torch.Generator().manual_seed(6))
     for _ in range(2):

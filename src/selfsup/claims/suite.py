@@ -277,7 +277,8 @@ _SHARED_RUNS: dict[tuple, Path] = {}  # this process's shared runs: (preset, ove
 
 
 def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str], share: bool = False) -> Path:
-    """One pretraining run of ``preset`` in ``ctx.work/name`` (replaced if it exists), recorded in ``ctx.runs``.
+    """One pretraining run of ``preset`` in ``ctx.work/name`` (a finished run of the same config there is read, any
+    other replaced), recorded in ``ctx.runs``.
     ``share``: a run of the same preset and overrides trained earlier in this process (by this claim or another;
     a seeded run is reproducible) is reused instead of trained again."""
     key = (preset, tuple(overrides), tuple(ctx.overrides))
@@ -286,17 +287,36 @@ def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str], sha
         _record(ctx, _SHARED_RUNS[key], shared=True)
         return _SHARED_RUNS[key]
     run_dir = ctx.work / name
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     cfg = load_run_config(preset, [*overrides, "trainer.progress_bar=false", "trainer.accelerator=cpu",
                                    "trainer.devices=1", f"output_dir={ctx.work}", f"name={name}",
                                    *ctx.overrides])
+    if finished_as(run_dir, cfg):  # a seeded run is reproducible: an interrupted claim keeps its finished runs
+        ctx.progress(f"finished run {run_dir} (pretrain {preset} {' '.join(overrides)}): read, not trained again")
+        _record(ctx, run_dir)
+        if share:
+            _SHARED_RUNS[key] = run_dir
+        return run_dir
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
     ctx.progress(f"pretrain {preset} {' '.join(overrides)}")
     run_dir = pretrain(cfg, preset=preset)
     if share:
         _SHARED_RUNS[key] = run_dir
     _record(ctx, run_dir)
     return run_dir
+
+
+def finished_as(run_dir: Path, cfg) -> bool:
+    """Whether ``run_dir`` holds a finished run (its report written) of exactly the config ``cfg``."""
+    import yaml
+
+    from selfsup.config import to_dict
+
+    facts, saved = run_dir / "run.json", run_dir / "config.yaml"
+    if not ((run_dir / "knn.json").exists() and facts.exists() and saved.exists()):
+        return False
+    return (json.loads(facts.read_text()).get("status") == "finished"
+            and yaml.safe_load(saved.read_text()) == yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False)))
 
 
 def _record(ctx: Context, run_dir: Path, shared: bool = False) -> None:

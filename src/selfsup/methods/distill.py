@@ -56,6 +56,11 @@ class DistillConfig:
     # from 10,000, 2048 from 4,000, 1024 from 2,000, 512 from 1,000, 256 from 500, ... (about 25-50% of the images)
     queue_size: int = 8192
     mixup: bool = True  # the convex combination of the batch with a permutation of itself (:211-212)
+    # not LightlyTrain's (0: off, its behaviour): the momentum of a running mean of the teacher's features taken off
+    # them before the L2 normalisation (DINO's centre, Adam's bias correction). A teacher whose features share one
+    # dominant direction (a small selfsup ViT's, mean cosine 0.9995 between digits) gives near-uniform targets over
+    # the queue (entropy log Q) and the student collapses onto them; DINOv2's features do not need it
+    teacher_centre: float = 0.0
 
     def validate(self) -> None:
         if not self.teacher.weights:
@@ -65,6 +70,9 @@ class DistillConfig:
             raise UserError(f"method.temperature={self.temperature} must be > 0 (LightlyTrain: 0.07)")
         if self.queue_size < 1:
             raise UserError(f"method.queue_size={self.queue_size} must be >= 1")
+        if not 0 <= self.teacher_centre < 1:
+            raise UserError(f"method.teacher_centre={self.teacher_centre} must be in [0, 1) (0: no centring, "
+                            "LightlyTrain's; 0.9: DINO's centre momentum)")
 
 
 class Distill(OutsideTeacher, SSLMethod):
@@ -85,6 +93,9 @@ class Distill(OutsideTeacher, SSLMethod):
         self.projector = nn.Linear(self.backbone.num_features, width)  # distillation.py:183-189
         nn.init.trunc_normal_(self.projector.weight, std=0.02)
         self.register_buffer("queue", torch.zeros(c.queue_size, width))  # :196-205 (zeros; a checkpoint buffer)
+        if c.teacher_centre:
+            self.register_buffer("teacher_mean", torch.zeros(width))  # the running mean's EMA and its step count
+            self.register_buffer("teacher_mean_steps", torch.zeros(()))
 
     def trainable(self):
         return {"backbone": self.backbone, "projector": self.projector}
@@ -92,11 +103,24 @@ class Distill(OutsideTeacher, SSLMethod):
     # ----------------------------------------------------------------- the teacher
     @torch.no_grad()
     def teacher_embedding(self, x: Tensor) -> Tensor:
-        """normalize(teacher(x)) in float32: eval mode, no gradient, bf16 autocast on a GPU."""
+        """normalize(teacher(x)) in float32: eval mode, no gradient, bf16 autocast on a GPU (centred first with
+        ``method.teacher_centre``)."""
         x = self.teacher_input(x)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
             t = self.teacher(x)
-        return F.normalize(t.flatten(1).float(), dim=-1)
+        return F.normalize(self.centred(t.flatten(1).float()), dim=-1)
+
+    @torch.no_grad()
+    def centred(self, f: Tensor) -> Tensor:
+        """f − c / (1 − mⁿ): c the EMA (momentum m = ``method.teacher_centre``) of the global batch's mean feature,
+        updated with this batch first, n its updates (Adam's bias correction: the first step subtracts the batch's
+        own mean); m = 0: f as it is (LightlyTrain)."""
+        m = self.cfg.method.teacher_centre
+        if not m:
+            return f
+        self.teacher_mean.mul_(m).add_(gather_no_grad(f.contiguous()).mean(dim=0), alpha=1 - m)
+        self.teacher_mean_steps.add_(1)
+        return f - self.teacher_mean / (1 - m ** self.teacher_mean_steps)
 
     # ----------------------------------------------------------------- the step
     def step_draws(self, views: list[Tensor]) -> dict[str, Tensor]:
