@@ -106,6 +106,10 @@ its runs; the result follows each.
   the 10 loss terms, so the student learns mostly to match a teacher that saw another symbol. Predicted: at least 3
   validation points above ``moco_init`` (64.2) at seed 100, and at least +10 over the init (58.0). Rule: the family's
   presets take it with ``moco_init`` when it clears both; the table seeds 0-2 then decide the bars.
+  Result (``results/dino_digits_2crops_choice.json``, 323 s): 71.9 against the init's 58.0, +13.9, and +7.7 over
+  ``moco_init``: the prediction held; the three presets took both changes (``ibot-digits`` had no local crops). The
+  table seeds (``results/digits_table.json``): ``dino-digits`` 68.6%, +10.0 [8.2, 11.9]; ``ibot-digits`` 73.0%,
+  +14.4 [7.9, 20.9]; ``dinov2-digits`` 85.1%, +26.5 [16.7, 36.3]: both bars met on the means.
 
     python -m benchmarks.digits_choice --preset dinov2-digits --only koleo_0.1,koleo_0 \\
         --out benchmarks/results/dinov2_digits_choice.json

@@ -41,6 +41,10 @@ variant was written here before its run; the result follows it.
   digits preset that needed more epochs gained with them (dino-digits 43.8 → 49.3 from 10 to 20). Predicted: at
   least +10 over the init (+9.7 at 30 epochs). Rule: the preset takes the three changes when it clears +10; its
   table seeds 0-2 then decide the digits bar.
+
+  Result: 71.2 against the init's 60.8, +10.4 (254 s; test +10.6, reported only): the prediction held and the preset
+  took the three changes. Its table seeds then gained +8.6 / -10.9 / +3.6 (``results/digits_table_jepa.json``: +0.5
+  [-24.7, 25.6]; the backbone's init itself scores 59-72 across seeds): the digits bar is not met.
 * ``lejepa-digits`` ``minimal``: MINIMAL.md's recipe on two global views, 10 epochs. Predicted: at least +10 over
   the init (a 1-epoch smoke run gained +16 on the test split, reported only). Rule: kept when it clears +10.
   Result: 85.4 against the init's 58.0, +27.4: the prediction held, kept.
