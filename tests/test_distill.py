@@ -66,14 +66,14 @@ def test_the_queue_takes_the_batch_first_and_shifts_the_rest(tmp_path):
 def test_teacher_centre_takes_the_bias_corrected_running_mean_off_the_features(tmp_path):
     """method.teacher_centre=m: c ← m c + (1 − m) mean(batch), f − c / (1 − mⁿ) (the first batch minus its own mean);
     0 (LightlyTrain's): the features as they are, and no buffer."""
-    assert not hasattr(distill(tmp_path), "teacher_mean")
+    assert not hasattr(distill(tmp_path), "centre")
     m = distill(tmp_path, teacher_centre=0.9)
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(4, 128, generator=g) + 5, torch.randn(6, 128, generator=g) - 1
     torch.testing.assert_close(m.centred(a), a - a.mean(0))
     c = 0.9 * 0.1 * a.mean(0) + 0.1 * b.mean(0)
     torch.testing.assert_close(m.centred(b), b - c / (1 - 0.9 ** 2))
-    assert "teacher_mean" in m.state_dict() and int(m.teacher_mean_steps) == 2  # checkpointed: a resume is exact
+    assert "centre" in m.state_dict() and int(m.centre_updates) == 2  # checkpointed: a resume is exact
     x = torch.rand(8, 1, 8, 8)
     t = m.teacher_embedding(x)
     torch.testing.assert_close(t.norm(dim=-1), torch.ones(8))

@@ -94,8 +94,8 @@ class Distill(OutsideTeacher, SSLMethod):
         nn.init.trunc_normal_(self.projector.weight, std=0.02)
         self.register_buffer("queue", torch.zeros(c.queue_size, width))  # :196-205 (zeros; a checkpoint buffer)
         if c.teacher_centre:
-            self.register_buffer("teacher_mean", torch.zeros(width))  # the running mean's EMA and its step count
-            self.register_buffer("teacher_mean_steps", torch.zeros(()))
+            self.register_buffer("centre", torch.zeros(width))  # the running mean's EMA and its step count
+            self.register_buffer("centre_updates", torch.zeros(()))
 
     def trainable(self):
         return {"backbone": self.backbone, "projector": self.projector}
@@ -118,9 +118,9 @@ class Distill(OutsideTeacher, SSLMethod):
         m = self.cfg.method.teacher_centre
         if not m:
             return f
-        self.teacher_mean.mul_(m).add_(gather_no_grad(f.contiguous()).mean(dim=0), alpha=1 - m)
-        self.teacher_mean_steps.add_(1)
-        return f - self.teacher_mean / (1 - m ** self.teacher_mean_steps)
+        self.centre.mul_(m).add_(gather_no_grad(f.contiguous()).mean(dim=0), alpha=1 - m)
+        self.centre_updates.add_(1)
+        return f - self.centre / (1 - m ** self.centre_updates)
 
     # ----------------------------------------------------------------- the step
     def step_draws(self, views: list[Tensor]) -> dict[str, Tensor]:
