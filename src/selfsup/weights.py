@@ -519,8 +519,5 @@ def build_dinov2_teacher(spec: str, in_chans: int, image_size: int, what: str) -
     whole = {f"{prefix}.{k}": v for prefix, module in (("backbone", backbone), *heads.items()) if module is not None
              for k, v in module.state_dict().items()}
     facts.path, facts.tensors, facts.sha256 = str(ckpt), len(whole), state_sha256(whole)
-    for module in (backbone, *heads.values()):
-        if module is not None:
-            module.eval().requires_grad_(False)
     centres = {k: state[k].float() for k in ("center", "center2") if k in state}
     return DINOTeacher(backbone, heads["head"], heads["ibot_head"], centres, facts, norm)

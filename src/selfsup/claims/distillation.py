@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from selfsup.claims.suite import Claim, Context, Rule, knn_top1, mean_ci, pretrain_run
-from selfsup.eval import ProbeConfig
-from selfsup.runs import run_linear
+from selfsup.claims.suite import Claim, Context, Rule, knn_top1, linear_top1, mean_ci, pretrain_run
 
 # the teacher: the digits table's best method (SimCLR, 92.2% kNN) on a larger ViT (vit_tiny), trained twice as long
 # (distill-digits' comment); one teacher for every seed (seed 0), its kNN written beside the students'
@@ -19,12 +17,6 @@ TEACHER = ("simclr-digits", ["trainer.seed=0", "model.backbone=vit_tiny"])
 EPOCHS = {True: 1, False: 50}  # the student's budget: simclr-digits' 50 epochs (quick runs are cut short by tests)
 TEACHER_EPOCHS = {True: 1, False: 100}
 SCRATCH = "simclr-digits"  # the micro ViT's best preset from scratch (digits table: 92.2% kNN, +33.6 over its init)
-
-
-def linear_top1(run, quick: bool) -> float:
-    """The linear probe's test top-1 (MoCo v3's protocol: SGD over its lr grid, chosen on a validation split)."""
-    cfg = ProbeConfig.for_protocol("moco_v3", epochs=2 if quick else 30)
-    return float(run_linear(run, cfg)["test"]["top1"])
 
 
 def measure_distill_beats_scratch(ctx: Context) -> dict:

@@ -89,6 +89,17 @@ class DistillDINOv2Config(DINOv2Config):
                                                   ibot_out_dim=self.ibot_out_dim or 1))
 
 
+def prototypes(teacher) -> tuple[int, int]:
+    """The teacher's prototype counts: its DINO head's K and its patch head's K2 (K where the patches share it)."""
+    k = teacher.head.last_layer.weight_v.shape[0]
+    return k, (teacher.ibot_head.last_layer.weight_v.shape[0] if teacher.ibot_head is not None else k)
+
+
+def has_tokens(student: nn.Module) -> bool:
+    """Whether the student gives the patch tokens the iBOT term pairs: a selfsup ViT with a class token."""
+    return isinstance(student, VisionTransformer) and student.pool == "cls"
+
+
 class DistillDINOv2(OutsideTeacher, DINOv2):
     """A student trained by DINOv2's loop against a frozen DINOv2 teacher (backbone + heads); the EMA is exported."""
 
@@ -107,8 +118,7 @@ class DistillDINOv2(OutsideTeacher, DINOv2):
         self.check_teacher(cfg, teacher, student)
         self.hold_teacher({"teacher_backbone": teacher.backbone, "teacher_head": teacher.head,
                            "teacher_ibot_head": teacher.ibot_head}, teacher.facts, teacher.norm)
-        k = teacher.head.last_layer.weight_v.shape[0]
-        k2 = teacher.ibot_head.last_layer.weight_v.shape[0] if teacher.ibot_head is not None else k
+        k, k2 = prototypes(teacher)
         width = student.num_features
         self.head = DINOHead(width, k, c.hidden_dim, c.bottleneck_dim, c.head_layers, False, c.norm_last_layer)
         if c.ibot_separate_head:
@@ -121,13 +131,13 @@ class DistillDINOv2(OutsideTeacher, DINOv2):
                 getattr(self, name).copy_(value)
         self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
         self.post_step_hooks.append(self.teacher_ema)  # the EMA of the student, after each optimiser step
-        self.student_tokens = isinstance(student, VisionTransformer) and student.pool == "cls"
+        self.student_tokens = has_tokens(student)
 
     @staticmethod
     def check_teacher(cfg, teacher, student: nn.Module) -> None:
         """The student's heads and tokens against the teacher's: one line for each mismatch."""
         c = cfg.method
-        k = teacher.head.last_layer.weight_v.shape[0]
+        k, k2 = prototypes(teacher)
         separate = teacher.ibot_head is not None
         if c.out_dim and c.out_dim != k:
             raise UserError(f"method.out_dim={c.out_dim}: the teacher's DINO head has {k} prototypes; set "
@@ -138,11 +148,10 @@ class DistillDINOv2(OutsideTeacher, DINOv2):
             raise UserError(f"method.ibot_separate_head={str(c.ibot_separate_head).lower()}: the teacher's patches "
                             f"go through {'a separate iBOT head' if separate else 'its DINO head'}; set "
                             f"method.ibot_separate_head={str(separate).lower()}")
-        k2 = teacher.ibot_head.last_layer.weight_v.shape[0] if separate else k
         if separate and c.ibot_out_dim and c.ibot_out_dim != k2:
             raise UserError(f"method.ibot_out_dim={c.ibot_out_dim}: the teacher's iBOT head has {k2} prototypes; "
                             f"set method.ibot_out_dim={k2} (or 0: the teacher's)")
-        if not (isinstance(student, VisionTransformer) and student.pool == "cls"):
+        if not has_tokens(student):
             raise UserError(f"model.backbone={cfg.model.backbone!r} (model.pool={cfg.model.pool!r}) has no patch "
                             "tokens for the iBOT term: use a selfsup ViT with model.pool=cls, or set "
                             "method.ibot_loss_weight=0 (the [CLS] term only)")

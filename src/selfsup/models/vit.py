@@ -472,8 +472,6 @@ class LastBlocks(nn.Module):
 
     def __init__(self, vit: VisionTransformer, n: int):
         super().__init__()
-        if not 1 <= n <= vit.depth:
-            raise ValueError(f"n={n} last blocks: the ViT has {vit.depth}")
         self.vit, self.n = vit, n
         self.num_features = n * vit.num_features
 
