@@ -288,3 +288,26 @@ def test_a_finished_run_of_the_same_config_is_read_not_trained_again(tmp_path):
     assert finished_as(run, cfg)
     other = load_run_config("simclr-digits", [f"output_dir={tmp_path}", "name=r", "trainer.seed=4"])
     assert not finished_as(run, other)
+
+
+def test_a_claim_whose_pilot_was_an_earlier_run_measures_past_its_seeds(tmp_path, monkeypatch):
+    """`Claim.first_seed`: a claim whose budget was set by an earlier run of its own (seeds 0-2) runs on the
+    seeds after it, and its result records them (`--resume` reads a result only at the same first seed)."""
+    from dataclasses import replace
+
+    from selfsup.claims.suite import Rule
+    from selfsup.commands.claims import _matches
+
+    seen = []
+
+    def measure(ctx):
+        seen.extend(ctx.seed_ids())
+        return {"metrics": {"gain": [1.0 + 0.1 * s for s in ctx.seed_ids()]}, "series": {}, "ours": "gain"}
+
+    claim = replace(CLAIMS["distill-beats-scratch"], id="first-seed-probe", rules=(Rule("gain", ">", 0.0),),
+                    measure=measure, default_seeds=4, first_seed=3)
+    monkeypatch.setitem(CLAIMS, claim.id, claim)
+    assert main(["claims", "run", claim.id, "--out", str(tmp_path / "out"), "--work", str(tmp_path / "runs")]) == 0
+    result = json.loads((tmp_path / "out" / f"{claim.id}.json").read_text())
+    assert seen == [3, 4, 5, 6] and result["first_seed"] == 3 and result["seeds"] == 4
+    assert _matches(result, claim, False, 4) and not _matches(result, replace(claim, first_seed=0), False, 4)

@@ -269,6 +269,7 @@ class Claim:
     test_data: str = "digits"  # the test split behind its kNN accuracies (``TEST_IMAGES``)
     decide: str = ""  # what would decide it where the suite's budget does not (docs/CLAIMS.md's paragraph)
     pilot: Pilot | None = None  # the pilot that set its budget, where one ran
+    first_seed: int = 0  # the run's first seed: past the seeds of an earlier run that served as its pilot
 
 
 # ---- measurement helpers ----------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def _matches(last: dict | None, claim: Claim, quick: bool, seeds: int) -> bool:
     from selfsup.claims.suite import definition_hash
 
     return bool(last) and last.get("code_hash") == definition_hash(claim) and last["quick"] == quick \
-        and last["seeds"] == seeds
+        and last["seeds"] == seeds and last.get("first_seed", 0) == claim.first_seed
 
 
 def _expected_s(claim: Claim, quick: bool, seeds: int, out: Path) -> float | None:
@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
         claim_start = time.perf_counter()
         work = Path(args.work) / claim.id
         result = run_claim(claim, Context(quick=args.quick, seeds=seeds, work=work, overrides=args.set,
-                                          progress=progress))
+                                          progress=progress, first_seed=claim.first_seed))
         result["wall_s"] = round(time.perf_counter() - claim_start, 1)
         result["commit"] = commit
         (out / f"{claim.id}.json").write_text(json.dumps(result, indent=1))
