@@ -53,6 +53,11 @@ variant was written here before its run; the result follows it.
 * ``lejepa-fmnist`` ``minimal``: MINIMAL.md's recipe, two global views with flips, 5 epochs. Predicted: at least
   +6. Rule: kept when it clears +6.
 
+* ``lejepa-fmnist`` as shipped, on the table seeds 0-2 (``benchmarks/methods_fmnist.py --epochs 5``; no
+  variant to choose, so no validation run; the warm-up set to the table's 10% of the run, 0.5 epoch). Predicted,
+  2026-12-05 before the runs: at least +6 kNN over the init, the interval's lower end above +3 (a 12-step smoke
+  run gained +3.3 on the test split, reported only, from an init at 74.1).
+
 ``lejepa-fmnist`` and ``ijepa-fmnist`` were not run to their end: the ``lejepa-fmnist`` run reached step 39 of
 1,170 in 5 minutes on the shared 2-core machine (about 2.5 hours for one run) and was stopped.
 
