@@ -88,8 +88,10 @@ variant was written here before its run; the result follows it.
   the two regimes; each runs at seed 100, and seed 101 runs only for one that clears +10 there (the higher first;
   at most 6 validation runs in this round).
 * ``ijepa-digits`` ``code_lr``: the EMA from 0.9 with the code's lr per image (``lr: 0.001`` at batch 2048,
-  configs/in1k_vith14_ep300.yaml: ``optim.base_lr=1.25e-4`` per 256, 6.25e-5 at 128, 8x lower than the preset's)
-  and the code's warm-up share (40 of 300 epochs: ``optim.warmup_epochs=8`` of 60). The collapse is a drift of the
+  configs/in1k_vith14_ep300.yaml: ``optim.base_lr=1.25e-4`` per 256, 6.25e-5 at 128, 8x lower than the preset's;
+  its ``start_lr: 0.0002`` at 2048 likewise, ``method.start_lr=2.5e-5`` per 256) and the code's warm-up share (40
+  of 300 epochs: ``optim.warmup_epochs=8`` of 60). (First launched without the start_lr, which would have warmed
+  the lr down from 1e-4; stopped at its start and changed before it ran.) The collapse is a drift of the
   encoder at the peak lr that the fast target follows; 8x slower steps leave the target time to follow without
   the drift. Predicted: the loss stays above 0.005 until step 300 at least, and at least +10 at both seeds. Rule:
   the preset takes the code's lr and warm-up when both seeds clear +10.
@@ -134,7 +136,7 @@ VARIANTS = {
                      "one_target": ["method.num_pred_masks=1"],
                      "patch1_m0.9": ["model.patch_size=1", "method.pred_mask_scale=[0.15,0.2]",
                                      "method.num_pred_masks=2", "method.min_keep=4"],
-                     "code_lr": ["optim.base_lr=1.25e-4", "optim.warmup_epochs=8"],
+                     "code_lr": ["optim.base_lr=1.25e-4", "method.start_lr=2.5e-5", "optim.warmup_epochs=8"],
                      "m0.99": ["method.momentum=0.99"]},
     "lejepa-digits": {"minimal": []},
     "ijepa-fmnist": {"code": []},
