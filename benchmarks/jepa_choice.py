@@ -98,6 +98,19 @@ variant was written here before its run; the result follows it.
 * ``ijepa-digits`` ``m0.99``: the EMA from 0.99 (a target horizon of ~100 steps against 0.9's ~10 and 0.996's
   ~250), the preset's lr. Predicted: the collapse later than at 0.9 (loss above 0.005 until step 200) and at least
   +10 at both seeds. Rule: the preset takes 0.99 when both seeds clear +10.
+
+  Results: ``code_lr`` 64.6 against 60.8, +3.8 (104 s; test +2.0; the context encoder 66.7): no collapse (the loss
+  0.19-0.42 throughout, RankMe 1.8-2.4, ``dim_std_embedding`` 0.0020-0.0036) and little learning, as at 0.996: the
+  first half of the prediction held, the gain failed. ``m0.99`` 45.8 against 60.8, -14.9 (143 s; test -10.9; the
+  context encoder 43.1): the loss fell to 0.004 by step 159 and rose again to 0.05-0.07, RankMe 2.1 → 3.2 and
+  ``dim_std_embedding`` 0.0030 → 0.0082 from step 200 on: the features spread again while their kNN fell 15
+  points under the init. Both failed at seed 100; neither runs at seed 101, and the preset is unchanged. On this
+  data the collapse signs do not track the kNN: the collapsed runs (EMA 0.9) score 70-73, the run whose features
+  spread again 46.
+* The sixth and last run of this round is the preset itself (``backbone_init_m0.9_60ep``, whose overrides are now
+  the preset's own) at seed 101: a reference for ``one_target``'s seed 101 and for how far the preset's seed-100
+  +10.4 carries to another validation seed, not a candidate. Predicted: +5 to +12 (``one_target`` +8.7 at this
+  seed; the table seeds' +8.6 / -10.9 / +3.6 on the test split).
 * ``lejepa-digits`` ``minimal``: MINIMAL.md's recipe on two global views, 10 epochs. Predicted: at least +10 over
   the init (a 1-epoch smoke run gained +16 on the test split, reported only). Rule: kept when it clears +10.
   Result: 85.4 against the init's 58.0, +27.4: the prediction held, kept.
