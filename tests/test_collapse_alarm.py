@@ -226,3 +226,18 @@ def test_the_alarm_benchmarks_cases_resolve_and_an_unknown_one_is_one_line(capsy
         load_run_config(preset, [])
     assert bench.main(["--only", "nothing", "--out", "/nonexistent/x.json"]) == 2
     assert "no such case" in capsys.readouterr().err
+
+
+def test_the_ijepa_target_spread_names_every_recorded_collapse_and_no_other_run():
+    """The digits runs of benchmarks/results/ijepa_collapse_series.json, labelled by their loss (collapsed: the last
+    under 1% of the first), replayed through the alarm as each run would have raised it (after its warm-up)."""
+    import json
+    from pathlib import Path
+
+    runs = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" /
+                       "ijepa_collapse_series.json").read_text())["runs"]
+    assert sum(r["collapsed"] for r in runs) >= 8 and sum(not r["collapsed"] for r in runs) >= 2
+    for r in runs:
+        series = {name: [tuple(p) for p in points] for name, points in r["series"].items()}
+        fired = CollapseAlarm(5, collapse_signs()).replay(series, warmup_steps=r["warmup_steps"])
+        assert ("ijepa_target_std" in {e["sign"] for e in fired}) == r["collapsed"], r["run"]
