@@ -138,7 +138,8 @@ variant was written here before its run; the result follows it.
 * ``ijepa-fmnist`` as shipped (the code's masks on a 7x7 grid, the backbone's init, the code's EMA 0.996 to 1,
   which over 1,170 steps lets the target follow the encoder), on the table seeds 0-2 the same way; the warm-up the
   table's 0.5 epoch. Predicted, 2026-12-05 before the runs: at least +6 kNN over the init (the issue's bar), with
-  low confidence: the digits recipe reached it on one validation seed and not on the table seeds.
+  low confidence: the digits recipe reached it on one validation seed and not on the table seeds. Not run yet: the
+  session's CPU went to ``lejepa-fmnist``'s seeds and ``distill-beats-scratch``.
 
 ``lejepa-fmnist`` and ``ijepa-fmnist`` were not run to their end: the ``lejepa-fmnist`` run reached step 39 of
 1,170 in 5 minutes on the shared 2-core machine (about 2.5 hours for one run) and was stopped.
