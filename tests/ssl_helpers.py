@@ -361,6 +361,36 @@ def in_fresh_interpreter(module: str, function: str, *args: str, timeout: float 
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+def checks_in_one_fresh_interpreter(module: str, functions: list[str], tmp: Path) -> dict[str, str | None]:
+    """Each ``module.function(DIR)`` (``DIR``: its own new folder under ``tmp``) in one new Python process, as
+    :func:`in_fresh_interpreter` runs one, but paying its start (torch, Lightning, dynamo imported) once for all:
+    function → None (passed) or its traceback, for each test to assert its own. Dynamo is reset before each."""
+    import json
+
+    in_fresh_interpreter("ssl_helpers", "run_checks", module, str(tmp), *functions)
+    return json.loads((Path(tmp) / "checks.json").read_text())
+
+
+def run_checks(module: str, tmp: str, *functions: str) -> None:
+    """The child of :func:`checks_in_one_fresh_interpreter`: a failing check is recorded, the next still runs."""
+    import importlib
+    import json
+    import traceback
+
+    mod = importlib.import_module(module)
+    results = {}
+    for name in functions:
+        folder = Path(tmp) / name
+        folder.mkdir(parents=True)
+        torch._dynamo.reset()
+        try:
+            getattr(mod, name)(str(folder))
+            results[name] = None
+        except Exception:  # noqa: BLE001  (reported by the check's own test)
+            results[name] = traceback.format_exc()[-4000:]
+    (Path(tmp) / "checks.json").write_text(json.dumps(results))
+
+
 # --------------------------------------------------------------------------- a DINOv2 teacher run (distill_dinov2)
 TEACHER_HEADS = {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16, "ibot_out_dim": 24, "ibot_hidden_dim": 32,
                  "ibot_bottleneck_dim": 16}  # a teacher's heads, narrowed
