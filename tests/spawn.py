@@ -16,10 +16,16 @@ import torch.multiprocessing as mp
 PRELOAD = ["torch", "torch.distributed", "lightning.pytorch", "selfsup.engine", "ssl_helpers"]
 
 
+def forkserver():
+    """The multiprocessing context whose processes fork from the preloaded server (started by its first process)."""
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (the first process of this one)
+    return multiprocessing.get_context("forkserver")
+
+
 def spawn_and_join(worker, args: tuple, nprocs: int, timeout_s: float, poll_s: float = 1.0) -> None:
     """``worker(rank, *args)`` in ``nprocs`` new processes (forks of the preloaded server); a worker's exception is
     re-raised here, and workers still alive after ``timeout_s`` are terminated (TimeoutError)."""
-    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (the first call of the process)
+    forkserver()
     ctx = mp.start_processes(worker, args=args, nprocs=nprocs, join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout_s
     try:
