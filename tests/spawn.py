@@ -36,3 +36,53 @@ def spawn_and_join(worker, args: tuple, nprocs: int, timeout_s: float, poll_s: f
         for p in ctx.processes:
             if p.is_alive():
                 p.terminate()
+
+
+class Finished:
+    """What ``subprocess.run(..., capture_output=True, text=True)`` gives back, the two streams in one."""
+
+    def __init__(self, returncode: int, output: str):
+        self.returncode, self.stdout, self.stderr = returncode, output, output
+
+
+def run_script(script, args: list[str], cwd, env: dict, timeout: float) -> Finished:
+    """``python SCRIPT ARGS...`` in ``cwd`` with the environment ``env``, as ``subprocess.run`` runs it (the return
+    code: -N when signal N ended it), but forked from the preloaded fork server rather than a new interpreter: for
+    the scripts of Lightning's DDP tests, whose launcher re-runs the script (``sys.argv[0]``) for the other ranks
+    in new interpreters, as ever; rank 0 alone skips the start of torch and Lightning."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "output.txt"
+        child = forkserver().Process(target=_run_script, args=(str(script), list(args), str(cwd), dict(env),
+                                                               str(output)))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            raise TimeoutError(f"{script} did not finish within {timeout} s")
+        return Finished(child.exitcode, output.read_text(errors="replace") if output.exists() else "")
+
+
+def _run_script(script: str, args: list[str], cwd: str, env: dict, output: str) -> None:
+    """The child of :func:`run_script`: its stdout and stderr (the file descriptors: the other ranks' too) to
+    ``output``, then the script as ``__main__`` and the exit handlers an interpreter runs as it ends."""
+    import atexit
+    import os
+    import runpy
+    import sys
+
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.argv = [script, *args]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()  # a multiprocessing child ends with os._exit, which skips them
