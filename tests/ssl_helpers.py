@@ -344,21 +344,68 @@ def quick_claim(claim_id: str, work, overrides) -> dict:
 
 
 def in_fresh_interpreter(module: str, function: str, *args: str, timeout: float = 900) -> None:
-    """``module.function(*args)`` (a tests/ module, string arguments) in a new Python process, failing the caller
-    with the child's traceback. For tests that run a compiled backward: it starts autograd's device threads, and a
-    process that did so can no longer fork a child that runs backward (``forked_kill``: "Unable to handle autograd's
-    threading in combination with fork-based multiprocessing"), so such a test must not run in the suite's process."""
-    import os
-    import subprocess
-    import sys
+    """``module.function(*args)`` (a tests/ module, string arguments) in a new process, failing the caller with the
+    child's traceback. For tests that run a compiled backward: it starts autograd's device threads, and a process
+    that did so can no longer fork a child that runs backward (``forked_kill``: "Unable to handle autograd's
+    threading in combination with fork-based multiprocessing"), so such a test must not run in the suite's process.
+    The process is a fork of the clean fork server of ``spawn.forkserver`` (a new interpreter that has only imported
+    torch, Lightning and the engine: none of the suite process's threads or state), not one more interpreter start."""
+    import tempfile
 
-    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import {module}; "
-            f"{module}.{function}(*sys.argv[1:])")
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    from spawn import forkserver
+
+    with tempfile.TemporaryDirectory() as tmp:
+        error = Path(tmp) / "traceback.txt"
+        child = forkserver().Process(target=_call, args=(module, function, args, str(error)))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            raise AssertionError(f"{module}.{function} did not finish within {timeout} s")
+        assert child.exitcode == 0, error.read_text()[-4000:] if error.exists() else f"exit code {child.exitcode}"
+
+
+def _call(module: str, function: str, args: tuple, error: str) -> None:
+    """The child of :func:`in_fresh_interpreter`: its traceback to ``error``, exit code 1 on a failure."""
+    import importlib
+    import traceback
+
+    try:
+        getattr(importlib.import_module(module), function)(*args)
+    except BaseException:
+        Path(error).write_text(traceback.format_exc())
+        sys.exit(1)
+
+
+def checks_in_one_fresh_interpreter(module: str, functions: list[str], tmp: Path) -> dict[str, str | None]:
+    """Each ``module.function(DIR)`` (``DIR``: its own new folder under ``tmp``) in one new process, as
+    :func:`in_fresh_interpreter` runs one, paying its start (dynamo's first use among it) once for all: function →
+    None (passed) or its traceback, for each test to assert its own. Dynamo is reset before each."""
+    import json
+
+    in_fresh_interpreter("ssl_helpers", "run_checks", module, str(tmp), *functions)
+    return json.loads((Path(tmp) / "checks.json").read_text())
+
+
+def run_checks(module: str, tmp: str, *functions: str) -> None:
+    """The child of :func:`checks_in_one_fresh_interpreter`: a failing check is recorded, the next still runs."""
+    import importlib
+    import json
+    import traceback
+
+    mod = importlib.import_module(module)
+    results = {}
+    for name in functions:
+        folder = Path(tmp) / name
+        folder.mkdir(parents=True)
+        torch._dynamo.reset()
+        try:
+            getattr(mod, name)(str(folder))
+            results[name] = None
+        except Exception:  # noqa: BLE001  (reported by the check's own test)
+            results[name] = traceback.format_exc()[-4000:]
+    (Path(tmp) / "checks.json").write_text(json.dumps(results))
 
 
 # --------------------------------------------------------------------------- a DINOv2 teacher run (distill_dinov2)

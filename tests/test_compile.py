@@ -1,8 +1,8 @@
 """trainer.compile=true: the step forward (EMA update, every view, heads, loss) is one graph, with no graph break
 and no recompilation over steps, epochs, crop sizes and micro-batches; a compiled run resumes bit for bit.
 
-Each check runs in a new interpreter (``in_fresh_interpreter``): a compiled backward starts autograd's device
-threads, after which the suite's process could not fork the SIGKILLed runs of test_kill_resume.py."""
+The checks run in a new interpreter, all in one (``checks_in_one_fresh_interpreter``): a compiled backward starts
+autograd's device threads, after which the suite's process could not fork the SIGKILLed runs of test_kill_resume.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from ssl_helpers import StopAfterEpoch, in_fresh_interpreter, tiny_config
+from ssl_helpers import StopAfterEpoch, checks_in_one_fresh_interpreter, tiny_config
 
 # what changes between steps, per method: the cosine momentum (every step), τt and τt2 warm-ups (every epoch), the
 # micro-batch of an accumulated step (MoCo v3), two crop sizes in one step (DINO, iBOT), masks and mask noise,
@@ -55,13 +55,20 @@ def fit(cfg, run_dir: Path, ckpt_path=None, callbacks=()):
 
 
 @pytest.fixture(scope="module")
-def one_graph_results(tmp_path_factory) -> dict:
-    """Every case's check (``check_one_graph``) in one new interpreter: method -> None (passed) or the error."""
+def compiled_checks(tmp_path_factory) -> tuple[dict, dict]:
+    """Every case's check (``check_one_graph``) and the compiled resume's, in one new interpreter: (method -> None
+    (passed) or the error, check -> None or the error)."""
     import json
 
     tmp = tmp_path_factory.mktemp("compiled")
-    in_fresh_interpreter("test_compile", "check_every_case", str(tmp))
-    return json.loads((tmp / "results.json").read_text())
+    checks = checks_in_one_fresh_interpreter("test_compile", ["check_every_case", "check_compiled_resume"], tmp)
+    assert checks["check_every_case"] is None, checks["check_every_case"]
+    return json.loads((tmp / "check_every_case" / "results.json").read_text()), checks
+
+
+@pytest.fixture(scope="module")
+def one_graph_results(compiled_checks) -> dict:
+    return compiled_checks[0]
 
 
 @pytest.mark.spawn
@@ -116,11 +123,13 @@ def check_one_graph(method: str, tmp: str) -> None:
 
 
 @pytest.mark.spawn
-def test_a_compiled_run_resumes_bit_for_bit(tmp_path):
+def test_a_compiled_run_resumes_bit_for_bit(compiled_checks):
     """MoCo v3 under trainer.compile, 4 steps straight against 2 steps, a checkpoint and 2 resumed steps in a fresh
     compile (as a new process makes): the same weights and momentum encoder, bit for bit (backend eager; AOTAutograd's
-    graphs against eager: test_mfu.py's test_trainer_compile_trains_a_few_steps_on_cpu)."""
-    in_fresh_interpreter("test_compile", "check_compiled_resume", str(tmp_path))
+    graphs against eager: test_mfu.py's test_trainer_compile_trains_a_few_steps_on_cpu). In the interpreter of the
+    one-graph checks (``compiled_checks``)."""
+    resume = compiled_checks[1]["check_compiled_resume"]
+    assert resume is None, resume
 
 
 def check_compiled_resume(tmp: str) -> None:

@@ -1,7 +1,8 @@
 """A run SIGKILLed and resumed ends bit-identical to one never interrupted.
 
 The run is killed (SIGKILL: no shutdown hook runs, nothing is flushed) by the process itself, a fork of the test
-process (a DDP run: a new one) at a chosen place of a chosen step, and resumed from its last checkpoint each time.
+process (a DDP run: new ones, rank 0 forked from the tests' preloaded fork server, ``spawn.run_script``) at a chosen
+place of a chosen step, and resumed from its last checkpoint each time.
 Mid-epoch (``CASES``): one method of each family, BYOL with DirectPred's predictor (its running F and W_p change
 after the optimiser step) and DINO on a multi-crop plan (its teacher EMA is a post-step hook; drop path draws from
 the global RNG), Barlow Twins, VICReg, MAE, iBOT and DINOv2 (their masks come from the step's generator), SwAV with its
@@ -17,8 +18,6 @@ import csv
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from safetensors.torch import load_file
 import selfsup.engine as engine
 from selfsup.config import load_run_config
 from selfsup.methods import METHODS
+from spawn import run_script
 from ssl_helpers import TINY, ckpt_step, forked_kill
 
 pytestmark = pytest.mark.spawn  # tests/tiers.py
@@ -274,8 +274,7 @@ def test_two_processes_resume_exactly_across_epoch_boundaries(tmp_path):
     def run(resume, step, name="B", how="kill"):
         args = json.dumps(["moco-v3-vit-digits", overrides + [f"output_dir={tmp_path}", f"name={name}"],
                            str(resume) if resume else None, step, how])
-        return subprocess.run([sys.executable, str(script), args], env=env, capture_output=True, text=True,
-                              timeout=300, cwd=tmp_path)
+        return run_script(script, [args], cwd=tmp_path, env=env, timeout=300)  # rank 0 from the fork server
 
     straight = run(None, -1, "A")
     assert straight.returncode == 0, straight.stderr[-3000:]

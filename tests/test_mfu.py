@@ -14,7 +14,7 @@ from torch import nn
 from selfsup.methods import moco_v3 as moco_module
 from selfsup.methods.base import compile_step, compile_step_modules, encode_views, has_batch_statistics
 from selfsup.models import vit
-from ssl_helpers import in_fresh_interpreter, mfu_benchmark, random_views, tiny_config, tiny_method
+from ssl_helpers import checks_in_one_fresh_interpreter, mfu_benchmark, random_views, tiny_config, tiny_method
 
 def test_flop_count_of_a_moco_v3_vit_step_matches_a_hand_count():
     model = tiny_method("moco_v3")  # vit_micro (D 128, depth 4, 4 heads), 8x8 patch 2, heads 128-64-64-32 / 32-64-32
@@ -105,12 +105,22 @@ def test_every_attention_path_matches_the_reference(tokens):
         vit.set_attention("flash")
 
 
+COMPILED_CHECKS = ["check_trainer_compile", "check_mfu_compile"]
+
+
+@pytest.fixture(scope="module")
+def compiled_checks(tmp_path_factory) -> dict:
+    """The checks that run a compiled backward, in one new interpreter: after a compiled backward this process could
+    not fork (ssl_helpers.in_fresh_interpreter); one interpreter's start for both (checks_in_one_fresh_interpreter)."""
+    return checks_in_one_fresh_interpreter("test_mfu", COMPILED_CHECKS, tmp_path_factory.mktemp("compiled"))
+
+
 @pytest.mark.spawn
-def test_trainer_compile_trains_a_few_steps_on_cpu(tmp_path):
+def test_trainer_compile_trains_a_few_steps_on_cpu(compiled_checks):
     """trainer.compile=true through the engine (aot_eager backend: graph capture and AOTAutograd's backward
     without the minutes of C++ code generation inductor needs on 2 cores); losses match eager. In a new
-    interpreter: after a compiled backward this process could not fork (ssl_helpers.in_fresh_interpreter)."""
-    in_fresh_interpreter("test_mfu", "check_trainer_compile", str(tmp_path))
+    interpreter (``compiled_checks``)."""
+    assert compiled_checks["check_trainer_compile"] is None, compiled_checks["check_trainer_compile"]
 
 
 def check_trainer_compile(tmp: str) -> None:
@@ -192,10 +202,11 @@ def test_mfu_benchmark_quick_writes_its_json(tmp_path):
 
 
 @pytest.mark.spawn
-def test_mfu_benchmark_compile_counts_flops_on_the_eager_twin_and_times_the_compiled_step(tmp_path):
+def test_mfu_benchmark_compile_counts_flops_on_the_eager_twin_and_times_the_compiled_step(compiled_checks):
     """``mfu.py --compile`` (it crashed: FlopCounterMode is a dispatch mode torch.compile refuses to trace under):
-    the FLOPs are the eager step's, the timed step is the compiled one. In a fresh interpreter (compiled backward)."""
-    in_fresh_interpreter("test_mfu", "check_mfu_compile", str(tmp_path))
+    the FLOPs are the eager step's, the timed step is the compiled one. In a fresh interpreter (``compiled_checks``:
+    compiled backward)."""
+    assert compiled_checks["check_mfu_compile"] is None, compiled_checks["check_mfu_compile"]
 
 
 def check_mfu_compile(tmp: str) -> None:

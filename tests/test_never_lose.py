@@ -9,8 +9,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch
 import selfsup.engine as engine
 from selfsup.checkpoints import DIGEST_KEY, content_digest, write_checkpoint
 from selfsup.config import load_run_config
+from spawn import run_script
 from ssl_helpers import RESUME, ROOT, TINY, assert_same_run, assert_user_error, ckpt, ckpt_step, forked_kill, run_cli
 
 PRESET = "moco-v3-vit-digits"
@@ -171,8 +170,9 @@ def test_a_signal_writes_a_checkpoint_at_the_step_boundary_and_the_resume_is_exa
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     env.pop("SELFSUP_RUN_DIR", None)
     argv = ["pretrain", PRESET, *RESUME, f"output_dir={tmp_path}", "name=B"]
-    proc = subprocess.run([sys.executable, "-c", SIGNAL_CHILD, json.dumps([argv, int(signum), step])], env=env,
-                          capture_output=True, text=True, timeout=300)
+    script = tmp_path / "signal_child.py"
+    script.write_text(SIGNAL_CHILD)  # a process of its own, forked from the tests' preloaded fork server
+    proc = run_script(script, [json.dumps([argv, int(signum), step])], cwd=tmp_path, env=env, timeout=300)
     run_b = tmp_path / "B"
     assert proc.returncode == 128 + signum, proc.stderr[-3000:]
     assert f"continue with: selfsup pretrain --resume {run_b}" in proc.stderr

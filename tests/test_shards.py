@@ -265,20 +265,19 @@ def test_two_ddp_processes_train_on_each_sample_once_per_epoch(tmp_path):
     the labels the two processes trained on are every sample exactly once, dealt differently each epoch."""
     import json
     import os
-    import subprocess
-    import sys
 
+    from spawn import run_script
     from ssl_helpers import TINY
 
     write_shards(tmp_path / "s", [6] * 4)
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
     overrides = [o for o in TINY if not o.startswith(("trainer.devices", "trainer.limit_train_batches", "data.batch",
                                                       "trainer.max_epochs"))]
-    run = subprocess.run(
-        [sys.executable, str(tmp_path / "ddp.py"), str(tmp_path / "s"), str(tmp_path), *overrides, "trainer.devices=2",
-         "trainer.strategy=ddp", "trainer.max_epochs=2", "data.name=webdataset", "data.image_size=8",
-         "data.batch_size=8", "instruments.rank_samples=4"],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, timeout=300)
+    run = run_script(  # rank 0 forked from the tests' preloaded fork server; Lightning starts rank 1 anew
+        tmp_path / "ddp.py", [str(tmp_path / "s"), str(tmp_path), *overrides, "trainer.devices=2",
+                              "trainer.strategy=ddp", "trainer.max_epochs=2", "data.name=webdataset",
+                              "data.image_size=8", "data.batch_size=8", "instruments.rank_samples=4"],
+        cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     seen = {0: [], 1: []}
     for rank in (0, 1):
