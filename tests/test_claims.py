@@ -311,3 +311,22 @@ def test_a_claim_whose_pilot_was_an_earlier_run_measures_past_its_seeds(tmp_path
     result = json.loads((tmp_path / "out" / f"{claim.id}.json").read_text())
     assert seen == [3, 4, 5, 6] and result["first_seed"] == 3 and result["seeds"] == 4
     assert _matches(result, claim, False, 4) and not _matches(result, replace(claim, first_seed=0), False, 4)
+
+
+def test_the_random_init_knn_is_shared_only_by_the_same_network():
+    """`runs.finish.init_knn_key`: the same weights under another model setting that the weights do not carry (a
+    ViT's pool, cls or avg) give other features, so they get another key and are not served the other's kNN."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from selfsup.config import load_run_config
+    from selfsup.runs.finish import init_knn_key
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    data = SimpleNamespace(images=torch.zeros(3, 1, 2, 2), labels=torch.zeros(3, dtype=torch.long))
+    info = SimpleNamespace(image_size=8, mean=(0.5,), std=(0.5,))
+    keys = [init_knn_key(model, data, data, info, load_run_config("moco-v3-vit-digits", [f"model.pool={pool}"]))
+            for pool in ("cls", "avg", "avg")]
+    assert None not in keys and keys[0] != keys[1] and keys[1] == keys[2]

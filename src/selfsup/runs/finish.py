@@ -7,6 +7,7 @@ its algorithm only; this module evaluates it."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -33,14 +34,15 @@ _INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by i
 
 def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | None:
     """A digest of everything a kNN result depends on: the weights and buffers (and the module's class), the
-    in-memory train and test images and labels, and the evaluation settings; None for data not held in memory.
+    model config (what the weights do not say: a ViT's ``pool``, its class token...), the in-memory train and test
+    images and labels, and the evaluation settings; None for data not held in memory.
     Runs that start from the same init (the arms of a seed whose change leaves the backbone's init alone) share
     one random-init kNN per process."""
     if not all(isinstance(d.images, Tensor) for d in (train, test)):
         return None
     h = hashlib.sha256(type(model).__qualname__.encode())
     h.update(repr((info.image_size, info.mean, info.std, cfg.eval.knn_k, cfg.eval.knn_temperature,
-                   cfg.eval.batch_size)).encode())
+                   cfg.eval.batch_size, dataclasses.asdict(cfg.model))).encode())
     tensors = [t for _, t in sorted(model.state_dict().items())]
     for t in [*tensors, train.images, train.labels, test.images, test.labels]:
         h.update(repr((t.dtype, tuple(t.shape))).encode())
