@@ -292,7 +292,8 @@ def test_a_finished_run_of_the_same_config_is_read_not_trained_again(tmp_path):
 
 def test_a_claim_whose_pilot_was_an_earlier_run_measures_past_its_seeds(tmp_path, monkeypatch):
     """`Claim.first_seed`: a claim whose budget was set by an earlier run of its own (seeds 0-2) runs on the
-    seeds after it, and its result records them (`--resume` reads a result only at the same first seed)."""
+    seeds after it, and its result records them (`--resume` reads a result only at the same first seed: the
+    definition hash covers it)."""
     from dataclasses import replace
 
     from selfsup.claims.suite import Rule
