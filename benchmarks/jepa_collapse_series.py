@@ -13,7 +13,6 @@ first (the predictor then has one target to predict; the ``ijepa-digits`` runs w
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -27,11 +26,10 @@ SERIES = ("ijepa_target_std", "ijepa_prediction_std")
 
 
 def read_run(run: Path) -> dict:
-    with (run / "metrics.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    from selfsup.claims.suite import column as logged
 
     def column(key: str) -> list[list[float]]:
-        return [[int(r["step"]), round(float(r[key]), 6)] for r in rows if r.get(key) not in (None, "")]
+        return [[step, round(value, 6)] for step, value in logged(run, key)]
 
     loss = column("train/loss")
     cfg = yaml.safe_load((run / "config.yaml").read_text())

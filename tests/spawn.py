@@ -55,15 +55,22 @@ def run_script(script, args: list[str], cwd, env: dict, timeout: float) -> Finis
 
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "output.txt"
-        child = forkserver().Process(target=_run_script, args=(str(script), list(args), str(cwd), dict(env),
-                                                               str(output)))
-        child.start()
-        child.join(timeout)
-        if child.is_alive():
-            child.kill()
-            child.join()
-            raise TimeoutError(f"{script} did not finish within {timeout} s")
-        return Finished(child.exitcode, output.read_text(errors="replace") if output.exists() else "")
+        exitcode = run_forked(_run_script, (str(script), list(args), str(cwd), dict(env), str(output)), timeout,
+                              f"{script}")
+        return Finished(exitcode, output.read_text(errors="replace") if output.exists() else "")
+
+
+def run_forked(target, args: tuple, timeout: float, what: str) -> int:
+    """``target(*args)`` in a fork of the preloaded server; its exit code. Killed after ``timeout`` seconds
+    (TimeoutError naming ``what``)."""
+    child = forkserver().Process(target=target, args=args)
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        raise TimeoutError(f"{what} did not finish within {timeout} s")
+    return child.exitcode
 
 
 def _run_script(script: str, args: list[str], cwd: str, env: dict, output: str) -> None:

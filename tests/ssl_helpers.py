@@ -352,18 +352,15 @@ def in_fresh_interpreter(module: str, function: str, *args: str, timeout: float 
     torch, Lightning and the engine: none of the suite process's threads or state), not one more interpreter start."""
     import tempfile
 
-    from spawn import forkserver
+    from spawn import run_forked
 
     with tempfile.TemporaryDirectory() as tmp:
         error = Path(tmp) / "traceback.txt"
-        child = forkserver().Process(target=_call, args=(module, function, args, str(error)))
-        child.start()
-        child.join(timeout)
-        if child.is_alive():
-            child.kill()
-            child.join()
-            raise AssertionError(f"{module}.{function} did not finish within {timeout} s")
-        assert child.exitcode == 0, error.read_text()[-4000:] if error.exists() else f"exit code {child.exitcode}"
+        try:
+            exitcode = run_forked(_call, (module, function, args, str(error)), timeout, f"{module}.{function}")
+        except TimeoutError as e:
+            raise AssertionError(str(e)) from None
+        assert exitcode == 0, error.read_text()[-4000:] if error.exists() else f"exit code {exitcode}"
 
 
 def _call(module: str, function: str, args: tuple, error: str) -> None:
