@@ -1,30 +1,48 @@
 #!/usr/bin/env bash
-# The device checks for a lent GPU machine (issues 24, 25, 39 and 52), prepared as one run of under 10 minutes.
+# The device checks for a lent GPU machine, prepared as one run of under 10 minutes: first the open issues' GPU
+# figures (49 item 6: the folder recipe on one GPU; 50: the GPU distillation presets), then issue 52's speed parts.
 #
 # Run from the repository root on the device machine, with the Fashion-MNIST IDX files carried in .gpu/:
 #   here, once:   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu; cp -r /usr/share/datasets/fashion-mnist .gpu/
 #                 .venv/bin/python -m pip download --no-deps --only-binary=:all: -d .gpu/whl webdataset braceexpand
-#                 (the device image has torch, Lightning, timm, but not webdataset, which the shards arm needs)
-#   device tool:  run(command="bash benchmarks/gpu_session.sh", carry=[".gpu"], timeout_s=600)
-#   a dry run here (every part on the CPU at toy size, a minute or two; tests/test_gpu_session.py runs it):
-#                 OUT=/tmp/gpu_dry bash benchmarks/gpu_session.sh --dry-run
-# Everything it writes lands in $OUT (the tool brings it back), one JSON per part: copy them to benchmarks/results/
-# and commit. Parts (all by default, in this order; name some to run only those: `... gpu_session.sh step e2e`):
-# 1. step (issue 52 item 3; benchmarks/gpu_step.py): MoCo v3 and DINO ViT-S/16 at 224 px, bf16, fused AdamW:
+#                 (the device image has torch, Lightning, timm, but not webdataset, which the e2e shards arm needs)
+#   first call:   run(command="bash benchmarks/gpu_session.sh", carry=[".gpu"], timeout_s=600)
+#                 runs distill, folder, step (limits 100 + 280 + 170 = 550 s)
+#   second call:  run(command="bash benchmarks/gpu_session.sh e2e mfu decode methods", carry=[".gpu"], timeout_s=600)
+#                 (limits 210 + 80 + 45 + 95 = 430 s; issue 52's parts, whose figures are optional now)
+#   a dry run here (every part on the CPU at toy size; tests/test_gpu_session.py runs it in three groups):
+#                 OUT=/tmp/gpu_dry bash benchmarks/gpu_session.sh --dry-run [PART ...]
+# What comes back: $OUT/gpu_session.tar.gz (every part's JSON and log, re-packed after each part, so a run stopped by
+# its limit keeps the parts it finished; the device returns at most 8 files), $OUT/parts.txt (each part's exit code
+# and seconds) and $OUT/gpu.txt (the machine). Unpack the JSONs into benchmarks/results/ and commit them.
+# Parts (the default: distill folder step, in this order; name some to run only those: `... gpu_session.sh step`):
+# 1. distill (issue 50; benchmarks/distill_presets.py): distill-dinov2-vits14-r18-imagefolder and
+#    distill-dinov2-vits14-vits-imagefolder, 12 steps each (batch 256, 224 px, bf16) on 3,072 synthetic JPEGs, the
+#    teacher a file in DINOv2's hub layout (dinov2_vits14_pretrain.pth's keys and shapes, 518-px pos_embed) with
+#    random values written on the device (no network; the real 88 MB file is over the 64 MiB carry): the teacher's
+#    dtype, device and mode, its position table resampled, the step time, the teacher's forward alone, the peak GPU
+#    memory, the losses finite, the teacher's sha256 in run.json (distill_presets_gpu.json).       at most 100 s
+# 2. folder (issue 49 item 6; benchmarks/folder_recipe.py): selfsup.pretrain(method, data.root=FOLDER, trainer.seed=S)
+#    with the recipe's own values on the GPU (it resolves the accelerator, grid and sizes itself) for simclr, mae and
+#    dinov2 on 2,000 Fashion-MNIST PNGs written on the device: six processes side by side, two per method (seeds 0
+#    then 2, and seed 1), so seeds 0 and 1 come first; a run the limit cuts is left out, and the JSON's rows say
+#    which seeds finished. Per run: the resolved recipe, fit seconds, steps, kNN@20 gain over its init
+#    (folder_recipe_gpu.json; each method's printed recipe block in folder.log).                    at most 280 s
+# 3. step (issue 52 item 3; benchmarks/gpu_step.py): MoCo v3 and DINO ViT-S/16 at 224 px, bf16, fused AdamW:
 #    the torch profiler's top kernels, idle gaps and host syncs of one step (profile_*.json); step time and MFU at
 #    batch 128 and doubling to the largest that fits (sweep_*.json); the SDPA kernel taken (sdpa.json); the step
-#    that crosses an epoch end, and the checkpoint writes, timed apart (epoch_end.json).      at most 170 s
-# 2. e2e (issue 52 item 2; benchmarks/end_to_end.py): DINO ViT-S/16 (2 x 224 + 8 x 96, batch 128) through the engine
+#    that crosses an epoch end, and the checkpoint writes, timed apart (epoch_end.json).           at most 170 s
+# 4. e2e (issue 52 item 2; benchmarks/end_to_end.py): DINO ViT-S/16 (2 x 224 + 8 x 96, batch 128) through the engine
 #    from synthetic JPEGs: data.decode=device (the next batch decoded on a side stream during the step) and
 #    data.decode=cpu with 14 workers against the step with free data (end_to_end_cuda.json), then the CPU path with
 #    2 workers (end_to_end_cuda_2workers.json): data.decode=auto's rule (runs.data.DEVICE_DECODE_BELOW_WORKERS).
-#    Goal: device >= 0.9 of step-only.                                                        at most 210 s
-# 3. mfu (benchmarks/mfu.py --device cuda): MoCo v3 ViT-S/16 eager beside compiled, alternating (mfu_cuda.json).
-# 4. decode (benchmarks/decode.py --sizes realistic --device cuda): the workers' CPU cost per image beside
-#    torchvision's on the same files, nvJPEG's batched decode + crops (decode_realistic_cuda.json).
-# 5. methods (issue 24 item 6): benchmarks/methods_fmnist.py, 5 short Fashion-MNIST epochs (40 steps each) at seed 0,
-#    three processes side by side on the GPU (methods_fmnist_5ep_short.json and its table).    at most 95 s
-# The limits add up to 600 s (mfu 80 s, decode 45 s); the parts come in the order of what the issues need most.
+#    Goal: device >= 0.9 of step-only.                                                             at most 210 s
+# 5. mfu (benchmarks/mfu.py --device cuda): MoCo v3 ViT-S/16 eager beside compiled, alternating (mfu_cuda.json).
+#                                                                                                   at most 80 s
+# 6. decode (benchmarks/decode.py --sizes realistic --device cuda): the workers' CPU cost per image beside
+#    torchvision's on the same files, nvJPEG's batched decode + crops (decode_realistic_cuda.json). at most 45 s
+# 7. methods (issue 24 item 6): benchmarks/methods_fmnist.py, 5 short Fashion-MNIST epochs (40 steps each) at seed 0,
+#    three processes side by side on the GPU (methods_fmnist_5ep_short.json and its table).        at most 95 s
 # Each part has its own time limit, so a slow one cannot eat the next's.
 set -uo pipefail
 DRY=0
@@ -32,10 +50,11 @@ PARTS=()
 for arg in "$@"; do
     if [[ "$arg" == "--dry-run" ]]; then DRY=1; else PARTS+=("$arg"); fi
 done
-[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(step e2e mfu decode methods)
+[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(distill folder step)
 OUT=${OUT:-/tmp/gpu_out}
 W=$(mktemp -d /tmp/gpu_work.XXXXXX)  # the per-process files and runs; only the results come back
-mkdir -p "$OUT"
+R=$W/results                        # the results, packed into $OUT/gpu_session.tar.gz after each part
+mkdir -p "$OUT" "$R"
 export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 [[ -d .gpu/fashion-mnist ]] && export SELFSUP_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
 PY=${PYTHON:-python3}
@@ -51,22 +70,67 @@ limit() { if [[ $DRY == 1 ]]; then echo 240; else echo "$1"; fi; }
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; fi
     $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"
     nproc | sed 's/^/cpu cores: /'
+    echo "parts: ${PARTS[*]}"
 } 2>&1 | tee "$OUT/gpu.txt"
 status=0
-part() {  # part NAME SECONDS COMMAND...: run it with its limit, its log in $OUT/NAME.log, note a failure
+pack() {  # every result so far into $OUT/gpu_session.tar.gz, whole or not at all (a temporary file, then a rename)
+    cp "$OUT/gpu.txt" "$OUT/parts.txt" "$R/" 2> /dev/null
+    tar -czf "$OUT/gpu_session.tar.gz.tmp" -C "$R" . && mv "$OUT/gpu_session.tar.gz.tmp" "$OUT/gpu_session.tar.gz"
+}
+part() {  # part NAME SECONDS COMMAND...: run it with its limit, its log in $R/NAME.log, note a failure, pack
     local name=$1 seconds=$2
     shift 2
     local t0=$SECONDS
-    timeout "$(limit "$seconds")" "$@" > "$OUT/$name.log" 2>&1
+    timeout -k 10 "$(limit "$seconds")" "$@" > "$R/$name.log" 2>&1
     local rc=$?
     echo "$name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
-    tail -n 5 "$OUT/$name.log"
+    tail -n 5 "$R/$name.log"
     [[ $rc == 0 ]] || status=1
+    pack
 }
+
+if has distill; then
+    dry=(); [[ $DRY == 1 ]] && dry=(--dry-run)
+    part distill 100 $PY -m benchmarks.distill_presets "${dry[@]}" --work "$W/distill" \
+        --out "$R/distill_presets_gpu.json"
+fi
+
+if has folder; then
+    t0=$SECONDS
+    budget=$(limit 280)
+    if [[ $DRY == 1 ]]; then  # 100 images, 10 a class in val/, 2 steps a run, two lanes
+        fr=(--sizes 100 --val-per-class 10 --set trainer.max_steps=2)
+        lanes=("simclr,mae|0" "dinov2|0")
+    else  # METHODS|SEEDS a process: seeds 0 and 1 of every method first
+        fr=(--sizes 2000)
+        lanes=("simclr|0,2" "simclr|1" "mae|0,2" "mae|1" "dinov2|0,2" "dinov2|1")
+    fi
+    fr+=(--data "$W/folder" --runs "$W/folder_runs" --side-by-side ${#lanes[@]})
+    rc=0
+    timeout 60 $PY -m benchmarks.folder_recipe "${fr[@]}" --write-only > "$R/folder.log" 2>&1 || rc=1
+    left=$((budget - (SECONDS - t0) - 15))  # 15 s for the combining
+    pids=()
+    for i in "${!lanes[@]}"; do
+        timeout -k 10 "$left" $PY -m benchmarks.folder_recipe "${fr[@]}" --methods "${lanes[$i]%|*}" \
+            --seeds "${lanes[$i]#*|}" --out "$W/folder_lane$i.json" > "$W/folder_lane$i.log" 2>&1 &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    for i in "${!lanes[@]}"; do  # each lane's recipe blocks, results and errors (not the per-step chatter)
+        echo "== lane $i: ${lanes[$i]}"
+        grep -v -e "^Epoch" -e "it/s]" "$W/folder_lane$i.log" | tail -n 60
+    done >> "$R/folder.log"
+    $PY -m benchmarks.folder_recipe --combine "$W"/folder_lane*.json --side-by-side ${#lanes[@]} \
+        --out "$R/folder_recipe_gpu.json" >> "$R/folder.log" 2>&1 || rc=1
+    echo "folder: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+    tail -n 4 "$R/folder.log"
+    [[ $rc == 0 ]] || status=1
+    pack
+fi
 
 if has step; then
     dry=(); [[ $DRY == 1 ]] && dry=(--dry-run)
-    part step 170 $PY -m benchmarks.gpu_step "${dry[@]}" --out-dir "$OUT"
+    part step 170 $PY -m benchmarks.gpu_step "${dry[@]}" --out-dir "$R"
 fi
 
 if has e2e; then
@@ -83,28 +147,28 @@ if has e2e; then
         e2e=(--images 4096 --batch-size 128 --workers "$workers" --steps 24 --warmup 6)
         e2e2=(--images 2048 --batch-size 128 --workers 2 --steps 10 --warmup 4)
     fi
-    part e2e 140 $PY -m benchmarks.end_to_end "${e2e[@]}" --arms step_only,device,cpu --out "$OUT/end_to_end_cuda.json"
+    part e2e 140 $PY -m benchmarks.end_to_end "${e2e[@]}" --arms step_only,device,cpu --out "$R/end_to_end_cuda.json"
     part e2e_2workers 70 $PY -m benchmarks.end_to_end "${e2e2[@]}" --arms cpu \
-        --out "$OUT/end_to_end_cuda_2workers.json"
+        --out "$R/end_to_end_cuda_2workers.json"
 fi
 
 if has mfu; then
     if [[ $DRY == 1 ]]; then
         part mfu 100 $PY -m benchmarks.mfu --quick --device cpu --methods moco_v3 --heads preset --no-lightly \
-            --out "$OUT/mfu_cuda.json"
+            --out "$R/mfu_cuda.json"
     else
         part mfu 80 $PY -m benchmarks.mfu --device cuda --methods moco_v3 --reps 2 --no-lightly \
-            --out "$OUT/mfu_cuda.json"
+            --out "$R/mfu_cuda.json"
     fi
 fi
 
 if has decode; then
     if [[ $DRY == 1 ]]; then
         part decode 60 $PY -m benchmarks.decode --sizes realistic --quick --device cpu \
-            --out "$OUT/decode_realistic_cuda.json"
+            --out "$R/decode_realistic_cuda.json"
     else
         part decode 45 $PY -m benchmarks.decode --sizes realistic --device cuda --images 64 --repeat 3 \
-            --out "$OUT/decode_realistic_cuda.json"
+            --out "$R/decode_realistic_cuda.json"
     fi
 fi
 
@@ -121,17 +185,19 @@ if has methods; then
     t0=$SECONDS
     pids=()
     for g in "${!groups[@]}"; do  # the groups side by side (the micro ViT leaves the GPU idle)
-        timeout "$(limit 95)" $PY -m benchmarks.methods_fmnist "${budget[@]}" --seeds 0 --presets "${groups[$g]}" \
+        timeout -k 10 "$(limit 95)" $PY -m benchmarks.methods_fmnist "${budget[@]}" --seeds 0 --presets "${groups[$g]}" \
             --runs "$W/runs" --out "$W/methods_g$g.json" > "$W/methods_g$g.log" 2>&1 &
         pids+=($!)
     done
     rc=0
     for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-    $PY -m benchmarks.methods_fmnist --combine "$W"/methods_g*.json --out "$OUT/methods_fmnist_5ep_short.json" \
-        > "$OUT/methods_table.md" 2>&1 || rc=1
-    tail -n 2 "$W"/methods_g*.log > "$OUT/methods.log"
+    $PY -m benchmarks.methods_fmnist --combine "$W"/methods_g*.json --out "$R/methods_fmnist_5ep_short.json" \
+        > "$R/methods_table.md" 2>&1 || rc=1
+    tail -n 2 "$W"/methods_g*.log > "$R/methods.log"
     echo "methods: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
     [[ $rc == 0 ]] || status=1
+    pack
 fi
+pack
 rm -rf "$W"
 exit $status

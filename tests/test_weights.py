@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from ssl_helpers import TINY, assert_user_error, raises_user_error, run_cli, tiny_method
 
+from benchmarks.hub_layout import hub_layout
+
 from selfsup.models.backbones import build_backbone
 from selfsup.weights import load_weights, read_weights, resample_position_table, state_sha256
 
@@ -83,24 +85,6 @@ def test_a_timm_vit_state_dict_loads_and_computes_timm_s_features(tmp_path):
     facts = load_weights(again, str(tmp_path / "ckpt.pth"))
     assert (facts.wrapper, facts.prefix, facts.dropped) == ("model", "module.", ["head.bias", "head.weight"])
     torch.testing.assert_close(again(x), ref(x), rtol=1e-5, atol=1e-5)
-
-
-def hub_layout(timm_state: dict, seed: int = 0) -> dict:
-    """The DINOv2 torch.hub layout of a timm DINOv2 state dict: the inverse of timm's ``_convert_dinov2`` (timm
-    models/vision_transformer.py): ``mask_token`` back (zeros; the hub models carry one), a registers model's
-    ``reg_token`` → ``register_tokens`` and its class position split back out of ``cls_token`` (any class row c:
-    cls = timm's cls − c), SwiGLU ``fc1/fc2`` → ``w12/w3``."""
-    out = {}
-    for k, v in timm_state.items():
-        out[k.replace("mlp.fc1.", "mlp.w12.").replace("mlp.fc2.", "mlp.w3.") if "w12" in k else k] = v.clone()
-    D = out["cls_token"].shape[-1]
-    if "reg_token" in out:
-        c = torch.randn(1, 1, D, generator=torch.Generator().manual_seed(seed)) * 0.02
-        out["register_tokens"] = out.pop("reg_token")
-        out["cls_token"] = out["cls_token"] - c
-        out["pos_embed"] = torch.cat([c, out["pos_embed"]], dim=1)
-    out["mask_token"] = torch.zeros(1, D)
-    return out
 
 
 def test_a_dinov2_hub_checkpoint_loads_into_the_selfsup_vit_and_computes_timm_s_dinov2(tmp_path):
