@@ -15,7 +15,9 @@ leaves the runs it finished. On a GPU the recipe takes the GPU itself (its ``tra
 Runs side by side (the GPU session, ``benchmarks/gpu_session.sh``'s part ``folder``): ``--write-only`` writes the
 folder once, each process writes its own ``--out``, and ``--combine`` merges their runs per (method, size).
 ``--set KEY=VALUE`` adds an override to every run (the dry run's ``trainer.max_steps=2``; the recipe's own keys are
-then the user's), ``--val-per-class`` shrinks the ``val`` split (a toy folder).
+then the user's), ``--val-per-class`` shrinks the ``val`` split (a toy folder), and ``--as-gpu NAME`` resolves the
+recipe as on a GPU of that name (its grid and sizes) but trains on the CPU: the dry run's check that the GPU's
+recipe trains.
 
     python -m benchmarks.folder_recipe --methods simclr,mae,dinov2 --sizes 2000,10000 --seeds 0,1,2
     python -m benchmarks.folder_recipe --combine a.json b.json --side-by-side 6 --out folder_recipe_gpu.json
@@ -104,6 +106,17 @@ def note(gpu: bool, side_by_side: int, extra: list[str]) -> str:
             + where)
 
 
+def as_gpu(name: str) -> None:
+    """The recipe resolved as on a GPU called ``name``: ``runs.recipe.folder_facts`` reports it (the run itself then
+    needs ``trainer.accelerator=cpu``)."""
+    import dataclasses
+
+    import selfsup.runs.recipe as recipe
+
+    facts = recipe.folder_facts
+    recipe.folder_facts = lambda root: dataclasses.replace(facts(root), gpu=name)
+
+
 def combine(paths: list[str], out: str, side_by_side: int) -> dict:
     """One report of the runs in ``paths`` (each a report of this script): per (method, size) every seed's run,
     the first file's where two hold one seed."""
@@ -116,7 +129,8 @@ def combine(paths: list[str], out: str, side_by_side: int) -> dict:
     rows = [row(m, n, [by_seed[s] for s in sorted(by_seed)]) for (m, n), by_seed in sorted(runs.items())]
     first = reports[0] if reports else {}
     report = {"note": note(bool(first.get("gpu")), side_by_side, first.get("overrides", [])),
-              "machine": first.get("machine"), "gpu": first.get("gpu"), "side_by_side": side_by_side,
+              "machine": first.get("machine"), "gpu": first.get("gpu"), "as_gpu": first.get("as_gpu"),
+              "side_by_side": side_by_side,
               "overrides": first.get("overrides", []), "combined": [str(p) for p in paths],
               "rows": sorted(rows, key=lambda r: (r["images"], r["method"]))}
     write_report(report, out)
@@ -136,6 +150,7 @@ def main(argv=None) -> int:
     p.add_argument("--write-only", action="store_true", help="write the folders and stop")
     p.add_argument("--combine", nargs="+", metavar="JSON", help="merge these reports' runs into --out and stop")
     p.add_argument("--side-by-side", type=int, default=1, help="the processes that ran at once (recorded)")
+    p.add_argument("--as-gpu", metavar="NAME", help="resolve the recipe as on this GPU, train on the CPU (a dry run)")
     p.add_argument("--out", default="benchmarks/results/folder_recipe.json")
     args = p.parse_args(argv)
     if args.combine:
@@ -170,12 +185,15 @@ def main(argv=None) -> int:
         return 0
     torch.set_num_threads(1)
     gpu = torch.cuda.is_available()
+    if args.as_gpu:
+        as_gpu(args.as_gpu)
+        extra["trainer.accelerator"] = "cpu"
     old = read_report(args.out) if args.merge else {}
     rows = {(r["method"], r["images"]): r for r in old.get("rows", [])}
 
     def report() -> dict:
         return {"note": note(gpu, args.side_by_side, args.set), "machine": machine() if methods else old.get("machine"),
-                "gpu": gpu, "side_by_side": args.side_by_side, "overrides": args.set,
+                "gpu": gpu, "as_gpu": args.as_gpu, "side_by_side": args.side_by_side, "overrides": args.set,
                 "rows": sorted(rows.values(), key=lambda r: (r["images"], r["method"]))}
 
     for size in sizes:

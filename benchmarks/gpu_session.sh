@@ -10,7 +10,7 @@
 #                 runs distill, folder, step (limits 100 + 280 + 170 = 550 s)
 #   second call:  run(command="bash benchmarks/gpu_session.sh e2e mfu decode methods", carry=[".gpu"], timeout_s=600)
 #                 (limits 210 + 80 + 45 + 95 = 430 s; issue 52's parts, whose figures are optional now)
-#   a dry run here (every part on the CPU at toy size; tests/test_gpu_session.py runs it in three groups):
+#   a dry run here (every part on the CPU at toy size, or those named; tests/test_gpu_session.py runs it in two groups):
 #                 OUT=/tmp/gpu_dry bash benchmarks/gpu_session.sh --dry-run [PART ...]
 # What comes back: $OUT/gpu_session.tar.gz (every part's JSON and log, re-packed after each part, so a run stopped by
 # its limit keeps the parts it finished; the device returns at most 8 files), $OUT/parts.txt (each part's exit code
@@ -50,7 +50,9 @@ PARTS=()
 for arg in "$@"; do
     if [[ "$arg" == "--dry-run" ]]; then DRY=1; else PARTS+=("$arg"); fi
 done
-[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(distill folder step)
+if [[ ${#PARTS[@]} -eq 0 ]]; then  # the first call's parts; a dry run checks them all
+    if [[ $DRY == 1 ]]; then PARTS=(distill folder step e2e mfu decode methods); else PARTS=(distill folder step); fi
+fi
 OUT=${OUT:-/tmp/gpu_out}
 W=$(mktemp -d /tmp/gpu_work.XXXXXX)  # the per-process files and runs; only the results come back
 R=$W/results                        # the results, packed into $OUT/gpu_session.tar.gz after each part
@@ -98,8 +100,8 @@ fi
 if has folder; then
     t0=$SECONDS
     budget=$(limit 280)
-    if [[ $DRY == 1 ]]; then  # 100 images, 10 a class in val/, 2 steps a run, two lanes
-        fr=(--sizes 100 --val-per-class 10 --set trainer.max_steps=2)
+    if [[ $DRY == 1 ]]; then  # 100 images, 10 a class in val/, 2 steps a run, two lanes, the GPU's recipe on the CPU
+        fr=(--sizes 100 --val-per-class 10 --set trainer.max_steps=2 --as-gpu "dry-run GPU")
         lanes=("simclr,mae|0" "dinov2|0")
     else  # METHODS|SEEDS a process: seeds 0 and 1 of every method first
         fr=(--sizes 2000)

@@ -1,10 +1,16 @@
 """A checkpoint in the DINOv2 torch.hub layout without the download: timm's DINOv2 ViT (random values) turned into
 ``dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth``'s keys and shapes. tests/test_weights.py checks the inverse against
 timm's own filter; the GPU session (``benchmarks.distill_presets``) writes one where the real file cannot be fetched.
+The values are random: a file to check a loading path, sizes and speed with, not a teacher.
+
+    python -m benchmarks.hub_layout /tmp/dinov2_vits14_pretrain.pth
+    python -m benchmarks.hub_layout /tmp/dinov2_vitb14_reg4_pretrain.pth --model vit_base_patch14_reg4_dinov2
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -39,3 +45,17 @@ def write_hub_checkpoint(path: str | Path, model: str = "vit_small_patch14_dinov
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(hub_layout(ref.state_dict(), seed), path)
     return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="the file to write (torch.save of the state dict)")
+    p.add_argument("--model", default="vit_small_patch14_dinov2", help="timm's DINOv2 model whose shapes to take")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    print(f"wrote {write_hub_checkpoint(args.path, args.model, args.seed)} (random values)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -64,6 +64,7 @@ def check_open_issues(parts: str, results: dict) -> None:
         assert r["teacher_forward_ms_median"] > 0 and r["peak_memory_gib"] is None
     folder = results["folder_recipe_gpu.json"]
     assert folder["side_by_side"] == 2 and folder["overrides"] == ["trainer.max_steps=2"] and not folder["gpu"]
+    assert folder["as_gpu"] == "dry-run GPU"  # the GPU's recipe (its 8 x 8 grid target) trained on the CPU
     rows = {r["method"]: r for r in folder["rows"]}
     assert rows.keys() == {"simclr", "mae", "dinov2"}, rows.keys()
     for r in rows.values():
@@ -71,7 +72,9 @@ def check_open_issues(parts: str, results: dict) -> None:
         run = r["runs"][0]
         assert run["steps"] == 2 and run["fit_s"] is not None and run["gain"] == round(
             run["knn20_top1"] - run["random_init"], 2)
-        assert (run["recipe"]["trainer.accelerator"], run["recipe"]["data.image_size"]) == ("cpu", 28)
+        recipe = run["recipe"]
+        assert (recipe["trainer.accelerator"], recipe["data.image_size"], recipe["data.batch_size"]) == ("cpu", 27, 16)
+        assert recipe.get("model.patch_size") == 3  # 28 px // GRID_GPU 8: a 9 x 9 grid, 27 px
 
 
 def check_speed(parts: str, results: dict) -> None:
