@@ -136,7 +136,7 @@ def run_preset(preset: str, overrides: list[str], run: Path, warmup: int, device
         "teacher_bf16": p.teacher.get("output_dtype") == "torch.bfloat16" if device.type == "cuda" else None,
         "step_ms": [round(t, 2) for t in steps], "between_steps_ms": [round(t, 2) for t in between],
         "warmup_steps": warmup, "step_ms_median": round(statistics.median(timed), 2) if timed else None,
-        "images_per_s_median": round(1000 * batch / statistics.median(timed), 1) if timed else None,
+        "step_images_per_s_median": round(1000 * batch / statistics.median(timed), 1) if timed else None,
         "between_steps_ms_median": round(statistics.median(between[warmup:]), 2) if between[warmup:] else None,
         "teacher_forward_ms_median": round(statistics.median(p.teacher_forward_ms[1:]), 2),
         "batch": batch, "peak_memory_gib": round(p.peak / 2**30, 3) if p.peak is not None else None,
@@ -185,8 +185,8 @@ def main(argv=None) -> int:
             rows.append(run_preset(preset, overrides, work / "runs" / preset, warmup, device))
             r = rows[-1]
             print(f"{preset}: teacher {r['teacher']} resampled {r['teacher_recorded'].get('resampled')}; step "
-                  f"{r['step_ms_median']} ms median ({r['images_per_s_median']} images/s), teacher forward "
-                  f"{r['teacher_forward_ms_median']} ms, peak {r['peak_memory_gib']} GiB, losses {r['losses']}",
+                  f"{r['step_ms_median']} ms median ({r['step_images_per_s_median']} images/s in the step), teacher "
+                  f"forward {r['teacher_forward_ms_median']} ms, peak {r['peak_memory_gib']} GiB, losses {r['losses']}",
                   flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -7,7 +7,7 @@
 #                 .venv/bin/python -m pip download --no-deps --only-binary=:all: -d .gpu/whl webdataset braceexpand
 #                 (the device image has torch, Lightning, timm, but not webdataset, which the e2e shards arm needs)
 #   first call:   run(command="bash benchmarks/gpu_session.sh", carry=[".gpu"], timeout_s=600)
-#                 runs distill, folder, step (limits 100 + 280 + 170 = 550 s)
+#                 runs distill, folder, step (limits 100 + 270 + 170 = 540 s, plus ~10 s of start)
 #   second call:  run(command="bash benchmarks/gpu_session.sh e2e mfu decode methods", carry=[".gpu"], timeout_s=600)
 #                 (limits 210 + 80 + 45 + 95 = 430 s; issue 52's parts, whose figures are optional now)
 #   a dry run here (every part on the CPU at toy size, or those named; tests/test_gpu_session.py runs it in two groups):
@@ -27,7 +27,7 @@
 #    dinov2 on 2,000 Fashion-MNIST PNGs written on the device: six processes side by side, two per method (seeds 0
 #    then 2, and seed 1), so seeds 0 and 1 come first; a run the limit cuts is left out, and the JSON's rows say
 #    which seeds finished. Per run: the resolved recipe, fit seconds, steps, kNN@20 gain over its init
-#    (folder_recipe_gpu.json; each method's printed recipe block in folder.log).                    at most 280 s
+#    (folder_recipe_gpu.json; each method's printed recipe block in folder.log).                    at most 270 s
 # 3. step (issue 52 item 3; benchmarks/gpu_step.py): MoCo v3 and DINO ViT-S/16 at 224 px, bf16, fused AdamW:
 #    the torch profiler's top kernels, idle gaps and host syncs of one step (profile_*.json); step time and MFU at
 #    batch 128 and doubling to the largest that fits (sweep_*.json); the SDPA kernel taken (sdpa.json); the step
@@ -99,7 +99,7 @@ fi
 
 if has folder; then
     t0=$SECONDS
-    budget=$(limit 280)
+    budget=$(limit 270)
     if [[ $DRY == 1 ]]; then  # 100 images, 10 a class in val/, 2 steps a run, two lanes, the GPU's recipe on the CPU
         fr=(--sizes 100 --val-per-class 10 --set trainer.max_steps=2 --as-gpu "dry-run GPU")
         lanes=("simclr,mae|0" "dinov2|0")
