@@ -138,6 +138,13 @@ variant was written here before its run; the result follows it.
   no collapse (the last loss above 1% of the first, RankMe above 1.5 at the end) and +10 at seed 100 (from +6 to
   +14). Rule: the preset takes the code's lr, ``start_lr``, warm-up share and 300 epochs when both seeds clear +10;
   then the table seeds 0-2 decide the bar.
+
+  Result: seed 100 68.8 against 60.8, +8.0 (619 s; test +7.2; the context encoder 69.1): the prediction failed on
+  both counts. It collapsed where the risk said: the loss 0.27-0.31 to step ~610, 0.030 at 759, 0.004 at 1,209 and
+  0.0004 from 1,509 (0.000399 at the end, from 0.425); RankMe 3.42 → 1.49 at step 600 → 1.25 from 1,200;
+  ``dim_std_embedding`` 0.0066 → 0.0013 → 0.0007. Slower steps put the collapse off (step ~130 at the preset's lr,
+  ~700-1,200 here) and do not prevent it; the level it lands at, 68.8, is the preset's collapsed level (70-73) or
+  under. Seed 101 not run.
 * ``ijepa-digits`` ``code_300ep``: the code's whole schedule at its epoch count: ``code_lr_300ep`` with the code's
   EMA from 0.996 (to 1) instead of the preset's 0.9. Over 3,300 steps 0.996's horizon (~250 steps) is 8% of the run
   and 0.996^3300 ~ 2e-6: the target follows the encoder, which 330 steps did not allow (``backbone_init``, +4.9 at
