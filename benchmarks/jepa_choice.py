@@ -150,6 +150,13 @@ variant was written here before its run; the result follows it.
   and 0.996^3300 ~ 2e-6: the target follows the encoder, which 330 steps did not allow (``backbone_init``, +4.9 at
   the preset's lr). Only the init, the 4x4 grid's masks and ``min_keep`` then differ from the code. Predicted: no
   collapse and +8 at seed 100 (from +4 to +12). Rule: as ``code_lr_300ep``.
+
+  Result: seed 100 65.3 against 60.8, +4.5 (727 s; test +4.5; the context encoder 64.6): no collapse, the first
+  half of the prediction held; the gain failed. The features spread instead of collapsing: the loss 0.42 → 0.06 by
+  step 459, then 0.07-0.12 to the end (0.114); RankMe 3.4 → 5.3 at step 600 → 14.9 at 1,200 → 23.7 at the end;
+  ``dim_std_embedding`` 0.0066 → 0.030; the target features' spread 0.12 → 0.58. The first run on this data whose
+  features grow in rank throughout, and its kNN is 4.5 over the init: as ``m0.99``'s spread (kNN 15 under), the
+  spread the target asks for is not the digits' classes. Seed 101 not run.
 * ``ijepa-digits`` ``pred_wide``: the preset with a predictor of depth 4 and width 128 (``method.pred_depth=4``,
   ``method.pred_emb_dim=128``; 4 heads of 32) instead of 2 blocks of 64: as deep and as wide as the micro encoder
   (the code's is 12 deep of 384 beside ViT-H's 32 of 1280). With the EMA at 0.9 the features drop their
