@@ -164,6 +164,14 @@ variant was written here before its run; the result follows it.
   more of it and so keep it. Predicted: the collapse as before (the last loss under 1% of the first) and the
   preset's level: +10 at seed 100 (from +8 to +13), so under +10 at seed 101 (~+7) where the preset gained +6.9.
   Rule: the preset takes the wider, deeper predictor when both seeds clear +10.
+
+  Result: seed 100 50.7 against 60.8, -10.1 (233 s; test -15.3; the context encoder 49.6): the prediction failed.
+  The wider predictor collapses the features sooner (the loss 0.306 → 0.0023 by step 69, RankMe 3.4 → 1.5 at step
+  100) and then spreads them again (the loss 0.118 at step 189, RankMe 3.6, the target features' spread 0.03 → 0.57
+  at step 200), ending at a loss of 0.021 (7% of its first: not collapsed by the label), RankMe 2.65 and
+  ``dim_std_embedding`` 0.0068 (its first value): the path of ``m0.99`` (collapse, spread again, a kNN under the
+  init), not the preset's. Seed 101 not run. ``pred_wide_code_lr_300ep``'s condition fails on both counts
+  (``code_lr_300ep`` collapsed; ``pred_wide`` under 71.2): not run.
 * ``ijepa-digits`` ``pred_wide_code_lr_300ep``: both changes together (``pred_wide``'s predictor with
   ``code_lr_300ep``'s schedule). Runs at seed 100 only when each helps alone: ``code_lr_300ep`` does not collapse and
   gains +5 or more at seed 100 without clearing +10, and ``pred_wide`` scores above the preset's 71.2 at seed 100.
