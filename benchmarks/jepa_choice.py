@@ -184,10 +184,12 @@ variant was written here before its run; the result follows it.
   unchanged; its table seeds' +0.5 [-24.7, 25.6] stands and the digits bar is not met. The linear probe (reported
   only, as above; the three share seed 100's init, 89.97): ``code_lr_300ep`` 86.6 (-3.3), ``code_300ep`` 81.9
   (-8.1), ``pred_wide`` 80.8 (-9.2). Across the three rounds (12 runs at seed 100) the I-JEPA objective on 8x8
-  digits takes the features to one of two ends: a fast target (EMA 0.9, at the preset's lr or 8x under it, for
-  660 or 3,300 steps) collapses them to a validation kNN of 69-73; a target that keeps them spread (0.996 over
-  3,300 steps, RankMe 23.7; 0.99; the wider predictor after its collapse) gives a kNN at the init or under it. No
-  run reached the ~82 that +10 on every table seed needs, and every linear probe is under the init's.
+  digits takes the features to one of two ends: a fast target (the EMA from 0.9 at the preset's lr, or at 8x under
+  it over 3,300 steps; ``code_lr``'s 660 steps ended before the collapse) collapses them to a validation kNN of
+  68.8-72.9; a slow target or one that keeps them spread (0.996 for 330 or 3,300 steps, RankMe 23.7 at the end of
+  the latter; 0.99; the wider predictor after its collapse) gives at most +5.6 over the init, or less than the
+  init. No run reached the ~82 that +10 on every table seed needs, and every linear probe measured is under the
+  init's.
 * ``lejepa-digits`` ``minimal``: MINIMAL.md's recipe on two global views, 10 epochs. Predicted: at least +10 over
   the init (a 1-epoch smoke run gained +16 on the test split, reported only). Rule: kept when it clears +10.
   Result: 85.4 against the init's 58.0, +27.4: the prediction held, kept.
