@@ -276,7 +276,7 @@ def context_encoder(run: Path) -> Path | None:
     return out
 
 
-def collapse_signs(run: Path) -> dict:
+def logged_signs(run: Path) -> dict:
     """The run's collapse signs from its ``metrics.csv``: the loss, RankMe and the pooled features' spread over the
     batch (``dim_std_embedding``), each at its first and last logged step, and the loss's label (collapsed when the
     last loss is under 1% of the first, as ``benchmarks.jepa_collapse_series``)."""
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
                                                                   - test["random_init"]["top1"], 2)}
         if ctx_val is not None:
             out["variants"][key]["val_context_reported_only"] = round(ctx_val, 2)
-        out["variants"][key]["signs"] = collapse_signs(run)
+        out["variants"][key]["signs"] = logged_signs(run)
         print(key, json.dumps(out["variants"][key]), flush=True)
         write_report(out, out_file)
     return 0
