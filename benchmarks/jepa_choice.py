@@ -210,8 +210,14 @@ variant was written here before its run; the result follows it.
 * ``ijepa-fmnist`` as shipped (the code's masks on a 7x7 grid, the backbone's init, the code's EMA 0.996 to 1,
   which over 1,170 steps lets the target follow the encoder), on the table seeds 0-2 the same way; the warm-up the
   table's 0.5 epoch. Predicted, 2026-12-05 before the runs: at least +6 kNN over the init (the issue's bar), with
-  low confidence: the digits recipe reached it on one validation seed and not on the table seeds. Not run yet: the
-  session's CPU went to ``lejepa-fmnist``'s seeds and ``distill-beats-scratch``.
+  low confidence: the digits recipe reached it on one validation seed and not on the table seeds.
+
+  Result (``benchmarks/methods_fmnist.py --presets ijepa-fmnist --epochs 5 --steps-per-epoch 0``, seeds 0-2 as three
+  processes; ``results/methods_fmnist_5ep.json``): kNN 62.4 / 64.9 / 64.3 against the inits' 67.2 / 67.3 / 70.6, a
+  gain of -4.5 [-9.3, +0.3]; linear probe 75.4 / 75.0 / 75.9 against 76.7 / 76.6 / 77.3 (-1.4). The prediction
+  failed: the trained encoder is under its own init by both measures. No collapse by the loss (0.35 at step 9, 0.04-
+  0.10 from step 200 to the end), as in the digits runs with a slow target (``code_300ep``): the features move, but
+  away from what the init's kNN reads. 3,359-3,393 s a seed (three runs and other jobs on the 2 cores).
 
 ``lejepa-fmnist`` and ``ijepa-fmnist`` were not run to their end: the ``lejepa-fmnist`` run reached step 39 of
 1,170 in 5 minutes on the shared 2-core machine (about 2.5 hours for one run) and was stopped.
