@@ -90,6 +90,18 @@ def test_a_run_at_lr_0_says_it_did_not_learn(tmp_path):
     assert "Not learning" in report and "the lr was 0" in report
 
 
+@pytest.mark.train
+def test_without_the_end_of_run_knn_the_lr_check_still_speaks(tmp_path):
+    # eval.knn_at_end=false (a sweep that evaluates later): no knn.json and no kNN verdict, the lr and movement checks
+    # still run
+    code, out, err = run_cli("pretrain", "simclr-digits", *TINY, "optim.base_lr=0", "eval.knn_at_end=false",
+                             f"output_dir={tmp_path}", "name=run")
+    assert code == 0, err
+    assert "no kNN report: eval.knn_at_end=false" in out and not (tmp_path / "run" / "knn.json").exists()
+    causes = {e["cause"] for e in read_events(tmp_path / "run" / "events.jsonl") if e["kind"] == "not_learning"}
+    assert causes == {"lr"}, causes
+
+
 def test_learning_checks_on_a_model_that_moved_and_gained(tmp_path):
     from selfsup.runs.learning import learning_checks
 

@@ -54,6 +54,8 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
     """The weighted kNN (k, T from ``cfg.eval``) on the test split of the trained and of the random-init
     backbone, written to ``run_dir/knn.json``; the lines the engine prints. The random init's result is
     computed once per process for the same weights and data (``init_knn_key``)."""
+    if not cfg.eval.knn_at_end:
+        return [f"no kNN report: eval.knn_at_end=false (selfsup eval knn {run_dir})"]
     if cfg.data.name in UNLABELLED:
         return [f"no kNN report: data.name={cfg.data.name} has no labels "
                 "(selfsup eval knn RUN --data ... on labelled data)"]
@@ -108,8 +110,9 @@ def flow_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, s
     c, info, lines = model.cfg.method, model.info, []
     if train.images.dtype == torch.uint8:
         lines += knn_report(model.eval_backbone, init_backbone, model.cfg, info, train, run_dir)
-        lines[0] = lines[0].replace(
-            "kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
+        if model.cfg.eval.knn_at_end:
+            lines[0] = lines[0].replace(
+                "kNN", f"kNN of the EMA model's block-{c.eval_block()} tokens at t={c.feature_t}", 1)
         ema = model.ema
         n = 2 * ema.num_classes if ema.num_classes else 16
         labels = sample_labels(n, ema.num_classes)
