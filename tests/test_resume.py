@@ -11,8 +11,11 @@ from selfsup.config import load_run_config
 from ssl_helpers import FLOW_TINY, RESUME, StopAfterEpoch, assert_same_run, ckpt, interrupt_at, with_callback
 
 
+STATE = ["eval.knn_at_end=false"]  # what is compared is the state, not the end-of-run kNN (test_finishing.py's)
+
+
 def cfg_for(out, name, *extra):
-    return load_run_config("moco-v3-vit-digits", RESUME + list(extra) + [f"output_dir={out}", f"name={name}"])
+    return load_run_config("moco-v3-vit-digits", RESUME + STATE + list(extra) + [f"output_dir={out}", f"name={name}"])
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,7 @@ def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path, 
     (two micro-batches into epoch 2), the resumed run ends as the uninterrupted one (``assert_same_run``)."""
     def cfg(out, name):
         return load_run_config("self-flow-digits", [
-            *FLOW_TINY, "data.batch_size=32", "trainer.max_epochs=2", "optim.warmup_epochs=1",
+            *FLOW_TINY, *STATE, "data.batch_size=32", "trainer.max_epochs=2", "optim.warmup_epochs=1",
             "trainer.accumulate_grad_batches=2", "trainer.limit_train_batches=6", "trainer.checkpoint_every_n_steps=1",
             "method.rep_warmup_steps=3", "method.ema_warmup_steps=3", f"output_dir={out}", f"name={name}"])
 
@@ -142,7 +145,7 @@ def test_mae_resume_mid_epoch_equals_uninterrupted_run(tmp_path, monkeypatch):
     """MAE draws each sample's mask from the step's generator (seed, step, rank): a run stopped mid-epoch and
     resumed masks every step as the uninterrupted run did, and ends with the same weights and optimiser state."""
     mae = ["method.decoder_embed_dim=32", "method.decoder_depth=1", "method.decoder_num_heads=2",
-           *[o for o in RESUME if not o.startswith("method.")], "trainer.checkpoint_every_n_steps=1"]
+           *[o for o in RESUME if not o.startswith("method.")], "trainer.checkpoint_every_n_steps=1", *STATE]
 
     def cfg(out, name):
         return load_run_config("mae-digits", mae + [f"output_dir={out}", f"name={name}"])
