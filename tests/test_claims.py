@@ -290,6 +290,29 @@ def test_a_finished_run_of_the_same_config_is_read_not_trained_again(tmp_path):
     assert not finished_as(run, other)
 
 
+@pytest.mark.spawn
+@pytest.mark.train
+def test_an_unfinished_run_of_the_same_config_is_resumed_and_ends_as_the_uninterrupted_one(tmp_path):
+    """A session stopped mid-claim keeps its hours of training: ``pretrain_run`` resumes an unfinished run whose
+    config.yaml is the config it would train (a killed run with a checkpoint) instead of training it again."""
+    from selfsup.claims.suite import Context, pretrain_run
+    from selfsup.config import load_run_config
+    from ssl_helpers import RESUME, assert_same_run, ckpt_step, forked_kill
+
+    overrides = [*RESUME, "trainer.checkpoint_every_n_steps=1"]
+    said: list[str] = []
+    ctx = Context(quick=True, seeds=1, work=tmp_path / "b", progress=said.append)
+    cfg = load_run_config("moco-v3-vit-digits", [*overrides, "trainer.progress_bar=false", "trainer.accelerator=cpu",
+                                                 "trainer.devices=1", f"output_dir={ctx.work}", "name=r"])
+    forked_kill(cfg, 4)  # killed before step 4: the checkpoint of 4 steps done (epoch 1, mid-way)
+    assert ckpt_step(ctx.work / "r") == 4
+    resumed = pretrain_run(ctx, "moco-v3-vit-digits", "r", overrides)
+    assert any(line.startswith(f"unfinished run {ctx.work / 'r'}") for line in said), said
+    straight = pretrain_run(Context(quick=True, seeds=1, work=tmp_path / "a", progress=said.append),
+                            "moco-v3-vit-digits", "r", overrides)
+    assert_same_run(straight, resumed)
+
+
 def test_a_claim_whose_pilot_was_an_earlier_run_measures_past_its_seeds(tmp_path, monkeypatch):
     """`Claim.first_seed`: a claim whose budget was set by an earlier run of its own (seeds 0-2) runs on the
     seeds after it, and its result records them (`--resume` reads a result only at the same first seed: the

@@ -297,27 +297,44 @@ def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str], sha
         if share:
             _SHARED_RUNS[key] = run_dir
         return run_dir
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    ctx.progress(f"pretrain {preset} {' '.join(overrides)}")
-    run_dir = pretrain(cfg, preset=preset)
+    if resumable_as(run_dir, cfg):  # and its unfinished ones: a resumed run ends as the uninterrupted one
+        ctx.progress(f"unfinished run {run_dir} (pretrain {preset} {' '.join(overrides)}): resumed from its last "
+                     "checkpoint")
+        run_dir = pretrain(cfg, preset=preset, resume=run_dir)
+    else:
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        ctx.progress(f"pretrain {preset} {' '.join(overrides)}")
+        run_dir = pretrain(cfg, preset=preset)
     if share:
         _SHARED_RUNS[key] = run_dir
     _record(ctx, run_dir)
     return run_dir
 
 
-def finished_as(run_dir: Path, cfg) -> bool:
-    """Whether ``run_dir`` holds a finished run (its report written) of exactly the config ``cfg``."""
+def same_config(run_dir: Path, cfg) -> bool:
+    """Whether ``run_dir``'s config.yaml is exactly the config ``cfg``."""
     import yaml
 
     from selfsup.config import to_dict
 
-    facts, saved = run_dir / "run.json", run_dir / "config.yaml"
-    if not ((run_dir / "knn.json").exists() and facts.exists() and saved.exists()):
+    saved = run_dir / "config.yaml"
+    return saved.exists() and yaml.safe_load(saved.read_text()) == yaml.safe_load(
+        yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def finished_as(run_dir: Path, cfg) -> bool:
+    """Whether ``run_dir`` holds a finished run (its report written) of exactly the config ``cfg``."""
+    facts = run_dir / "run.json"
+    if not ((run_dir / "knn.json").exists() and facts.exists()):
         return False
-    return (json.loads(facts.read_text()).get("status") == "finished"
-            and yaml.safe_load(saved.read_text()) == yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False)))
+    return json.loads(facts.read_text()).get("status") == "finished" and same_config(run_dir, cfg)
+
+
+def resumable_as(run_dir: Path, cfg) -> bool:
+    """Whether ``run_dir`` holds an unfinished run of exactly the config ``cfg`` with a checkpoint to resume from
+    (a session stopped mid-claim: its hours of training are kept)."""
+    return (run_dir / "checkpoints" / "last.ckpt").exists() and same_config(run_dir, cfg)
 
 
 def _record(ctx: Context, run_dir: Path, shared: bool = False) -> None:
