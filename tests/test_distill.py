@@ -204,13 +204,21 @@ def test_a_distill_run_records_its_teacher_and_resume_refuses_another(tmp_path):
 
 @pytest.mark.train
 def test_the_distill_beats_scratch_claim_runs_quick_and_writes_the_teacher_beside(tmp_path):
-    """The claim on digits, 2 steps a run: its metrics, verdict and the teacher's kNN written beside."""
+    """The claim on (fake) Fashion-MNIST files, 2 steps a run: its metrics, verdict and the teacher's kNN written
+    beside; the teacher is the claim's vit_tiny and its run is shared by the seeds."""
+    from idx_files import fashion_overrides
     from ssl_helpers import quick_claim
 
     tiny = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_size=32",
             "trainer.log_every_n_steps=1", "eval.knn_every_n_steps=0", "instruments.rank_samples=64"]
-    result = quick_claim("distill-beats-scratch", tmp_path, tiny)
+    result = quick_claim("distill-beats-scratch", tmp_path,
+                         [*tiny, *fashion_overrides("distill-beats-scratch", tmp_path / "fmnist")])
     m = result["metrics"]
     assert set(m) >= {"distilled", "scratch", "knn_gain", "distilled_linear", "scratch_linear", "linear_gain",
                       "teacher_knn"}
     assert "the teacher" in result["ours"]
+    import yaml
+
+    teacher = yaml.safe_load((tmp_path / "teacher" / "config.yaml").read_text())
+    assert (teacher["model"]["backbone"], teacher["data"]["name"]) == ("vit_tiny", "fashion-mnist")
+    assert yaml.safe_load((tmp_path / "scratch-s0" / "config.yaml").read_text())["method"]["name"] == "lejepa"
