@@ -288,6 +288,14 @@ def test_a_finished_run_of_the_same_config_is_read_not_trained_again(tmp_path):
     assert finished_as(run, cfg)
     other = load_run_config("simclr-digits", [f"output_dir={tmp_path}", "name=r", "trainer.seed=4"])
     assert not finished_as(run, other)
+    # a field added to the config since the run (absent from its config.yaml) reads as its default, as a resume does
+    saved = to_dict(cfg)
+    del saved["eval"]["knn_at_end"]
+    (run / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    assert finished_as(run, cfg)
+    off = load_run_config("simclr-digits", [f"output_dir={tmp_path}", "name=r", "trainer.seed=3",
+                                            "eval.knn_at_end=false"])
+    assert not finished_as(run, off)
 
 
 @pytest.mark.spawn

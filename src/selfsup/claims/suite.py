@@ -313,13 +313,20 @@ def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str], sha
 
 
 def same_config(run_dir: Path, cfg) -> bool:
-    """Whether ``run_dir``'s config.yaml is exactly the config ``cfg``."""
+    """Whether ``run_dir``'s config.yaml, resolved as a resume resolves it (a field added to the config since the run
+    takes its default), is exactly the config ``cfg``."""
     import yaml
 
-    from selfsup.config import to_dict
+    from selfsup.config import load_run, to_dict
+    from selfsup.errors import UserError
 
-    saved = run_dir / "config.yaml"
-    return saved.exists() and yaml.safe_load(saved.read_text()) == yaml.safe_load(
+    if not (run_dir / "config.yaml").exists():
+        return False
+    try:
+        saved = load_run(run_dir)
+    except UserError:  # a config this code no longer resolves: not the run it would train
+        return False
+    return yaml.safe_load(yaml.safe_dump(to_dict(saved), sort_keys=False)) == yaml.safe_load(
         yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
