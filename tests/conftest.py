@@ -15,13 +15,11 @@ os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 from ssl_helpers import TINY  # noqa: E402  (after the thread settings)
-from tiers import (  # noqa: E402, F401  (the tiers' hooks)
-    add_timeouts, heavy_modules_first, pytest_fixture_setup, pytest_runtest_protocol)
+from tiers import add_timeouts, pytest_fixture_setup, pytest_runtest_protocol  # noqa: E402, F401  (the tiers' hooks)
 
 
 def pytest_collection_modifyitems(config, items):
     add_timeouts(items)
-    heavy_modules_first(items)
 
 
 @pytest.fixture

@@ -40,20 +40,6 @@ def add_timeouts(items) -> None:
             item.add_marker(pytest.mark.timeout(TIMEOUTS[tier(item)]))
 
 
-def heavy_modules_first(items) -> None:
-    """Reorder ``items`` in place, module by module: modules with a ``spawn`` test first, then those with a ``train``
-    test, then the rest, each module's tests kept together and in their order (its shared fixtures set up once).
-    Under ``pytest -n 2`` the minute-long tests then start early and the last ones to finish are short, so neither
-    worker waits on the other at the end."""
-    rank = {"spawn": 0, "train": 1, None: 2}
-    modules: dict[str, int] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        modules[module] = min(modules.get(module, 2), rank[tier(item)])
-    order = {module: i for i, module in enumerate(modules)}
-    items.sort(key=lambda item: (modules[item.nodeid.split("::")[0]], order[item.nodeid.split("::")[0]]))
-
-
 PROBES = {"uname", "lscpu", "git", "nvidia-smi", "ldconfig", "nproc", "getconf"}  # cached one-line answers
 
 
