@@ -40,6 +40,15 @@ def tiny_run(batches: int = 2, batch_size: int = 64, heads: bool = True) -> list
 
 
 TINY = tiny_run()  # a joint-embedding preset, 2 steps
+
+
+def nano(preset: str, overrides: list[str] = ()) -> list[str]:
+    """``model.backbone=vit_nano`` where ``preset`` (with ``overrides``) trains the micro ViT, else nothing: the
+    tests that compare a run's state with another's (resume, kill) need no width, and the micro ViT's blocks are
+    half of such a run's CPU time (a ConvNet or a flow preset keeps its own network)."""
+    from selfsup.config import load_run_config
+
+    return ["model.backbone=vit_nano"] if load_run_config(preset, list(overrides)).model.backbone == "vit_micro" else []
 FLOW_TINY = tiny_run(batches=3, heads=False)  # a flow preset, 3 steps
 
 METHOD_NAMES = ("moco_v3", "byol", "simsiam", "simclr")
@@ -144,7 +153,9 @@ def raises_user_error(*words):
 # --------------------------------------------------------------------------- run folders (resume tests)
 # 3 batches per epoch, 2 epochs, warmup over the first epoch: lr and momentum change every step,
 # so a resume that saw another total step count or another step index would differ.
-RESUME = TINY + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "optim.warmup_epochs=1"]
+# the resume tests' run: 2 epochs of 3 steps on the smallest ViT (its state is what they compare, not its width)
+RESUME = TINY + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "optim.warmup_epochs=1",
+                 "model.backbone=vit_nano"]
 
 
 class CtrlCAtStep(pl.Callback):

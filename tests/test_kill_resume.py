@@ -28,7 +28,7 @@ import selfsup.engine as engine
 from selfsup.config import load_run_config
 from selfsup.methods import METHODS
 from spawn import run_script
-from ssl_helpers import TINY, ckpt_step, forked_kill
+from ssl_helpers import TINY, ckpt_step, forked_kill, nano
 
 pytestmark = pytest.mark.spawn  # tests/tiers.py
 
@@ -120,6 +120,7 @@ def assert_bit_identical(a: Path, b: Path) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_sigkilled_run_resumes_bit_identical(case, tmp_path):
     preset, overrides, kills = CASES[case]
+    overrides = overrides + nano(preset, overrides)
     straight = engine.pretrain(load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=A"]))
     run_b = tmp_path / "B"
     (step, where), *later = kills
@@ -168,6 +169,7 @@ def boundary_overrides(name: str, tmp_path: Path) -> list[str]:
 
     fields = {f.name for f in dataclasses.fields(METHODS[name].Config)}
     out = BOUNDARY + [f"method.{k}={v}" for k, v in NARROW.items() if k in fields]
+    out += nano(method_preset(name), out)
     if "encoder" in fields:  # REPA: a frozen ViT encoder from a file
         out.append(f"method.encoder={random_vit(tmp_path)}")
     if name == "distill":  # a frozen teacher from a file (reloaded and checked at each resume)

@@ -133,6 +133,7 @@ def check_trainer_compile(tmp: str) -> None:
     for compiled in (False, True):
         cfg = tiny_config("moco_v3", trainer={"compile": compiled, "compile_backend": "aot_eager",
                                              "limit_train_batches": 3, "log_every_n_steps": 1},
+                          model={"backbone": "vit_nano"},  # tracing time grows with depth; 2 blocks show the path
                           output_dir=str(tmp_path), name=f"c{int(compiled)}")
         train = load_dataset(cfg.data, "train")
         model = build_method(cfg, data_info(cfg, train))

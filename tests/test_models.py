@@ -226,6 +226,13 @@ def test_build_backbone_unknown_name():
     assert "vit_micro" in BACKBONE_NAMES and "resnet152" in BACKBONE_NAMES
 
 
+def test_vit_nano_is_two_blocks_of_width_32():
+    """The smallest size (the state-comparing tests' backbone): 2 blocks, width 32, 2 heads of 16."""
+    net = build_backbone("vit_nano", in_chans=1, image_size=8, patch_size=2)
+    assert (net.embed_dim, len(net.blocks), net.blocks[0].attn.num_heads) == (32, 2, 2)
+    assert net(torch.zeros(3, 1, 8, 8)).shape == (3, 32)
+
+
 def test_build_backbone_rebuilds_a_flow_encoder_by_name_and_refuses_unknown_keys():
     from selfsup.models.sit import FLOW_ENCODER, FlowEncoder
 

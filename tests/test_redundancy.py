@@ -243,10 +243,11 @@ RESUME = SMALL + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "opti
 def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from ssl_helpers import ckpt, interrupt_at
+    from ssl_helpers import ckpt, interrupt_at, nano
 
-    straight = engine.pretrain(load_run_config(preset, RESUME + [f"output_dir={tmp_path}", "name=A"]))
-    cfg = load_run_config(preset, RESUME + [f"output_dir={tmp_path}", "name=B"])
+    overrides = RESUME + nano(preset, RESUME)
+    straight = engine.pretrain(load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=A"]))
+    cfg = load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=B"])
     interrupt_at(monkeypatch, cfg)
     run_b = tmp_path / "B"
     assert ckpt(run_b)["global_step"] == 4  # one batch into the second epoch

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 VIT_SIZES = {
+    "vit_nano": dict(embed_dim=32, depth=2, num_heads=2),  # smoke runs; the tests that compare two runs' states
     "vit_micro": dict(embed_dim=128, depth=4, num_heads=4),
     "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "vit_small": dict(embed_dim=384, depth=12, num_heads=12),  # MoCo v3's ViT-S (12 heads)
