@@ -40,15 +40,6 @@ def tiny_run(batches: int = 2, batch_size: int = 64, heads: bool = True) -> list
 
 
 TINY = tiny_run()  # a joint-embedding preset, 2 steps
-
-
-def nano(preset: str, overrides: list[str] = ()) -> list[str]:
-    """``model.backbone=vit_nano`` where ``preset`` (with ``overrides``) trains the micro ViT, else nothing: the
-    tests that compare a run's state with another's (resume, kill) need no width, and the micro ViT's blocks are
-    half of such a run's CPU time (a ConvNet or a flow preset keeps its own network)."""
-    from selfsup.config import load_run_config
-
-    return ["model.backbone=vit_nano"] if load_run_config(preset, list(overrides)).model.backbone == "vit_micro" else []
 FLOW_TINY = tiny_run(batches=3, heads=False)  # a flow preset, 3 steps
 
 METHOD_NAMES = ("moco_v3", "byol", "simsiam", "simclr")
@@ -61,6 +52,8 @@ HEADS = {
     "barlow_twins": dict(proj_hidden_dim=64, dim=32),
     "vicreg": dict(proj_hidden_dim=64, dim=32),
     "dino": dict(out_dim=64, hidden_dim=32, bottleneck_dim=16),
+    "dinov2": dict(out_dim=64, hidden_dim=32, bottleneck_dim=16, ibot_out_dim=64, ibot_hidden_dim=32,
+                   ibot_bottleneck_dim=16),  # the defaults are 65,536 prototypes behind 2,048-wide layers
     "ibot": dict(out_dim=64, patch_out_dim=48, hidden_dim=32, bottleneck_dim=16),
     "mae": dict(decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2),
     "swav": dict(hidden_mlp=32, feat_dim=16, nmb_prototypes=24),
@@ -71,6 +64,15 @@ HEADS = {
     "lejepa": dict(proj_hidden_dim=32, proj_dim=8, num_slices=16),
 }
 MODEL = {"ijepa": {"class_token": False, "pool": "avg"}}  # a method's own backbone settings (I-JEPA's ViT)
+
+
+def nano(preset: str, overrides: list[str] = ()) -> list[str]:
+    """``model.backbone=vit_nano`` where ``preset`` (with ``overrides``) trains the micro ViT, else nothing: the
+    tests that compare a run's state with another's (resume, kill) need no width, and the micro ViT's blocks are
+    half of such a run's CPU time (a ConvNet or a flow preset keeps its own network)."""
+    from selfsup.config import load_run_config
+
+    return ["model.backbone=vit_nano"] if load_run_config(preset, list(overrides)).model.backbone == "vit_micro" else []
 
 
 def tiny_config(method: str, method_extra: dict | None = None, **sections):
