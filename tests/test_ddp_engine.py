@@ -27,7 +27,7 @@ def test_two_process_cpu_ddp_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
         [str(SELFSUP), "pretrain", "moco-v3-vit-digits", *overrides, "trainer.devices=2", "trainer.strategy=ddp",
-         "data.batch_size=256", f"output_dir={tmp_path}", "name=ddp"],
+         "data.batch_size=256", "model.backbone=vit_nano", f"output_dir={tmp_path}", "name=ddp"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert [p.name for p in tmp_path.iterdir()] == ["ddp"]  # the child joined the parent's run folder
