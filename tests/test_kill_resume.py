@@ -137,7 +137,8 @@ def test_sigkilled_run_resumes_bit_identical(case, tmp_path):
 # epoch's first batch (step 4, written by the session resumed from the last-batch checkpoint: Lightning once
 # restored that one as an unfinished epoch, and every checkpoint written after it sent the next resume back to
 # its epoch's start) and of that epoch's last batch (step 6, from a second resumed session); the last session
-# trains to the end. Every method of the registry, on its digits preset with narrow heads.
+# trains to the end. Every method of the registry, on its digits preset with narrow heads (vit_nano in place of the
+# micro ViT).
 BOUNDARY_KILLS = (3, 4, 6)
 BOUNDARY = ["data.batch_size=32", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false",
             "trainer.max_epochs=3", "trainer.limit_train_batches=3", "trainer.checkpoint_every_n_steps=1",
