@@ -63,11 +63,12 @@ def measure(run: Path) -> dict:
     row = {"run": run.name}
     for name in ("backbone_init", "backbone"):
         net, meta = load_exported(run / f"{name}.safetensors")
+        net.eval()
         mean, std = (torch.tensor(meta[k]).view(1, -1, 1, 1) for k in ("mean", "std"))
 
         @torch.no_grad()
         def patches(x: torch.Tensor) -> torch.Tensor:
-            return torch.cat([net.eval().forward_features((x[i:i + 1000] - mean) / std)
+            return torch.cat([net.forward_features((x[i:i + 1000] - mean) / std)
                               for i in range(0, len(x), 1000)])
 
         row["init" if name == "backbone_init" else "trained"] = {

@@ -326,6 +326,7 @@ def same_config(run_dir: Path, cfg) -> bool:
         saved = load_run(run_dir)
     except UserError:  # a config this code no longer resolves: not the run it would train
         return False
+
     def as_written(c) -> dict:  # as config.yaml holds it (tuples as lists)
         return yaml.safe_load(yaml.safe_dump(to_dict(c), sort_keys=False))
 
