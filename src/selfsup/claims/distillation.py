@@ -66,5 +66,10 @@ CLAIMS = (
           "micro ViT student on Fashion-MNIST, 5 epochs (1,170 steps at batch 256), LightlyTrain's global "
           "distillation from a simclr-fmnist ViT-tiny teacher trained 10 epochs, against lejepa-fmnist from scratch "
           "at the same 5 epochs; scored on the 10,000 test images",
-          test_data="fashion-mnist"),
+          test_data="fashion-mnist",
+          # seeds 0-2 ran first (2026-12-06): kNN -0.03 [-1.15, +1.10], linear probe -0.93 [-1.99, +0.13] (per seed
+          # -0.65, -0.72, -1.42), inconclusive; the run was extended to seeds 0-5 from that spread (the suite's 4 seeds
+          # to detect it, and margin), before seeds 3-5 ran. Seeds 0-2 are kept in the run, not set apart as a pilot:
+          # fresh seeds 3-8 would cost another 2 hours of both cores.
+          default_seeds=6),
 )
