@@ -204,8 +204,8 @@ def test_a_distill_run_records_its_teacher_and_resume_refuses_another(tmp_path):
 
 @pytest.mark.train
 def test_the_distill_beats_scratch_claim_runs_quick_and_writes_the_teacher_beside(tmp_path):
-    """The claim on (fake) Fashion-MNIST files, 2 steps a run: its metrics, verdict and the teacher's kNN written
-    beside; the teacher is the claim's vit_tiny and its run is shared by the seeds."""
+    """The claim on (fake) Fashion-MNIST files, 2 steps a run: its metrics, verdict and the teacher's kNN and linear
+    probe written beside; the teacher is the claim's vit_tiny and its run is shared by the seeds."""
     from idx_files import fashion_overrides
     from ssl_helpers import quick_claim
 
@@ -215,8 +215,9 @@ def test_the_distill_beats_scratch_claim_runs_quick_and_writes_the_teacher_besid
                          [*tiny, *fashion_overrides("distill-beats-scratch", tmp_path / "fmnist")])
     m = result["metrics"]
     assert set(m) >= {"distilled", "scratch", "knn_gain", "distilled_linear", "scratch_linear", "linear_gain",
-                      "teacher_knn"}
-    assert "the teacher" in result["ours"]
+                      "teacher_knn", "teacher_linear"}
+    assert len(set(m["teacher_linear"])) == 1 and 0 <= m["teacher_linear"][0] <= 100  # one teacher for every seed
+    assert result["ours"].count("the teacher") == 2  # its kNN and its linear probe
     import yaml
 
     teacher = yaml.safe_load((tmp_path / "teacher" / "config.yaml").read_text())

@@ -4,8 +4,9 @@ performance than training from scratch" (DINOv2 §5). Its checkable claim, on Fa
 Fashion-MNIST, not digits: on digits the first form of this claim (a 100-epoch ViT-tiny simclr-digits teacher, the
 micro ViT at 50 epochs against simclr-digits from scratch, 6 seeds) was inconclusive, kNN +1.3 [-1.8, +4.3],
 because the teacher (93.0% kNN) was level with the student from scratch (92.8%) and 359 test images leave a
-binomial sd of 1.3 points an accuracy. Fashion-MNIST scores on 10,000 (0.4 points), and a larger ViT trained
-longer is clearly above the micro ViT's 5 epochs there."""
+binomial sd of 1.3 points an accuracy. Fashion-MNIST scores on 10,000 (0.4 points). Its larger, longer-trained
+teacher was expected to stand clearly above the micro ViT's 5 epochs there; measured, it stands 0.5 kNN points and
+2.5 linear-probe points above (the claim's note in ``notes.py``)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,14 @@ SCRATCH = "lejepa-fmnist"
 
 def measure_distill_beats_scratch(ctx: Context) -> dict:
     """Per seed: the micro ViT distilled from the frozen teacher (distill-fmnist) against the micro ViT trained from
-    scratch (lejepa-fmnist), both for the table's 5 epochs: kNN and linear-probe top-1 on the 10,000 test images."""
+    scratch (lejepa-fmnist), both for the table's 5 epochs: kNN and linear-probe top-1 on the 10,000 test images,
+    the teacher's own beside them."""
     preset, overrides = TEACHER
     teacher = pretrain_run(ctx, preset, "teacher", [*overrides, f"trainer.max_epochs={TEACHER_EPOCHS[ctx.quick]}"],
                            share=True)
-    teacher_knn = knn_top1(teacher)
+    teacher_knn, teacher_linear = knn_top1(teacher), linear_top1(teacher, ctx.quick)
     m = {"distilled": [], "scratch": [], "knn_gain": [], "distilled_linear": [], "scratch_linear": [],
-         "linear_gain": [], "teacher_knn": []}
+         "linear_gain": [], "teacher_knn": [], "teacher_linear": []}
     for seed in ctx.seed_ids():
         epochs = [f"trainer.seed={seed}", f"trainer.max_epochs={EPOCHS[ctx.quick]}"]
         distilled = pretrain_run(ctx, STUDENT, f"distilled-s{seed}", [*epochs, f"method.teacher.weights={teacher}"])
@@ -48,11 +50,13 @@ def measure_distill_beats_scratch(ctx: Context) -> dict:
         m["scratch_linear"].append(linear_top1(scratch, ctx.quick))
         m["linear_gain"].append(m["distilled_linear"][-1] - m["scratch_linear"][-1])
         m["teacher_knn"].append(teacher_knn)
+        m["teacher_linear"].append(teacher_linear)
     return {"metrics": m, "series": {},
             "ours": f"kNN top-1 distilled {statistics.fmean(m['distilled']):.1f}% vs from scratch "
                     f"{statistics.fmean(m['scratch']):.1f}% (gain {mean_ci(m['knn_gain'])} points; the teacher "
                     f"{teacher_knn:.1f}%); linear probe {statistics.fmean(m['distilled_linear']):.1f}% vs "
-                    f"{statistics.fmean(m['scratch_linear']):.1f}% (gain {mean_ci(m['linear_gain'])} points)"}
+                    f"{statistics.fmean(m['scratch_linear']):.1f}% (gain {mean_ci(m['linear_gain'])} points; the "
+                    f"teacher {teacher_linear:.1f}%)"}
 
 
 CLAIMS = (
