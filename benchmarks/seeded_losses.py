@@ -25,14 +25,22 @@ from pathlib import Path
 
 from benchmarks.harness import cpu_model_and_flags, selfsup_cli, write_report
 
-PRESETS = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits",
-           "byol-directpred-fmnist", "self-flow-digits", "flow-matching-digits", "repa-digits")
+# every method's digits preset (and the predictor options'), teachers before their students
+PRESETS = ("moco-v3-vit-digits", "byol-digits", "simsiam-digits", "simclr-digits", "simclr-cnn-digits",
+           "simsiam-cnn-digits", "barlow-twins-digits", "vicreg-digits", "wmse-digits", "wmse-cnn-digits",
+           "nnclr-digits", "nnclr-cnn-digits", "swav-digits", "swav-cnn-digits", "dino-digits", "ibot-digits",
+           "dinov2-digits", "mae-digits", "ijepa-digits", "lejepa-digits", "distill-digits", "distill-cnn-digits",
+           "distill-dinov2-digits", "byol-directpred-fmnist", "self-flow-digits", "flow-matching-digits",
+           "repa-digits")
 TINY = ["data.batch_size=64", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
         "trainer.log_every_n_steps=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
-        "trainer.devices=1"]
+        "trainer.devices=1", "eval.knn_at_end=false"]
 LOSS_RTOL = 1e-4  # across CPU kinds only; after a few steps seeded losses agree to ~1e-6 there
-EXTRA = {  # repa needs a frozen encoder: the moco-v3 run of this script
+EXTRA = {  # the frozen networks: runs of this script (repa's encoder and distill's teacher: the moco-v3 run)
     "repa-digits": lambda out: [f"method.encoder={out / 'moco-v3-vit-digits'}"],
+    "distill-digits": lambda out: [f"method.teacher.weights={out / 'moco-v3-vit-digits'}"],
+    "distill-cnn-digits": lambda out: [f"method.teacher.weights={out / 'moco-v3-vit-digits'}"],
+    "distill-dinov2-digits": lambda out: [f"method.teacher.weights={out / 'dinov2-digits'}"],
 }
 
 
@@ -43,6 +51,17 @@ def digest(path: Path) -> str:
     for key, value in sorted(load_file(str(path)).items()):
         h.update(key.encode())
         h.update(value.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def state_digest(path: Path) -> str:
+    """SHA-256 of every tensor of a checkpoint's ``state_dict`` (heads, queues, centres, EMA copies)."""
+    import torch
+
+    h = hashlib.sha256()
+    for key, value in sorted(torch.load(path, map_location="cpu", weights_only=False)["state_dict"].items()):
+        h.update(key.encode())
+        h.update(value.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -71,7 +90,8 @@ def record(preset: str, out: Path) -> dict:
     with (out / preset / "metrics.csv").open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
     return {"loss": [r["train/loss"] for r in rows],
-            "backbone_sha256": digest(out / preset / "backbone.safetensors")}
+            "backbone_sha256": digest(out / preset / "backbone.safetensors"),
+            "state_sha256": state_digest(out / preset / "checkpoints" / "last.ckpt")}
 
 
 def main() -> None:
@@ -96,7 +116,7 @@ def main() -> None:
     write_report(report, args.out)
     for p, r in runs.items():
         same = report.get("identical", {}).get(p)
-        print(f"{p:22s} steps={len(r.get('loss', []))} {r.get('error') or r['backbone_sha256'][:12]}"
+        print(f"{p:24s} steps={len(r.get('loss', []))} {r.get('error') or r['backbone_sha256'][:12]}"
               + ("" if same is None else f" identical={same}"))
     if args.compare and not all(report["identical"].values()):
         sys.exit(1)
