@@ -79,3 +79,22 @@ def test_a_grey_run_feeds_a_3_channel_network_its_channel_normalised_per_channel
     torch.testing.assert_close(same, (pixels - 0.3) / 0.3)
     with pytest.raises(UserError, match="3-channel images, the data has 2"):
         Renormalise((0.5, 0.5), (0.25, 0.25), norm, 3)
+
+
+def test_its_sha256_is_the_sources_whatever_the_runs_image_size(tmp_path):
+    """The resume check compares the source's tensors as read: a teacher whose learned positions are resampled to
+    another image size (the folder recipe may pick another size under another precision or machine) is the same
+    teacher; what was loaded (``facts.sha256``) differs."""
+    from selfsup.export import export_backbone
+    from selfsup.methods import DataInfo
+    from selfsup.methods.frozen import load_teacher
+    from selfsup.models.backbones import build_backbone
+
+    kwargs = {"in_chans": 1, "image_size": 8, "patch_size": 4, "pos_embed": "learned"}
+    path = tmp_path / "teacher.safetensors"
+    export_backbone(build_backbone("vit_micro", **kwargs), path,
+                    {"backbone": "vit_micro", "kwargs": kwargs, "image_size": 8, "in_chans": 1, "mean": [0.3],
+                     "std": [0.3], "dataset": "digits", "method": "moco_v3"})
+    at8, at16 = (load_teacher(str(path), "auto", {}, DataInfo(1, size, (0.5,), (0.25,))) for size in (8, 16))
+    assert at8.facts["sha256"] != at16.facts["sha256"] and at16.facts["resampled"]
+    assert at8.sha256 == at16.sha256 and len(at8.sha256) == 64

@@ -68,6 +68,9 @@ class StartFacts:
     adapted: str | None = None  # the first convolution's input channels summed
     kept: list[str] = field(default_factory=list)  # the method's own keys (iBOT's mask token) the file lacks
     sha256: str = ""  # of the loaded tensors (``state_sha256``)
+    # of the source's tensors as read (wrapper and prefix taken off), before any conversion: the same whatever the
+    # run's image size, channels or precision (a frozen network's identity, checked on resume); "" where not asked
+    source_sha256: str = ""
     tensors: int = 0
 
     def as_dict(self) -> dict:
@@ -285,13 +288,15 @@ def _fixed_table(module: nn.Module) -> str | None:
     return None
 
 
-def convert(raw: RawWeights, module: nn.Module, what: str) -> tuple[dict[str, Tensor], StartFacts]:
+def convert(raw: RawWeights, module: nn.Module, what: str,
+            hash_source: bool = False) -> tuple[dict[str, Tensor], StartFacts]:
     """The source's tensors under the backbone's keys, ready for a strict ``load_state_dict``; a one-line
-    UserError naming every mismatch otherwise."""
+    UserError naming every mismatch otherwise. ``hash_source``: the facts' ``source_sha256`` of the tensors as read."""
     target = module.state_dict()
     keys = set(target)
     wrapper, prefix, state = choose(raw, keys)
-    facts = StartFacts(source="", kind=raw.kind, path=raw.path, wrapper=wrapper, prefix=prefix)
+    facts = StartFacts(source="", kind=raw.kind, path=raw.path, wrapper=wrapper, prefix=prefix,
+                       source_sha256=state_sha256(state) if hash_source else "")
     hub = raw.kind == "dinov2-hub"
     state = dict(state)
     if raw.meta is not None and isinstance(module, VisionTransformer):
@@ -385,11 +390,11 @@ def _position_table(pos: Tensor, own: Tensor, module: nn.Module, raw: RawWeights
 
 
 def load_weights(module: nn.Module, spec: str, what: str = "model.weights",
-                 raw: RawWeights | None = None) -> StartFacts:
+                 raw: RawWeights | None = None, hash_source: bool = False) -> StartFacts:
     """Load the source ``spec`` into ``module`` (strict: every key of the module, no other); the facts of it.
-    ``raw``: the source already read (``read_weights``), so a file is read once."""
+    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``."""
     raw = read_weights(spec, module, what) if raw is None else raw
-    state, facts = convert(raw, module, what)
+    state, facts = convert(raw, module, what, hash_source)
     with torch.no_grad():
         module.load_state_dict(state, strict=True)
     loaded = module.state_dict()
@@ -460,7 +465,7 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
     except (TypeError, ValueError) as e:
         raise UserError(f"{what}: the teacher {backbone} cannot be built ({' '.join(str(e).split())})") from None
     facts = load_weights(module, "timm" if spec.startswith(TIMM_PREFIX) and spec[len(TIMM_PREFIX):] ==
-                         getattr(module, "timm_recipe", {}).get("model") else spec, what, raw)
+                         getattr(module, "timm_recipe", {}).get("model") else spec, what, raw, hash_source=True)
     facts.source = spec
     if norm is None and hasattr(module, "pretrained_cfg") and spec.startswith(TIMM_PREFIX):
         cfg = module.pretrained_cfg or {}

@@ -122,8 +122,9 @@ def load_dinov2_teacher(spec: str, info, what: str = "method.teacher.weights") -
     ``center2`` (1, 1, K2)): its architecture from ``backbone.safetensors``'s metadata (built at the run's image
     size and its own channels, positions resampled as ``weights.build_from_weights``), the tensors of
     ``checkpoints/last.ckpt``'s ``teacher_backbone.*``, ``teacher_head.*`` and ``teacher_ibot_head.*`` (the heads'
-    shapes give their sizes). The facts' sha256 is over the backbone's and heads' tensors (``backbone.``,
-    ``head.``, ``ibot_head.`` keys). Anything else: one line."""
+    shapes give their sizes). The facts' sha256 is over the backbone's and heads' tensors as loaded (``backbone.``,
+    ``head.``, ``ibot_head.`` keys), their ``source_sha256`` (the resume check's) over the same tensors as read.
+    Anything else: one line."""
     run = Path(spec).expanduser()
     export, ckpt = run / "backbone.safetensors", run / "checkpoints" / "last.ckpt"
     other = ("; a weights file, a DINOv2 hub checkpoint or timm:<name> has no DINO heads: distil it with "
@@ -158,6 +159,8 @@ def load_dinov2_teacher(spec: str, info, what: str = "method.teacher.weights") -
     whole = {f"{prefix}.{k}": v for prefix, module in (("backbone", backbone), *heads.items()) if module is not None
              for k, v in module.state_dict().items()}
     facts.path, facts.tensors, facts.sha256 = str(ckpt), len(whole), state_sha256(whole)
+    facts.source_sha256 = state_sha256({f"{name[len('teacher_'):]}.{k}": v for name, part in parts.items()
+                                        for k, v in part.items()})  # as read: whatever the run's image size
     centres = {k: state[k].float() for k in ("center", "center2") if k in state}
     network = DINOv2Teacher(backbone, heads["head"], heads["ibot_head"])
     input_map = Renormalise(info.mean, info.std, norm, len(norm[0]) if norm else info.channels)

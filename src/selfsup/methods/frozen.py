@@ -66,7 +66,9 @@ class FrozenNetwork:
 
     @property
     def sha256(self) -> str:
-        return self.facts["sha256"]
+        """Of the source's tensors as read (``StartFacts.source_sha256``): the same network whatever the run's
+        image size, channels or precision (its positions resampled, its stem's channels)."""
+        return self.facts["source_sha256"] or self.facts["sha256"]
 
     def __call__(self, x: Tensor, *args, **kwargs):
         """The network on ``x`` in its own input normalisation: no gradient, bf16 autocast on a GPU (placed on
