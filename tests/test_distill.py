@@ -82,20 +82,20 @@ def test_teacher_centre_takes_the_bias_corrected_running_mean_off_the_features(t
 def test_the_teacher_is_frozen_in_eval_mode_and_in_no_checkpoint(tmp_path):
     m = distill(tmp_path)
     m.train()
-    assert not m.teacher.training and not any(p.requires_grad for p in m.teacher.parameters())
+    assert not m.teacher.network.training and not any(p.requires_grad for p in m.teacher.network.parameters())
     assert not any(k.startswith("teacher") for k in m.state_dict()) and "queue" in m.state_dict()
     params = {id(p) for module in m.trainable().values() for p in module.parameters()}
-    assert not any(id(p) in params for p in m.teacher.parameters())
-    assert m.projector.out_features == m.teacher.num_features == 128 and m.projector.in_features == 128
+    assert not any(id(p) in params for p in m.teacher.network.parameters())
+    assert m.projector.out_features == m.teacher.network.num_features == 128 and m.projector.in_features == 128
     x = torch.randn(BATCH, 1, 8, 8)
     out = m.forward_views([x], **m.step_draws([x]))
     out.loss.backward()
     assert torch.isfinite(out.loss) and m.projector.weight.grad is not None
-    assert all(p.grad is None for p in m.teacher.parameters())
+    assert all(p.grad is None for p in m.teacher.network.parameters())
     assert torch.count_nonzero(m.queue.abs().sum(1)) == BATCH
     ckpt: dict = {}
     m.on_save_checkpoint(ckpt)
-    assert ckpt["distill_teacher_sha256"] == m.teacher_facts["sha256"]
+    assert ckpt["distill_teacher_sha256"] == m.teacher.sha256
     ckpt["distill_teacher_sha256"] = "0" * 64
     with pytest.raises(Exception, match="is not the teacher this run trained with"):
         m.on_load_checkpoint(ckpt)
@@ -114,14 +114,14 @@ def test_the_teacher_sees_the_images_in_its_own_normalisation(tmp_path):
     m = distill(tmp_path)  # the run's digits statistics (0.5, 0.25) against the teacher's file (0.3, 0.3)
     x = torch.randn(2, 1, 8, 8)
     pixels = x * 0.25 + 0.5
-    expect = F.normalize(m.teacher((pixels - 0.3) / 0.3), dim=-1)
+    expect = F.normalize(m.teacher.network((pixels - 0.3) / 0.3), dim=-1)
     torch.testing.assert_close(m.teacher_embedding(x), expect, rtol=1e-5, atol=1e-5)
 
 
 def test_a_named_teacher_of_another_architecture_and_a_convnet_student(tmp_path):
     path = teacher_file(tmp_path, "bn_cnn_micro")
     m = tiny_method("distill", {"teacher": {"weights": path}, "queue_size": 16}, model={"backbone": "bn_cnn_tiny"})
-    assert m.teacher.num_features == 128 and m.backbone.num_features == 64 and m.projector.out_features == 128
+    assert m.teacher.network.num_features == 128 and m.backbone.num_features == 64 and m.projector.out_features == 128
     x = torch.randn(BATCH, 1, 8, 8)
     assert torch.isfinite(m.forward_views([x]).loss)
 

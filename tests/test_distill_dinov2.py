@@ -139,10 +139,10 @@ def test_the_teacher_is_the_runs_backbone_and_heads_and_never_changes(tmp_path):
     assert torch.equal(m.center, saved["center"]) and torch.equal(m.center2, saved["center2"])
     before = {k: v.clone() for k, v in teacher.items()}
     assert not m.teacher_backbone.training and not m.teacher_head.training
-    assert not any(p.requires_grad for mod in m.teacher_modules for p in mod.parameters())
+    assert not any(p.requires_grad for p in m.teacher.parameters())
     assert not any(k.startswith("teacher") for k in m.state_dict())
     trained = {id(p) for mod in m.trainable().values() for p in mod.parameters()}
-    assert not any(id(p) in trained for mod in m.teacher_modules for p in mod.parameters())
+    assert not any(id(p) in trained for p in m.teacher.parameters())
     optimizer = m.configure_optimizers()
     for group in optimizer.param_groups:
         group["lr"] = 0.05
@@ -150,7 +150,7 @@ def test_the_teacher_is_the_runs_backbone_and_heads_and_never_changes(tmp_path):
     for _ in range(2):
         optimizer.zero_grad()
         m.forward_views(crops()).loss.backward()
-        assert all(p.grad is None for mod in m.teacher_modules for p in mod.parameters())
+        assert all(p.grad is None for p in m.teacher.parameters())
         optimizer.step()
         m.momentum = 0.9
         m.teacher_ema()  # the post-step hook: the spare EMA of the student
@@ -175,7 +175,7 @@ def test_a_wrong_teacher_on_resume_is_one_line(tmp_path):
     m = student(dinov2_teacher_run(tmp_path))
     ckpt: dict = {}
     m.on_save_checkpoint(ckpt)
-    assert ckpt["distill_teacher_sha256"] == m.teacher_facts["sha256"]
+    assert ckpt["distill_teacher_sha256"] == m.teacher.sha256
     other = student(dinov2_teacher_run(tmp_path, seed=1))
     with raises_user_error("is not the teacher this run trained with", "method.teacher.weights", "sha256"):
         other.on_load_checkpoint(ckpt)

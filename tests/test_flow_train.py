@@ -117,7 +117,7 @@ def test_no_gradient_reaches_teacher_or_repa_encoder(tmp_path):
     # REPA's loss is mean(−cos(mlp(student tokens), encoder tokens)) over every token
     expected = -F.cosine_similarity(out.prediction, out.target, dim=-1).mean()
     torch.testing.assert_close(out.scalars["rep_loss"].detach(), expected, rtol=1e-5, atol=1e-6)
-    encoder = repa._encoder[0]
+    encoder = repa.encoder.network.encoder
     assert all(p.grad is None and not p.requires_grad for p in encoder.parameters())
     assert all(p.grad is not None for p in repa.projector.parameters())
     assert "encoder" not in " ".join(repa.state_dict())  # frozen and never checkpointed
@@ -126,9 +126,9 @@ def test_no_gradient_reaches_teacher_or_repa_encoder(tmp_path):
 def test_repa_tokens_resized_to_the_student_grid(tmp_path):
     repa, train = make("repa-digits", f"method.encoder={vit_encoder(tmp_path)}")  # encoder grid 2x2, student 4x4
     x0, _ = batch(repa, train)
-    tokens = repa.encoder_tokens(x0)
+    tokens = repa.encoder(x0)
     assert tokens.shape == (8, 16, 128)
-    corner = repa._encoder[0].forward_features((((x0 + 1) / 2 - 0.3) / 0.3))[:, 1:]
+    corner = repa.encoder.network.encoder.forward_features((((x0 + 1) / 2 - 0.3) / 0.3))[:, 1:]
     assert not torch.allclose(tokens[:, 0], tokens[:, 15])
     assert torch.allclose(tokens.mean(1), corner.mean(1), atol=0.3)
 
@@ -371,7 +371,7 @@ def test_zero_weight_skips_the_teacher_and_keeps_the_loss(tmp_path):
             model, _ = make(preset, *extra, override)
             assert all(torch.equal(a, b) for a, b in zip(model.student.state_dict().values(),
                                                            full.student.state_dict().values()))
-            module = model.ema if preset.startswith("self") else model._encoder[0]
+            module = model.ema if preset.startswith("self") else model.encoder.network.encoder
 
             def refuse(*a, **k):
                 raise AssertionError("the teacher ran at weight 0")

@@ -147,27 +147,6 @@ def test_the_hook_refuses_an_extra_the_method_does_not_declare():
     assert not hasattr(model, "teacher_tmp")
 
 
-def test_a_frozen_teacher_stays_in_eval_mode_without_gradient_or_ema():
-    """``teacher.frozen_teacher``: no gradient, not a momentum target, in ``step_modules``, and in eval mode after
-    the whole method is set to train (what Lightning does at the start of fit), while an EMA teacher follows the
-    method's mode."""
-    import copy
-
-    from selfsup.methods.teacher import frozen_teacher
-
-    model = tiny_method("dino")
-    model.frozen_teacher = frozen_teacher(model, copy.deepcopy(model.backbone))
-    model.train()
-    assert not model.frozen_teacher.training and all(not m.training for m in model.frozen_teacher.modules())
-    assert model.teacher_backbone.training and model.backbone.training
-    assert not any(p.requires_grad for p in model.frozen_teacher.parameters())
-    assert all(t is not model.frozen_teacher for _, t in model.momentum_pairs)
-    assert model.step_modules()["frozen_teacher"] is model.frozen_teacher
-    before = [p.clone() for p in model.frozen_teacher.parameters()]
-    model.ema_step(0.5)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.frozen_teacher.parameters()))
-
-
 def test_flow_ema_decay_travels_in_the_checkpoint():
     model = flow_method("self-flow-digits", "method.ema_warmup_steps=10", "method.ema_decay=0.9")
     model.update_ema(5)

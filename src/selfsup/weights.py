@@ -68,6 +68,9 @@ class StartFacts:
     adapted: str | None = None  # the first convolution's input channels summed
     kept: list[str] = field(default_factory=list)  # the method's own keys (iBOT's mask token) the file lacks
     sha256: str = ""  # of the loaded tensors (``state_sha256``)
+    # of the source's tensors as read (wrapper and prefix taken off), before any conversion: the same whatever the
+    # run's image size, channels or precision (a frozen network's identity, checked on resume); "" where not asked
+    source_sha256: str = ""
     tensors: int = 0
 
     def as_dict(self) -> dict:
@@ -285,13 +288,15 @@ def _fixed_table(module: nn.Module) -> str | None:
     return None
 
 
-def convert(raw: RawWeights, module: nn.Module, what: str) -> tuple[dict[str, Tensor], StartFacts]:
+def convert(raw: RawWeights, module: nn.Module, what: str,
+            hash_source: bool = False) -> tuple[dict[str, Tensor], StartFacts]:
     """The source's tensors under the backbone's keys, ready for a strict ``load_state_dict``; a one-line
-    UserError naming every mismatch otherwise."""
+    UserError naming every mismatch otherwise. ``hash_source``: the facts' ``source_sha256`` of the tensors as read."""
     target = module.state_dict()
     keys = set(target)
     wrapper, prefix, state = choose(raw, keys)
-    facts = StartFacts(source="", kind=raw.kind, path=raw.path, wrapper=wrapper, prefix=prefix)
+    facts = StartFacts(source="", kind=raw.kind, path=raw.path, wrapper=wrapper, prefix=prefix,
+                       source_sha256=state_sha256(state) if hash_source else "")
     hub = raw.kind == "dinov2-hub"
     state = dict(state)
     if raw.meta is not None and isinstance(module, VisionTransformer):
@@ -384,10 +389,12 @@ def _position_table(pos: Tensor, own: Tensor, module: nn.Module, raw: RawWeights
     return pos, None  # not a square grid: the shape mismatch is reported
 
 
-def load_weights(module: nn.Module, spec: str, what: str = "model.weights") -> StartFacts:
-    """Load the source ``spec`` into ``module`` (strict: every key of the module, no other); the facts of it."""
-    raw = read_weights(spec, module, what)
-    state, facts = convert(raw, module, what)
+def load_weights(module: nn.Module, spec: str, what: str = "model.weights",
+                 raw: RawWeights | None = None, hash_source: bool = False) -> StartFacts:
+    """Load the source ``spec`` into ``module`` (strict: every key of the module, no other); the facts of it.
+    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``."""
+    raw = read_weights(spec, module, what) if raw is None else raw
+    state, facts = convert(raw, module, what, hash_source)
     with torch.no_grad():
         module.load_state_dict(state, strict=True)
     loaded = module.state_dict()
@@ -402,20 +409,25 @@ IMAGENET_NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # DINOv2's and t
 
 
 def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, image_size: int,
-                       what: str) -> tuple[nn.Module, StartFacts, tuple | None]:
-    """A network of its own architecture with the weights ``spec`` (a distillation teacher), in eval mode and frozen:
-    (module, facts, its input normalisation (mean, std) where the source states it, else None).
+                       what: str, own_channels: bool = False) -> tuple[nn.Module, StartFacts, tuple | None]:
+    """A network of its own architecture with the weights ``spec`` (a frozen network: a distillation teacher,
+    REPA's encoder, an evaluated checkpoint), in eval mode and frozen: (module, facts, its input normalisation
+    (mean, std) where the source states it, else None). The one loader of every frozen network; the file is read
+    once.
 
     ``backbone="auto"``: the source's own architecture, a selfsup export's metadata (at ``image_size``), a DINOv2
     hub file's shapes (DINOv2's 64 channels per head, LayerScale, learned positions at ``image_size``), or the timm
-    model of ``timm:<name>``; any other name is built by ``build_backbone(backbone, **kwargs)``."""
+    model of ``timm:<name>``; any other name is built by ``build_backbone(backbone, **kwargs)``. ``in_chans``: the
+    input channels, or with ``own_channels`` those of the source where it states them (a selfsup export's, a
+    DINOv2 hub file's or a timm model's 3: a grey run's teacher sees its image repeated, not a summed stem)."""
     from selfsup.models.backbones import build_backbone
 
-    norm = None
+    norm, raw = None, None
     if backbone == "auto":
         if spec.startswith(TIMM_PREFIX):
             backbone = spec
             kwargs = {}
+            in_chans = 3 if own_channels else in_chans
         else:
             raw = read_weights(spec, None, what)
             if raw.kind == "selfsup":
@@ -423,6 +435,7 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
                 backbone, kwargs = meta["backbone"], {k: v for k, v in meta["kwargs"].items()
                                                       if k not in ("in_chans", "image_size")}
                 norm = (tuple(meta["mean"]), tuple(meta["std"]))
+                in_chans = int(meta["in_chans"]) if own_channels else in_chans
             elif raw.kind == "dinov2-hub":
                 state = next(iter(raw.candidates.values()))
                 found = _vit_from_state(state)
@@ -436,6 +449,7 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
                               layer_scale=1e-5 if found["layer_scale"] else 0.0, registers=found["registers"],
                               ffn=found["ffn"])
                 norm = IMAGENET_NORM
+                in_chans = 3 if own_channels else in_chans
                 if image_size % found["patch_size"]:
                     raise UserError(f"{what}={spec}: the teacher's patch is {found['patch_size']} px and the images "
                                     f"are {image_size} px; set data.image_size to a multiple of {found['patch_size']}")
@@ -451,7 +465,7 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
     except (TypeError, ValueError) as e:
         raise UserError(f"{what}: the teacher {backbone} cannot be built ({' '.join(str(e).split())})") from None
     facts = load_weights(module, "timm" if spec.startswith(TIMM_PREFIX) and spec[len(TIMM_PREFIX):] ==
-                         getattr(module, "timm_recipe", {}).get("model") else spec, what)
+                         getattr(module, "timm_recipe", {}).get("model") else spec, what, raw, hash_source=True)
     facts.source = spec
     if norm is None and hasattr(module, "pretrained_cfg") and spec.startswith(TIMM_PREFIX):
         cfg = module.pretrained_cfg or {}
@@ -459,65 +473,3 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
             norm = (tuple(cfg["mean"]), tuple(cfg["std"]))
     module.eval().requires_grad_(False)
     return module, facts, norm
-
-
-# --------------------------------------------------------------------------- a DINOv2 run's teacher, heads included
-
-DINO_TEACHER_MODULES = ("teacher_backbone", "teacher_head", "teacher_ibot_head")  # a DINOv2 checkpoint's teacher
-
-
-@dataclass
-class DINOTeacher:
-    """A selfsup DINOv2 run's final teacher: its backbone and heads (``ibot_head`` None where the patches share the
-    [CLS] head), its centres, what was loaded and its input normalisation."""
-
-    backbone: nn.Module
-    head: nn.Module
-    ibot_head: nn.Module | None
-    centres: dict[str, Tensor]  # center (1, K), center2 (1, 1, K2): the EMA centres of its last step
-    facts: StartFacts
-    norm: tuple | None
-
-
-def build_dinov2_teacher(spec: str, in_chans: int, image_size: int, what: str) -> DINOTeacher:
-    """The teacher of the selfsup DINOv2 run folder ``spec``: its architecture from ``backbone.safetensors``'s
-    metadata (built at ``image_size``, positions resampled as ``build_from_weights``), the tensors of
-    ``checkpoints/last.ckpt``'s ``teacher_backbone.*``, ``teacher_head.*`` and ``teacher_ibot_head.*`` (the
-    heads' shapes give their sizes) and its ``center`` / ``center2``. The facts' sha256 is over the backbone's
-    and heads' tensors (``backbone.``, ``head.``, ``ibot_head.`` keys). Anything else: one line."""
-    from selfsup.models.heads import DINOHead
-
-    run = Path(spec).expanduser()
-    export, ckpt = run / "backbone.safetensors", run / "checkpoints" / "last.ckpt"
-    other = ("; a weights file, a DINOv2 hub checkpoint or timm:<name> has no DINO heads: distil it with "
-             "method.name=distill (LightlyTrain's loss)")
-    if not (run.is_dir() and export.exists() and ckpt.exists()):
-        raise UserError(f"{what}={spec} is not a finished selfsup DINOv2 run folder (backbone.safetensors and "
-                        f"checkpoints/last.ckpt){other}")
-    meta = read_meta(export)
-    if meta.get("method") != "dinov2":
-        raise UserError(f"{what}={spec} is a {meta.get('method')} run, not a dinov2 one: its heads are not "
-                        f"DINOv2's{other}")
-    backbone, facts, norm = build_from_weights(str(run), "auto", {}, in_chans, image_size, what)
-    try:
-        with torch.serialization.safe_globals(EXTRA_SAFE_GLOBALS):
-            state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
-    except Exception as e:
-        raise UserError(f"{what}={spec}: its checkpoint {ckpt} cannot be read ({type(e).__name__}: "
-                        f"{' '.join(str(e).split())[:80]})") from None
-    parts = {name: _strip(state, f"{name}.") for name in DINO_TEACHER_MODULES}
-    if not parts["teacher_backbone"] or not parts["teacher_head"]:
-        raise UserError(f"{what}={spec}: its checkpoint {ckpt} holds no teacher_backbone / teacher_head{other}")
-    loaded, _ = convert(RawWeights({None: parts["teacher_backbone"]}, "selfsup", str(ckpt), meta), backbone, what)
-    with torch.no_grad():
-        backbone.load_state_dict(loaded, strict=True)
-    try:
-        heads = {name: DINOHead.from_state_dict(parts[f"teacher_{name}"]) if parts[f"teacher_{name}"] else None
-                 for name in ("head", "ibot_head")}
-    except ValueError as e:
-        raise UserError(f"{what}={spec}: its checkpoint's teacher heads are not DINOv2's ({e})") from None
-    whole = {f"{prefix}.{k}": v for prefix, module in (("backbone", backbone), *heads.items()) if module is not None
-             for k, v in module.state_dict().items()}
-    facts.path, facts.tensors, facts.sha256 = str(ckpt), len(whole), state_sha256(whole)
-    centres = {k: state[k].float() for k in ("center", "center2") if k in state}
-    return DINOTeacher(backbone, heads["head"], heads["ibot_head"], centres, facts, norm)

@@ -259,7 +259,9 @@ class TrainingBase(pl.LightningModule):
         self.finite_watch = FiniteLossWatch()
         self.post_step_hooks: list[Callable[[], None]] = []
         self.momentum_pairs: list[tuple[nn.Module, nn.Module]] = []  # (online, EMA target)
-        self.frozen_modules: list[nn.Module] = []  # fixed teachers: no gradient, eval mode for good (``train``)
+        # trained networks that do not train (``methods.frozen.FrozenNetwork``: a distillation teacher, REPA's
+        # encoder), held outside the module tree: their facts in run.json, their sha256 in each checkpoint
+        self.frozen_networks: list = []
         self._ema_params: tuple[list[Tensor], list[Tensor]] | None = None
         self._generator: torch.Generator | None = None
 
@@ -275,9 +277,10 @@ class TrainingBase(pl.LightningModule):
 
     @property
     def run_facts(self) -> dict:
-        """What ``run.json`` records of the model's start: ``weights`` (``model.weights``'s facts); the distillation
-        method adds its ``teacher``'s."""
-        return {"weights": self.start_weights} if self.start_weights is not None else {}
+        """What ``run.json`` records of the model's start: ``weights`` (``model.weights``'s facts) and each frozen
+        network's facts under its name (a distillation ``teacher``, REPA's ``encoder``)."""
+        facts = {"weights": self.start_weights} if self.start_weights is not None else {}
+        return {**facts, **{net.name: net.facts for net in self.frozen_networks}}
 
     @property
     def eval_backbone(self) -> nn.Module:
@@ -292,17 +295,9 @@ class TrainingBase(pl.LightningModule):
         return target
 
     def step_modules(self) -> dict[str, nn.Module]:
-        """The modules of the step: the trainable ones, the EMA targets and the frozen teachers (``trainer.compile``,
-        memory format)."""
-        targets = [t for _, t in self.momentum_pairs] + self.frozen_modules
+        """The modules of the step: the trainable ones and the EMA targets (``trainer.compile``, memory format)."""
+        targets = [t for _, t in self.momentum_pairs]
         return {**self.trainable(), **{n: c for n, c in self.named_children() if any(c is t for t in targets)}}
-
-    def train(self, mode: bool = True):
-        """``nn.Module.train``, the ``frozen_modules`` left in eval mode (Lightning sets the whole module's mode)."""
-        super().train(mode)
-        for module in self.frozen_modules:
-            module.eval()
-        return self
 
     # ----------------------------------------------------------------- EMA
     @property
@@ -482,7 +477,10 @@ class TrainingBase(pl.LightningModule):
     def training_step(self, batch, batch_idx: int):
         """``forward_step``, then ``log_step`` of the loss, this step's ``step_values`` and the step's own
         scalars; returns Lightning's ``{"loss", "step"}``: the loss with its graph and the ``StepOutput``
-        (its loss detached, the batch's labels added) that callbacks read."""
+        (its loss detached, the batch's labels added) that callbacks read. The frozen networks are placed on the
+        step's device first (outside the compiled step)."""
+        for net in self.frozen_networks:
+            net.place(self.device)
         out = self.forward_step(batch)
         v, loss = self.step_values, out.loss
         values = {"train/loss": loss, "train/lr": v.lr}
@@ -515,13 +513,19 @@ class TrainingBase(pl.LightningModule):
 
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """The loss check (raising here leaves the previous checkpoint file as it was), then the RNG state."""
+        """The loss check (raising here leaves the previous checkpoint file as it was), then the RNG state and each
+        frozen network's sha256."""
         self.finite_watch.check()
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
+        for net in self.frozen_networks:
+            checkpoint[net.checkpoint_key] = net.sha256
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Each frozen network checked against the checkpoint's (another is one line), then the RNG state."""
+        for net in self.frozen_networks:
+            net.check(checkpoint.get(net.checkpoint_key))
         state = checkpoint.get("rng_state")
         if state:
             torch.set_rng_state(state["torch"])

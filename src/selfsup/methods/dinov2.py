@@ -144,125 +144,62 @@ def dinov2_param_groups(modules: dict[str, nn.Module], weight_decay: float, laye
     return list(fused.values())
 
 
-class DINOv2(SelfDistillation):
-    """DINO's [CLS] distillation + iBOT's masked patches + KoLeo, with DINOv2's heads, masks and optimiser."""
-    collapse_remedy = ("method.centering=sinkhorn_knopp; a higher method.teacher_temp or its warm-up; a lower "
-                       "optim.base_lr; a smaller method.out_dim")
+def dinov2_heads(dino_head: nn.Module, ibot_head: nn.Module | None, cls: torch.Tensor,
+                 patch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [CLS] tokens through the DINO head and the patch tokens through the iBOT head, or both through the
+    shared DINO head in one call (its rows are independent: the official block-diagonal call)."""
+    if ibot_head is not None:
+        return dino_head(cls), ibot_head(patch)
+    out = dino_head(torch.cat([cls, patch]))
+    return out[:cls.shape[0]], out[cls.shape[0]:]
 
-    Config = DINOv2Config
 
-    def __init__(self, cfg, info):
-        super().__init__(cfg, info)  # the student backbone
-        c, vit = cfg.method, self.backbone
-        require_cls_vit("dinov2", cfg, vit)
-        self.head = DINOHead(vit.num_features, c.out_dim, c.hidden_dim, c.bottleneck_dim, c.head_layers, False,
-                             c.norm_last_layer)
+class DINOv2Objective:
+    """DINOv2's objective as one piece that each method training with it builds (DINOv2; ``DistillDINOv2``
+    against a frozen teacher): the student's heads, the EMA centres, the teacher's targets and the loss
+    (ssl_meta_arch.py:132-346). The heads (``head``, ``ibot_head``) and the centres (``center``, ``center2``) are
+    registered on ``method`` under those names, the checkpoint keys; the objective is a plain object over it.
+    ``out_dim`` / ``patch_out_dim``: the [CLS] head's prototype count K and the patch logits' K2 (the separate
+    patch head's, else K: the width of the patch centre)."""
+
+    def __init__(self, method: SelfDistillation, out_dim: int, patch_out_dim: int):
+        c, width = method.cfg.method, method.backbone.num_features
+        self.method = method
+        method.head = DINOHead(width, out_dim, c.hidden_dim, c.bottleneck_dim, c.head_layers, False,
+                               c.norm_last_layer)
         if c.ibot_separate_head:  # a whole DINOHead of its own (ssl_meta_arch.py:95-109)
-            self.ibot_head = DINOHead(vit.num_features, c.ibot_out_dim, c.ibot_hidden_dim, c.ibot_bottleneck_dim,
-                                      c.ibot_head_layers, False, c.norm_last_layer)
-        self.teacher_backbone = ema_teacher(self, vit)
-        self.teacher_head = ema_teacher(self, self.head)
-        if c.ibot_separate_head:
-            self.teacher_ibot_head = ema_teacher(self, self.ibot_head)
-        self.grid = add_mask_token(vit, self.teacher_backbone)
-        self.patch_dim = c.ibot_out_dim if c.ibot_separate_head else c.out_dim
+            method.ibot_head = DINOHead(width, patch_out_dim, c.ibot_hidden_dim, c.ibot_bottleneck_dim,
+                                        c.ibot_head_layers, False, c.norm_last_layer)
         m = c.center_momentum  # one momentum for both centres
-        self.centres = Centres(self, center=((1, c.out_dim), m), center2=((1, 1, self.patch_dim), m))
-        self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
-        self.post_step_hooks.append(self.teacher_ema)
-        self._upperbounds: dict[int, int] = {}
+        self.centres = Centres(method, center=((1, out_dim), m), center2=((1, 1, patch_out_dim), m))
 
-    def upperbound(self, n_crops: int) -> int:
-        """The static length of the masked-token buffer for ``n_crops`` global crops (0 without the patch term),
-        computed once per batch size outside the (compiled) step: ``step_draws`` asks first, the step reads the
-        cached Python int (a constant to a compiled graph, where the torch arithmetic would be data-dependent)."""
-        if n_crops not in self._upperbounds:
-            c = self.cfg.method
-            self._upperbounds[n_crops] = 0 if c.ibot_loss_weight == 0 else dinov2_upperbound(
-                n_crops, self.grid, c.mask_sample_probability, tuple(c.mask_ratio_min_max))
-        return self._upperbounds[n_crops]
+    def heads(self) -> dict[str, nn.Module]:
+        """The student's heads by name: ``head`` and, separate, ``ibot_head``."""
+        m = self.method
+        return {"head": m.head, **({"ibot_head": m.ibot_head} if m.cfg.method.ibot_separate_head else {})}
 
-    def trainable(self):
-        heads = {"ibot_head": self.ibot_head} if self.cfg.method.ibot_separate_head else {}
-        return {"backbone": self.backbone, "head": self.head, **heads}
-
-    def configure_optimizers(self):
-        """AdamW over ``dinov2_param_groups`` (train.py:61-62; the betas are ``optim.betas``)."""
-        c, o = self.cfg.method, self.cfg.optim
-        return build_optimizer(dinov2_param_groups(self.trainable(), o.weight_decay, c.layerwise_decay,
-                                                   c.patch_embed_lr_mult), o)
-
-    # ----------------------------------------------------------------- the step
-    def step_draws(self, views) -> dict[str, torch.Tensor]:
-        """The global crops' masks (2B, N), drawn before the (compiled) step from the step's generator."""
-        n = sum(v.shape[0] for v in views[:self.n_global])
-        c = self.cfg.method  # drawn whatever ibot_loss_weight: the collate masks the student's crops regardless
-        self.upperbound(n)
-        masks = dinov2_masks(n, self.grid, self.rng(views[0].device), c.mask_sample_probability,
-                             tuple(c.mask_ratio_min_max), views[0].device)
-        return {"masks": masks.flatten(1)}
-
-    def masked_tokens(self, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The static buffer of masked patch tokens (collate.py:37-39; ssl_meta_arch.py:169-194): ``index`` (U,)
-        into the (2B·N) flattened patch tokens, every masked patch first in order (``mask_indices_list``) then
-        padding, U = ``upperbound``; ``valid`` (U,) 1 for a masked patch; ``weights`` (U,) 1 / (masked patches of
-        its crop) for a masked patch, 0 for padding (``masks_weight``). No host read, no data-dependent shape."""
-        flat = masks.flatten()
-        index = flat.to(torch.uint8).argsort(descending=True, stable=True)[:self.upperbound(masks.shape[0])]
-        valid = flat[index].float()
-        per_crop = 1.0 / masks.sum(-1).clamp(min=1).float()
-        weights = valid * per_crop.repeat_interleave(masks.shape[1])[index]
-        return index, valid, weights
-
-    def forward_views(self, views, masks: torch.Tensor | None = None):
-        """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
-        crops (default: ``step_draws``)."""
-        c = self.cfg.method
-        x = torch.cat(self.global_crops(views))
-        if masks is None:
-            masks = self.step_draws(views)["masks"]
-        index, valid, weights = self.masked_tokens(masks)
-        with torch.no_grad():
-            t_tokens = self.teacher_backbone(x, return_all_tokens=True)
-            t_logits = self.heads(self.teacher_head, self.teacher_ibot_head if c.ibot_separate_head else None,
-                                  t_tokens[:, 0], t_tokens[:, 1:].flatten(0, 1)[index])
-        s_tokens = self.backbone(x, masks, return_all_tokens=True)
-        loss, scalars, signs = self.dinov2_loss(views, t_logits, s_tokens[:, 0], s_tokens[:, 1:].flatten(0, 1)[index],
-                                                valid, weights)
-        if index.numel():
-            signs["dinov2_masked_share"] = masks.float().mean()
-        b = views[0].shape[0]
-        return StepOutput(loss, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0], scalars=scalars,
-                          instruments=signs)
-
-    def global_crops(self, views) -> list[torch.Tensor]:
-        """The view plan's 2 global crops (refused in one line without them)."""
-        if len(views) < self.n_global:
-            raise UserError(f"DINOv2 needs the 2 global crops of its view plan, got {len(views)} view(s)")
-        return views[:self.n_global]
-
-    def dinov2_loss(self, views, t_logits: tuple[torch.Tensor, torch.Tensor], s_cls: torch.Tensor,
-                    s_patch: torch.Tensor, valid: torch.Tensor,
-                    weights: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
-        """DINOv2's loss (ssl_meta_arch.py:132-346) from the teacher's logits ``t_logits`` = ([CLS] of the global
-        crops (2B, K), patch rows (U, K2)) and the student's tokens of the same crops and rows, ``s_cls`` (2B, D)
-        and ``s_patch`` (U, D): the student's local crops (``views[2:]``) and heads, the centred targets, the
-        [CLS] term, KoLeo on ``s_cls``, the patch term over the rows weighted by ``weights`` (U,) (``valid``: the
-        rows that are patches, not padding), and the centres' update. Returns (loss, scalars, signs)."""
-        c, n = self.cfg.method, self.n_global
+    def loss(self, views, t_logits: tuple[torch.Tensor, torch.Tensor], s_cls: torch.Tensor, s_patch: torch.Tensor,
+             valid: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
+        """DINOv2's loss from the teacher's logits ``t_logits`` = ([CLS] of the global crops (2B, K), patch rows
+        (U, K2)) and the student's tokens of the same crops and rows, ``s_cls`` (2B, D) and ``s_patch`` (U, D): the
+        student's local crops (``views[2:]``) and heads, the centred targets, the [CLS] term, KoLeo on ``s_cls``,
+        the patch term over the rows weighted by ``weights`` (U,) (``valid``: the rows that are patches, not
+        padding), and the centres' update. Returns (loss, scalars, signs)."""
+        m = self.method
+        c, n = m.cfg.method, m.n_global
         t_cls_logits, t_patch_logits = t_logits
         n_cls, n_local = s_cls.shape[0], len(views) - n
-        s_local = torch.cat(encode_views(self.backbone, views[n:], False)) if n_local else s_cls[:0]
-        s_cls_logits, s_patch_logits = self.heads(self.head, self.ibot_head if c.ibot_separate_head else None,
-                                                  torch.cat([s_cls, s_local]), s_patch)
+        s_local = torch.cat(encode_views(m.backbone, views[n:], False)) if n_local else s_cls[:0]
+        s_cls_logits, s_patch_logits = dinov2_heads(m.head, m.ibot_head if c.ibot_separate_head else None,
+                                                    torch.cat([s_cls, s_local]), s_patch)
         q_cls, q_patch = self.targets(t_cls_logits, t_patch_logits, valid)
         pairs, terms = n * (n + n_local) - n, n * (n - 1) + max(n_local * n, 1)  # ssl_meta_arch.py:147-148
         loss_dino = dino_cross_entropy(s_cls_logits, q_cls, c.student_temp, n) * (pairs / terms)
         loss = c.dino_loss_weight * loss_dino
-        signs = self.teacher_signs(t_cls_logits, q_cls)
+        signs = m.teacher_signs(t_cls_logits, q_cls)
         scalars = {"loss_dino": loss_dino.detach()}
         if c.koleo_loss_weight > 0:
-            koleo, koleo_signs = self.koleo(s_cls.chunk(n))
+            koleo, koleo_signs = m.koleo(s_cls.chunk(n))
             loss = loss + koleo
             signs.update(koleo_signs)
             scalars["loss_koleo"] = koleo.detach()
@@ -276,38 +213,16 @@ class DINOv2(SelfDistillation):
         return loss, scalars, signs
 
     @torch.no_grad()
-    def patch_signs(self, t_patch: torch.Tensor, q: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
-        """DINO's collapse signs for the patch head, over the masked patch rows: the targets' mean entropy (log K:
-        uniform), the teacher logits' spread (std over the rows, mean over the K outputs) in units of τt, and the
-        patch centre's norm."""
-        n = valid.sum().clamp(min=2)
-        q, t = q.float(), t_patch.float()
-        entropy = (-torch.special.xlogy(q, q).sum(-1) * valid).sum() / n
-        mean = (t * valid[:, None]).sum(0) / n
-        var = (((t - mean) ** 2) * valid[:, None]).sum(0) / (n - 1)
-        return {"dinov2_patch_teacher_entropy": entropy,
-                "dinov2_patch_teacher_spread": var.sqrt().mean() / self.step_teacher_temp,
-                "dinov2_center2_norm": self.center2.norm()}
-
-    def heads(self, dino_head: nn.Module, ibot_head: nn.Module | None, cls: torch.Tensor,
-              patch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The [CLS] tokens through the DINO head and the masked patch tokens through the iBOT head, or both
-        through the shared DINO head in one call (its rows are independent: the official block-diagonal call)."""
-        if ibot_head is not None:
-            return dino_head(cls), ibot_head(patch)
-        out = dino_head(torch.cat([cls, patch]))
-        return out[:cls.shape[0]], out[cls.shape[0]:]
-
-    @torch.no_grad()
     def targets(self, t_cls: torch.Tensor, t_patch: torch.Tensor,
                 valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The teacher's targets at one temperature τt: DINO's centres, ``softmax((t − C) / τt)`` and
         ``softmax((t − C2) / τt)``, or Sinkhorn-Knopp (3 rounds, ε = τt) over the global batch's [CLS] rows and
         over the masked patch rows of every process (ssl_meta_arch.py:199-222)."""
-        c = self.cfg.method
-        q_patch = teacher_targets(t_patch, c.centering, self.center2[0], self.step_teacher_temp, c.sinkhorn_iterations,
+        m = self.method
+        c = m.cfg.method
+        q_patch = teacher_targets(t_patch, c.centering, m.center2[0], m.step_teacher_temp, c.sinkhorn_iterations,
                                   all_reduce_sum, valid=valid)
-        return self.cls_targets(t_cls, all_reduce_sum), q_patch
+        return m.cls_targets(t_cls, all_reduce_sum), q_patch
 
     def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor, valid: torch.Tensor) -> None:
         """C ← m C + (1 − m) Σ t_cls / (2B · world) (dino_clstoken_loss.py:76-99); C2 ← m C2 + (1 − m) ·
@@ -318,6 +233,48 @@ class DINOv2(SelfDistillation):
             patch_mean = (t_patch.float() * valid[:, None]).sum(0) / valid.sum().clamp(min=1)
             cls["center2"] = (patch_mean, 1)
         self.centres.update(all_reduce_sum, **cls)
+
+    @torch.no_grad()
+    def patch_signs(self, t_patch: torch.Tensor, q: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """DINO's collapse signs for the patch head, over the masked patch rows: the targets' mean entropy (log K:
+        uniform), the teacher logits' spread (std over the rows, mean over the K outputs) in units of τt, and the
+        patch centre's norm."""
+        m = self.method
+        n = valid.sum().clamp(min=2)
+        q, t = q.float(), t_patch.float()
+        entropy = (-torch.special.xlogy(q, q).sum(-1) * valid).sum() / n
+        mean = (t * valid[:, None]).sum(0) / n
+        var = (((t - mean) ** 2) * valid[:, None]).sum(0) / (n - 1)
+        return {"dinov2_patch_teacher_entropy": entropy,
+                "dinov2_patch_teacher_spread": var.sqrt().mean() / m.step_teacher_temp,
+                "dinov2_center2_norm": m.center2.norm()}
+
+
+class DINOv2Training(SelfDistillation):
+    """What the methods trained with DINOv2's objective share after their constructors (DINOv2, DistillDINOv2):
+    the student's modules, DINOv2's optimiser groups, per-iteration schedules and per-module clipping. Like
+    ``SelfDistillation`` it has no constructor: each method builds its ``DINOv2Objective`` (``self.objective``)."""
+
+    objective: DINOv2Objective
+
+    def trainable(self):
+        return {"backbone": self.backbone, **self.objective.heads()}
+
+    def configure_optimizers(self):
+        """AdamW over ``dinov2_param_groups`` (train.py:61-62; the betas are ``optim.betas``)."""
+        c, o = self.cfg.method, self.cfg.optim
+        return build_optimizer(dinov2_param_groups(self.trainable(), o.weight_decay, c.layerwise_decay,
+                                                   c.patch_embed_lr_mult), o)
+
+    def global_crops(self, views) -> list[torch.Tensor]:
+        """The view plan's 2 global crops (refused in one line without them)."""
+        if len(views) < self.n_global:
+            raise UserError(f"DINOv2 needs the 2 global crops of its view plan, got {len(views)} view(s)")
+        return views[:self.n_global]
+
+    def update_centers(self, t_cls: torch.Tensor, t_patch: torch.Tensor, valid: torch.Tensor) -> None:
+        """The objective's centre update (``DINOv2Objective.update_centers``)."""
+        self.objective.update_centers(t_cls, t_patch, valid)
 
     # ----------------------------------------------------------------- schedules
     @property
@@ -357,3 +314,80 @@ class DINOv2(SelfDistillation):
                 norm = torch.stack(torch._foreach_norm(grads)).float().norm()
                 scale = (clip / (norm + 1e-6)).clamp(max=1.0)
                 torch._foreach_mul_(grads, [scale] * len(grads))  # a list of device tensors: no host read
+
+
+class DINOv2(DINOv2Training):
+    """DINO's [CLS] distillation + iBOT's masked patches + KoLeo, with DINOv2's heads, masks and optimiser."""
+    collapse_remedy = ("method.centering=sinkhorn_knopp; a higher method.teacher_temp or its warm-up; a lower "
+                       "optim.base_lr; a smaller method.out_dim")
+
+    Config = DINOv2Config
+
+    def __init__(self, cfg, info):
+        super().__init__(cfg, info)  # the student backbone
+        c, vit = cfg.method, self.backbone
+        require_cls_vit("dinov2", cfg, vit)
+        patch_dim = c.ibot_out_dim if c.ibot_separate_head else c.out_dim
+        self.objective = DINOv2Objective(self, c.out_dim, patch_dim)  # the heads and the centres
+        self.teacher_backbone = ema_teacher(self, vit)
+        self.teacher_head = ema_teacher(self, self.head)
+        if c.ibot_separate_head:
+            self.teacher_ibot_head = ema_teacher(self, self.ibot_head)
+        self.grid = add_mask_token(vit, self.teacher_backbone)
+        self.teacher_temp = c.warmup_teacher_temp if c.warmup_teacher_temp_epochs else c.teacher_temp
+        self.post_step_hooks.append(self.teacher_ema)
+        self._upperbounds: dict[int, int] = {}
+
+    def upperbound(self, n_crops: int) -> int:
+        """The static length of the masked-token buffer for ``n_crops`` global crops (0 without the patch term),
+        computed once per batch size outside the (compiled) step: ``step_draws`` asks first, the step reads the
+        cached Python int (a constant to a compiled graph, where the torch arithmetic would be data-dependent)."""
+        if n_crops not in self._upperbounds:
+            c = self.cfg.method
+            self._upperbounds[n_crops] = 0 if c.ibot_loss_weight == 0 else dinov2_upperbound(
+                n_crops, self.grid, c.mask_sample_probability, tuple(c.mask_ratio_min_max))
+        return self._upperbounds[n_crops]
+
+    # ----------------------------------------------------------------- the step
+    def step_draws(self, views) -> dict[str, torch.Tensor]:
+        """The global crops' masks (2B, N), drawn before the (compiled) step from the step's generator."""
+        n = sum(v.shape[0] for v in views[:self.n_global])
+        c = self.cfg.method  # drawn whatever ibot_loss_weight: the collate masks the student's crops regardless
+        self.upperbound(n)
+        masks = dinov2_masks(n, self.grid, self.rng(views[0].device), c.mask_sample_probability,
+                             tuple(c.mask_ratio_min_max), views[0].device)
+        return {"masks": masks.flatten(1)}
+
+    def masked_tokens(self, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The static buffer of masked patch tokens (collate.py:37-39; ssl_meta_arch.py:169-194): ``index`` (U,)
+        into the (2B·N) flattened patch tokens, every masked patch first in order (``mask_indices_list``) then
+        padding, U = ``upperbound``; ``valid`` (U,) 1 for a masked patch; ``weights`` (U,) 1 / (masked patches of
+        its crop) for a masked patch, 0 for padding (``masks_weight``). No host read, no data-dependent shape."""
+        flat = masks.flatten()
+        index = flat.to(torch.uint8).argsort(descending=True, stable=True)[:self.upperbound(masks.shape[0])]
+        valid = flat[index].float()
+        per_crop = 1.0 / masks.sum(-1).clamp(min=1).float()
+        weights = valid * per_crop.repeat_interleave(masks.shape[1])[index]
+        return index, valid, weights
+
+    def forward_views(self, views, masks: torch.Tensor | None = None):
+        """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
+        crops (default: ``step_draws``)."""
+        c = self.cfg.method
+        x = torch.cat(self.global_crops(views))
+        if masks is None:
+            masks = self.step_draws(views)["masks"]
+        index, valid, weights = self.masked_tokens(masks)
+        with torch.no_grad():
+            t_tokens = self.teacher_backbone(x, return_all_tokens=True)
+            t_logits = dinov2_heads(self.teacher_head, self.teacher_ibot_head if c.ibot_separate_head else None,
+                                    t_tokens[:, 0], t_tokens[:, 1:].flatten(0, 1)[index])
+        s_tokens = self.backbone(x, masks, return_all_tokens=True)
+        loss, scalars, signs = self.objective.loss(views, t_logits, s_tokens[:, 0],
+                                                   s_tokens[:, 1:].flatten(0, 1)[index], valid, weights)
+        if index.numel():
+            signs["dinov2_masked_share"] = masks.float().mean()
+        b = views[0].shape[0]
+        return StepOutput(loss, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0], scalars=scalars,
+                          instruments=signs)
+

@@ -3,7 +3,7 @@
 The teacher is any ``model.weights`` source with its own architecture (``method.teacher.weights``,
 ``method.teacher.backbone``: ``auto`` reads it from the source); the student is the run's backbone (``model.*``, or
 a user's own network through ``selfsup.method``). Per step (lightly-train ``_methods/distillation/distillation.py``,
-the facts with file:line in docs/distillation.md):
+the facts with file:line in docs/teacher-distillation.md):
 
     x̃ = λ x + (1 − λ) x[π]                       # mixup of the one view, λ ~ U(0, 1), π a permutation (:273-283)
     t = normalize(teacher(x̃))                    # frozen, eval mode, no gradient (:76-80, :249-256)
@@ -14,9 +14,9 @@ the facts with file:line in docs/distillation.md):
 Across processes (LightlyTrain keeps one queue and one permutation per GPU): the queue takes the teacher embeddings
 of every process in rank order and the permutation is drawn over the global batch (the views gathered without
 gradient), so N processes train as one process on the concatenated batch; with one process it is LightlyTrain's
-step. The teacher is not a child module: it is never in a checkpoint, the optimiser or DDP; its sha256 is written
-into each checkpoint and checked when a run resumes (the teacher reloaded from its source). On a GPU it runs in
-bf16 autocast.
+step. The teacher is a ``methods.frozen.FrozenNetwork``: not a child module, never in a checkpoint, the optimiser
+or DDP; its sha256 is written into each checkpoint and checked when a run resumes (the teacher reloaded from its
+source). On a GPU it runs in bf16 autocast.
 """
 
 from __future__ import annotations
@@ -31,15 +31,16 @@ from selfsup.distributed import gather_no_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import global_distillation_loss
 from selfsup.methods.base import SSLMethod, micro_batch
-from selfsup.methods.teacher import OutsideTeacher
+from selfsup.methods.frozen import load_teacher
 from selfsup.step import StepOutput
-from selfsup.weights import build_from_weights
+
 
 @dataclass
 class TeacherConfig:
     """The frozen teacher: any ``model.weights`` source, its architecture read from it (``auto``) or named."""
 
-    weights: str | None = None  # a selfsup run folder / export, a .safetensors / .pth, a DINOv2 hub file, timm:<name>
+    # the teacher's source: a selfsup run folder / export, a .safetensors / .pth, a DINOv2 hub file, timm:<name>
+    weights: str | None = None
     # auto: the source's own architecture (a selfsup export's metadata, a DINOv2 hub file's shapes, timm:<name>);
     # or a backbone name (vit_*, deit_small, resnet*, bn_cnn_*, timm:<name>) built with ``kwargs``
     backbone: str = "auto"
@@ -50,6 +51,7 @@ class TeacherConfig:
 class DistillConfig:
     """LightlyTrain's distillation v1 defaults (distillation.py:85-105)."""
 
+    # the frozen teacher: its source (weights), its architecture (backbone: auto reads it) and a named one's kwargs
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     temperature: float = 0.07  # τ of both softmaxes (:92)
     # rows of the queue; LightlyTrain's "auto" (:113-133) buckets the dataset size: 8192 from 20,000 images, 4096
@@ -75,7 +77,7 @@ class DistillConfig:
                             "LightlyTrain's; 0.9: DINO's centre momentum)")
 
 
-class Distill(OutsideTeacher, SSLMethod):
+class Distill(SSLMethod):
     """The student ``W · backbone(x̃)`` matched to the frozen teacher's embedding through the queue's softmax."""
 
     Config = DistillConfig
@@ -86,10 +88,9 @@ class Distill(OutsideTeacher, SSLMethod):
     def __init__(self, cfg, info):
         super().__init__(cfg, info)
         c = cfg.method
-        teacher, facts, norm = build_from_weights(c.teacher.weights, c.teacher.backbone, dict(c.teacher.kwargs),
-                                                  info.channels, info.image_size, "method.teacher.weights")
-        self.hold_teacher({"teacher": teacher}, facts, norm)  # outside the module tree (teacher.OutsideTeacher)
-        width = int(teacher.num_features)
+        self.teacher = load_teacher(c.teacher.weights, c.teacher.backbone, dict(c.teacher.kwargs), info)
+        self.frozen_networks.append(self.teacher)  # outside the module tree, its sha256 in each checkpoint
+        width = int(self.teacher.network.num_features)
         self.projector = nn.Linear(self.backbone.num_features, width)  # distillation.py:183-189
         nn.init.trunc_normal_(self.projector.weight, std=0.02)
         self.register_buffer("queue", torch.zeros(c.queue_size, width))  # :196-205 (zeros; a checkpoint buffer)
@@ -105,9 +106,7 @@ class Distill(OutsideTeacher, SSLMethod):
     def teacher_embedding(self, x: Tensor) -> Tensor:
         """normalize(teacher(x)) in float32: eval mode, no gradient, bf16 autocast on a GPU (centred first with
         ``method.teacher_centre``)."""
-        x = self.teacher_input(x)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            t = self.teacher(x)
+        t = self.teacher(x)
         return F.normalize(self.centred(t.flatten(1).float()), dim=-1)
 
     @torch.no_grad()
@@ -127,7 +126,6 @@ class Distill(OutsideTeacher, SSLMethod):
         """λ ~ U(0, 1) and a permutation of the global batch, drawn alike by every process (a generator seeded by
         the seed and the step, not the rank), so N processes mix as one."""
         x = views[0]
-        self.place_teacher(x.device)
         if not self.cfg.method.mixup:
             return {}
         _, size = world()

@@ -12,20 +12,23 @@ registry's questions (``data_info``, ``backbone_meta``, ``backbone_state``) for 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from selfsup.errors import UserError
-from selfsup.export import load_backbone
+from selfsup.export import read_meta
 from selfsup.flow.objective import (RepaProjector, SimpleHead, alignment_loss, noise_level_buckets,
                                     per_token_flow_loss, repa_loss, self_flow_levels, token_mask)
 from selfsup.flow.path import T_SAMPLINGS, interpolate, sample_t, velocity_target
 from selfsup.methods.base import DataInfo, TrainingBase
+from selfsup.methods.frozen import FrozenNetwork
 from selfsup.models.sit import FITS, FLOW_ENCODER, SIT_SIZES, FlowEncoder, SiT, fit_images
 from selfsup.schedules import StepValues, linear_ramp
 from selfsup.step import StepOutput
+from selfsup.weights import build_from_weights
 
 
 def default_block(depth: int, fraction: float) -> int:
@@ -133,9 +136,11 @@ class SelfFlowConfig(FlowConfig):
 
 @dataclass
 class RepaConfig(FlowConfig):
-    """REPA: the frozen encoder (a selfsup run folder or exported .safetensors), block l, MLP width, weight."""
+    """REPA: the frozen encoder (any ``model.weights`` source of a ViT), block l, MLP width, weight."""
 
-    encoder: str = ""  # required: path of a selfsup ViT run folder or backbone .safetensors
+    # required: the frozen ViT encoder, any model.weights source (a selfsup run folder or export, a DINOv2 hub file,
+    # timm:<name>); a selfsup export is fed at its own image size, any other source at 224 px (REPA's DINOv2 input)
+    encoder: str = ""
     align_block: int | None = None  # l; None: round(0.3 depth) (8 for depth 28, REPA's SiT-XL setting)
     proj_hidden_dim: int = 2048
     rep_weight: float = 0.5
@@ -145,7 +150,8 @@ class RepaConfig(FlowConfig):
         super().validate()
         check_rep_warmup(self.rep_warmup_steps)
         if not self.encoder:
-            raise UserError("method.encoder is required for repa: a selfsup ViT run folder or backbone .safetensors")
+            raise UserError("method.encoder is required for repa: a ViT's weights (a selfsup ViT run folder or "
+                            "backbone .safetensors, a DINOv2 hub file, timm:<name>)")
         self.check_block("align_block", self.align_block)
         if self.rep_weight < 0 or self.proj_hidden_dim < 1:
             raise UserError("method.rep_weight must be >= 0 and method.proj_hidden_dim >= 1")
@@ -357,28 +363,70 @@ class SelfFlow(FlowMatching):
 # --------------------------------------------------------------------------- REPA's frozen encoder
 
 
-def load_repa_encoder(location: str, channels: int) -> tuple[nn.Module, int, list, list, int]:
-    """(frozen ViT, its input size, mean, std, token width) from a selfsup run folder or exported .safetensors."""
+REPA_SIZE = 224  # the encoder's input size where its source states none (REPA's DINOv2 encoders: 224 px)
+REPA_SHA = "repa_encoder_sha256"  # the checkpoint key of the encoder's sha256
+
+
+def encoder_size(location: str) -> int:
+    """A selfsup export's own image size (read from its metadata alone), else ``REPA_SIZE``."""
+    path = Path(location).expanduser()
+    path = path / "backbone.safetensors" if path.is_dir() else path
+    if path.suffix != ".safetensors" or not path.exists():
+        return REPA_SIZE
     try:
-        encoder, meta = load_backbone(location)
-    except UserError as e:
-        raise UserError(f"method.encoder: {e}") from None
-    if meta.get("backbone") == FLOW_ENCODER:
+        return int(read_meta(path)["image_size"])
+    except UserError:  # a plain .safetensors: no selfsup metadata
+        return REPA_SIZE
+
+
+class RepaInput(nn.Module):
+    """The flow's clean image x₀ ∈ [−1, 1] in the encoder's input normalisation at its size:
+    ``((x₀ + 1) / 2 − mean) / std`` resized to ``size``."""
+
+    def __init__(self, mean, std, size: int):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1))
+        self.size = size
+
+    def forward(self, x0: Tensor) -> Tensor:
+        return fit_images(((x0 + 1) / 2 - self.mean) / self.std, self.size, "resize")
+
+
+class PatchTokens(nn.Module):
+    """The encoder's patch tokens on a ``grid`` × ``grid`` token grid (``patch_tokens``)."""
+
+    def __init__(self, encoder: nn.Module, grid: int):
+        super().__init__()
+        self.encoder, self.grid = encoder, grid
+
+    def forward(self, x: Tensor) -> Tensor:
+        return patch_tokens(self.encoder, x, self.grid)
+
+
+def load_repa_encoder(location: str, info: DataInfo, grid: int) -> tuple[FrozenNetwork, int]:
+    """REPA's frozen encoder, from any ``model.weights`` source (``weights.build_from_weights``), giving its
+    clean-image patch tokens on the student's ``grid``; and the tokens' width."""
+    size = encoder_size(location)
+    encoder, facts, norm = build_from_weights(location, "auto", {}, info.channels, size, "method.encoder",
+                                              own_channels=True)
+    if facts.kind == "selfsup" and read_meta(Path(facts.path)).get("backbone") == FLOW_ENCODER:
         raise UserError(f"method.encoder={location} is a flow run; "
                         "REPA needs a joint-embedding ViT (moco_v3, byol, ...)")
-    if meta["in_chans"] != channels:
-        raise UserError(f"method.encoder={location} takes {meta['in_chans']}-channel images but the data has "
-                        f"{channels}; pretrain the encoder on this dataset")
-    encoder = encoder.eval().requires_grad_(False)
-    size = meta["image_size"]
+    mean, std = norm if norm else ((0.0,) * info.channels, (1.0,) * info.channels)  # no statement: [0, 1] pixels
+    if len(mean) != info.channels:
+        raise UserError(f"method.encoder={location} takes {len(mean)}-channel images but the data has "
+                        f"{info.channels}; pretrain the encoder on this dataset")
     try:
         with torch.no_grad():
-            probe = encoder.forward_features(torch.zeros(1, channels, size, size))
+            probe = encoder.forward_features(torch.zeros(1, len(mean), size, size))
     except AttributeError:
         probe = None
     if probe is None or probe.ndim != 3 or probe.shape[1] - _prefix_tokens(encoder) < 1:
-        raise UserError(f"method.encoder={location} ({meta['backbone']}) gives no patch tokens; use a ViT encoder")
-    return encoder, size, list(meta["mean"]), list(meta["std"]), probe.shape[-1]
+        raise UserError(f"method.encoder={location} gives no patch tokens; use a ViT encoder")
+    network = FrozenNetwork(PatchTokens(encoder, grid), facts, RepaInput(mean, std, size), "encoder",
+                            "method.encoder", REPA_SHA)
+    return network, probe.shape[-1]
 
 
 def _prefix_tokens(encoder: nn.Module) -> int:
@@ -411,10 +459,8 @@ class Repa(FlowMatching):
         c = cfg.method
         if cfg.data.name == "latents":
             raise UserError("repa needs pixel images (its encoder sees the clean image); use a pixel dataset")
-        encoder, self.encoder_size, mean, std, dim = load_repa_encoder(c.encoder, info.channels)
-        self._encoder = [encoder]  # frozen and not a submodule: not in checkpoints, never optimised
-        self.register_buffer("enc_mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("enc_std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+        self.encoder, dim = load_repa_encoder(c.encoder, info, self.student.grid)
+        self.frozen_networks.append(self.encoder)  # outside the module tree, its sha256 in each checkpoint
         self.l = c.align_block or default_block(self.student.depth, 0.3)
         self.projector = RepaProjector(self.student.hidden, c.proj_hidden_dim, dim)
         self.rep_weight = c.rep_weight  # this step's weight of −cos (a host number: schedule, with_rep_weight)
@@ -426,16 +472,6 @@ class Repa(FlowMatching):
         """The family's lr schedule and, where ramped, ``rep_weight`` (``with_rep_weight``)."""
         return with_rep_weight(super().schedule(step, epoch), step, self.cfg.method)
 
-    @torch.no_grad()
-    def encoder_tokens(self, x0: Tensor) -> Tensor:
-        """The frozen encoder's clean-image patch tokens, on the student's token grid: (B, N, D_enc)."""
-        encoder = self._encoder[0]
-        if next(encoder.parameters()).device != x0.device:
-            encoder.to(x0.device)
-        x = ((x0 + 1) / 2 - self.enc_mean) / self.enc_std
-        x = fit_images(x, self.encoder_size, "resize")
-        return patch_tokens(encoder, x, self.student.grid)
-
     def forward_flow(self, x0: Tensor, y: Tensor) -> StepOutput:
         noise = self.draw_noise(x0)
         t = self.draw_t(x0.shape[0], x0.device)
@@ -443,7 +479,7 @@ class Repa(FlowMatching):
         out = self.flow_output(per_token_flow_loss(v, velocity_target(x0, noise), self.student.patch_size), t, h)
         if self.rep_weight == 0:  # no encoder forward, no projector: the same loss without the wasted compute
             return out
-        target = self.encoder_tokens(x0)
+        target = self.encoder(x0)  # the frozen encoder's clean-image patch tokens on the student's grid
         prediction = self.projector(h)
         return with_alignment(out, self.rep_weight, repa_loss(prediction, target), prediction, target)
 

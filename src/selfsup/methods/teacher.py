@@ -15,19 +15,13 @@ A method's ``__init__`` reads as one straight sequence, each piece taking what t
 The checkpoint keys are the modules' and buffers' own names (``teacher_backbone.*``, ``teacher_head.*``,
 ``center``, ``center2``): the pieces register them on the method, they add no level of their own.
 
-Two kinds of teacher:
-
-- ``ema_teacher``: a copy of a student module that follows it as an exponential moving average (DINO's teacher,
-  main_dino.py:162-166, :344-350; iBOT's; DINOv2's; I-JEPA's target encoder). It is a momentum target of the
-  method (``TrainingBase.momentum_pairs``), so either EMA style of the base updates it: after the optimiser step
-  (a post-step hook calling ``ema_step(self.momentum)``: ``SelfDistillation.teacher_ema``, the DINO family's;
-  I-JEPA's target after ``optimizer.step()``), or inside the step (``update_momentum_encoder()``: MoCo v3's, BYOL's).
-  Its momentum is ``self.momentum``, set per step by the method's ``schedule`` (``uses_momentum = True``).
-- ``frozen_teacher``: a trained network that never moves (distillation): no gradient, no EMA, kept in eval
-  mode whatever Lightning sets (``TrainingBase.frozen_modules``).
-- ``OutsideTeacher``: a trained network that never moves and is no part of the method (the distillation methods'
-  teacher, read from ``method.teacher.weights``): not a child module, so never in a checkpoint, the optimiser or
-  DDP; its sha256 is written into each checkpoint and checked when a run resumes.
+The teacher here is ``ema_teacher``: a copy of a student module that follows it as an exponential moving average
+(DINO's teacher, main_dino.py:162-166, :344-350; iBOT's; DINOv2's; DINOv2 distillation's spare EMA of the
+student). It is a momentum target of the method (``TrainingBase.momentum_pairs``, as I-JEPA's target encoder from
+``momentum_target``), updated after the optimiser step by a post-step hook calling ``ema_step(self.momentum)``
+(``SelfDistillation.teacher_ema``); its momentum is ``self.momentum``, set per step by the method's ``schedule``
+(``uses_momentum = True``). A trained teacher that never moves (distillation) is another object,
+``methods.frozen.FrozenNetwork``.
 
 The all-reduce a distributed piece uses (``Centres``, ``teacher_targets``) is passed in, as SwAV's
 ``losses.sinkhorn_knopp`` takes it: ``distributed.all_reduce_sum`` from the calling method's module.
@@ -71,15 +65,6 @@ def ema_teacher(method: SSLMethod, student: nn.Module, like: nn.Module | None = 
     return without_drop_path(like)
 
 
-def frozen_teacher(method: SSLMethod, teacher: nn.Module) -> nn.Module:
-    """A teacher that never moves (distillation from a trained network): no gradient, not a momentum target, and in
-    eval mode for the whole run (``method.frozen_modules``: ``TrainingBase.train`` keeps it there, so its BatchNorm
-    keeps its statistics and its dropout and drop path stay off)."""
-    teacher.requires_grad_(False)
-    method.frozen_modules.append(teacher)
-    return teacher.eval()
-
-
 def add_mask_token(student: nn.Module, teacher: nn.Module) -> tuple[int, int]:
     """The student ViT's learned mask token (``backbone.masked_embed``, iBOT models/vision_transformer.py:169-172),
     added after the teacher's copy: the teacher sees every crop unmasked and holds none (the EMA runs over the
@@ -99,68 +84,6 @@ def require_cls_vit(method: str, cfg, backbone: nn.Module) -> None:
         raise UserError(f"method {method} needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
                         f"deit_small, vit_small, vit_base, vit_large), not model.backbone={cfg.model.backbone!r}, "
                         f"model.pool={cfg.model.pool!r}")
-
-
-TEACHER_SHA = "distill_teacher_sha256"  # the checkpoint key of an outside teacher's sha256
-
-
-class OutsideTeacher:
-    """A frozen teacher held outside the method's module tree (distillation from a trained network), mixed in before
-    the method's base (``class Distill(OutsideTeacher, SSLMethod)``) and set by ``hold_teacher`` in its constructor.
-
-    Not a child module, it is never in ``state_dict``, a checkpoint, the optimiser or DDP: it stays in eval mode
-    without gradient, moves to the step's device in ``place_teacher`` (outside the compiled step) and sees the
-    student's views in its own input normalisation (``teacher_input``). ``run.json`` records its facts
-    (``run_facts``); each checkpoint its sha256 (``TEACHER_SHA``), which a resume checks against the teacher
-    reloaded from its source: another teacher is one line."""
-
-    teacher_facts: dict
-
-    def hold_teacher(self, modules: dict[str, nn.Module | None], facts, norm: tuple | None) -> None:
-        """The teacher's ``modules`` set as plain attributes of their names (a None kept as None), eval mode, no
-        gradient; ``facts`` (``weights.StartFacts``) what was loaded; ``norm`` the (mean, std) its source was
-        trained with (None: the run's own). The input map ``x_t = (x · std + mean − mean_t) / std_t`` takes the
-        student's normalised views to the teacher's (buffers not saved); a 3-channel teacher's statistics on a
-        1-channel run: their means."""
-        for name, module in modules.items():
-            if module is not None:
-                module.eval().requires_grad_(False)
-            object.__setattr__(self, name, module)  # not a child: never saved, trained or wrapped by DDP
-        self.teacher_modules = [m for m in modules.values() if m is not None]
-        self.teacher_facts = facts.as_dict()
-        mean, std = torch.tensor(self.info.mean), torch.tensor(self.info.std)
-        t_mean, t_std = (torch.tensor(norm[0]), torch.tensor(norm[1])) if norm else (mean, std)
-        if t_mean.numel() != mean.numel():
-            t_mean, t_std = t_mean.mean().expand_as(mean), t_std.mean().expand_as(std)
-        scale, shift = std / t_std, (mean - t_mean) / t_std
-        self.register_buffer("teacher_scale", scale.reshape(1, -1, 1, 1), persistent=False)
-        self.register_buffer("teacher_shift", shift.reshape(1, -1, 1, 1), persistent=False)
-
-    @property
-    def run_facts(self) -> dict:
-        return {**super().run_facts, "teacher": self.teacher_facts}
-
-    def place_teacher(self, device) -> None:
-        """The teacher on the step's device (outside the compiled step)."""
-        for module in self.teacher_modules:
-            if next(module.parameters()).device != torch.device(device):
-                module.to(device)
-
-    def teacher_input(self, x: Tensor) -> Tensor:
-        """The student's normalised view ``x`` in the teacher's own input normalisation."""
-        return x * self.teacher_scale + self.teacher_shift
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[TEACHER_SHA] = self.teacher_facts["sha256"]
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get(TEACHER_SHA)
-        if saved is not None and saved != self.teacher_facts["sha256"]:
-            raise UserError(f"method.teacher.weights={self.teacher_facts['source']} is not the teacher this run "
-                            f"trained with (sha256 {self.teacher_facts['sha256'][:12]}, the checkpoint's "
-                            f"{saved[:12]}); give the run's own teacher to resume it")
 
 
 # --------------------------------------------------------------------------- the teacher's targets
