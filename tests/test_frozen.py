@@ -77,7 +77,7 @@ def test_a_grey_run_feeds_a_3_channel_network_its_channel_normalised_per_channel
     same = Renormalise((0.5,), (0.25,), ((0.3,), (0.3,)), 1)(x)
     assert same.shape == x.shape
     torch.testing.assert_close(same, (pixels - 0.3) / 0.3)
-    with pytest.raises(UserError, match="3-channel images, the data has 2"):
+    with pytest.raises(UserError, match="the frozen network takes 3-channel images, the data has 2"):
         Renormalise((0.5, 0.5), (0.25, 0.25), norm, 3)
 
 

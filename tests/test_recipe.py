@@ -12,8 +12,9 @@ import yaml
 from PIL import Image
 
 from selfsup.errors import UserError
-from selfsup.runs.recipe import BASES, MAX_EPOCHS, TARGET_STEPS, FolderFacts, folder_facts, resolve_recipe
-from ssl_helpers import run_cli
+from selfsup.runs.recipe import (ADAPT_LR, BASES, MAX_EPOCHS, TARGET_STEPS, FolderFacts, folder_facts, queue_bucket,
+                                 resolve_recipe, source_patch)
+from ssl_helpers import dinov2_teacher_run, run_cli
 
 
 def png_folder(root: Path, n: int = 48, labelled: bool = True, gray: bool = False) -> Path:
@@ -103,8 +104,104 @@ def test_every_methods_recipe_resolves_and_builds_on_a_folder(method, tmp_path):
 
     assert BASES[method] in preset_names()
     facts = folder_facts(png_folder(tmp_path / "f", n=48, gray=True))
-    data, chosen = resolve_recipe(method, facts, {"data": {"root": str(tmp_path / "f")}, "output_dir": str(tmp_path)})
+    teacher = {"distill": vit_export(tmp_path), "distill_dinov2": str(dinov2_teacher_run(tmp_path))}.get(method)
+    extra = {"method": {"teacher": {"weights": teacher}}} if teacher else {}
+    data, chosen = resolve_recipe(method, facts, {"data": {"root": str(tmp_path / "f")}, "output_dir": str(tmp_path),
+                                                  **extra})
     cfg = resolve(data)
     assert cfg.data.image_size == values(chosen)["data.image_size"] and cfg.data.channels == 1
     torch.manual_seed(0)
     build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")))
+
+
+# --------------------------------------------------------------------------- the patch grid, distillation, adaptation
+def vit_export(tmp_path, patch: int = 4, name: str = "teacher.safetensors") -> str:
+    """A selfsup export of a micro ViT (1 channel, 8 px, ``patch``) standing in for a trained network."""
+    from selfsup.export import export_backbone
+    from selfsup.models.backbones import build_backbone
+
+    kwargs = {"in_chans": 1, "image_size": 8, "patch_size": patch}
+    path = tmp_path / name
+    export_backbone(build_backbone("vit_micro", **kwargs), path,
+                    {"backbone": "vit_micro", "kwargs": kwargs, "image_size": 8, "in_chans": 1, "mean": [0.3],
+                     "std": [0.3], "dataset": "digits", "method": "moco_v3"})
+    return str(path)
+
+
+def test_the_patch_is_read_from_the_source_without_building_it(tmp_path):
+    import torch
+
+    assert source_patch(vit_export(tmp_path, 4)) == 4
+    assert source_patch("timm:vit_small_patch14_dinov2") == 14 and source_patch("timm:resnet18") is None
+    hub = tmp_path / "dinov2_like.pth"
+    torch.save({"teacher": {"backbone.patch_embed.proj.weight": torch.zeros(8, 3, 14, 14)}}, hub)
+    assert source_patch(str(hub)) == 14 and source_patch(None) is None
+
+
+def test_a_patch_the_user_gives_is_kept_and_every_resolved_size_is_a_multiple_of_it():
+    """``model.patch_size=14`` with DINO's local crops: the size and the local crops are multiples of 14, and the
+    config resolves (the recipe never resolves a value the model refuses)."""
+    from selfsup.config import resolve
+
+    facts = FolderFacts(Path("/d"), False, 300, [100] * 256, 0.0, 2, None)
+    data, chosen = resolve_recipe("dino", facts, {"data": {"root": "/d"}, "model": {"patch_size": 14}})
+    v = values(chosen)
+    assert "model.patch_size" not in v and v["data.image_size"] == 56 and v["augment.local_crops_size"] % 14 == 0
+    cfg = resolve(data)
+    assert cfg.model.patch_size == 14 and cfg.data.image_size % 14 == 0
+    data, chosen = resolve_recipe("simclr", facts, {"data": {"root": "/d"},
+                                                    "model": {"backbone": "timm:vit_small_patch14_dinov2"}})
+    v = values(chosen)
+    assert v["model.patch_size"] == 14 and v["data.image_size"] == 56  # timm's patch 14, not the base's 7
+
+
+def test_distillation_gets_the_folder_recipe_with_the_teachers_patch_and_lightlytrains_queue(tmp_path):
+    facts = FolderFacts(Path("/d"), False, 300, [100] * 256, 0.0, 2, None)
+    hub = tmp_path / "dinov2_like.pth"
+    import torch
+
+    torch.save({"patch_embed.proj.weight": torch.zeros(8, 3, 14, 14)}, hub)
+    teacher = {"teacher": {"weights": str(hub)}}
+    data, chosen = resolve_recipe("distill", facts, {"data": {"root": "/d"}, "method": teacher})
+    v = values(chosen)
+    assert v["data.image_size"] == 56 and 56 % v["model.patch_size"] == 0 and v["model.patch_size"] == 14
+    assert v["method.queue_size"] == queue_bucket(300) == 128 and v["trainer.precision"] == "32-true"
+    assert [queue_bucket(n) for n in (10, 49, 50, 999, 1000, 19_999, 20_000)] == [16, 16, 32, 256, 512, 4096, 8192]
+    run = str(dinov2_teacher_run(tmp_path))  # patch 2: DINOv2's distillation pairs the patches
+    v = values(resolve_recipe("distill_dinov2", facts, {"data": {"root": "/d"},
+                                                        "method": {"teacher": {"weights": run}}})[1])
+    assert v["model.patch_size"] == 2 and v["data.image_size"] % 2 == 0 and "method.out_dim" not in v
+    code, _, err = run_cli("pretrain", "distill", f"data.root={tmp_path}")
+    assert code == 2 and "needs method.teacher.weights=SOURCE" in err and len(err.strip().splitlines()) == 1
+
+
+def test_model_weights_get_the_adaptation_recipe(tmp_path):
+    """docs/pretrained.md: a quarter of the base's lr and a tenth of an epoch of warm-up, printed with why."""
+    from selfsup.config import load_preset, resolve
+
+    facts = FolderFacts(Path("/d"), False, 300, [100] * 256, 0.0, 2, None)
+    start = vit_export(tmp_path, 4)
+    data, chosen = resolve_recipe("simclr", facts, {"data": {"root": "/d"}, "model": {"weights": start}})
+    v = values(chosen)
+    base_lr = resolve(load_preset(BASES["simclr"])).optim.base_lr
+    assert v["optim.base_lr"] == pytest.approx(ADAPT_LR * base_lr) and v["optim.warmup_epochs"] == 0.1
+    assert v["model.patch_size"] == 4 and v["data.image_size"] % 4 == 0  # the weights' patch
+    why = {k: w for k, _, w in chosen}
+    assert "adaptation recipe" in why["optim.base_lr"]
+    v = values(resolve_recipe("simclr", facts, {"data": {"root": "/d"}, "model": {"weights": start},
+                                                "optim": {"base_lr": 0.1}})[1])
+    assert "optim.base_lr" not in v  # the user's lr wins
+
+
+@pytest.mark.spawn
+def test_distill_on_a_folder_trains_from_the_cli(tmp_path):
+    """The practitioner's command: ``selfsup pretrain distill data.root=F method.teacher.weights=SOURCE``."""
+    root = png_folder(tmp_path / "photos", labelled=False, gray=True)  # the teacher's grey images
+    teacher = vit_export(tmp_path)
+    code, out, err = run_cli("pretrain", "distill", f"data.root={root}", f"method.teacher.weights={teacher}",
+                             "trainer.max_steps=2", "trainer.progress_bar=false", f"output_dir={tmp_path / 'runs'}",
+                             "name=d")
+    assert code == 0, err
+    assert "selfsup: a recipe for distill" in out and "method.queue_size=16" in out
+    cfg = yaml.safe_load((tmp_path / "runs" / "d" / "config.yaml").read_text())
+    assert cfg["method"]["queue_size"] == 16 and cfg["data"]["image_size"] % 4 == 0

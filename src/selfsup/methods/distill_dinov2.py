@@ -163,7 +163,7 @@ def load_dinov2_teacher(spec: str, info, what: str = "method.teacher.weights") -
                                         for k, v in part.items()})  # as read: whatever the run's image size
     centres = {k: state[k].float() for k in ("center", "center2") if k in state}
     network = DINOv2Teacher(backbone, heads["head"], heads["ibot_head"])
-    input_map = Renormalise(info.mean, info.std, norm, len(norm[0]) if norm else info.channels)
+    input_map = Renormalise(info.mean, info.std, norm, len(norm[0]) if norm else info.channels, f"{what}={spec}")
     return FrozenNetwork(network, facts, input_map, "teacher", what, TEACHER_SHA), centres
 
 

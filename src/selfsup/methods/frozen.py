@@ -30,7 +30,7 @@ class Renormalise(nn.Module):
     (``mean_t``, ``std_t``) those the network was trained with (None: the run's). A grey run (1 channel) feeding a
     3-channel network repeats its channel, each copy normalised with that channel's own statistics."""
 
-    def __init__(self, mean, std, norm: tuple | None, channels: int | None = None):
+    def __init__(self, mean, std, norm: tuple | None, channels: int | None = None, what: str = "the frozen network"):
         super().__init__()
         mean, std = torch.tensor(mean), torch.tensor(std)
         t_mean, t_std = (torch.tensor(norm[0]), torch.tensor(norm[1])) if norm else (mean, std)
@@ -41,8 +41,8 @@ class Renormalise(nn.Module):
         if self.repeat > 1:
             mean, std = mean.expand(channels), std.expand(channels)
         elif mean.numel() != channels:
-            raise UserError(f"the frozen network takes {channels}-channel images, the data has {mean.numel()}; "
-                            "use a network trained on images of the data's channels (or grey ones)")
+            raise UserError(f"{what} takes {channels}-channel images, the data has {mean.numel()}; use a network "
+                            "trained on images of the data's channels (or on grey ones), or set data.channels")
         self.register_buffer("scale", (std / t_std).reshape(1, -1, 1, 1))
         self.register_buffer("shift", ((mean - t_mean) / t_std).reshape(1, -1, 1, 1))
 
@@ -107,5 +107,5 @@ def load_teacher(spec: str, backbone: str, kwargs: dict, info, what: str = "meth
     network, facts, norm = build_from_weights(spec, backbone, kwargs, info.channels, info.image_size, what,
                                               own_channels=True)
     channels = len(norm[0]) if norm else info.channels
-    return FrozenNetwork(network, facts, Renormalise(info.mean, info.std, norm, channels), "teacher", what,
-                         TEACHER_SHA)
+    return FrozenNetwork(network, facts, Renormalise(info.mean, info.std, norm, channels, f"{what}={spec}"),
+                         "teacher", what, TEACHER_SHA)

@@ -22,14 +22,25 @@ whose heads, losses and augmentations were measured to learn on 28-px images, th
   ``patch_out_dim``), SwAV's ``nmb_prototypes``: the largest power of two <= images / ``IMAGES_PER_PROTOTYPE``,
   within ``MIN_PROTOTYPES`` .. the base's (a bucket per data size, as LightlyTrain scales them); NNCLR's support set
   ``queue_size`` at most half the images; W-MSE's ``w_size`` a divisor of a smaller batch (and ``emb`` under it);
-- ``trainer.accelerator``: ``gpu`` where CUDA is there, else ``cpu`` (one device); ``data.num_workers``: the cores
-  less one, at most 8.
+- ``trainer.accelerator``: ``gpu`` where CUDA is there, else ``cpu`` (one device); ``trainer.precision``:
+  ``bf16-mixed`` on a GPU, ``32-true`` on a CPU (where bf16 autocast is slower); ``data.num_workers``: the cores less
+  one, at most 8.
+
+The patch grid is read, never guessed over: a ``model.patch_size`` the user gives, the patch of ``model.weights`` or
+of a ``timm:<name>`` backbone (``source_patch``) is kept and the image size is a multiple of it; a distillation
+teacher's patch (``method.teacher.weights``) makes the size a multiple of it too, and DINOv2's distillation pairs
+the student's patches with the teacher's (the same patch). Distillation (``distill``, ``distill_dinov2``) needs
+``method.teacher.weights``; its queue follows LightlyTrain's buckets of the image count (``QUEUE_BUCKETS``).
+
+With ``model.weights`` (continued pretraining) the recipe is docs/pretrained.md's adaptation: the base's peak lr
+times ``ADAPT_LR`` and a warm-up of ``ADAPT_WARMUP`` epoch, so the first steps do not undo what the model knows.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,15 +48,28 @@ from pathlib import Path
 
 from PIL import Image
 
+import torch
+from safetensors import safe_open
+
 from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve
 from selfsup.data.datasets import IMAGE_SUFFIXES, SIZE_SAMPLE, image_files
 from selfsup.errors import UserError
+from selfsup.export import read_meta
 from selfsup.methods import METHODS
+from selfsup.models.backbones import TIMM_PREFIX
 
 BASES = {"moco_v3": "moco-v3-vit-fmnist", "byol": "byol-fmnist", "simsiam": "simsiam-fmnist", "simclr": "simclr-fmnist",
          "barlow_twins": "barlow-twins-fmnist", "vicreg": "vicreg-fmnist", "dino": "dino-fmnist", "swav": "swav-fmnist",
          "wmse": "wmse-fmnist", "nnclr": "nnclr-fmnist", "ibot": "ibot-fmnist", "dinov2": "dinov2-fmnist",
-         "mae": "mae-fmnist", "ijepa": "ijepa-fmnist", "lejepa": "lejepa-fmnist"}
+         "mae": "mae-fmnist", "ijepa": "ijepa-fmnist", "lejepa": "lejepa-fmnist", "distill": "distill-fmnist",
+         "distill_dinov2": "distill-dinov2-digits"}
+TEACHER_METHODS = ("distill", "distill_dinov2")  # need method.teacher.weights
+# LightlyTrain's queue size by image count (distillation.py at 004229f, DistillationArgs.resolve_auto): (fewer
+# images than, queue rows), about 25-50% of the images; 8192 from 20,000 images
+QUEUE_BUCKETS = ((50, 16), (100, 32), (250, 64), (500, 128), (1_000, 256), (2_000, 512), (4_000, 1024),
+                 (10_000, 2048), (20_000, 4096))
+QUEUE_MAX = 8192
+ADAPT_LR, ADAPT_WARMUP = 0.25, 0.1  # docs/pretrained.md: a quarter of the lr, a tenth of an epoch of warm-up
 MIN_SIZE, MAX_SIZE_CPU, MAX_SIZE_GPU = 16, 64, 224
 GRID_CPU, GRID_GPU = 4, 8  # ViT patches a side: 16 tokens on a CPU (the *-fmnist presets' 28 / 7), 64 on a GPU
 GRID_CPU_OF = {"ijepa": 7}  # I-JEPA's target blocks need more patches: ijepa-fmnist's 7 x 7 (28 / 4)
@@ -68,6 +92,48 @@ class FolderFacts:
     gray: float  # the share of the sampled images that are grayscale
     cores: int
     gpu: str | None  # the CUDA device's name, None without one
+
+
+def source_patch(spec: str | None) -> int | None:
+    """The ViT patch of a weights source or backbone name, read without building it: a selfsup export's metadata
+    (a run folder's ``backbone.safetensors``), the patch embedding's kernel of a ``.safetensors`` / ``.pth`` file
+    (memory-mapped), the ``patch<N>`` of a timm model name; None for a ConvNet or a source that does not say."""
+    if not spec:
+        return None
+    if spec.startswith(TIMM_PREFIX):
+        found = re.search(r"patch(\d+)", spec)
+        return int(found.group(1)) if found else None
+    path = Path(spec).expanduser()
+    path = path / "backbone.safetensors" if path.is_dir() else path
+    if not path.is_file():
+        return None
+    if path.suffix == ".safetensors":
+        with safe_open(str(path), framework="pt") as f:
+            meta = (f.metadata() or {}).get("selfsup")
+            keys = [k for k in f.keys() if k.endswith("patch_embed.proj.weight")]
+            shape = f.get_slice(keys[0]).get_shape() if keys else None
+        if meta:
+            return read_meta(path).get("kwargs", {}).get("patch_size") if shape else None
+        return int(shape[-1]) if shape else None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # the loader names what is wrong with the file when the run builds it
+        return None
+    return _kernel(state)
+
+
+def _kernel(obj, depth: int = 0) -> int | None:
+    """The last side of the first ``*patch_embed.proj.weight`` tensor in a (nested) checkpoint dict."""
+    if not isinstance(obj, dict) or depth > 3:
+        return None
+    for key, value in obj.items():
+        if isinstance(value, torch.Tensor) and str(key).endswith("patch_embed.proj.weight") and value.ndim == 4:
+            return int(value.shape[-1])
+    for value in obj.values():
+        found = _kernel(value, depth + 1)
+        if found:
+            return found
+    return None
 
 
 def _header(path: Path) -> tuple[int, str] | None:
@@ -128,51 +194,20 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
     put("data.root", str(facts.root), "")
     channels = 1 if facts.gray >= GRAY_SHARE else 3
     put("data.channels", channels, f"{facts.gray:.0%} of the sampled images are grayscale")
-    median = int(statistics.median(facts.short_sides))
-    top, grid = (MAX_SIZE_GPU, GRID_GPU) if gpu else (MAX_SIZE_CPU, GRID_CPU_OF.get(method, GRID_CPU))
-    size = cfg.data.image_size if _given(overrides, "data.image_size") else min(max(median, MIN_SIZE), top)
-    vit = cfg.model.backbone.startswith("vit_")
-    patch = cfg.model.patch_size
-    if vit and not _given(overrides, "model.patch_size"):
-        patch = max(2, size // grid)
-        put("model.patch_size", patch, f"a {size // patch} x {size // patch} grid of patches")
-    if vit and not _given(overrides, "data.image_size"):
-        size = max(patch, size // patch * patch)
-    put("data.image_size", size, f"the median shorter side of {len(facts.short_sides)} images, {median} px, clamped to "
-        f"{MIN_SIZE}..{top} ({'GPU' if gpu else 'CPU'})" + (f", a multiple of the patch {patch}" if vit else ""))
+    size, patch = _size_and_patch(method, facts, cfg, overrides, put)
     if cfg.augment.local_crops_number and not _given(overrides, "augment.local_crops_size"):
-        local = round(size * 96 / 224 / (patch if vit else 1)) * (patch if vit else 1)
-        put("augment.local_crops_size", max(patch if vit else 8, local), "96/224 of the image size, as DINO's")
+        local = round(size * 96 / 224 / (patch or 1)) * (patch or 1)
+        put("augment.local_crops_size", max(patch or 8, local), "96/224 of the image size, as DINO's")
     batch = cfg.data.batch_size if _given(overrides, "data.batch_size") else max(
         MIN_BATCH, min(cfg.data.batch_size, _pow2_at_most(facts.images / MIN_BATCHES)))
     batch = min(batch, facts.images)
     put("data.batch_size", batch, f"at most {facts.images} images / {MIN_BATCHES} and the base's {base_batch(base)}")
-    steps_per_epoch = max(1, facts.images // batch)
-    epochs = cfg.trainer.max_epochs if _given(overrides, "trainer.max_epochs") else min(
-        MAX_EPOCHS, max(MIN_EPOCHS, -(-TARGET_STEPS // steps_per_epoch)))
-    put("trainer.max_epochs", epochs, f"~{TARGET_STEPS} optimiser steps of {steps_per_epoch} an epoch, within "
-        f"{MIN_EPOCHS}..{MAX_EPOCHS}")
-    base_cfg = resolve(base)  # the base's warm-up is a share of its own run: the recipe keeps the share
-    share = min(WARMUP_SHARE, base_cfg.optim.warmup_epochs / max(base_cfg.trainer.max_epochs, 1))
-    put("optim.warmup_epochs", round(share * epochs, 4),
-        f"{share:.0%} of the run, as the base's {base_cfg.optim.warmup_epochs:g} of {base_cfg.trainer.max_epochs} "
-        f"epochs (at most {WARMUP_SHARE:g})")
-    k = max(MIN_PROTOTYPES, _pow2_at_most(facts.images / IMAGES_PER_PROTOTYPE))
-    c = cfg.method
-    for key in ("out_dim", "patch_out_dim", "nmb_prototypes"):
-        if hasattr(c, key):
-            put(f"method.{key}", min(getattr(c, key), k), f"{facts.images} images / {IMAGES_PER_PROTOTYPE}, "
-                f"a power of two within {MIN_PROTOTYPES}..the base's {getattr(c, key)}")
-    if getattr(c, "w_size", 0) and batch % c.w_size:  # W-MSE whitens sub-batches of w_size > emb samples
-        w = math.gcd(c.w_size, batch)
-        put("method.w_size", w, f"a divisor of the batch {batch} (the base's {c.w_size})")
-        if c.emb >= w:
-            put("method.emb", max(1, w // 2), f"half the whitened sub-batch {w}, as the base's 2x (its {c.emb})")
-    if hasattr(c, "queue_size"):
-        put("method.queue_size", max(batch, min(c.queue_size, _pow2_at_most(facts.images / 2))),
-            "at most half the images, at least the batch")
+    _length(base, cfg, facts, batch, overrides, put)
+    _data_sizes(method, cfg.method, facts, batch, put)
     put("trainer.accelerator", "gpu" if gpu else "cpu", facts.gpu or f"no GPU; {facts.cores} CPU cores")
     put("trainer.devices", 1, "")
+    put("trainer.precision", "bf16-mixed" if gpu else "32-true",
+        "bf16 autocast on a GPU" if gpu else "float32 on a CPU (bf16 autocast is slower there)")
     put("data.num_workers", min(8, max(0, facts.cores - 1)), f"{facts.cores} cores less one, at most 8")
     if not facts.labelled:
         put("eval.knn_every_n_steps", 0, "no labels")
@@ -182,6 +217,99 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
         section, _, name = key.partition(".")
         values.setdefault(section, {})[name] = value
     return merge(merge(base, values), overrides), chosen
+
+
+def _size_and_patch(method: str, facts: FolderFacts, cfg: RunConfig, overrides: dict, put) -> tuple[int, int | None]:
+    """``data.image_size`` and the ViT patch (None: a ConvNet). The size: the median shorter side clamped to the
+    machine's range. A patch the user, the weights or a timm backbone fixes is kept, a teacher's patch too, and the
+    size is a multiple of each; otherwise a selfsup ViT gets ``size // grid`` (a grid of ``GRID_*`` patches)."""
+    gpu = facts.gpu is not None
+    median = int(statistics.median(facts.short_sides))
+    top, grid = (MAX_SIZE_GPU, GRID_GPU) if gpu else (MAX_SIZE_CPU, GRID_CPU_OF.get(method, GRID_CPU))
+    given_size = _given(overrides, "data.image_size")
+    size = cfg.data.image_size if given_size else min(max(median, MIN_SIZE), top)
+    own = cfg.model.backbone.startswith(("vit_", "deit_"))  # a selfsup ViT: its patch is the recipe's to choose
+    fixed, source = _fixed_patch(cfg, overrides)
+    teacher = source_patch(cfg.method.teacher.weights) if method in TEACHER_METHODS else None
+    unit = math.lcm(*(p for p in (fixed, teacher) if p)) if (fixed or teacher) else 1
+    if not given_size and unit > 1:
+        size = max(unit, size // unit * unit)
+    patch = fixed
+    if own and patch is None and method == "distill_dinov2" and teacher:
+        patch = teacher
+        put("model.patch_size", patch, "the teacher's patch: DINOv2's distillation pairs the patches one to one")
+    elif own and patch is None:
+        patch = max(2, size // grid) if not teacher else max(
+            [d for d in range(2, size // grid + 1) if size % d == 0] or [size])
+        put("model.patch_size", patch, f"a {size // patch} x {size // patch} grid of patches")
+    elif fixed is not None:
+        put("model.patch_size", patch, f"{source}'s patch")
+    if own and not given_size and unit == 1:
+        size = max(patch, size // patch * patch)
+    why = [f"a multiple of the patch {patch}"] if patch else []
+    why += [f"of the teacher's patch {teacher}"] if teacher and teacher != patch else []
+    put("data.image_size", size, f"the median shorter side of {len(facts.short_sides)} images, {median} px, clamped "
+        f"to {MIN_SIZE}..{top} ({'GPU' if gpu else 'CPU'})" + (", " + ", ".join(why) if why else ""))
+    return size, patch
+
+
+def _fixed_patch(cfg: RunConfig, overrides: dict) -> tuple[int | None, str]:
+    """A patch the recipe must keep, and whose: ``model.patch_size`` as given, else that of ``model.weights``,
+    else that of a ``timm:<name>`` backbone (read from the source, ``source_patch``)."""
+    if _given(overrides, "model.patch_size"):
+        return cfg.model.patch_size, "model.patch_size"
+    for key, spec in (("model.weights", cfg.model.weights), ("model.backbone", cfg.model.backbone)):
+        if spec and (key != "model.backbone" or spec.startswith(TIMM_PREFIX)):
+            patch = source_patch(spec)
+            if patch:
+                return patch, f"{key}={spec}"
+    return None, ""
+
+
+def _length(base: dict, cfg: RunConfig, facts: FolderFacts, batch: int, overrides: dict, put) -> None:
+    """``trainer.max_epochs`` for ~``TARGET_STEPS`` steps, the warm-up's share of the run; with ``model.weights``
+    the adaptation recipe: ``ADAPT_LR`` of the base's lr, ``ADAPT_WARMUP`` epoch of warm-up."""
+    steps_per_epoch = max(1, facts.images // batch)
+    epochs = cfg.trainer.max_epochs if _given(overrides, "trainer.max_epochs") else min(
+        MAX_EPOCHS, max(MIN_EPOCHS, -(-TARGET_STEPS // steps_per_epoch)))
+    put("trainer.max_epochs", epochs, f"~{TARGET_STEPS} optimiser steps of {steps_per_epoch} an epoch, within "
+        f"{MIN_EPOCHS}..{MAX_EPOCHS}")
+    base_cfg = resolve(base)
+    if cfg.model.weights:
+        put("optim.base_lr", base_cfg.optim.base_lr * ADAPT_LR, f"model.weights: the adaptation recipe "
+            f"(docs/pretrained.md), {ADAPT_LR:g} of the base's {base_cfg.optim.base_lr:g}")
+        put("optim.warmup_epochs", ADAPT_WARMUP, "model.weights: a short warm-up, so the first steps do not undo "
+            "what the model knows")
+        return
+    share = min(WARMUP_SHARE, base_cfg.optim.warmup_epochs / max(base_cfg.trainer.max_epochs, 1))
+    put("optim.warmup_epochs", round(share * epochs, 4),
+        f"{share:.0%} of the run, as the base's {base_cfg.optim.warmup_epochs:g} of {base_cfg.trainer.max_epochs} "
+        f"epochs (at most {WARMUP_SHARE:g})")
+
+
+def queue_bucket(images: int) -> int:
+    """LightlyTrain's distillation queue for ``images`` images (``QUEUE_BUCKETS``)."""
+    return next((rows for bound, rows in QUEUE_BUCKETS if images < bound), QUEUE_MAX)
+
+
+def _data_sizes(method: str, c, facts: FolderFacts, batch: int, put) -> None:
+    """The sizes that scale with the data: prototypes, W-MSE's whitening window, the queues."""
+    k = max(MIN_PROTOTYPES, _pow2_at_most(facts.images / IMAGES_PER_PROTOTYPE))
+    for key in ("out_dim", "patch_out_dim", "nmb_prototypes"):
+        if hasattr(c, key) and method != "distill_dinov2":  # its prototypes are the teacher's
+            put(f"method.{key}", min(getattr(c, key), k), f"{facts.images} images / {IMAGES_PER_PROTOTYPE}, "
+                f"a power of two within {MIN_PROTOTYPES}..the base's {getattr(c, key)}")
+    if getattr(c, "w_size", 0) and batch % c.w_size:  # W-MSE whitens sub-batches of w_size > emb samples
+        w = math.gcd(c.w_size, batch)
+        put("method.w_size", w, f"a divisor of the batch {batch} (the base's {c.w_size})")
+        if c.emb >= w:
+            put("method.emb", max(1, w // 2), f"half the whitened sub-batch {w}, as the base's 2x (its {c.emb})")
+    if method == "distill":
+        put("method.queue_size", min(queue_bucket(facts.images), max(1, facts.images - 1)),
+            f"LightlyTrain's bucket for {facts.images} images")
+    elif hasattr(c, "queue_size"):
+        put("method.queue_size", max(batch, min(c.queue_size, _pow2_at_most(facts.images / 2))),
+            "at most half the images, at least the batch")
 
 
 def base_batch(base: dict) -> int:
@@ -202,9 +330,13 @@ def recipe_block(method: str, facts: FolderFacts, chosen: list[tuple[str, object
 def folder_recipe(method: str, items: list[str]) -> RunConfig:
     """``selfsup pretrain <method> data.root=FOLDER [key=value ...]``: the recipe's typed config, its block printed."""
     if method not in BASES:
-        raise UserError(f"selfsup pretrain {method}: a recipe sized to a folder serves the joint-embedding and masked "
-                        f"methods ({', '.join(BASES)}); a flow method trains from a preset (selfsup presets)")
+        raise UserError(f"selfsup pretrain {method}: a recipe sized to a folder serves {', '.join(BASES)}; a flow "
+                        "method trains from a preset (selfsup presets)")
     overrides = parse_overrides(items)
+    if method in TEACHER_METHODS and not ((overrides.get("method") or {}).get("teacher") or {}).get("weights"):
+        what = "a selfsup DINOv2 run folder" if method == "distill_dinov2" else \
+            "a selfsup run folder, a weights file, a DINOv2 hub checkpoint or timm:<name>"
+        raise UserError(f"selfsup pretrain {method} data.root=FOLDER needs method.teacher.weights=SOURCE ({what})")
     root = (overrides.get("data") or {}).get("root")
     if not root:
         raise UserError(f"selfsup pretrain {method} needs data.root=FOLDER (a recipe sized to your images), or a "
