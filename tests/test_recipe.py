@@ -205,3 +205,20 @@ def test_distill_on_a_folder_trains_from_the_cli(tmp_path):
     assert "selfsup: a recipe for distill" in out and "method.queue_size=16" in out
     cfg = yaml.safe_load((tmp_path / "runs" / "d" / "config.yaml").read_text())
     assert cfg["method"]["queue_size"] == 16 and cfg["data"]["image_size"] % 4 == 0
+
+
+def test_a_preset_given_a_folder_keeps_its_grid_of_patches(tmp_path, capsys):
+    """``simclr-digits data.name=images data.root=PHOTOS``: the digits preset's 4 x 4 grid (8 px, patch 2) at the
+    folder's size, not patch 2 at it (4,489 tokens an image on 134-px photos, killed by the kernel)."""
+    from selfsup.config import load_run_config
+    from selfsup.runs.recipe import keep_grid
+
+    root = png_folder(tmp_path / "photos", labelled=False)  # shorter sides 30..40: median 35
+    items = keep_grid("simclr-digits", ["data.name=images", f"data.root={root}"])
+    assert items[-2:] == ["model.patch_size=8", "data.image_size=32"]
+    assert "keeps its 4 x 4 grid" in capsys.readouterr().out
+    cfg = load_run_config("simclr-digits", items)
+    assert cfg.data.image_size // cfg.model.patch_size == 4
+    given = ["data.name=images", f"data.root={root}", "model.patch_size=4"]
+    assert keep_grid("simclr-digits", given) == given  # the user's patch wins
+    assert keep_grid("simclr-cnn-digits", ["data.name=images", f"data.root={root}"])[-1].startswith("data.root")

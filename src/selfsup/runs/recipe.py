@@ -70,6 +70,10 @@ QUEUE_BUCKETS = ((50, 16), (100, 32), (250, 64), (500, 128), (1_000, 256), (2_00
                  (10_000, 2048), (20_000, 4096))
 QUEUE_MAX = 8192
 ADAPT_LR, ADAPT_WARMUP = 0.25, 0.1  # docs/pretrained.md: a quarter of the lr, a tenth of an epoch of warm-up
+# the built-in datasets' own image sizes: a preset of theirs given a folder keeps its grid of patches (keep_grid)
+NATIVE_SIZES = {"digits": 8, "fashion-mnist": 28, "cifar10": 32, "cifar100": 32, "stl10": 96}
+FOLDER_DATASETS = ("images", "imagefolder")
+AUTO_SIZE_RANGE = (8, 224)  # data.datasets' automatic size of a folder: its median shorter side, clamped
 MIN_SIZE, MAX_SIZE_CPU, MAX_SIZE_GPU = 16, 64, 224
 GRID_CPU, GRID_GPU = 4, 8  # ViT patches a side: 16 tokens on a CPU (the *-fmnist presets' 28 / 7), 64 on a GPU
 GRID_CPU_OF = {"ijepa": 7}  # I-JEPA's target blocks need more patches: ijepa-fmnist's 7 x 7 (28 / 4)
@@ -352,3 +356,32 @@ def folder_recipe(method: str, items: list[str]) -> RunConfig:
 def is_method_name(name: str) -> bool:
     """Whether ``selfsup pretrain NAME`` names a method (a recipe sized to data.root) rather than a preset."""
     return name in METHODS
+
+
+def keep_grid(preset: str, items: list[str]) -> list[str]:
+    """A preset given a folder (``data.name=images|imagefolder data.root=F``) keeps its grid of patches: a selfsup
+    ViT preset of a built-in dataset of N px at patch p trains on an N/p x N/p grid; the folder's automatic size
+    (its median shorter side) gets the patch size // (N/p) and the size a multiple of it, printed, rather than p
+    at the folder's size (``simclr-digits`` on 134-px photos: patch 2, 4,489 tokens an image, 93 GiB at batch
+    256). Returns ``items`` with the two keys added; unchanged where the user sets either or nothing applies."""
+    overrides = parse_overrides(items)
+    if not (overrides.get("data") or {}).get("root") or _given(overrides, "model.patch_size") or \
+            _given(overrides, "data.image_size"):
+        return items
+    base = resolve(load_preset(preset))
+    cfg = resolve(merge(load_preset(preset), overrides))
+    native = base.data.image_size or NATIVE_SIZES.get(base.data.name)
+    if cfg.data.name not in FOLDER_DATASETS or native is None or \
+            not cfg.model.backbone.startswith(("vit_", "deit_")):
+        return items
+    grid = max(1, native // base.model.patch_size)
+    facts = folder_facts(cfg.data.root)
+    median = int(statistics.median(facts.short_sides))
+    size = min(max(median, AUTO_SIZE_RANGE[0]), AUTO_SIZE_RANGE[1])
+    patch = max(1, size // grid)
+    size = size // patch * patch
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"selfsup: {preset} on a folder keeps its {grid} x {grid} grid of patches ({base.data.name} at "
+              f"{native} px, patch {base.model.patch_size}): model.patch_size={patch}, data.image_size={size} (the "
+              f"folder's median shorter side, {median} px); set either to choose")
+    return [*items, f"model.patch_size={patch}", f"data.image_size={size}"]
