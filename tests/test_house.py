@@ -45,6 +45,30 @@ def test_the_version_is_answered_without_torch():
     assert out.returncode == 0 and out.stdout.split()[-2:] == ["False", "False"], out.stdout + out.stderr
 
 
+# the light commands that load no torch either: each answers in well under 0.5 s and 100 MiB on an idle machine
+# (docs/development.md); the test bounds the memory, which a loaded machine does not move, not the time
+NO_TORCH = ("import selfsup", "--version", "--help", "presets", "run facts")
+MAX_RSS_MIB = 100
+
+
+@pytest.mark.spawn
+@pytest.mark.parametrize("what", NO_TORCH)
+def test_the_light_commands_load_no_torch_and_stay_small(what):
+    """The config layer declares data (``selfsup.choices``), and a command family's flags are built only when it is
+    run: ``--help``, ``presets`` and the run facts import no torch, and the whole process peaks under 100 MiB."""
+    code = LIGHT[what] + "\nimport sys\nprint('torch' in sys.modules)"
+    # a parent of its own, so that the peak is this command's alone (RUSAGE_CHILDREN: the largest waited-for child)
+    parent = ("import resource, subprocess, sys\n"
+              "out = subprocess.run([sys.executable, '-c', sys.argv[1]], capture_output=True, text=True)\n"
+              "print(out.returncode, out.stdout.split()[-1:], out.stderr[-2000:])\n"
+              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", parent, code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    status, peak_kib = out.stdout.strip().rsplit("\n", 1)
+    assert status.startswith("0 ['False']"), f"{what}: {status}"  # exit 0, torch not imported
+    assert int(peak_kib) / 1024 < MAX_RSS_MIB, f"{what} peaks at {int(peak_kib) / 1024:.0f} MiB"
+
+
 # --------------------------------------------------------------------------- no function over 80 lines
 MAX_LINES = 80
 # functions over the bar in parts owned elsewhere, named so the list can only shrink: it must go to zero

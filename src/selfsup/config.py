@@ -16,10 +16,8 @@ from typing import Any
 
 import yaml
 
-from selfsup.data.datasets import DATASETS
+from selfsup.choices import DATASETS, MEMORY_FORMATS, OptimConfig
 from selfsup.errors import UserError
-from selfsup.memory_format import MEMORY_FORMATS
-from selfsup.optim import OptimConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LOGGERS = ("csv", "tensorboard", "wandb")

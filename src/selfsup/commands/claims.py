@@ -424,8 +424,8 @@ def tally_text(results: Path = RESULTS) -> str:
     return f"{len(CLAIMS)} claims: " + ", ".join(f"{counts[k]} {k}" for k in keys)
 
 
-def add_claims_parser(sub) -> None:
-    p = sub.add_parser("claims", help="the seeds' claims: list, run with a verdict, re-judge, or write docs/CLAIMS.md")
+def add_claims_parser(p) -> None:
+    """``selfsup claims list | run | table | pilot | rejudge``: ``p`` is its parser, made by ``commands.main``."""
     names = p.add_subparsers(dest="claims_command", metavar="COMMAND", required=True)
     ls = names.add_parser("list", help="every claim with its source, statement, paper figure and last verdict")
     ls.add_argument("--results", default=str(RESULTS), help="folder of result JSONs (default: the committed ones)")
