@@ -3,7 +3,7 @@
 The teacher is any ``model.weights`` source with its own architecture (``method.teacher.weights``,
 ``method.teacher.backbone``: ``auto`` reads it from the source); the student is the run's backbone (``model.*``, or
 a user's own network through ``selfsup.method``). Per step (lightly-train ``_methods/distillation/distillation.py``,
-the facts with file:line in docs/distillation.md):
+the facts with file:line in docs/teacher-distillation.md):
 
     x̃ = λ x + (1 − λ) x[π]                       # mixup of the one view, λ ~ U(0, 1), π a permutation (:273-283)
     t = normalize(teacher(x̃))                    # frozen, eval mode, no gradient (:76-80, :249-256)
