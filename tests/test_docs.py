@@ -1,10 +1,11 @@
-"""The README and the docs pages stay true: every python block parses, every ``selfsup`` command of a shell block
-parses with the CLI's own parser (and a pretrain of a shipped preset resolves its overrides into a typed config),
-every relative link points at a file, every page is in the site's navigation, and the config reference is the one
-the dataclasses generate today. The shell blocks' commands a CPU runs in seconds run (``RUNNABLE``, on stand-ins for
-their placeholders). Every python block runs: here (as written, or with its training cut to two steps), or
-in the test named for its page in ``EXECUTED_BY`` (which holds the fixtures it needs); the API reference's modules
-carry no Sphinx role the site would show raw; ``make docs`` writes no tracked file."""
+"""The README and the docs pages stay true: every python block parses, every ``selfsup`` command of a shell block parses
+with the CLI's own parser (and a pretrain of a shipped preset resolves its overrides into a typed config), every
+relative link points at a file, every page is in the site's navigation, every page a module's docstring sends its
+reader to names that module back, and the config reference is the one the dataclasses generate today. The shell
+blocks' commands a CPU runs in seconds run (``RUNNABLE``, on stand-ins for their placeholders). Every python block
+runs: here (as written, or with its training cut to two steps), or in the test named for its page in ``EXECUTED_BY``
+(which holds the fixtures it needs); the API reference's modules carry no Sphinx role the site would show raw;
+``make docs`` writes no tracked file."""
 
 from __future__ import annotations
 
