@@ -334,8 +334,8 @@ def test_nan_loss_keeps_the_previous_checkpoint_byte_identical(tmp_path, monkeyp
 
 def test_a_broken_eval_import_is_not_hidden(monkeypatch):
     """cli.py once caught ImportError around the eval front end, so a broken import read "invalid choice: 'eval'";
-    the parser imports every command module when it is built (after --version, before any other command), so a
-    broken one fails every command but --version."""
+    the whole parser imports every command module, and ``main`` imports the family it runs (``presets`` and
+    ``--help`` import none), so a broken one fails its own commands with the ImportError."""
     from selfsup.commands.main import build_parser, main
 
     assert "eval" in build_parser()._subparsers._group_actions[0].choices
@@ -343,7 +343,9 @@ def test_a_broken_eval_import_is_not_hidden(monkeypatch):
     with pytest.raises(ImportError, match="selfsup.commands.eval"):
         build_parser()
     with pytest.raises(ImportError, match="selfsup.commands.eval"):
-        main(["presets"])
+        main(["eval", "--help"])
+    with pytest.raises(ImportError, match="selfsup.commands.eval"):
+        main(["eval", "knn", "RUN"])
 
 
 @pytest.mark.spawn

@@ -1,10 +1,11 @@
-"""The README and the docs pages stay true: every python block parses, every ``selfsup`` command of a shell block
-parses with the CLI's own parser (and a pretrain of a shipped preset resolves its overrides into a typed config),
-every relative link points at a file, every page is in the site's navigation, and the config reference is the one
-the dataclasses generate today. The shell blocks' commands a CPU runs in seconds run (``RUNNABLE``, on stand-ins for
-their placeholders). Every python block runs: here (as written, or with its training cut to two steps), or
-in the test named for its page in ``EXECUTED_BY`` (which holds the fixtures it needs); the API reference's modules
-carry no Sphinx role the site would show raw; ``make docs`` writes no tracked file."""
+"""The README and the docs pages stay true: every python block parses, every ``selfsup`` command of a shell block parses
+with the CLI's own parser (and a pretrain of a shipped preset resolves its overrides into a typed config), every
+relative link points at a file, every page is in the site's navigation, every page a module's docstring sends its
+reader to names that module back, and the config reference is the one the dataclasses generate today. The shell
+blocks' commands a CPU runs in seconds run (``RUNNABLE``, on stand-ins for their placeholders). Every python block
+runs: here (as written, or with its training cut to two steps), or in the test named for its page in ``EXECUTED_BY``
+(which holds the fixtures it needs); the API reference's modules carry no Sphinx role the site would show raw;
+``make docs`` writes no tracked file."""
 
 from __future__ import annotations
 
@@ -124,6 +125,57 @@ def test_every_relative_link_points_at_a_file():
             if "://" in target or target.startswith("mailto:"):
                 continue
             assert (page.parent / target).exists(), f"{page.name}: link to {target} points at nothing"
+
+
+SRC = ROOT / "src" / "selfsup"
+
+
+def module_names(path: Path) -> tuple[str, str]:
+    """The module at ``path``: its dotted name without ``selfsup.`` and its path under src/selfsup
+    (``methods.distill``, ``methods/distill.py``)."""
+    rel = path.relative_to(SRC)
+    parts = rel.with_suffix("").parts[:-1] if rel.name == "__init__.py" else rel.with_suffix("").parts
+    return ".".join(parts), rel.as_posix()
+
+
+def names_module(text: str, path: Path) -> bool:
+    """Whether ``text`` names the module at ``path`` as a whole word: by its dotted name (``methods.distill``,
+    ``selfsup.methods.distill``) or its path (``methods/distill.py``, ``src/selfsup/methods/distill.py``);
+    ``methods.distill_dinov2`` and ``flow/methods/distill.py`` are other modules."""
+    dotted, rel = module_names(path)
+    return bool(re.search(rf"(?<![\w.])(selfsup\.)?{re.escape(dotted)}(?!\w)", text)
+                or re.search(rf"(?<![\w./])(src/)?(selfsup/)?{re.escape(rel)}(?!\w)", text))
+
+
+def docstring_pages() -> list[tuple[Path, str]]:
+    """(module, page) for every ``docs/<page>.md`` named in a module docstring under src/selfsup."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        found += [(path, page) for page in sorted(set(re.findall(r"docs/([\w./-]+?\.md)", doc)))]
+    return found
+
+
+def test_the_reader_of_module_names():
+    distill = SRC / "methods" / "distill.py"
+    assert module_names(distill) == ("methods.distill", "methods/distill.py")
+    assert module_names(SRC / "runs" / "__init__.py") == ("runs", "runs/__init__.py")
+    assert names_module("`Distill` (`src/selfsup/methods/distill.py:12`)", distill)
+    assert names_module("see selfsup.methods.distill.Distill", distill)
+    assert not names_module("`methods/distill_dinov2.py` and methods.distill_dinov2", distill)
+    assert not names_module("`flow/methods/distill.py`", distill)
+
+
+def test_every_page_a_module_docstring_names_exists_and_names_the_module():
+    """A module's docstring that sends the reader to ``docs/<page>.md`` names a page that exists and names the
+    module back (``names_module``): methods/distill.py once sent its reader to the multi-crop page."""
+    pairs = docstring_pages()
+    assert len(pairs) >= 8  # the docstrings were read
+    for path, page in pairs:
+        rel = path.relative_to(SRC).as_posix()
+        assert (ROOT / "docs" / page).exists(), f"{rel} names docs/{page}, which does not exist"
+        assert names_module((ROOT / "docs" / page).read_text(), path), \
+            f"docs/{page} does not name {rel} (as {' or '.join(module_names(path))}); its docstring sends readers there"
 
 
 def test_every_docs_page_is_in_the_site_navigation():

@@ -17,8 +17,8 @@ PACKAGE = Path(selfsup.__file__).parent
 # engine, report), config, the methods, and below them the lower layers (instruments, eval, flow, export, models,
 # data and the one-module ones)
 UPPER = ("cli", "commands", "api", "claims", "runs", "engine", "report", "config")
-ONE_MODULE = ("losses", "schedules", "optim", "distributed", "predictors", "interventions", "memory_format", "host",
-              "checkpoints", "diskspace", "step", "errors")
+ONE_MODULE = ("choices", "losses", "schedules", "optim", "distributed", "predictors", "interventions", "memory_format",
+              "host", "checkpoints", "diskspace", "step", "errors")
 # (importer prefix, forbidden prefixes): a module matches a prefix when it is that module or inside that package
 FORBIDDEN = [
     ("cli", ("claims", "runs", "engine", "report", "config")),  # the old entry point: only the front end's main

@@ -16,10 +16,8 @@ from typing import Any
 
 import yaml
 
-from selfsup.data.datasets import DATASETS
+from selfsup.choices import DATASETS, MEMORY_FORMATS, OptimConfig
 from selfsup.errors import UserError
-from selfsup.memory_format import MEMORY_FORMATS
-from selfsup.optim import OptimConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LOGGERS = ("csv", "tensorboard", "wandb")
@@ -367,10 +365,9 @@ class RunConfig:
     method_cls: type = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from selfsup.methods import METHODS, registered_name  # the methods import Lightning: not for `selfsup presets`
-
-        self.method_name = registered_name(self.method)
-        self.method_cls = METHODS[self.method_name]
+        methods = method_registry()
+        self.method_name = methods.registered_name(self.method)
+        self.method_cls = methods.METHODS[self.method_name]
         if self.data.image_size_multiple is None and self.model.backbone.startswith("vit_"):
             self.data.image_size_multiple = self.model.patch_size  # the automatic size on the ViT's patch grid
 
@@ -407,14 +404,22 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
+def method_registry():
+    """``selfsup.methods`` (``METHODS``, ``registered_name``), imported when a config is resolved, not with this
+    module: the methods import torch and Lightning, which ``selfsup presets``, ``--help`` and the resume rules do not
+    load."""
+    from selfsup import methods
+
+    return methods
+
+
 def load_preset(name_or_path: str) -> dict:
     """A preset by name or a YAML path, with its ``base:`` chain merged underneath."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = PRESET_DIR / f"{name_or_path}.yaml"
         if not path.exists():
-            from selfsup.methods import METHODS  # only on this error: the methods import Lightning
-            close = difflib.get_close_matches(name_or_path, [*preset_names(), *METHODS], n=3)
+            close = difflib.get_close_matches(name_or_path, [*preset_names(), *method_registry().METHODS], n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "run `selfsup presets` for the list"
             hint += " (a method name with data.root=FOLDER: a recipe sized to your images)"
             raise UserError(f"no preset or YAML file named {name_or_path!r}; {hint}")
@@ -529,8 +534,7 @@ def build(cls, data: dict | None, prefix: str):
 
 def resolve(data: dict) -> RunConfig:
     """A validated RunConfig from a merged preset + overrides mapping."""
-    from selfsup.methods import METHODS  # the methods import Lightning: not for `selfsup presets` or `--help`
-
+    METHODS = method_registry().METHODS
     data = dict(data)
     method = dict(data.pop("method", None) or {})
     name = method.pop("name", None)

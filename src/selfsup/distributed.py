@@ -8,6 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.nn.functional import all_gather, all_reduce
 
 from selfsup.errors import UserError
 
@@ -39,8 +40,6 @@ def gather_with_grad(x: Tensor) -> Tensor:
     _, size = world()
     if size == 1:
         return x
-    from torch.distributed.nn.functional import all_gather  # lazy: across processes only
-
     return torch.cat(all_gather(x.contiguous()))
 
 
@@ -73,8 +72,6 @@ def all_reduce_with_grad(x: Tensor) -> Tensor:
     _, size = world()
     if size == 1:
         return x
-    from torch.distributed.nn.functional import all_reduce  # lazy: across processes only
-
     return all_reduce(x.contiguous())
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+from selfsup.choices import MEMORY_FORMATS
 
 
 def has_spatial_convs(module: nn.Module) -> bool:

@@ -41,10 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import yaml
+
 from selfsup.claims import stats
-from selfsup.config import load_run_config
+from selfsup.config import load_run, load_run_config, to_dict
 from selfsup.data import datasets
 from selfsup.engine import pretrain
+from selfsup.errors import UserError
 from selfsup.eval import ProbeConfig
 from selfsup.runs import run_linear
 
@@ -315,11 +318,6 @@ def pretrain_run(ctx: Context, preset: str, name: str, overrides: list[str], sha
 def same_config(run_dir: Path, cfg) -> bool:
     """Whether ``run_dir``'s config.yaml, resolved as a resume resolves it (a field added to the config since the run
     takes its default), is exactly the config ``cfg``."""
-    import yaml
-
-    from selfsup.config import load_run, to_dict
-    from selfsup.errors import UserError
-
     if not (run_dir / "config.yaml").exists():
         return False
     try:

@@ -16,9 +16,8 @@ from selfsup.errors import UserError
 MAX_LISTED = 50  # bad files printed (all of them go to --out)
 
 
-def add_data_parser(sub) -> None:
-    p = sub.add_parser("data", help="look at a dataset before training (selfsup data check ROOT) or prepare it "
-                                    "(selfsup data shards SRC OUT)")
+def add_data_parser(p) -> None:
+    """``selfsup data check | shards``: ``p`` is its parser, made by ``commands.main``."""
     data = p.add_subparsers(dest="data_command", required=True)
     c = data.add_parser("check", help="decode every image under ROOT in parallel; list unreadable, empty, truncated, "
                                       "over-size (decompression bomb) and too-small files, the colour modes, the "

@@ -373,11 +373,9 @@ def _finetune_parser(sub) -> None:
     p.set_defaults(func=command("finetune", finetune_config))
 
 
-def add_eval_parser(subparsers) -> None:
-    """The ``selfsup eval`` command and its subcommands (defaults: the protocols' config dataclasses)."""
-    ev = subparsers.add_parser("eval",
-                               help="evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; "
-                                    "a flow run's samples: generation")
+def add_eval_parser(ev) -> None:
+    """The ``selfsup eval`` command's subcommands (defaults: the protocols' config dataclasses) on its parser ``ev``,
+    made by ``commands.main``."""
     sub = ev.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("knn", help="weighted (DINO) or majority-vote kNN, top-1 / top-5")

@@ -74,9 +74,8 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def add_generate_parser(subparsers) -> None:
-    """``selfsup generate RUN_DIR``."""
-    p = subparsers.add_parser("generate", help="sample a flow run: a PNG grid and a .pt tensor file")
+def add_generate_parser(p) -> None:
+    """``selfsup generate RUN_DIR``: ``p`` is its parser, made by ``commands.main``."""
     p.add_argument("run_dir", metavar="RUN_DIR", help="a flow run folder (selfsup pretrain with a flow preset)")
     p.add_argument("--n", type=int, default=64, help="number of samples (default 64)")
     p.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (default 1: none)")

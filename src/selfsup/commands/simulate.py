@@ -75,10 +75,8 @@ def cmd_byol_dynamics(args) -> int:
                    bd.table(result), lambda path: bd.plot(result, cfg, path))
 
 
-def add_simulate_parser(sub) -> None:
-    """``selfsup simulate byol-dynamics | norm-convergence``."""
-    p = sub.add_parser("simulate", help="theory simulators: byol-dynamics (DirectPred paper), norm-convergence "
-                                        "(embedding norms paper)")
+def add_simulate_parser(p) -> None:
+    """``selfsup simulate byol-dynamics | norm-convergence``: ``p`` is its parser, made by ``commands.main``."""
     p.error = _one_line_error(p)
     names = p.add_subparsers(dest="name", metavar="NAME", required=True)
 

@@ -13,8 +13,10 @@ the root; a leaf folder with no image is listed), and the distribution of the sh
 
 from __future__ import annotations
 
+import io
 import os
 import statistics
+import tarfile
 import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -80,9 +82,6 @@ def check_shard(path: str | Path, min_size: int = 0) -> list[FileCheck]:
     """Every image member of the tar shard ``path`` decoded whole (named ``shard.tar:member``); a shard that ends
     inside a member, or whose header is damaged, gives one ``truncated`` / ``unreadable`` entry naming the shard
     and the byte offset of the member where reading stopped."""
-    import io
-    import tarfile
-
     out, offset = [], 0
     try:
         with tarfile.open(path, "r:*") as tar:

@@ -28,6 +28,7 @@ import torchvision
 from PIL import Image
 from torch import Tensor
 
+from selfsup.choices import DATASETS, DECODED
 from selfsup.data.badfiles import bad_file_cap, cap_words, logged, too_many_bad_files
 from selfsup.data.decode import FolderCrops, _decoded, _open, eval_resize, first_readable, resize_center_crop
 from selfsup.data.device_decode import EncodedCrops
@@ -509,10 +510,6 @@ def load_latents(split: str, root: str | None) -> ImageDataset:
     if labels is None:
         return ImageDataset("latents", latents, torch.full((len(latents),), -1), 0, (0.0,) * c, (1.0,) * c)
     return ImageDataset("latents", latents, labels, int(labels.max()) + 1, (0.0,) * c, (1.0,) * c)
-
-
-DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "stl10", "imagefolder", "images", "webdataset", "latents")
-DECODED = ("imagefolder", "images", "webdataset")  # decoded from image files: data.image_size and data.channels apply
 
 
 def _take(dataset: ImageDataset, index: Tensor) -> ImageDataset:

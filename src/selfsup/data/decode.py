@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
+from torchvision.io import ImageReadMode, decode_jpeg
 
 from selfsup.data.badfiles import bad_file_cap, say_skipped, too_many_bad_files  # noqa: F401  (re-exported)
 from selfsup.diskspace import writing
@@ -252,7 +253,6 @@ def _pixels(opened: Opened, luma: bool = False) -> Tensor:
     bytes for an RGB JPEG (the same pixels as PIL's, without PIL's row copies), else PIL's (``luma``: a JPEG's own
     luma channel, as a draft decode gives it, for ``channels=1``)."""
     if opened.light:
-        from torchvision.io import ImageReadMode, decode_jpeg  # torchvision's image codecs, loaded on first use
         try:
             x = decode_jpeg(torch.frombuffer(bytearray(opened.data), dtype=torch.uint8), mode=ImageReadMode.RGB)
             return x.unsqueeze(0)  # decode_jpeg gives a (C, H, W) view of (H, W, C)

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.ops import roi_align
 
 from selfsup.data.decode import FolderCrops, crop_boxes, first_readable, size_runs
 from selfsup.errors import UserError
@@ -91,8 +93,6 @@ class EncodedCrops(FolderCrops):
 def roi_crops(image: Tensor, boxes: Tensor, size: int) -> Tensor:
     """The views of one decoded image uint8 (C, H, W) at ``boxes`` (V, 4) (top, left, h, w) as uint8 (V, C, s, s):
     one ``roi_align`` (pixel-aligned boxes, adaptive sampling: ceil(crop / s) bilinear samples a bin side)."""
-    from torchvision.ops import roi_align  # torchvision's compiled op, loaded on first use
-
     x = image.unsqueeze(0).float()
     b = boxes.to(device=x.device, dtype=x.dtype)
     rois = torch.cat([b.new_zeros(len(b), 1), b[:, 1:2], b[:, 0:1], b[:, 1:2] + b[:, 3:4], b[:, 0:1] + b[:, 2:3]],
@@ -105,8 +105,6 @@ def decode_on_device(batch: EncodedBatch, sizes: list[int], channels: int, devic
     """The batch's views on ``device``: uint8 (B, V, C, S, S), or with several sizes (``sizes``, one per view) a
     tuple of uint8 (B, V_r, C, s_r, s_r), one per run of equal sizes (``FolderCrops``' layout). Raises
     RuntimeError where the decoder refuses a file."""
-    from torchvision.io import ImageReadMode, decode_jpeg  # torchvision's image codecs, loaded on first use
-
     mode = ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY
     images = decode_jpeg(list(torch.split(batch.data, batch.lengths)), mode=mode, device=device)
     out = [torch.stack([roi_crops(im, boxes[a:b], sizes[a]) for im, boxes in zip(images, batch.boxes)])
@@ -132,8 +130,6 @@ def decode_batch(batch: EncodedBatch, crops: EncodedCrops, device) -> Tensor | t
 def decoder_error(device) -> str | None:
     """None when ``decode_jpeg`` decodes a small JPEG on ``device`` (torchvision built with nvJPEG on a GPU),
     else why not: ``data.decode=auto`` then keeps the CPU path, ``device`` stops in one line."""
-    from torchvision.io import decode_jpeg
-
     buffer = io.BytesIO()
     Image.new("RGB", (16, 16), (120, 60, 30)).save(buffer, "JPEG")
     try:

@@ -14,8 +14,9 @@ layer's (``selfsup.runs.finish``).
 A joint-embedding method subclasses ``SSLMethod``, builds its heads in ``__init__``, declares
 ``trainable()`` and writes ``forward_views``: views in, a ``selfsup.step.StepOutput`` out (the loss plus
 the detached embeddings / projections / predictions that instruments and online evaluators read, and the
-method's own scalars, which the base logs). A method whose official schedule differs overrides ``schedule``
-(DINO, iBOT, SwAV, W-MSE; Self-Flow and REPA). The flow family's base is ``selfsup.methods.flow.FlowMatching``.
+method's own scalars, which the base logs). A method whose official schedule differs overrides ``schedule``:
+``SelfDistillation`` (DINO's), iBOT, DINOv2 (DistillDINOv2's too), SwAV, W-MSE, I-JEPA, LeJEPA; Self-Flow and REPA.
+The flow family's base is ``selfsup.methods.flow.FlowMatching``.
 """
 
 from __future__ import annotations

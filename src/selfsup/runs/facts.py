@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from selfsup.diskspace import DiskFull, write_text, written_by_selfsup
 
 RUN_FACTS = "run.json"
@@ -45,12 +43,18 @@ def write_run_facts(trainer, run_dir: Path, seconds: float, status: str = "finis
     resumed run."""
     before = read_run_facts(run_dir)
     kind = type(trainer.accelerator).__name__.replace("Accelerator", "").lower()
-    device = torch.cuda.get_device_name(trainer.strategy.root_device) if kind == "cuda" else kind
+    device = _cuda_name(trainer.strategy.root_device) if kind == "cuda" else kind
     facts = {"status": status, "global_step": int(trainer.global_step), "epochs": int(trainer.current_epoch),
              "fit_seconds": float(before.get("fit_seconds", 0.0)) + seconds,
              "sessions": int(before.get("sessions", 0)) + 1, "world_size": int(trainer.world_size),
              "num_nodes": int(trainer.num_nodes), "accelerator": kind, "device": device}
     mark_run(run_dir, drop=("signal", "stopped_at_step", "reason"), **facts, **extra)
+
+
+def _cuda_name(device) -> str:
+    import torch  # only a training run writes run.json: reading it (the resume rules, `selfsup report`) needs no torch
+
+    return torch.cuda.get_device_name(device)
 
 
 class RunInterrupted(KeyboardInterrupt):

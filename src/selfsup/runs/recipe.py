@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from PIL import Image
 
 import torch
@@ -150,8 +151,6 @@ def _header(path: Path) -> tuple[int, str] | None:
 
 def folder_facts(root: str | Path) -> FolderFacts:
     """The facts of ``root`` (its image count, a sample's shorter sides and colour modes) and of this machine."""
-    import torch  # the machine's accelerator
-
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"data.root={root} is not a folder; give the folder of your images (nested at any depth, or "

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
@@ -134,8 +135,6 @@ def _from_checkpoint(path: Path) -> EvalSource:
 
 
 def _is_selfsup_export(path: Path) -> bool:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             return "selfsup" in (f.metadata() or {})
