@@ -36,7 +36,8 @@ TINY = ["data.batch_size=64", "trainer.max_epochs=1", "trainer.limit_train_batch
         "trainer.log_every_n_steps=1", "trainer.progress_bar=false", "trainer.accelerator=cpu",
         "trainer.devices=1", "eval.knn_at_end=false"]
 LOSS_RTOL = 1e-4  # across CPU kinds only; after a few steps seeded losses agree to ~1e-6 there
-EXTRA = {  # the frozen networks: runs of this script (repa's encoder and distill's teacher: the moco-v3 run); W-MSE's batch
+# the frozen networks: runs of this script (repa's encoder and distill's teacher: the moco-v3 run); W-MSE's batch
+EXTRA = {
     "repa-digits": lambda out: [f"method.encoder={out / 'moco-v3-vit-digits'}"],
     "distill-digits": lambda out: [f"method.teacher.weights={out / 'moco-v3-vit-digits'}"],
     "distill-cnn-digits": lambda out: [f"method.teacher.weights={out / 'moco-v3-vit-digits'}"],

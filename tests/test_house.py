@@ -85,9 +85,9 @@ INNER_IMPORTS = {
     # and scikit-learn's datasets take ~2.4 s to import; webdataset, torch-fidelity and torchmetrics are optional
     "claims/suite.py": 2, "eval/ood.py": 2, "report.py": 2, "simulate/byol_dynamics.py": 2,
     "simulate/norm_convergence.py": 2, "eval/mae_recipe.py": 3, "export.py": 1, "models/backbones.py": 1,
-    "data/datasets.py": 1, "data/shards.py": 1, "flow/metrics.py": 3,
+    "data/datasets.py": 1, "data/shards.py": 1, "flow/metrics.py": 3, "weights.py": 2,
     # files reshaped in parallel (issue 61): theirs move after that merge
-    "api.py": 7, "weights.py": 4, "methods/teacher.py": 1,
+    "api.py": 7,
 }
 
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from selfsup.checkpoints import EXTRA_SAFE_GLOBALS
 from selfsup.errors import UserError
 from selfsup.export import FORMAT, read_meta
-from selfsup.models.backbones import TIMM_PREFIX
+from selfsup.models.backbones import TIMM_PREFIX, build_backbone
 from selfsup.models.vit import VIT_SIZES, VisionTransformer, build_2d_sincos_position_embedding, \
     interpolate_pos_embed
 
@@ -420,8 +420,6 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
     model of ``timm:<name>``; any other name is built by ``build_backbone(backbone, **kwargs)``. ``in_chans``: the
     input channels, or with ``own_channels`` those of the source where it states them (a selfsup export's, a
     DINOv2 hub file's or a timm model's 3: a grey run's teacher sees its image repeated, not a summed stem)."""
-    from selfsup.models.backbones import build_backbone
-
     norm, raw = None, None
     if backbone == "auto":
         if spec.startswith(TIMM_PREFIX):

@@ -38,6 +38,7 @@ from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.losses import dino_center, dino_teacher_probs, koleo_loss, sinkhorn_knopp
 from selfsup.methods.base import SSLMethod
+from selfsup.models.vit import VisionTransformer
 from selfsup.schedules import StepValues, dino_cosine, teacher_temperature
 
 
@@ -78,8 +79,6 @@ def add_mask_token(student: nn.Module, teacher: nn.Module) -> tuple[int, int]:
 
 def require_cls_vit(method: str, cfg, backbone: nn.Module) -> None:
     """iBOT's and DINOv2's patch terms need the selfsup ViT's tokens with a class token (``model.pool=cls``)."""
-    from selfsup.models.vit import VisionTransformer
-
     if not isinstance(backbone, VisionTransformer) or backbone.pool != "cls":
         raise UserError(f"method {method} needs a selfsup ViT backbone with model.pool=cls (vit_micro, vit_tiny, "
                         f"deit_small, vit_small, vit_base, vit_large), not model.backbone={cfg.model.backbone!r}, "

@@ -48,8 +48,6 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-
-import torch
 from safetensors import safe_open
 
 from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve
