@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from selfsup.data.device_decode import DecodePrefetcher, EncodedBatch, EncodedCrops, decode_batch, upcoming_batch
-from selfsup.data.inputs import adopt_pil_collate, check_images, collate_batch
-from selfsup.data.views import MultiViewAugment, build_view_plan
+from selfsup.data.inputs import adopt_pil_collate
+from selfsup.data.views import build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.interventions import grad_scale
-from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
+from selfsup.memory_format import match_optimizer_state, resolve_memory_format, set_memory_format
+from selfsup.methods.device_views import DeviceViews, check_local_crops
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import StepValues, fit_phases, fitted_line, momentum_cosine, scaled_lr, warmup_cosine
@@ -244,6 +244,9 @@ class TrainingBase(pl.LightningModule):
     # what the backbone was started from (``model.weights``: ``weights.StartFacts.as_dict``; run.json's ``weights``),
     # set by the builder (``methods.build.start_from_weights``); None: a random init
     start_weights: dict | None = None
+    # the batch path to the step's views (a joint-embedding method's; ``runs.data`` reads its crops); None: the
+    # method takes whole images (the flow family)
+    device_views: DeviceViews | None = None
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -267,11 +270,6 @@ class TrainingBase(pl.LightningModule):
     def trainable(self) -> dict[str, nn.Module]:
         """The modules the optimiser trains, by name."""
         raise NotImplementedError(f"{type(self).__name__} must declare trainable(): the modules its optimiser trains")
-
-    def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]] | None:
-        """The crops the data pipeline makes at decode time from a whole image (folders, shards): each view's
-        scale range and output size; None (the flow family): the method takes whole images."""
-        return None
 
     @property
     def run_facts(self) -> dict:
@@ -538,10 +536,6 @@ class SSLMethod(TrainingBase):
     eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
     reads_labels: ClassVar[bool] = False  # forward_views takes the batch's labels (NNCLR's label-agreement sign)
 
-    def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]]:
-        """Every view of the plan: its crop scale range and output size."""
-        return [(b.crop_min, b.crop_max) for b in self.augment.branches], self.augment.sizes
-
     @property
     def eval_backbone(self) -> nn.Module:
         """The backbone that is evaluated, exported and measured (the online one; DINO's teacher)."""
@@ -575,17 +569,10 @@ class SSLMethod(TrainingBase):
         except ValueError as e:
             raise UserError(f"model: {e}") from None
         plan = build_view_plan(cfg.augment, self.recipe, info.image_size)
-        self.encoded_crops: EncodedCrops | None = None  # data.decode=device: the engine's, to decode each batch
-        patch = getattr(self.backbone, "patch_size", None)
-        for group in plan[2:]:  # the local crops (the global ones are at the model size, checked by the backbone)
-            if isinstance(patch, int) and group.size % patch:
-                default = "" if cfg.augment.local_crops_size else " (its default, 96/224 of the model size)"
-                raise UserError(f"augment.local_crops_size={group.size}{default} is not divisible by the ViT patch "
-                                f"model.patch_size={patch}; use a multiple of {patch}, "
-                                f"e.g. {max(patch, group.size // patch * patch)}")
-        self.augment = MultiViewAugment.from_plan(plan, info.image_size, info.mean, info.std)
+        check_local_crops(plan, getattr(self.backbone, "patch_size", None), not cfg.augment.local_crops_size)
+        self.device_views = DeviceViews(plan, info)
+        self.augment = self.device_views.augment  # a child module (the normalisation's buffers follow the device)
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
-        self.inputs_checked = False  # the first training batch is checked (data/inputs.py), no other
 
     # ----------------------------------------------------------------- to write in a method
     def forward_views(self, views: list[Tensor]) -> StepOutput:
@@ -645,39 +632,16 @@ class SSLMethod(TrainingBase):
 
     # ----------------------------------------------------------------- the step
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        """``data.decode=device``: the workers' bytes decoded and cropped on this module's device at once
-        (``data.device_decode``); any other batch as it is."""
-        if isinstance(batch, (tuple, list)) and isinstance(batch[0], EncodedBatch) and self.encoded_crops is not None:
-            prefetch = self._decode_prefetch()
-            views = prefetch.take(batch[0])
-            upcoming = upcoming_batch(self.trainer)  # batch k+1, fetched: decoded on a side stream during step k
-            if upcoming is not None:
-                prefetch.start(upcoming)
-            return views, batch[1]
-        return collate_batch(batch)  # a user's loader: a list of PIL images or tensors stacked (data/inputs.py)
-
-    def _decode_prefetch(self) -> DecodePrefetcher:
-        """The one-batch-ahead device decode of this module's ``encoded_crops`` on its device (made on first use)."""
-        crops, device = self.encoded_crops, self.device
-        current = self.__dict__.get("_prefetch")
-        if current is None or current[0] is not crops or current[1].device != torch.device(device):
-            current = (crops, DecodePrefetcher(lambda b: decode_batch(b, crops, device), device))
-            self.__dict__["_prefetch"] = current
-        return current[1]
+        """``data.decode=device``: the workers' bytes decoded and cropped on this module's device; any other batch
+        collated (``DeviceViews.decode``)."""
+        return self.device_views.decode(batch, self._trainer, self.device)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""
+        """Augment on the device: per-sample random views from the step's generator (``seed_step``), in the
+        method's memory format (``DeviceViews.views``)."""
         if self.trainer is None or not self.trainer.training:
             return batch
-        images, labels = (batch, None) if isinstance(batch, Tensor) else batch  # a user's loader may give images only
-        if not self.inputs_checked and isinstance(images, Tensor):  # dtype, range, channels: the first batch only
-            check_images(images, self.info.channels)
-            self.inputs_checked = True
-        device = (images[0] if isinstance(images, (list, tuple)) else images).device  # decoded runs of sizes
-        views = self.augment(images, self.seed_step(device))
-        if self.memory_format != torch.contiguous_format:
-            views = [images_in(v, self.memory_format) for v in views]
-        return views, labels
+        return self.device_views.views(batch, self.seed_step, self.memory_format)
 
     def forward_step(self, batch) -> StepOutput:
         """``forward_views`` of the augmented views, with the step's draws (and the labels where ``reads_labels``)."""
