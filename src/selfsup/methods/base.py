@@ -40,7 +40,8 @@ from selfsup.memory_format import match_optimizer_state, resolve_memory_format, 
 from selfsup.methods.device_views import DeviceViews, check_local_crops
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
-from selfsup.schedules import StepValues, fit_phases, fitted_line, momentum_cosine, scaled_lr, warmup_cosine
+from selfsup.schedules import (StepValues, fit_phases, fitted_line, micro_batch, momentum_cosine, scaled_lr,
+                                step_seed, warmup_cosine)
 from selfsup.step import StepOutput
 
 
@@ -117,14 +118,6 @@ def momentum_update(online: list[Tensor], target: list[Tensor], m: float | Tenso
         torch._foreach_lerp_(target, online, [m] * len(target))
     else:
         torch._foreach_lerp_(target, online, 1.0 - m)
-
-
-def micro_batch(trainer) -> int:
-    """Which micro-batch of its optimiser step the batch being transferred or trained is: 0 … k − 1 for
-    ``trainer.accumulate_grad_batches`` = k (Lightning steps after every k-th batch of an epoch and after its
-    last). ``trainer.global_step`` counts optimiser steps: the unit of every per-iteration schedule."""
-    k = getattr(trainer, "accumulate_grad_batches", 1)
-    return trainer.fit_loop.epoch_loop.batch_progress.current.completed % k if k > 1 else 0
 
 
 def has_batch_statistics(module: nn.Module) -> bool:
@@ -352,12 +345,10 @@ class TrainingBase(pl.LightningModule):
         return self._generator
 
     def seed_step(self, device) -> torch.Generator:
-        """Seed the step's generator with ``((seed · 1_000_003 + global_step) · k + micro_batch) · world_size + rank``
-        (k = ``trainer.accumulate_grad_batches``; with k = 1 the micro-batch term vanishes)."""
+        """Seed the step's generator with ``step_seed(trainer, seed, world_size, rank)``: per step, micro-batch and
+        process."""
         rank, size = world()
-        k = getattr(self.trainer, "accumulate_grad_batches", 1)
-        step = (self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * k + micro_batch(self.trainer)
-        return self.rng(device).manual_seed(step * size + rank)
+        return self.rng(device).manual_seed(step_seed(self.trainer, self.cfg.trainer.seed, size, rank))
 
     # ----------------------------------------------------------------- schedules
     @property
