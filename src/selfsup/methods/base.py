@@ -37,6 +37,7 @@ from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.interventions import grad_scale
 from selfsup.memory_format import match_optimizer_state, resolve_memory_format, set_memory_format
+from selfsup.methods.compiled import compile_step
 from selfsup.methods.device_views import DeviceViews, check_local_crops
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
@@ -151,35 +152,6 @@ def multicrop_mean(two_view: Tensor, local_terms: list[Tensor], two_view_terms: 
     if not local_terms:
         return two_view
     return (two_view + sum(local_terms)) * (two_view_terms / (two_view_terms + len(local_terms)))
-
-
-def compile_step_modules(method: TrainingBase, backend: str = "inductor") -> None:
-    """``torch.compile`` in place each module of a method's step (``method.step_modules()``: the trainable
-    ones and the EMA targets) on its own; parameter names, and so checkpoints and exports, stay as they are.
-    The module-by-module variant ``trainer.compile`` replaced by ``compile_step`` (kept for comparison:
-    benchmarks/results/NOTES.md, compile_modes)."""
-    for module in method.step_modules().values():
-        module.compile(backend=backend)
-
-
-def compile_step(method: TrainingBase, backend: str = "inductor", mode: str | None = None,
-                 fullgraph: bool = True) -> None:
-    """``trainer.compile=true``: the method's whole step forward (``method.step_forward``: ``forward_views`` /
-    ``forward_flow``, i.e. the EMA update, every view's backbone and heads, the loss) compiled as one graph,
-    per set of view shapes (DINO's global and local crops: one graph holding both resolutions); AOTAutograd
-    derives its backward as one graph too. ``fullgraph`` makes a graph break an error instead of a silent split;
-    shapes are static (``dynamic=False``): a step's shapes do not change between steps. Only the instance's
-    method is replaced: modules, parameter names, checkpoints and exports stay as they are."""
-    name = method.step_forward
-    if name is None:  # a family whose step forward draws from the step's generator (flow): module by module
-        compile_step_modules(method, backend)
-        return
-    if name in vars(method):  # compiled already (a second fit of the same module)
-        return
-    if method.momentum_pairs and method._ema_params is None:  # gathered outside the graph (no lazy state inside)
-        method._ema_params = method.ema_params()
-    setattr(method, name, torch.compile(getattr(method, name), backend=backend, mode=mode, fullgraph=fullgraph,
-                                        dynamic=False))
 
 
 def backbone_kwargs(cfg, info: DataInfo) -> dict:
