@@ -39,6 +39,7 @@ from selfsup.interventions import grad_scale
 from selfsup.memory_format import match_optimizer_state, resolve_memory_format, set_memory_format
 from selfsup.methods.compiled import compile_step
 from selfsup.methods.device_views import DeviceViews, check_local_crops
+from selfsup.methods.ema import frozen_copy, momentum_update
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
 from selfsup.schedules import (StepValues, fit_phases, fitted_line, micro_batch, momentum_cosine, scaled_lr,
@@ -92,33 +93,6 @@ class FiniteLossWatch:
             raise NonFiniteLoss(
                 f"the loss became {float(self.value)} at step {int(self.step)}; training stopped without "
                 "writing a checkpoint. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
-
-
-def check_momentum(cfg) -> None:
-    """Validate an EMA method's ``momentum`` (in [0, 1]) and ``momentum_schedule`` (cosine | constant)."""
-    if not 0 <= cfg.momentum <= 1:
-        raise UserError(f"method.momentum={cfg.momentum} must be in [0, 1]")
-    if cfg.momentum_schedule not in ("cosine", "constant"):
-        raise UserError(f"method.momentum_schedule={cfg.momentum_schedule!r}; use cosine or constant")
-
-
-def frozen_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` that receives no gradient (a momentum / EMA target)."""
-    target = copy.deepcopy(module)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    return target
-
-
-@torch.no_grad()
-def momentum_update(online: list[Tensor], target: list[Tensor], m: float | Tensor) -> None:
-    """``target ← m · target + (1 − m) · online`` for each pair of parameters (MoCo / BYOL EMA); ``m`` a float, or
-    the weight ``1 − m`` itself as a 0-d tensor on the parameters' device (a compiled step's input, never read
-    back to the host; the same float32 weight as the float's)."""
-    if isinstance(m, Tensor):
-        torch._foreach_lerp_(target, online, [m] * len(target))
-    else:
-        torch._foreach_lerp_(target, online, 1.0 - m)
 
 
 def has_batch_statistics(module: nn.Module) -> bool:
