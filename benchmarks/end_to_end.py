@@ -48,7 +48,7 @@ def timed_fit(cfg, dataset, steps: int, warmup: int, ready: bool = False) -> lis
         def ready_loader():
             real = loader()
             crops = real.dataset.images
-            assert isinstance(crops, FolderCrops) and data.trainer.lightning_module.encoded_crops is None
+            assert isinstance(crops, FolderCrops) and data.trainer.lightning_module.device_views.encoded is None
             first = real.dataset[next(iter(real.sampler))][0]
             crops.crops = lambda index, epoch: first
             return torch.utils.data.DataLoader(real.dataset, sampler=real.sampler, batch_size=None, num_workers=0,

@@ -121,7 +121,7 @@ class SelfsupStep:
         from selfsup.memory_format import resolve_memory_format
         self.model.use_memory_format(resolve_memory_format(cfg.trainer.memory_format, self.model.backbone, device))
         if args_compile(cfg):
-            from selfsup.methods.base import compile_step, compile_step_modules
+            from selfsup.methods.compiled import compile_step, compile_step_modules
             if compile_scope == "modules":
                 compile_step_modules(self.model, cfg.trainer.compile_backend)
             else:
@@ -165,7 +165,7 @@ class FlowStep:
         torch.manual_seed(cfg.trainer.seed)
         self.model = build_method(cfg, info).to(device).train()
         if cfg.trainer.compile:
-            from selfsup.methods.base import compile_step
+            from selfsup.methods.compiled import compile_step
             compile_step(self.model, cfg.trainer.compile_backend, cfg.trainer.compile_mode)
         self.opt = self.model.configure_optimizers()
         lr = scaled_lr(cfg.optim.base_lr, cfg.data.batch_size, cfg.optim.lr_scaling)

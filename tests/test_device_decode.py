@@ -223,7 +223,7 @@ def test_pretraining_with_prefetched_device_decode_is_the_run_without(tmp_path, 
     ahead = run("ahead")
     assert started == [0, 0, 1, 1]  # 3 batches an epoch: batches 1 and 2 of each decoded ahead
     monkeypatch.setattr(device_decode.DecodePrefetcher, "start", lambda self, b: started.append("no"))
-    monkeypatch.setattr("selfsup.methods.base.upcoming_batch", lambda trainer: None)
+    monkeypatch.setattr("selfsup.methods.device_views.upcoming_batch", lambda trainer: None)
     plain = run("plain")
     assert started[4:] == [] and ahead.keys() == plain.keys()
     assert all(torch.equal(ahead[k], plain[k]) for k in ahead)

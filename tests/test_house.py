@@ -155,3 +155,10 @@ def test_the_engine_stays_thin():
     live in runs/ (data, loggers, facts, resume, finish)."""
     lines = (PACKAGE / "engine.py").read_text().count("\n")
     assert lines <= 300, f"engine.py has {lines} lines: move what is not the run's orchestration to runs/"
+
+
+def test_the_training_base_stays_under_600_lines():
+    """Issue 61's bar: methods/base.py holds the step and the families' bases in at most 600 lines; the batch path to
+    the views lives in methods/device_views.py, trainer.compile in methods/compiled.py."""
+    lines = (PACKAGE / "methods" / "base.py").read_text().count("\n")
+    assert lines <= 600, f"methods/base.py has {lines} lines: move what is neither the step nor a family's base out"

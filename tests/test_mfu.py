@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from selfsup.methods import moco_v3 as moco_module
-from selfsup.methods.base import compile_step, compile_step_modules, encode_views, has_batch_statistics
+from selfsup.methods.base import encode_views, has_batch_statistics
+from selfsup.methods.compiled import compile_step, compile_step_modules
 from selfsup.models import vit
 from ssl_helpers import checks_in_one_fresh_interpreter, mfu_benchmark, random_views, tiny_config, tiny_method
 

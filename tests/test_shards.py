@@ -223,7 +223,8 @@ def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
         progress = SimpleNamespace(current=SimpleNamespace(ready=0))
         data.trainer = SimpleNamespace(
             world_size=2, global_rank=rank, accelerator=CPUAccelerator(), default_root_dir=str(tmp_path),
-            lightning_module=SimpleNamespace(decode_crops=lambda: ([(a.crop_min, a.crop_max) for a in views], (8, 8))),
+            lightning_module=SimpleNamespace(device_views=SimpleNamespace(
+                crops=lambda: ([(a.crop_min, a.crop_max) for a in views], (8, 8)))),
             fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)), num_training_batches=6)
         batches = list(data.train_dataloader())
         assert len(batches) == 24 // 4 and all(b[0].shape == (2, 2, 3, 8, 8) for b in batches)
@@ -232,7 +233,7 @@ def test_the_engine_deals_the_shards_by_global_rank(tmp_path):
     cfg.data.num_workers = 3  # 2 processes x 3 streams > 4 shards
     data = engine.PretrainData(cfg, train)
     data.trainer = SimpleNamespace(world_size=2, global_rank=0, lightning_module=SimpleNamespace(
-        decode_crops=lambda: ([(0.08, 1.0)], (8,))))
+        device_views=SimpleNamespace(crops=lambda: ([(0.08, 1.0)], (8,)))))
     with pytest.raises(UserError, match="4 shard\\(s\\) cannot feed 2 process\\(es\\) x 3 decoding stream"):
         data.train_dataloader()
 

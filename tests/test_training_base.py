@@ -14,7 +14,8 @@ from selfsup.data.datasets import load_dataset
 from selfsup.errors import UserError
 from selfsup.export import export_backbone
 from selfsup.methods import METHODS
-from selfsup.methods.base import NonFiniteLoss, TrainingBase, compile_step
+from selfsup.methods.base import NonFiniteLoss, TrainingBase
+from selfsup.methods.compiled import compile_step
 from selfsup.methods.build import build_method, data_info
 from selfsup.models.backbones import build_backbone
 from ssl_helpers import TINY

@@ -1,5 +1,6 @@
-"""Per-iteration schedules of the official codes, as pure functions of the step, and ``StepValues``, what a
-method's ``schedule(step, epoch)`` gives one optimiser step."""
+"""Per-iteration schedules of the official codes, as pure functions of the step, ``StepValues``, what a
+method's ``schedule(step, epoch)`` gives one optimiser step, and the step's place in the run: ``micro_batch`` and
+``step_seed``, the one formula of every per-step seed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,25 @@ class StepValues:
     momentum: float | None = None  # the momentum m of the step's EMA targets; None: none scheduled
     extras: dict[str, float] = field(default_factory=dict)  # the method's own (DINO's teacher_temp): set as attributes
     frozen: tuple[str, ...] = ()  # names of parameter groups whose lr is 0 this step (DINOv2's last layer, epoch 0)
+
+
+def micro_batch(trainer) -> int:
+    """Which micro-batch of its optimiser step the batch being transferred or trained is: 0 … k − 1 for
+    ``trainer.accumulate_grad_batches`` = k (Lightning steps after every k-th batch of an epoch and after its
+    last). ``trainer.global_step`` counts optimiser steps: the unit of every per-iteration schedule."""
+    k = getattr(trainer, "accumulate_grad_batches", 1)
+    return trainer.fit_loop.epoch_loop.batch_progress.current.completed % k if k > 1 else 0
+
+
+def step_seed(trainer, seed: int, times: int = 1, plus: int = 0) -> int:
+    """The seed of the batch being trained, ``((seed · 1_000_003 + global_step) · k + micro_batch) · times + plus``
+    (k = ``trainer.accumulate_grad_batches``; with k = 1 the micro-batch term vanishes); ``trainer`` None (outside
+    fit): ``seed · 1_000_003 · times + plus``. ``times``, ``plus``: the world size and the rank (a per-process
+    seed: the augmentation's) or a caller's own constants (a seed every process draws alike)."""
+    step = seed * 1_000_003
+    if trainer is not None:
+        step = (step + trainer.global_step) * getattr(trainer, "accumulate_grad_batches", 1) + micro_batch(trainer)
+    return step * times + plus
 
 
 def warmup_cosine(step: float, total_steps: int, warmup_steps: int, peak: float, final: float = 0.0) -> float:

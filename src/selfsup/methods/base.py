@@ -32,16 +32,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from selfsup.data.device_decode import DecodePrefetcher, EncodedBatch, EncodedCrops, decode_batch, upcoming_batch
-from selfsup.data.inputs import adopt_pil_collate, check_images, collate_batch
-from selfsup.data.views import MultiViewAugment, build_view_plan
+from selfsup.data.inputs import adopt_pil_collate
+from selfsup.data.views import build_view_plan
 from selfsup.distributed import world
 from selfsup.errors import UserError
 from selfsup.interventions import grad_scale
-from selfsup.memory_format import images_in, match_optimizer_state, resolve_memory_format, set_memory_format
+from selfsup.memory_format import match_optimizer_state, resolve_memory_format, set_memory_format
+from selfsup.methods.compiled import compile_step
+from selfsup.methods.device_views import DeviceViews, check_local_crops
+from selfsup.methods.ema import frozen_copy, momentum_update
 from selfsup.models.backbones import build_backbone
 from selfsup.optim import build_optimizer, param_groups
-from selfsup.schedules import StepValues, fit_phases, fitted_line, momentum_cosine, scaled_lr, warmup_cosine
+from selfsup.schedules import (StepValues, fit_phases, fitted_line, micro_batch, momentum_cosine, scaled_lr,
+                                step_seed, warmup_cosine)
 from selfsup.step import StepOutput
 
 
@@ -93,41 +96,6 @@ class FiniteLossWatch:
                 "writing a checkpoint. Lower optim.base_lr, add warmup, or set trainer.gradient_clip_val")
 
 
-def check_momentum(cfg) -> None:
-    """Validate an EMA method's ``momentum`` (in [0, 1]) and ``momentum_schedule`` (cosine | constant)."""
-    if not 0 <= cfg.momentum <= 1:
-        raise UserError(f"method.momentum={cfg.momentum} must be in [0, 1]")
-    if cfg.momentum_schedule not in ("cosine", "constant"):
-        raise UserError(f"method.momentum_schedule={cfg.momentum_schedule!r}; use cosine or constant")
-
-
-def frozen_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` that receives no gradient (a momentum / EMA target)."""
-    target = copy.deepcopy(module)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    return target
-
-
-@torch.no_grad()
-def momentum_update(online: list[Tensor], target: list[Tensor], m: float | Tensor) -> None:
-    """``target ← m · target + (1 − m) · online`` for each pair of parameters (MoCo / BYOL EMA); ``m`` a float, or
-    the weight ``1 − m`` itself as a 0-d tensor on the parameters' device (a compiled step's input, never read
-    back to the host; the same float32 weight as the float's)."""
-    if isinstance(m, Tensor):
-        torch._foreach_lerp_(target, online, [m] * len(target))
-    else:
-        torch._foreach_lerp_(target, online, 1.0 - m)
-
-
-def micro_batch(trainer) -> int:
-    """Which micro-batch of its optimiser step the batch being transferred or trained is: 0 … k − 1 for
-    ``trainer.accumulate_grad_batches`` = k (Lightning steps after every k-th batch of an epoch and after its
-    last). ``trainer.global_step`` counts optimiser steps: the unit of every per-iteration schedule."""
-    k = getattr(trainer, "accumulate_grad_batches", 1)
-    return trainer.fit_loop.epoch_loop.batch_progress.current.completed % k if k > 1 else 0
-
-
 def has_batch_statistics(module: nn.Module) -> bool:
     """Whether ``module`` normalises with batch statistics (BatchNorm / SyncBatchNorm anywhere inside)."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
@@ -159,35 +127,6 @@ def multicrop_mean(two_view: Tensor, local_terms: list[Tensor], two_view_terms: 
     if not local_terms:
         return two_view
     return (two_view + sum(local_terms)) * (two_view_terms / (two_view_terms + len(local_terms)))
-
-
-def compile_step_modules(method: TrainingBase, backend: str = "inductor") -> None:
-    """``torch.compile`` in place each module of a method's step (``method.step_modules()``: the trainable
-    ones and the EMA targets) on its own; parameter names, and so checkpoints and exports, stay as they are.
-    The module-by-module variant ``trainer.compile`` replaced by ``compile_step`` (kept for comparison:
-    benchmarks/results/NOTES.md, compile_modes)."""
-    for module in method.step_modules().values():
-        module.compile(backend=backend)
-
-
-def compile_step(method: TrainingBase, backend: str = "inductor", mode: str | None = None,
-                 fullgraph: bool = True) -> None:
-    """``trainer.compile=true``: the method's whole step forward (``method.step_forward``: ``forward_views`` /
-    ``forward_flow``, i.e. the EMA update, every view's backbone and heads, the loss) compiled as one graph,
-    per set of view shapes (DINO's global and local crops: one graph holding both resolutions); AOTAutograd
-    derives its backward as one graph too. ``fullgraph`` makes a graph break an error instead of a silent split;
-    shapes are static (``dynamic=False``): a step's shapes do not change between steps. Only the instance's
-    method is replaced: modules, parameter names, checkpoints and exports stay as they are."""
-    name = method.step_forward
-    if name is None:  # a family whose step forward draws from the step's generator (flow): module by module
-        compile_step_modules(method, backend)
-        return
-    if name in vars(method):  # compiled already (a second fit of the same module)
-        return
-    if method.momentum_pairs and method._ema_params is None:  # gathered outside the graph (no lazy state inside)
-        method._ema_params = method.ema_params()
-    setattr(method, name, torch.compile(getattr(method, name), backend=backend, mode=mode, fullgraph=fullgraph,
-                                        dynamic=False))
 
 
 def backbone_kwargs(cfg, info: DataInfo) -> dict:
@@ -245,6 +184,9 @@ class TrainingBase(pl.LightningModule):
     # what the backbone was started from (``model.weights``: ``weights.StartFacts.as_dict``; run.json's ``weights``),
     # set by the builder (``methods.build.start_from_weights``); None: a random init
     start_weights: dict | None = None
+    # the batch path to the step's views (a joint-embedding method's; ``runs.data`` reads its crops); None: the
+    # method takes whole images (the flow family)
+    device_views: DeviceViews | None = None
 
     def __init__(self, cfg, info: DataInfo):
         super().__init__()
@@ -270,11 +212,6 @@ class TrainingBase(pl.LightningModule):
     def trainable(self) -> dict[str, nn.Module]:
         """The modules the optimiser trains, by name."""
         raise NotImplementedError(f"{type(self).__name__} must declare trainable(): the modules its optimiser trains")
-
-    def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]] | None:
-        """The crops the data pipeline makes at decode time from a whole image (folders, shards): each view's
-        scale range and output size; None (the flow family): the method takes whole images."""
-        return None
 
     @property
     def run_facts(self) -> dict:
@@ -350,12 +287,10 @@ class TrainingBase(pl.LightningModule):
         return self._generator
 
     def seed_step(self, device) -> torch.Generator:
-        """Seed the step's generator with ``((seed · 1_000_003 + global_step) · k + micro_batch) · world_size + rank``
-        (k = ``trainer.accumulate_grad_batches``; with k = 1 the micro-batch term vanishes)."""
+        """Seed the step's generator with ``step_seed(trainer, seed, world_size, rank)``: per step, micro-batch and
+        process."""
         rank, size = world()
-        k = getattr(self.trainer, "accumulate_grad_batches", 1)
-        step = (self.cfg.trainer.seed * 1_000_003 + self.trainer.global_step) * k + micro_batch(self.trainer)
-        return self.rng(device).manual_seed(step * size + rank)
+        return self.rng(device).manual_seed(step_seed(self.trainer, self.cfg.trainer.seed, size, rank))
 
     # ----------------------------------------------------------------- schedules
     @property
@@ -543,10 +478,6 @@ class SSLMethod(TrainingBase):
     eval_backbone_name: str = "backbone"  # the child evaluated, exported and read by the instruments (DINO: teacher)
     reads_labels: ClassVar[bool] = False  # forward_views takes the batch's labels (NNCLR's label-agreement sign)
 
-    def decode_crops(self) -> tuple[list[tuple[float, float]], tuple[int, ...]]:
-        """Every view of the plan: its crop scale range and output size."""
-        return [(b.crop_min, b.crop_max) for b in self.augment.branches], self.augment.sizes
-
     @property
     def eval_backbone(self) -> nn.Module:
         """The backbone that is evaluated, exported and measured (the online one; DINO's teacher)."""
@@ -580,17 +511,10 @@ class SSLMethod(TrainingBase):
         except ValueError as e:
             raise UserError(f"model: {e}") from None
         plan = build_view_plan(cfg.augment, self.recipe, info.image_size)
-        self.encoded_crops: EncodedCrops | None = None  # data.decode=device: the engine's, to decode each batch
-        patch = getattr(self.backbone, "patch_size", None)
-        for group in plan[2:]:  # the local crops (the global ones are at the model size, checked by the backbone)
-            if isinstance(patch, int) and group.size % patch:
-                default = "" if cfg.augment.local_crops_size else " (its default, 96/224 of the model size)"
-                raise UserError(f"augment.local_crops_size={group.size}{default} is not divisible by the ViT patch "
-                                f"model.patch_size={patch}; use a multiple of {patch}, "
-                                f"e.g. {max(patch, group.size // patch * patch)}")
-        self.augment = MultiViewAugment.from_plan(plan, info.image_size, info.mean, info.std)
+        check_local_crops(plan, getattr(self.backbone, "patch_size", None), not cfg.augment.local_crops_size)
+        self.device_views = DeviceViews(plan, info)
+        self.augment = self.device_views.augment  # a child module (the normalisation's buffers follow the device)
         self.memory_format = torch.contiguous_format  # of the convolutions and views (trainer.memory_format, setup)
-        self.inputs_checked = False  # the first training batch is checked (data/inputs.py), no other
 
     # ----------------------------------------------------------------- to write in a method
     def forward_views(self, views: list[Tensor]) -> StepOutput:
@@ -650,39 +574,16 @@ class SSLMethod(TrainingBase):
 
     # ----------------------------------------------------------------- the step
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        """``data.decode=device``: the workers' bytes decoded and cropped on this module's device at once
-        (``data.device_decode``); any other batch as it is."""
-        if isinstance(batch, (tuple, list)) and isinstance(batch[0], EncodedBatch) and self.encoded_crops is not None:
-            prefetch = self._decode_prefetch()
-            views = prefetch.take(batch[0])
-            upcoming = upcoming_batch(self.trainer)  # batch k+1, fetched: decoded on a side stream during step k
-            if upcoming is not None:
-                prefetch.start(upcoming)
-            return views, batch[1]
-        return collate_batch(batch)  # a user's loader: a list of PIL images or tensors stacked (data/inputs.py)
-
-    def _decode_prefetch(self) -> DecodePrefetcher:
-        """The one-batch-ahead device decode of this module's ``encoded_crops`` on its device (made on first use)."""
-        crops, device = self.encoded_crops, self.device
-        current = self.__dict__.get("_prefetch")
-        if current is None or current[0] is not crops or current[1].device != torch.device(device):
-            current = (crops, DecodePrefetcher(lambda b: decode_batch(b, crops, device), device))
-            self.__dict__["_prefetch"] = current
-        return current[1]
+        """``data.decode=device``: the workers' bytes decoded and cropped on this module's device; any other batch
+        collated (``DeviceViews.decode``)."""
+        return self.device_views.decode(batch, self._trainer, self.device)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Augment on the device: per-sample random views from the step's generator (seeded by seed, step, rank)."""
+        """Augment on the device: per-sample random views from the step's generator (``seed_step``), in the
+        method's memory format (``DeviceViews.views``)."""
         if self.trainer is None or not self.trainer.training:
             return batch
-        images, labels = (batch, None) if isinstance(batch, Tensor) else batch  # a user's loader may give images only
-        if not self.inputs_checked and isinstance(images, Tensor):  # dtype, range, channels: the first batch only
-            check_images(images, self.info.channels)
-            self.inputs_checked = True
-        device = (images[0] if isinstance(images, (list, tuple)) else images).device  # decoded runs of sizes
-        views = self.augment(images, self.seed_step(device))
-        if self.memory_format != torch.contiguous_format:
-            views = [images_in(v, self.memory_format) for v in views]
-        return views, labels
+        return self.device_views.views(batch, self.seed_step, self.memory_format)
 
     def forward_step(self, batch) -> StepOutput:
         """``forward_views`` of the augmented views, with the step's draws (and the labels where ``reads_labels``)."""

@@ -19,7 +19,8 @@ import torch
 
 from selfsup.errors import UserError
 from selfsup.losses import byol_regression
-from selfsup.methods.base import SSLMethod, check_momentum, encode_views, multicrop_mean
+from selfsup.methods.base import SSLMethod, encode_views, multicrop_mean
+from selfsup.methods.ema import check_momentum
 from selfsup.models.heads import mlp
 from selfsup.predictors import DirectPredConfig, after_step_hooks, build_predictor, check_predictor
 from selfsup.step import StepOutput

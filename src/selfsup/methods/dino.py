@@ -32,7 +32,8 @@ import torch
 from selfsup.distributed import all_reduce_sum
 from selfsup.errors import UserError
 from selfsup.losses import dino_cross_entropy
-from selfsup.methods.base import check_momentum, encode_views
+from selfsup.methods.base import encode_views
+from selfsup.methods.ema import check_momentum
 from selfsup.methods.teacher import Centres, SelfDistillation, ema_teacher
 from selfsup.models.heads import DINOHead
 from selfsup.step import StepOutput

@@ -30,8 +30,9 @@ from torch import Tensor, nn
 from selfsup.distributed import gather_no_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import global_distillation_loss
-from selfsup.methods.base import SSLMethod, micro_batch
+from selfsup.methods.base import SSLMethod
 from selfsup.methods.frozen import load_teacher
+from selfsup.schedules import step_seed
 from selfsup.step import StepOutput
 
 
@@ -130,10 +131,7 @@ class Distill(SSLMethod):
             return {}
         _, size = world()
         trainer = self._trainer  # None outside fit (Lightning's property raises there)
-        step = self.cfg.trainer.seed * 1_000_003 + (0 if trainer is None else trainer.global_step)
-        if trainer is not None:
-            step = step * getattr(trainer, "accumulate_grad_batches", 1) + micro_batch(trainer)
-        g = torch.Generator().manual_seed(7_919 * step + 17)
+        g = torch.Generator().manual_seed(step_seed(trainer, self.cfg.trainer.seed, 7_919, 17))
         lam = torch.rand((), generator=g)
         perm = torch.randperm(x.shape[0] * size, generator=g)
         return {"lam": lam.to(x.device, non_blocking=True), "perm": perm.to(x.device, non_blocking=True)}

@@ -26,10 +26,10 @@ from torch import Tensor
 from selfsup.data.jepa_masks import draw_multiblock, multiblock_masks, smallest_block
 from selfsup.errors import UserError
 from selfsup.losses import ijepa_loss
-from selfsup.methods.base import SSLMethod, micro_batch
+from selfsup.methods.base import SSLMethod
 from selfsup.models.jepa import JEPAPredictor, apply_masks, ijepa_init_, repeat_interleave_batch
 from selfsup.models.vit import VisionTransformer
-from selfsup.schedules import StepValues, scaled_lr
+from selfsup.schedules import StepValues, scaled_lr, step_seed
 from selfsup.step import StepOutput
 
 
@@ -149,9 +149,7 @@ class IJEPA(SSLMethod):
 
     def size_seed(self) -> int:
         """The block sizes' seed: the step's (and micro-batch's) without the rank."""
-        t = self._trainer
-        k = getattr(t, "accumulate_grad_batches", 1)
-        return ((self.cfg.trainer.seed * 1_000_003 + t.global_step) * k + micro_batch(t)) * 7919 + 1
+        return step_seed(self._trainer, self.cfg.trainer.seed, 7919, 1)
 
     # ----------------------------------------------------------------- the step
     def forward_views(self, views: list[Tensor], enc_masks: Tensor | None = None,

@@ -22,9 +22,9 @@ from torch import Tensor
 from selfsup.distributed import all_reduce_mean_with_grad, world
 from selfsup.errors import UserError
 from selfsup.losses import epps_pulley_grid, lejepa_loss, lejepa_predictive, sigreg, sigreg_slices
-from selfsup.methods.base import SSLMethod, encode_views, micro_batch
+from selfsup.methods.base import SSLMethod, encode_views
 from selfsup.models.heads import mlp
-from selfsup.schedules import StepValues
+from selfsup.schedules import StepValues, step_seed
 from selfsup.step import StepOutput
 
 
@@ -83,10 +83,7 @@ class LeJEPA(SSLMethod):
         """The slices' seed: the step's, without the rank (every process projects on the same directions, as the
         code's all-reduced step counter, slicing.py:131-138)."""
         t = self._trainer
-        if t is None:
-            return self.cfg.trainer.seed
-        k = getattr(t, "accumulate_grad_batches", 1)
-        return (self.cfg.trainer.seed * 1_000_003 + t.global_step) * k + micro_batch(t)
+        return self.cfg.trainer.seed if t is None else step_seed(t, self.cfg.trainer.seed)
 
     def slices(self, device) -> Tensor:
         if self._slice_generator is None or self._slice_generator.device != torch.device(device):

@@ -50,7 +50,8 @@ class PretrainData(pl.LightningDataModule):
         if len(self.dataset) < self.cfg.data.batch_size:
             raise UserError(f"data.batch_size={self.cfg.data.batch_size} is larger than the {len(self.dataset)} "
                             "training images; lower it")
-        plan = self.trainer.lightning_module.decode_crops()
+        views = self.trainer.lightning_module.device_views
+        plan = views.crops() if views is not None else None
         dataset = self.dataset
         folder = isinstance(dataset.images, FolderImages) and plan is not None
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
@@ -60,7 +61,7 @@ class PretrainData(pl.LightningDataModule):
             crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes,
                                                bad_log=Path(self.trainer.default_root_dir) / BAD_FILES,
                                                encoded=encoded)
-            self.trainer.lightning_module.encoded_crops = crops if encoded else None
+            views.use_encoded(crops if encoded else None)
             dataset = dataclasses.replace(dataset, images=crops)
         sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,
@@ -70,8 +71,8 @@ class PretrainData(pl.LightningDataModule):
                             lookahead=folder and encoded)  # data.decode=device: the next batch decoded ahead
 
     def _stream_loader(self, local: int, world_size: int):
-        plan = self.trainer.lightning_module.decode_crops()
-        if plan is None:
+        views = self.trainer.lightning_module.device_views
+        if views is None:
             raise UserError(f"data.name={self.stream.name} streams crops for the joint-embedding methods; "
                             "train a flow method on an in-memory dataset or latents")
         batches = len(self.stream) // self.cfg.data.batch_size
@@ -82,8 +83,9 @@ class PretrainData(pl.LightningDataModule):
         if len(self.stream.images.urls) < world_size * streams:
             raise UserError(f"{len(self.stream.images.urls)} shard(s) cannot feed {world_size} process(es) x {streams} "
                             "decoding stream(s) (data.num_workers); write more shards or lower data.num_workers")
-        crops = ShardCrops(self.stream.images, plan[0], self.cfg.trainer.seed, self.trainer.global_rank, world_size,
-                           local, streams, sizes=plan[1])
+        scales, sizes = views.crops()
+        crops = ShardCrops(self.stream.images, scales, self.cfg.trainer.seed, self.trainer.global_rank, world_size,
+                           local, streams, sizes=sizes)
         if self.cfg.data.on_bad_file == "skip":
             crops.skip_bad_files(self.cfg.data.max_bad_fraction, Path(self.trainer.default_root_dir) / BAD_FILES)
         return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
