@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import machine_info, sync, write_report
+from benchmarks.harness import machine_info, sync, timed, write_report
 
 PRESETS = {"moco_v3": "moco-v3-vit-s-imagenet", "dino": "dino-vit-s-imagenet"}
 TOY = ["data.image_size=32", "model.backbone=vit_micro", "model.patch_size=8", "trainer.precision=32-true",
@@ -115,17 +115,6 @@ def peak_flops(device, dry: bool) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - t)
 
 
-def timed(step: Step, warmup: int, steps: int) -> list[float]:
-    out = []
-    for i in range(warmup + steps):
-        t = time.perf_counter()
-        step()
-        sync(step.device)
-        if i >= warmup:
-            out.append(time.perf_counter() - t)
-    return out
-
-
 def kernel_events(prof, cuda: bool) -> list:
     """The profiled kernels (device side) with their start and end in µs; on the CPU the top-level aten ops."""
     events = [e for e in prof.events() if (e.device_type.name == "CUDA") == cuda]
@@ -177,7 +166,7 @@ def part_sweep(method: str, device, args) -> dict:
         try:
             step = Step(config(method, batch, args.dry_run), device, device.type == "cuda")
             flops = step_flops(step)
-            times = timed(step, 1 if args.dry_run else 3, 2 if args.dry_run else 8)
+            times = [wall for wall, _ in timed(step, 2 if args.dry_run else 8, 1 if args.dry_run else 3, device)]
         except torch.cuda.OutOfMemoryError:
             rows.append({"batch": batch, "oom": True})
             break

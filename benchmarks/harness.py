@@ -229,28 +229,14 @@ def pretrain(preset: str, overrides: list[str], run: str | Path | None = None, *
     that scores the run its own way; ``callbacks`` go first on the Trainer; ``fresh``: an earlier run in ``run``
     is removed first. A run that stops itself (a collapse, a non-finite loss) raises as the engine does."""
     import selfsup.engine as engine
-    import selfsup.runs.finish as finish
     from selfsup.config import load_run_config
 
     where = [f"output_dir={Path(run).parent}", f"name={Path(run).name}"] if run is not None else []
     if fresh and run is not None:
         shutil.rmtree(run, ignore_errors=True)
     cfg = load_run_config(preset, [*overrides, *where])
-    make, report_fn, extra = engine.make_trainer, finish.end_of_run_report, list(callbacks)
-
-    def make_trainer(c, run_dir):
-        trainer = make(c, run_dir)
-        trainer.callbacks[:0] = extra
-        return trainer
-
-    engine.make_trainer = make_trainer
-    if not report:
-        finish.end_of_run_report = lambda *a, **k: []
     start = time.perf_counter()
-    try:
-        path = engine.pretrain(cfg, preset)
-    finally:
-        engine.make_trainer, finish.end_of_run_report = make, report_fn
+    path = engine.pretrain(cfg, preset, callbacks=callbacks, report=report)
     return trained(path, time.perf_counter() - start)
 
 

@@ -118,13 +118,13 @@ def step_outputs(**tensors) -> dict:
     return {"loss": loss, "step": StepOutput(loss, **tensors)}
 
 
-def run_cli(*argv):
-    """main(argv) in this process: (exit code, stdout, stderr)."""
+def run_cli(*argv, callbacks=()):
+    """main(argv) in this process (``callbacks``: on a pretrain's Trainer): (exit code, stdout, stderr)."""
     from selfsup.commands.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
+        code = main([str(a) for a in argv], callbacks=callbacks)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -171,15 +171,13 @@ class CtrlCAtStep(pl.Callback):
             raise KeyboardInterrupt
 
 
-def interrupt_at(monkeypatch, cfg, step: int = 4) -> None:
+def interrupt_at(cfg, step: int = 4) -> None:
     """``engine.pretrain(cfg)`` stopped by a Ctrl-C before training step ``step``: its last checkpoint then holds
     ``step`` steps (with ``trainer.checkpoint_every_n_steps=1``)."""
     import selfsup.engine as engine
 
-    with monkeypatch.context() as m:
-        with_callback(m, CtrlCAtStep(step))
-        with pytest.raises(KeyboardInterrupt):
-            engine.pretrain(cfg)
+    with pytest.raises(KeyboardInterrupt):
+        engine.pretrain(cfg, callbacks=[CtrlCAtStep(step)])
 
 
 class StopAfterEpoch(pl.Callback):
@@ -188,20 +186,6 @@ class StopAfterEpoch(pl.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         if trainer.current_epoch == 0:
             trainer.should_stop = True
-
-
-def with_callback(monkeypatch, callback):
-    """Every trainer the engine makes gets ``callback`` first."""
-    import selfsup.engine as engine
-
-    make = engine.make_trainer
-
-    def patched(cfg, run_dir):
-        trainer = make(cfg, run_dir)
-        trainer.callbacks.insert(0, callback)
-        return trainer
-
-    monkeypatch.setattr(engine, "make_trainer", patched)
 
 
 def ckpt(run_dir):
@@ -238,13 +222,12 @@ def forked_session(cfg_or_run, step: int | None = None, where: str = "start", qu
         try:
             if quiet:
                 sys.stdout = sys.stderr = open(os.devnull, "w")
-            if step is not None:
-                with_callback(pytest.MonkeyPatch(), SigkillAt(step, where))  # never undone: the child exits
+            callbacks = [] if step is None else [SigkillAt(step, where)]
             os.environ.pop("SELFSUP_RUN_DIR", None)
             if isinstance(cfg_or_run, Path):
-                engine.pretrain(engine.load_run(cfg_or_run), resume=cfg_or_run)
+                engine.pretrain(engine.load_run(cfg_or_run), resume=cfg_or_run, callbacks=callbacks)
             else:
-                engine.pretrain(cfg_or_run)
+                engine.pretrain(cfg_or_run, callbacks=callbacks)
             code = 0
         finally:
             os._exit(code)

@@ -37,6 +37,32 @@ def test_pretrain_then_evaluate(tmp_path):
         selfsup.evaluate(run, "nope")
 
 
+@pytest.mark.train
+def test_pretrain_calls_your_callbacks_and_report_false_makes_no_report(tmp_path, capsys):
+    """``selfsup.pretrain(..., callbacks=[cb], report=False)``: ``cb`` is first on the Trainer and sees each step,
+    the run is exported and finished without its end-of-run report (no knn.json, no kNN lines); a resume takes its
+    own callbacks and ``report`` the same way."""
+    import lightning.pytorch as pl
+
+    class Steps(pl.Callback):
+        def __init__(self):
+            self.steps, self.places = [], set()
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.steps.append(trainer.global_step)
+            self.places.add(trainer.callbacks.index(self))
+
+    first, then = Steps(), Steps()
+    run = selfsup.pretrain("simclr-digits", {"output_dir": str(tmp_path), "name": "r"}, callbacks=[first],
+                           report=False, **TINY)
+    assert first.steps == [0, 1] and first.places == {0}
+    assert run.facts["status"] == "finished" and (run.path / "backbone.safetensors").exists()
+    assert not (run.path / "knn.json").exists() and "kNN" not in capsys.readouterr().out
+    selfsup.pretrain(resume=run.path, trainer={"max_epochs": 2}, callbacks=[then], report=False)
+    assert then.steps == [2, 3] and then.places == {0} and first.steps == [0, 1]
+    assert run.facts["global_step"] == 4 and not (run.path / "knn.json").exists()
+
+
 def test_a_bad_override_is_the_clis_user_error():
     with pytest.raises(UserError, match="max_epoch"):
         selfsup.pretrain("simclr-digits", trainer={"max_epoch": 1})
@@ -44,19 +70,18 @@ def test_a_bad_override_is_the_clis_user_error():
 
 # --------------------------------------------------------------------------- resume from Python
 @pytest.mark.train
-def test_pretrain_resume_is_the_clis_resume(tmp_path, monkeypatch, capsys):
+def test_pretrain_resume_is_the_clis_resume(tmp_path, capsys):
     """``selfsup.pretrain(resume=RUN)``: the rules of ``--resume`` (the same function): an interrupted run continued
     ends bit-identical to the uninterrupted one; a contradicting override is refused; a finished run has nothing to
     train until ``trainer.max_epochs`` extends it."""
-    from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt, with_callback
+    from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt
 
-    def run(name):
-        return selfsup.pretrain("moco-v3-vit-digits", [*RESUME, f"output_dir={tmp_path}", f"name={name}"])
+    def run(name, callbacks=()):
+        return selfsup.pretrain("moco-v3-vit-digits", [*RESUME, f"output_dir={tmp_path}", f"name={name}"],
+                                callbacks=callbacks)
 
     straight = run("A").path
-    with monkeypatch.context() as m:
-        with_callback(m, StopAfterEpoch())
-        b = run("B").path
+    b = run("B", [StopAfterEpoch()]).path
     assert ckpt(b)["global_step"] == 3 and Run(b).facts["status"] == "finished"
     # the run's facts say finished after epoch 1 of 2: its config's 2 epochs extend it, as the CLI reads them
     with pytest.raises(UserError, match="contradicts"):

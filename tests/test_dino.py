@@ -381,7 +381,7 @@ def test_dino_config_errors():
 # ----------------------------------------------------------------------------- exact resume
 
 @pytest.mark.train
-def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path):
     """2 globals + 2 locals, 2 epochs x 3 steps (lr warm-up, τt warm-up, the last layer frozen in epoch 0):
     killed (Ctrl-C) before step 4 and resumed, the run ends as the straight one: weights, teacher, centre,
     optimiser state, losses."""
@@ -400,7 +400,7 @@ def test_multicrop_dino_resumed_mid_epoch_equals_the_uninterrupted_run(tmp_path,
             "eval.knn_k=5", f"output_dir={out}", f"name={name}", *extra])
 
     straight = engine.pretrain(cfg(tmp_path, "A"))
-    interrupt_at(monkeypatch, cfg(tmp_path, "B"))
+    interrupt_at(cfg(tmp_path, "B"))
     run_b = tmp_path / "B"
     assert ckpt(run_b)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import selfsup
 import selfsup.engine as engine
-from selfsup.config import load_run, load_run_config
+from selfsup.config import load_run_config
 from ssl_helpers import FLOW_TINY, RESUME, run_cli, tiny_run
 
 pytestmark = pytest.mark.spawn  # tests/tiers.py
@@ -83,7 +84,8 @@ def killed(status: int) -> bool:
 
 
 def resume(run: Path) -> None:
-    engine.pretrain(load_run(run), resume=run)
+    """``selfsup pretrain --resume RUN`` in this process: the resume rules decide to train, finish or do nothing."""
+    selfsup.pretrain(resume=run)
 
 
 def assert_same_finish(a: Path, b: Path) -> None:

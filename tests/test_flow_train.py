@@ -16,7 +16,7 @@ from selfsup.flow.objective import noise_level_buckets
 from selfsup.flow.path import interpolate
 from selfsup.methods.build import build_method, data_info
 from selfsup.models.backbones import build_backbone
-from ssl_helpers import StopAfterEpoch, assert_user_error, ckpt, run_cli, tiny_run, with_callback
+from ssl_helpers import StopAfterEpoch, assert_user_error, ckpt, run_cli, tiny_run
 
 MICRO = tiny_run(batch_size=32, heads=False)  # tests set their own epochs and batches
 
@@ -266,14 +266,12 @@ def test_paper_scale_preset():
 
 
 @pytest.mark.train
-def test_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_equals_uninterrupted_run(tmp_path):
     import selfsup.engine as engine
     args = [*MICRO, "trainer.max_epochs=2", "trainer.limit_train_batches=2", "optim.warmup_epochs=1",
             "method.ema_warmup_steps=3", f"output_dir={tmp_path}"]
     straight = engine.pretrain(load_run_config("self-flow-digits", [*args, "name=A"]))
-    with monkeypatch.context() as m:
-        with_callback(m, StopAfterEpoch())
-        run_b = engine.pretrain(load_run_config("self-flow-digits", [*args, "name=B"]))
+    run_b = engine.pretrain(load_run_config("self-flow-digits", [*args, "name=B"]), callbacks=[StopAfterEpoch()])
     assert ckpt(run_b)["global_step"] == 2
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     sa, sb = ckpt(straight)["state_dict"], ckpt(run_b)["state_dict"]

@@ -247,17 +247,11 @@ class Kill(pl.Callback):
         if trainer.global_step == step and how == "term" and trainer.global_rank == 0:  # rank 0 only
             os.kill(os.getpid(), signal.SIGTERM)
 
-make = engine.make_trainer
-def patched(cfg, run_dir):
-    trainer = make(cfg, run_dir)
-    trainer.callbacks.insert(0, Kill())
-    return trainer
-engine.make_trainer = patched
 try:
     if resume:
-        engine.pretrain(engine.load_run(resume), resume=resume)
+        engine.pretrain(engine.load_run(resume), resume=resume, callbacks=[Kill()])
     else:
-        engine.pretrain(load_run_config(preset, overrides))
+        engine.pretrain(load_run_config(preset, overrides), callbacks=[Kill()])
 except KeyboardInterrupt as e:  # engine.RunInterrupted, as the CLI exits
     sys.exit(128 + getattr(e, "signum", 2))
 """

@@ -16,8 +16,7 @@ from selfsup.memory_format import match_optimizer_state, resolve_memory_format
 from selfsup.methods import DataInfo
 from selfsup.methods.build import build_method
 from selfsup.models.backbones import build_backbone
-from ssl_helpers import (RESUME, StopAfterEpoch, assert_same_run, ckpt, mfu_benchmark, raises_user_error, tiny_config,
-                         with_callback)
+from ssl_helpers import RESUME, StopAfterEpoch, assert_same_run, ckpt, mfu_benchmark, raises_user_error, tiny_config
 
 CL, NCHW = torch.channels_last, torch.contiguous_format
 RESNET = {"backbone": "resnet18", "small_stem": True}
@@ -138,7 +137,7 @@ CL_RUN = RESUME + ["data.batch_size=16", "model.backbone=resnet18", "model.small
 
 
 @pytest.mark.train
-def test_channels_last_run_trains_exports_and_resumes_exactly(tmp_path, monkeypatch):
+def test_channels_last_run_trains_exports_and_resumes_exactly(tmp_path):
     def cfg(name):
         return load_run_config("moco-v3-vit-digits", CL_RUN + [f"output_dir={tmp_path}", f"name={name}"])
 
@@ -150,9 +149,7 @@ def test_channels_last_run_trains_exports_and_resumes_exactly(tmp_path, monkeypa
     assert meta["backbone"] == "resnet18" and backbone.layer1[0].conv1.weight.is_contiguous()
     for k, v in load_file(str(straight / "backbone.safetensors")).items():
         torch.testing.assert_close(v, state[f"backbone.{k}"], rtol=0, atol=0)
-    with monkeypatch.context() as m:
-        with_callback(m, StopAfterEpoch())
-        run_b = engine.pretrain(cfg("B"))
+    run_b = engine.pretrain(cfg("B"), callbacks=[StopAfterEpoch()])
     assert ckpt(run_b)["global_step"] == 3
     engine.pretrain(engine.load_run(run_b), resume=run_b)
     assert_same_run(straight, run_b)

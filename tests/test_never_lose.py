@@ -141,7 +141,6 @@ def test_a_write_killed_midway_keeps_the_previous_checkpoint(tmp_path, monkeypat
 SIGNAL_CHILD = """
 import json, os, signal, sys
 import lightning.pytorch as pl
-import selfsup.engine as engine
 from selfsup.commands.main import main
 
 argv, signum, step = json.loads(sys.argv[1])
@@ -151,13 +150,7 @@ class Signal(pl.Callback):  # a real signal to this process, delivered while ste
         if trainer.global_step == step:
             os.kill(os.getpid(), signum)
 
-make = engine.make_trainer
-def patched(cfg, run_dir):
-    trainer = make(cfg, run_dir)
-    trainer.callbacks.insert(0, Signal())
-    return trainer
-engine.make_trainer = patched
-sys.exit(main(argv))
+sys.exit(main(argv, callbacks=[Signal()]))
 """
 
 

@@ -240,7 +240,7 @@ RESUME = SMALL + ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "opti
 
 @pytest.mark.train
 @pytest.mark.parametrize("preset", ["barlow-twins-digits", "vicreg-digits"])
-def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_path, monkeypatch):
+def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_path):
     from safetensors.torch import load_file
 
     from ssl_helpers import ckpt, interrupt_at, nano
@@ -248,7 +248,7 @@ def test_resume_after_a_stop_mid_epoch_equals_the_uninterrupted_run(preset, tmp_
     overrides = RESUME + nano(preset, RESUME)
     straight = engine.pretrain(load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=A"]))
     cfg = load_run_config(preset, overrides + [f"output_dir={tmp_path}", "name=B"])
-    interrupt_at(monkeypatch, cfg)
+    interrupt_at(cfg)
     run_b = tmp_path / "B"
     assert ckpt(run_b)["global_step"] == 4  # one batch into the second epoch
     engine.pretrain(engine.load_run(run_b), resume=run_b)

@@ -8,7 +8,7 @@ import pytest
 
 import selfsup.engine as engine
 from selfsup.config import load_run_config
-from ssl_helpers import FLOW_TINY, RESUME, StopAfterEpoch, assert_same_run, ckpt, interrupt_at, with_callback
+from ssl_helpers import FLOW_TINY, RESUME, StopAfterEpoch, assert_same_run, ckpt, interrupt_at
 
 
 STATE = ["eval.knn_at_end=false"]  # what is compared is the state, not the end-of-run kNN (test_finishing.py's)
@@ -26,11 +26,9 @@ def straight(tmp_path_factory):
 
 
 @pytest.mark.train
-def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path, monkeypatch):
+def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path):
     cfg = cfg_for(tmp_path, "B")
-    with monkeypatch.context() as m:
-        with_callback(m, StopAfterEpoch())
-        run_b = engine.pretrain(cfg)
+    run_b = engine.pretrain(cfg, callbacks=[StopAfterEpoch()])
     first = ckpt(run_b)
     assert first["global_step"] == 3  # stopped after epoch 1 of 2 (3 batches each)
     seconds = json.loads((run_b / "run.json").read_text())["fit_seconds"]
@@ -41,9 +39,9 @@ def test_resume_from_epoch_end_equals_uninterrupted_run(straight, tmp_path, monk
 
 
 @pytest.mark.train
-def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypatch, capsys):
+def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, capsys):
     cfg = cfg_for(tmp_path, "B", "trainer.checkpoint_every_n_steps=1")
-    interrupt_at(monkeypatch, cfg)
+    interrupt_at(cfg)
     run_b = tmp_path / "B"
     assert f"interrupted; continue with: selfsup pretrain --resume {run_b}" in capsys.readouterr().err
     assert not (run_b / "backbone.safetensors").exists()
@@ -58,7 +56,7 @@ def test_resume_mid_epoch_equals_uninterrupted_run(straight, tmp_path, monkeypat
 @pytest.mark.spawn
 @pytest.mark.parametrize("name,suffix,decode", [("imagefolder", "png", "auto"), ("images", "png", "auto"),
                                                 ("imagefolder", "jpg", "device")])
-def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeypatch, name, suffix, decode):
+def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, name, suffix, decode):
     """imagefolder, and the same files as an unlabelled nested folder (images): crops made at decode time in a
     worker, seeded by (seed, epoch, index), so a mid-epoch resume sees the same views; and JPEGs under
     data.decode=device (the worker sends bytes and boxes, the module decodes them on its device, here the CPU)."""
@@ -78,7 +76,7 @@ def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeyp
               "data.batch_size=8", "data.num_workers=1", f"data.decode={decode}"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *folder, "trainer.checkpoint_every_n_steps=1"))
     cfg = cfg_for(tmp_path / "b", "B", *folder, "trainer.checkpoint_every_n_steps=1")
-    interrupt_at(monkeypatch, cfg)
+    interrupt_at(cfg)
     run_b = tmp_path / "b" / "B"
     assert ckpt(run_b)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)
@@ -86,13 +84,13 @@ def test_resume_with_decoding_workers_equals_uninterrupted_run(tmp_path, monkeyp
 
 
 @pytest.mark.train
-def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tmp_path):
     """trainer.accumulate_grad_batches=2: 6 micro-batches = 3 optimiser steps per epoch; killed before step 4
     (one step, two micro-batches into epoch 2), the resumed run skips exactly those two micro-batches and ends
     bit-identical: the views are seeded by (step, micro-batch), the EMA moves once per step."""
     acc = ["trainer.accumulate_grad_batches=2", "trainer.limit_train_batches=6", "trainer.checkpoint_every_n_steps=1"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *acc))
-    interrupt_at(monkeypatch, cfg_for(tmp_path / "b", "B", *acc))
+    interrupt_at(cfg_for(tmp_path / "b", "B", *acc))
     run_b = tmp_path / "b" / "B"
     first = ckpt(run_b)
     assert (first["global_step"] == 4
@@ -102,7 +100,7 @@ def test_resume_mid_epoch_with_accumulated_gradients_equals_uninterrupted_run(tm
 
 
 @pytest.mark.train
-def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path, monkeypatch):
+def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path):
     """Self-Flow with trainer.accumulate_grad_batches=2 (its EMA a post-step hook, its noise, levels and masks drawn
     from the (step, micro-batch) seed, the representation weight ramped over optimiser steps): killed before step 4
     (two micro-batches into epoch 2), the resumed run ends as the uninterrupted one (``assert_same_run``)."""
@@ -113,7 +111,7 @@ def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path, 
             "method.rep_warmup_steps=3", "method.ema_warmup_steps=3", f"output_dir={out}", f"name={name}"])
 
     straight = engine.pretrain(cfg(tmp_path / "a", "A"))
-    interrupt_at(monkeypatch, cfg(tmp_path / "b", "B"))
+    interrupt_at(cfg(tmp_path / "b", "B"))
     run_b = tmp_path / "b" / "B"
     first = ckpt(run_b)
     assert (first["global_step"] == 4
@@ -124,7 +122,7 @@ def test_a_flow_run_resumed_mid_accumulation_equals_uninterrupted_run(tmp_path, 
 
 
 @pytest.mark.spawn
-def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path):
     """data.name=webdataset with a decoding worker: killed mid-epoch, the resumed run re-reads its stream up to the
     consumed batches and continues at the right sample (the same views, seeded by (seed, epoch, sample))."""
     from shard_files import write_shards
@@ -133,7 +131,7 @@ def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
     shards = ["data.name=webdataset", f"data.root={tmp_path / 'shards'}", "data.image_size=8", "data.batch_size=8",
               "data.num_workers=1", "data.shuffle_buffer=5", "trainer.checkpoint_every_n_steps=1"]
     straight = engine.pretrain(cfg_for(tmp_path / "a", "A", *shards))
-    interrupt_at(monkeypatch, cfg_for(tmp_path / "b", "B", *shards))
+    interrupt_at(cfg_for(tmp_path / "b", "B", *shards))
     run_b = tmp_path / "b" / "B"
     assert ckpt(run_b)["global_step"] == 4
     engine.pretrain(engine.load_run(run_b), resume=run_b)
@@ -141,7 +139,7 @@ def test_resume_on_tar_shards_equals_uninterrupted_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.train
-def test_mae_resume_mid_epoch_equals_uninterrupted_run(tmp_path, monkeypatch):
+def test_mae_resume_mid_epoch_equals_uninterrupted_run(tmp_path):
     """MAE draws each sample's mask from the step's generator (seed, step, rank): a run stopped mid-epoch and
     resumed masks every step as the uninterrupted run did, and ends with the same weights and optimiser state."""
     mae = ["method.decoder_embed_dim=32", "method.decoder_depth=1", "method.decoder_num_heads=2",
@@ -151,7 +149,7 @@ def test_mae_resume_mid_epoch_equals_uninterrupted_run(tmp_path, monkeypatch):
         return load_run_config("mae-digits", mae + [f"output_dir={out}", f"name={name}"])
 
     straight = engine.pretrain(cfg(tmp_path / "a", "A"))
-    interrupt_at(monkeypatch, cfg(tmp_path / "b", "B"))
+    interrupt_at(cfg(tmp_path / "b", "B"))
     run_b = tmp_path / "b" / "B"
     assert ckpt(run_b)["global_step"] == 4 and any(k.startswith("decoder.") for k in ckpt(run_b)["state_dict"])
     engine.pretrain(engine.load_run(run_b), resume=run_b)

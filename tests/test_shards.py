@@ -249,14 +249,8 @@ class Seen(pl.Callback):
         with open(os.path.join(sys.argv[2], f"seen-{trainer.global_rank}.jsonl"), "a") as f:
             f.write(json.dumps([trainer.current_epoch, batch[1].tolist()]) + "\\n")
 
-make = engine.make_trainer
-def patched(cfg, run_dir):
-    trainer = make(cfg, run_dir)
-    trainer.callbacks.append(Seen())
-    return trainer
-engine.make_trainer = patched
 engine.pretrain(load_run_config("byol-digits", sys.argv[3:] + [f"data.root={sys.argv[1]}", f"output_dir={sys.argv[2]}",
-                                                              "name=ddp"]))
+                                                              "name=ddp"]), callbacks=[Seen()])
 '''
 
 

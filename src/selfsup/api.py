@@ -17,10 +17,10 @@ import csv
 import dataclasses
 import difflib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -30,7 +30,11 @@ from selfsup.methods import METHODS
 from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
 from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
 from selfsup.runs.recipe import folder_recipe, is_method_name
+from selfsup.runs.resume import resume as resumed
 from selfsup.runs.source import load_source
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Callback
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,8 @@ def _yaml(value: Any) -> str:
 
 
 def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | None = None, *,
-             resume: str | Path | None = None, **sections: dict[str, Any]) -> Run:
+             resume: str | Path | None = None, callbacks: Sequence[Callback] = (), report: bool = True,
+             **sections: dict[str, Any]) -> Run:
     """Train ``preset`` (a name from ``selfsup presets``, a YAML file, or a method name with ``data.root=FOLDER``:
     a recipe sized to the folder's images, ``runs.recipe``) with ``overrides``, as ``selfsup pretrain`` (which
     calls this): the run folder, the checkpoints, the exported backbone and the end-of-run report.
@@ -102,34 +107,23 @@ def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | 
     (which calls this too): the run's own config, of which only ``trainer.max_epochs`` / ``trainer.max_steps`` (to
     extend it) and when checkpoints are written may change (``runs.resume``); a ``preset`` given with it must agree
     with the run. A run whose training is done but whose finishing was cut short is finished; a finished one is
-    left as it is."""
+    left as it is.
+
+    ``callbacks``: your own ``lightning.pytorch.Callback`` objects, put first on the run's Trainer (every session
+    of the run: give them again with ``resume``). ``report=False`` skips the end-of-run report (the kNN of the
+    trained and the random-init backbone; ``selfsup eval knn RUN`` gives it later)."""
     from selfsup import engine  # the Trainer and Lightning: imported when a run starts
 
     items = override_items(overrides, **sections)
+    how: dict[str, Any] = {"callbacks": tuple(callbacks), "report": report}
     if resume is not None:
-        return Run(Path(_resume(Path(resume), preset, items)))
+        cfg, action = resumed(Path(resume), preset, items)  # the resume rules: taken here, once
+        return Run(Path(engine.pretrain(cfg, resume=Path(resume), action=action, **how)))
     if preset is None:
         raise UserError("selfsup.pretrain needs a preset name or YAML file (see `selfsup presets`), or resume=RUN")
     if is_method_name(preset) and preset not in preset_names():  # a method: a recipe sized to data.root's images
-        return Run(Path(engine.pretrain(folder_recipe(preset, items), preset=preset)))
-    return Run(Path(engine.pretrain(load_run_config(preset, items), preset=preset)))
-
-
-def _resume(run: Path, preset: str | None, items: list[str]) -> Path:
-    """The run ``run`` continued by the resume rules (``runs.resume``): its config with the changes allowed (written
-    back when it trains), then trained on, finished, or left as it is."""
-    from selfsup import engine
-    from selfsup.runs.facts import read_run_facts
-    from selfsup.runs.resume import nothing_to_train, resume_action, resume_config, write_resumed_config
-
-    cfg, changed = resume_config(run, preset, items)
-    facts = read_run_facts(run)
-    if resume_action(cfg, facts) == "done":
-        print(nothing_to_train(run, facts))
-        return run
-    if changed:
-        write_resumed_config(run, cfg)
-    return engine.pretrain(cfg, resume=run)
+        return Run(Path(engine.pretrain(folder_recipe(preset, items), preset=preset, **how)))
+    return Run(Path(engine.pretrain(load_run_config(preset, items), preset=preset, **how)))
 
 
 PROTOCOLS: dict[str, tuple[Callable[..., dict], type]] = {

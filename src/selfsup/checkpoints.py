@@ -115,6 +115,20 @@ def load_checkpoint(path: Path, fix: str) -> dict:
     return ckpt
 
 
+def check_checkpoint(path: Path, model: torch.nn.Module) -> dict:
+    """A readable checkpoint (loaded weights-only: a file holding code is refused) whose weights fit ``model``,
+    or a one-line UserError."""
+    ckpt = load_checkpoint(path, "delete it to restart the run from scratch")
+    state = ckpt["state_dict"]
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    mismatched = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or mismatched or set(state) - set(own):
+        what = f"missing {missing[0]}" if missing else (f"shape of {mismatched[0]}" if mismatched else "extra weights")
+        raise UserError(f"checkpoint {path} does not fit this run's model ({what}); it was made with another config")
+    return ckpt
+
+
 class NonFiniteWeights(UserError):
     """The weights became NaN or Inf: training stops without writing them."""
 

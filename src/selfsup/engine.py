@@ -27,7 +27,7 @@ import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from selfsup import host
-from selfsup.checkpoints import (AtomicCheckpointIO, NonFiniteWeights, RunCheckpoints, load_checkpoint,
+from selfsup.checkpoints import (AtomicCheckpointIO, NonFiniteWeights, RunCheckpoints, check_checkpoint,
                                  remove_partial_writes)
 from selfsup.config import RunConfig, load_run, to_dict  # noqa: F401  (load_run: engine.load_run for callers)
 from selfsup.data.datasets import UNLABELLED, ImageDataset, load_dataset
@@ -43,7 +43,7 @@ from selfsup.runs.facts import (RunInterrupted, kept_checkpoint, mark_run, out_o
                                 record_start_facts, write_run_facts)
 from selfsup.runs.finish import finish_run
 from selfsup.runs.loggers import finish_loggers, keep_metrics, quiet_lightning, require_loggers, run_loggers
-from selfsup.runs.resume import nothing_to_train, resume_action
+from selfsup.runs.resume import nothing_to_train
 
 
 def new_run_dir(cfg: RunConfig, preset: str) -> Path:
@@ -57,22 +57,8 @@ def new_run_dir(cfg: RunConfig, preset: str) -> Path:
     return run_dir
 
 
-def check_checkpoint(path: Path, model: TrainingBase) -> dict:
-    """A readable checkpoint (loaded weights-only: a file holding code is refused) whose weights fit ``model``,
-    or a one-line UserError."""
-    ckpt = load_checkpoint(path, "delete it to restart the run from scratch")
-    state = ckpt["state_dict"]
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    mismatched = [k for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or mismatched or set(state) - set(own):
-        what = f"missing {missing[0]}" if missing else (f"shape of {mismatched[0]}" if mismatched else "extra weights")
-        raise UserError(f"checkpoint {path} does not fit this run's model ({what}); it was made with another config")
-    return ckpt
-
-
-def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
-    """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints."""
+def make_trainer(cfg: RunConfig, run_dir: Path, callbacks=()) -> pl.Trainer:
+    """The Lightning Trainer of a run: devices, precision, strategy, loggers, checkpoints; ``callbacks`` first."""
     quiet_lightning(cfg.trainer.verbose)
     t = cfg.trainer
     checkpoint = RunCheckpoints(t.checkpoint_every_n_steps, t.checkpoint_every_n_minutes, t.max_steps)
@@ -90,8 +76,8 @@ def make_trainer(cfg: RunConfig, run_dir: Path) -> pl.Trainer:
             gradient_clip_val=t.gradient_clip_val, accumulate_grad_batches=t.accumulate_grad_batches,
             log_every_n_steps=t.log_every_n_steps,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
-            enable_model_summary=False, callbacks=[checkpoint, *monitor_callbacks(cfg), BadFileEvents(run_dir)],
-            logger=loggers,
+            enable_model_summary=False, logger=loggers,
+            callbacks=[*callbacks, checkpoint, *monitor_callbacks(cfg), BadFileEvents(run_dir)],
             enable_checkpointing=False, plugins=[AtomicCheckpointIO()], use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )
@@ -143,6 +129,18 @@ def build(cfg: RunConfig, resume: Path | None) -> Start:
     return Start(train, build_method(cfg, info, load_weights=resume is None), backbone_meta(cfg, info))
 
 
+@dataclass
+class Session:
+    """One session of a run (``pretrain``): its config, folder and added callbacks, then what steps 1 and 2 make."""
+
+    cfg: RunConfig
+    run_dir: Path
+    callbacks: tuple = ()
+    start: Start | None = None
+    trainer: pl.Trainer | None = None
+    checkpoints: RunCheckpoints | None = None
+
+
 def open_run_folder(start: Start, cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None) -> None:
     """A fresh run's folder (config.yaml, the evaluated backbone at init), or a resumed run's checkpoint, checked
     against the model; a DDP child (``child``) joins the folder its parent made."""
@@ -177,15 +175,16 @@ def start_run(cfg: RunConfig, run_dir: Path, child: bool, resume: Path | None) -
     return start
 
 
-def prepare_fit(cfg: RunConfig, run_dir: Path, start: Start, state: dict) -> pl.Trainer:
-    """The Trainer of this session, its run-wide limit on skipped files, the host allocator, the loggers' files
-    cut at the resumed step, and run.json's status ``running`` (a killed session keeps it)."""
-    trainer = make_trainer(cfg, run_dir)
+def prepare_fit(s: Session) -> pl.Trainer:
+    """The Trainer of this session (its callbacks first), its run-wide limit on skipped files, the host allocator,
+    the loggers' files cut at the resumed step, and run.json's status ``running`` (a killed session keeps it)."""
+    cfg, run_dir, start = s.cfg, s.run_dir, s.start
+    s.trainer = trainer = make_trainer(cfg, run_dir, s.callbacks)
     if cfg.data.on_bad_file == "skip" and cfg.data.name in ("imagefolder", "images", "webdataset"):
         for callback in trainer.callbacks:
             if isinstance(callback, BadFileEvents):
                 callback.cap(len(start.train), cfg.data.max_bad_fraction)
-    state["checkpoints"] = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
+    s.checkpoints = next(c for c in trainer.callbacks if isinstance(c, RunCheckpoints))
     if cfg.trainer.host_allocator == "cached" and type(trainer.accelerator).__name__ == "CPUAccelerator":
         host.cache_freed_memory()  # the step's tensors live in host memory: reuse it across steps
     if start.ckpt_path is not None:
@@ -195,11 +194,11 @@ def prepare_fit(cfg: RunConfig, run_dir: Path, start: Start, state: dict) -> pl.
     return trainer
 
 
-def fit(cfg: RunConfig, run_dir: Path, start: Start, state: dict) -> pl.Trainer:
+def fit(s: Session) -> pl.Trainer:
     """Step 2: train (from the checkpoint, for a resume); a stop says how in run.json and names the kept checkpoint;
     a trained run's facts are written with status ``trained``, before its finishing."""
-    trainer = prepare_fit(cfg, run_dir, start, state)
-    checkpoints = state["checkpoints"]
+    trainer = prepare_fit(s)
+    cfg, run_dir, start, checkpoints = s.cfg, s.run_dir, s.start, s.checkpoints
     failed, started = True, time.perf_counter()
     try:
         # Lightning reads the (already checked) file again: weights-only as well, where its fit() takes the switch.
@@ -254,37 +253,35 @@ def fit_stopped(e: BaseException, trainer: pl.Trainer, run_dir: Path, checkpoint
     return full
 
 
-def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None) -> Path:
-    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the end-of-run report.
-    A fresh run whose start fails (before training begins) leaves no folder behind. A resumed run whose training
-    is done is only finished (``runs.resume.resume_action``)."""
+def pretrain(cfg: RunConfig, preset: str = "run", resume: Path | None = None, *, action: str = "train",
+             callbacks=(), report: bool = True) -> Path:
+    """Train ``cfg`` (or continue the run in ``resume``); export the backbone; print the end-of-run report
+    (``report=False``: skipped). ``callbacks``: Lightning callbacks put first on the Trainer. ``action``: what
+    ``runs.resume.resume`` decided for ``resume``; ``finish``: only the finishing, ``done``: nothing.
+    A fresh run whose start fails (before training begins) leaves no folder behind."""
     child = os.environ.get("LOCAL_RANK", "0") != "0" and "SELFSUP_RUN_DIR" in os.environ
     run_dir = Path(os.environ["SELFSUP_RUN_DIR"]) if child else (Path(resume) if resume else new_run_dir(cfg, preset))
-    if resume is not None and not child:
-        facts = read_run_facts(run_dir)
-        action = resume_action(cfg, facts)
-        if action == "done":
-            print(nothing_to_train(run_dir, facts))
-            return run_dir
+    if action != "train" and not child:
         if action == "finish":
-            return finish_trained(cfg, run_dir)
+            return finish_trained(cfg, run_dir, report)
+        print(nothing_to_train(run_dir, read_run_facts(run_dir)))
+        return run_dir
     fresh = not child and not resume and not run_dir.exists()
-    state: dict = {}
+    s = Session(cfg, run_dir, tuple(callbacks))
     try:
-        start = start_run(cfg, run_dir, child, resume)
-        trainer = fit(cfg, run_dir, start, state)
+        s.start = start_run(cfg, run_dir, child, resume)
+        trainer = fit(s)
     except BaseException:
-        checkpoints = state.get("checkpoints")
-        if fresh and run_dir.exists() and (checkpoints is None or not checkpoints.started):
+        if fresh and run_dir.exists() and (s.checkpoints is None or not s.checkpoints.started):
             shutil.rmtree(run_dir, ignore_errors=True)  # a failed start: nothing trained, nothing to keep
         raise
     if trainer.is_global_zero:
-        finish_run(start.model, start.train, start.meta, run_dir, int(trainer.global_step),
-                   state["checkpoints"].saved_step)
+        finish_run(s.start.model, s.start.train, s.start.meta, run_dir, int(trainer.global_step),
+                   s.checkpoints.saved_step, report=report)
     return run_dir
 
 
-def finish_trained(cfg: RunConfig, run_dir: Path) -> Path:
+def finish_trained(cfg: RunConfig, run_dir: Path, report: bool = True) -> Path:
     """Step 3 alone, for a run killed after its training and before the end of its finishing: the model as its
     last checkpoint holds it (the tensors themselves: their dtype and memory format, as fit left them)."""
     for folder in (run_dir / "checkpoints", run_dir):
@@ -295,5 +292,5 @@ def finish_trained(cfg: RunConfig, run_dir: Path) -> Path:
         for name, tensor in start.model.state_dict(keep_vars=True).items():
             tensor.data = ckpt["state_dict"][name]
     step = int(ckpt.get("global_step", 0))
-    finish_run(start.model, start.train, start.meta, run_dir, step, step)
+    finish_run(start.model, start.train, start.meta, run_dir, step, step, report=report)
     return run_dir

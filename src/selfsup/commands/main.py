@@ -32,12 +32,12 @@ def cmd_pretrain(args) -> int:
     if args.resume:
         preset = args.preset if args.preset and "=" not in args.preset else None
         items = ([args.preset] if args.preset and preset is None else []) + args.overrides
-        api.pretrain(preset, items, resume=args.resume)
+        api.pretrain(preset, items, resume=args.resume, callbacks=args.callbacks)
         return 0
     if not args.preset:
         raise UserError("selfsup pretrain needs a preset name or YAML file (see `selfsup presets`), "
                         "or --resume RUN_DIR")
-    api.pretrain(args.preset, args.overrides)
+    api.pretrain(args.preset, args.overrides, callbacks=args.callbacks)
     return 0
 
 
@@ -98,7 +98,7 @@ def build_parser(only: tuple[str, ...] | None = None) -> argparse.ArgumentParser
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its last checkpoint (trainer.max_epochs=N or "
                         "trainer.max_steps=N extend it)")
-    p.set_defaults(func=cmd_pretrain)
+    p.set_defaults(func=cmd_pretrain, callbacks=())
     p = sub.add_parser("report",
                        help="plots + HTML of a run's training dynamics: selfsup report RUN [RUN ...] [--out DIR]")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
@@ -138,22 +138,25 @@ def error_line(message: str, prefix: str = "selfsup: error: ") -> None:
     print(("" if clean else "\n") + prefix + message, file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: user mistakes print one line on stderr and exit 2."""
+def main(argv: list[str] | None = None, *, callbacks=()) -> int:
+    """Entry point: user mistakes print one line on stderr and exit 2. ``callbacks``: Lightning callbacks for a
+    ``pretrain``'s Trainer, from a program that runs the command line in its own process (``selfsup.pretrain``)."""
     if (sys.argv[1:] if argv is None else list(argv))[:1] == ["--version"]:
         version_parser().parse_args(["--version"])  # prints it and exits, before the subcommands are imported
     streams, screen = (sys.stdout, sys.stderr), {"at_start": True}
     sys.stdout, sys.stderr = LineStart(sys.stdout, screen), LineStart(sys.stderr, screen)
     try:
-        return _main(argv)
+        return _main(argv, tuple(callbacks))
     finally:
         sys.stdout, sys.stderr = streams
 
 
-def _main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None, callbacks: tuple = ()) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(only=tuple(words[:1]))  # the command is the first word: the one family built
     args, extra = parser.parse_known_args(words)
+    if callbacks:  # a pretrain's (its parser's default: none)
+        args.callbacks = callbacks
     # `pretrain PRESET --resume RUN key=value`: argparse ends the positionals at the option, so overrides that
     # follow it come back unparsed; they are overrides all the same
     if args.command == "pretrain" and extra and all("=" in a and not a.startswith("-") for a in extra):

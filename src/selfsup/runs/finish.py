@@ -153,14 +153,15 @@ def report_step(model: TrainingBase, train, meta: dict, run_dir: Path, step: int
 FINISHING = {"export": export_step, "report": report_step}  # in order; run.json's finished_steps: those done
 
 
-def finish_run(model: TrainingBase, train, meta: dict, run_dir: Path, step: int, saved_step: int | None) -> None:
+def finish_run(model: TrainingBase, train, meta: dict, run_dir: Path, step: int, saved_step: int | None,
+               report: bool = True) -> None:
     """The finishing steps of a run trained to ``step`` (rank 0, run.json's status ``trained``) not yet done, each
     recorded in run.json's ``finished_steps`` once done (a step killed midway is done again: each writes whole
     files atomically, the same ones); then status ``finished``. ``saved_step``: the last checkpoint's, for a full
-    disk's line."""
+    disk's line. ``report=False`` skips the ``report`` step (``engine.pretrain(..., report=False)``)."""
     done = list(read_run_facts(run_dir).get("finished_steps", []))
     for name, work in FINISHING.items():
-        if name in done:
+        if name in done or (name == "report" and not report):
             continue
         try:
             work(model, train, meta, run_dir, step)

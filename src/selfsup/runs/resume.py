@@ -1,7 +1,7 @@
 """The rules of a resume (``selfsup pretrain --resume RUN``, ``selfsup.pretrain(resume=RUN)``): the run's own config,
 of which only how long it trains and when it writes checkpoints may change (``resume_config``), and what the resume
 does, from the run's facts (``resume_action``): train on, finish a run whose training is done but whose finishing
-(export, report) was cut short, or nothing."""
+(export, report) was cut short, or nothing. ``resume`` takes both decisions, once, for the engine."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from selfsup.config import (RunConfig, flatten, load_run_config, merge, parse_ov
                             to_dict)
 from selfsup.diskspace import write_text
 from selfsup.errors import UserError
+from selfsup.runs.facts import read_run_facts
 
 # what --resume may change: how long the run trains (extending it) and when it writes checkpoints
 RESUME_MAY_CHANGE = ("trainer.max_epochs", "trainer.max_steps", "trainer.progress_bar",
@@ -66,3 +67,13 @@ def write_resumed_config(run: Path, cfg: RunConfig) -> None:
     """The run's config.yaml with the keys a resume changed (rank 0 only: DDP children re-read it)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
         write_text(Path(run) / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False), "the run's config")
+
+
+def resume(run: Path, preset: str | None, items: list[str]) -> tuple[RunConfig, str]:
+    """The config the run ``run`` continues with (``resume_config``; its changes written back unless nothing is left
+    to do) and what the resume does (``resume_action``: ``train``, ``finish`` or ``done``)."""
+    cfg, changed = resume_config(run, preset, items)
+    action = resume_action(cfg, read_run_facts(run))
+    if changed and action != "done":
+        write_resumed_config(run, cfg)
+    return cfg, action
