@@ -318,6 +318,14 @@ def bad_fraction(cfg) -> float | None:
     return cfg.max_bad_fraction if cfg.on_bad_file == "skip" else None
 
 
+TEST_FOLDERS = ("val", "test")  # an imagefolder's test split: the first of these under data.root
+
+
+def has_test_split(cfg) -> bool:
+    """Whether ``cfg``'s data has a test split: every dataset but an image folder without ``val/`` or ``test/``."""
+    return cfg.name != "imagefolder" or not cfg.root or any((Path(cfg.root) / n).is_dir() for n in TEST_FOLDERS)
+
+
 def load_imagefolder(split: str, cfg) -> ImageDataset:
     """``root/{train,val|test}/<class>/<image>`` (torchvision ImageFolder layout); classes sorted by name; the size
     ``data.image_size``, else the train images' (``infer_image_size``)."""
@@ -325,7 +333,7 @@ def load_imagefolder(split: str, cfg) -> ImageDataset:
     if not root:
         raise UserError("data.name=imagefolder needs data.root=<folder with train/ and val/ subfolders>")
     base = Path(root)
-    names = ("train",) if split == "train" else ("val", "test")
+    names = ("train",) if split == "train" else TEST_FOLDERS
     folder = next((base / n for n in names if (base / n).is_dir()), None)
     if folder is None:
         raise UserError(f"no {' or '.join(names)}/ folder in {base}; "
