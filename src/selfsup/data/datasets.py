@@ -319,6 +319,7 @@ def bad_fraction(cfg) -> float | None:
 
 
 TEST_FOLDERS = ("val", "test")  # an imagefolder's test split: the first of these under data.root
+HELD_OUT = 0.2  # without one, the share of train/ the end-of-run kNN scores on (runs.finish.knn_sets), seeded
 
 
 def has_test_split(cfg) -> bool:

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from selfsup.data.datasets import UNLABELLED, has_test_split, load_dataset
+from selfsup.data.datasets import HELD_OUT, UNLABELLED, has_test_split, load_dataset
 from selfsup.diskspace import DiskFull, write_text
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
@@ -49,9 +49,6 @@ def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | No
         h.update(repr((t.dtype, tuple(t.shape))).encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-HELD_OUT = 0.2  # the share of an image folder's train/ the end-of-run kNN scores on when it has no val/ or test/
 
 
 def start_label(run_dir) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 from PIL import Image
 
 from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve
-from selfsup.data.datasets import IMAGE_SUFFIXES, SIZE_SAMPLE, image_files
+from selfsup.data.datasets import HELD_OUT, IMAGE_SUFFIXES, SIZE_SAMPLE, TEST_FOLDERS, image_files
 from selfsup.errors import UserError
 from selfsup.methods import METHODS
 
@@ -196,6 +196,9 @@ def recipe_block(method: str, facts: FolderFacts, chosen: list[tuple[str, object
     items = [(f"{k}={str(v).lower() if isinstance(v, bool) else v}", why) for k, v, why in chosen]
     width = max(len(item) for item, _ in items)
     lines += [f"  {item:<{width}}  {why}".rstrip() for item, why in items]
+    if facts.labelled and not any((facts.root / n).is_dir() for n in TEST_FOLDERS):
+        lines.append(f"  no val/ or test/ folder: the end-of-run kNN scores a seeded {HELD_OUT:.0%} of train/, held "
+                     "out of its fit (add val/<class>/ images to score on images of your own choosing)")
     return lines
 
 
