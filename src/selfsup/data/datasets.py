@@ -318,6 +318,34 @@ def bad_fraction(cfg) -> float | None:
     return cfg.max_bad_fraction if cfg.on_bad_file == "skip" else None
 
 
+MIN_TRAIN_IMAGES = 8  # the fewest readable images a run trains on: two optimiser steps of a batch of 4 (docs/data.md)
+
+
+def too_few_images(n: int, where) -> UserError:
+    """The one-line refusal of a training folder under ``MIN_TRAIN_IMAGES`` readable images."""
+    return UserError(f"{where} holds {n} readable training image(s), fewer than the {MIN_TRAIN_IMAGES} a run needs "
+                     f"(two batches of 4: a batch of 1 has no other image to contrast and no batch statistics); add "
+                     "images to the folder")
+
+
+def no_readable_image(where, tried: int, total: int, first: str) -> UserError:
+    """The one-line refusal of a folder none of whose ``tried`` image files (of ``total``) opens; ``first``: why the
+    first one does not (``unreadable``)."""
+    count = f"all {tried} image files" if tried == total else f"all {tried} image files tried (of {total})"
+    return UserError(f"no image in {where} is readable: {count} fail to open (first: "
+                     f"{first.removeprefix('unreadable image file ')}); replace them, or list them with "
+                     f"`selfsup data check {where}`")
+
+
+def check_readable(files: list[Path], where) -> None:
+    """Refuses a listing none of whose files (up to ``SIZE_SAMPLE``, spread over it) opens as an image."""
+    sample = _spread(files)
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:
+        why = list(pool.map(unreadable, sample))
+    if all(why):
+        raise no_readable_image(where, len(sample), len(files), str(why[0]))
+
+
 TEST_FOLDERS = ("val", "test")  # an imagefolder's test split: the first of these under data.root
 HELD_OUT = 0.2  # without one, the share of train/ the end-of-run kNN scores on (runs.finish.knn_sets), seeded
 
@@ -348,6 +376,7 @@ def load_imagefolder(split: str, cfg) -> ImageDataset:
                 labels.append(label)
     if not files:
         raise UserError(f"no image files in {folder}/<class>/; an imagefolder root holds train/<class>/*.jpg")
+    check_readable(files, folder)
     if cfg.image_size is None:  # the train split's first images decide, whichever split is loaded first
         train = folder if split == "train" else base / "train"
         probe = files if split == "train" or not train.is_dir() else \
@@ -417,6 +446,8 @@ def load_images(split: str, cfg) -> ImageDataset:
         why = list(pool.map(unreadable, candidates, chunksize=64))
     files = [f for f, reason in zip(candidates, why) if reason is None]
     bad = [(str(f), reason) for f, reason in zip(candidates, why) if reason is not None]
+    if candidates and not files:
+        raise no_readable_image(base, len(candidates), len(candidates), str(why[0]))
     if bad and cfg.on_bad_file == "error":
         raise UserError(f"{len(bad)} of {len(candidates)} image files under {base} cannot be read (first: "
                         f"{bad[0][1].removeprefix('unreadable image file ')}); data.on_bad_file=error stops on them: "
