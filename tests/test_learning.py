@@ -158,11 +158,12 @@ def test_a_loss_past_the_noise_with_the_alarm_off_is_its_own_cause(tmp_path):
 
 
 def test_a_run_from_weights_is_compared_with_its_start_not_a_random_init(tmp_path):
-    from selfsup.runs.finish import knn_lines, start_label
+    from selfsup.runs.facts import start_label
+    from selfsup.runs.finish import knn_lines
 
     (tmp_path / "run.json").write_text(json.dumps({"weights": {"source": "runs/teacher", "sha256": "ab" * 32}}))
-    assert start_label(tmp_path) == "start (weights: runs/teacher)" and start_label(tmp_path / "none") == "random_init"
-    labels = {"pretrained": "pretrained", "random_init": start_label(tmp_path)}
+    assert start_label(tmp_path) == "start (weights: runs/teacher)" and start_label(tmp_path / "none") == "random init"
+    labels = {"pretrained": "pretrained", "random_init": start_label(tmp_path, "random_init")}
     out = {"k": 20, "temperature": 0.07, "train_size": 50, "test_size": 100, "labels": labels,
            "pretrained": {"top1": 30.0, "top5": 90.0}, "random_init": {"top1": 50.0, "top5": 95.0}}
     lines = knn_lines(out, SimpleNamespace(data=SimpleNamespace(name="imagefolder"), eval=SimpleNamespace(knn_k=20)))

@@ -214,6 +214,10 @@ def test_a_run_starts_from_another_run_and_says_so(tmp_path):
     report = (second / "report" / "report.md").read_text()
     assert f"| start | weights: {first} (sha256 {facts['sha256'][:12]}) |" in report
     assert f"| kNN top-1, start (weights: {first}) (floor) |" in report and "random init" not in report
+    from selfsup.runs.source import weights_identity  # selfsup eval of its backbone_init names it so too
+
+    assert weights_identity(second / "backbone_init.safetensors", second) == ("init", f"start (weights: {first})")
+    assert weights_identity(first / "backbone_init.safetensors", first) == ("init", "random init")
 
 
 def test_the_dino_teacher_and_the_momentum_targets_start_as_the_loaded_student(tmp_path):

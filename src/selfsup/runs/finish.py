@@ -27,7 +27,7 @@ from selfsup.instruments.detectors import EventLog, read_events, report_collapse
 from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.methods.base import DataInfo, TrainingBase
 from selfsup.runs.data import BAD_FILES, bad_files
-from selfsup.runs.facts import mark_run, out_of_space, read_run_facts
+from selfsup.runs.facts import mark_run, out_of_space, read_run_facts, start_label
 from selfsup.runs.learning import knn_verdict, learning_report, noise_words, start_words
 
 _INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
@@ -49,14 +49,6 @@ def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | No
         h.update(repr((t.dtype, tuple(t.shape))).encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def start_label(run_dir) -> str:
-    """What the run's ``backbone_init.safetensors`` is: ``random_init``, or ``start (weights: SOURCE)`` for a run
-    started from ``model.weights`` (run.json's ``weights``)."""
-    weights = read_run_facts(run_dir).get("weights")
-    source = weights.get("source") if isinstance(weights, dict) else None
-    return f"start (weights: {source})" if source else "random_init"
 
 
 def knn_sets(cfg, train) -> tuple[object | None, dict | None, str | None]:
@@ -85,10 +77,10 @@ def knn_scores(model: nn.Module, train, test, held: dict | None, info: DataInfo,
 
 def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
     """The weighted kNN (k, T from ``cfg.eval``; k at most the training images) of the trained and of the starting
-    backbone (its random init, or the ``model.weights`` it started from: ``start_label``), on the test split or, for
-    an image folder without one, a seeded held-out share of train/ (``knn_sets``), written to ``run_dir/knn.json``
-    (``labels`` names what each key holds); the lines the engine prints. The random init's result is computed once
-    per process for the same weights and data (``init_knn_key``)."""
+    backbone (its random init, or the ``model.weights`` it started from: ``runs.facts.start_label``), on the test
+    split or, for an image folder without one, a seeded held-out share of train/ (``knn_sets``), written to
+    ``run_dir/knn.json`` (``labels`` names what each key holds); the lines the engine prints. The random init's
+    result is computed once per process for the same weights and data (``init_knn_key``)."""
     if not cfg.eval.knn_at_end:
         return [f"no kNN report: eval.knn_at_end=false (selfsup eval knn {run_dir})"]
     if cfg.data.name in UNLABELLED:
@@ -99,7 +91,7 @@ def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInf
         return [skipped]
     n_fit, n_test = (len(train), len(test)) if held is None else (len(held["fit"]), len(held["val"]))
     k, temperature = min(cfg.eval.knn_k, n_fit), cfg.eval.knn_temperature
-    labels = {"pretrained": "pretrained", "random_init": start_label(run_dir)}
+    labels = {"pretrained": "pretrained", "random_init": start_label(run_dir, "random_init")}
     out = {"k": k, "temperature": temperature, "train_size": n_fit, "test_size": n_test, "labels": labels,
            "scored_on": "test" if held is None else "held_out_train"}
     if held is not None:
