@@ -171,5 +171,7 @@ def test_a_run_from_weights_is_compared_with_its_start_not_a_random_init(tmp_pat
     assert not any("random" in line for line in lines)
     said, _ = _judged(tmp_path / "drop", 30.0, 50.0, labels=labels)
     assert "points under its start (weights: runs/teacher), past the noise" in said[0]
+    (event,) = read_events(tmp_path / "drop" / "events.jsonl")
+    assert "under that of its start (weights: runs/teacher)" in event["meaning"]
     _, (noise,) = _judged(tmp_path / "noise", 52.0, 50.0, labels=labels)
     assert "the kNN difference from its start (weights: runs/teacher), +2.00 points" in noise["line"]

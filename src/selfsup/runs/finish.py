@@ -144,7 +144,8 @@ def not_learning(knn: dict, run_dir, step: int, remedy: str) -> list[str]:
         return []
     event = EventLog(run_dir / "events.jsonl").write(
         step, "collapse", over, -band, sign=KNN_OVER_INIT.name, raw=knn["pretrained"]["top1"],
-        meaning=KNN_OVER_INIT.meaning + ", past the noise of the test split", window=1, remedy=remedy)
+        meaning=f"the backbone's kNN top-1 is under that of {start_words(knn)}, past the noise of the test split "
+                "(points)", window=1, remedy=remedy)
     report_collapse(event)
     return [f"  not learning: the trained backbone is {-over:.2f} points under {start_words(knn)}, past the noise "
             f"({noise_words(knn, band)}) (try: {remedy})"]
