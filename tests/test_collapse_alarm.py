@@ -109,16 +109,20 @@ def test_projections_that_fall_together_fire_the_dim_std_sign(tmp_path):
 
 def test_a_run_that_ends_under_its_init_says_so_once(tmp_path, capsys):
     from selfsup.runs.finish import not_learning
+    from selfsup.runs.learning import knn_noise_band
 
-    knn = {"pretrained": {"top1": 50.4}, "random_init": {"top1": 58.5}}
+    knn = {"test_size": 359, "pretrained": {"top1": 50.4}, "random_init": {"top1": 58.5}}  # W-MSE at 10x its lr
+    band = knn_noise_band(knn)  # 7.26 points on the 359 digits test images: 8.1 under is past it
     lines = not_learning(knn, tmp_path, 100, "a lower optim.base_lr")
-    assert lines == ["  not learning: the trained backbone is 8.10 points under its random init (try: a lower "
-                     "optim.base_lr)"]
+    assert lines == ["  not learning: the trained backbone is 8.10 points under its random init, past the noise "
+                     f"(±{band:.2f}: 1.96 binomial standard errors on 359 test images) (try: a lower optim.base_lr)"]
     event, = read_events(tmp_path / "events.jsonl")
-    assert (event["kind"], event["sign"], event["step"], event["baseline"]) == ("collapse", "knn_over_init", 100, 0.0)
+    assert (event["kind"], event["sign"], event["step"]) == ("collapse", "knn_over_init", 100)
+    assert event["baseline"] == pytest.approx(-band)  # the threshold of a loss: the band a gain must pass, negated
     assert event["value"] == pytest.approx(-8.1) and "collapse at step 100: knn_over_init" in capsys.readouterr().err
     assert not_learning(knn, tmp_path, 100, "") == []  # already said (by the kNN monitor or before)
-    assert not_learning({"pretrained": {"top1": 60.0}, "random_init": {"top1": 58.5}}, tmp_path / "b", 9, "") == []
+    assert not_learning({"test_size": 359, "pretrained": {"top1": 60.0}, "random_init": {"top1": 58.5}},
+                        tmp_path / "b", 9, "") == []
     assert not (tmp_path / "b" / "events.jsonl").exists()
 
 

@@ -385,5 +385,6 @@ def test_unlabelled_folder_has_no_test_split_and_names_its_mistakes(tmp_path):
         load_dataset(DataConfig(name="images", root=str(tmp_path / "x.png")), "train")
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
-    with pytest.raises(UserError, match="no readable image files under"):
+    with raises_user_error(f"no image in {tmp_path / 'empty'} is readable", "all 1 image files fail to open",
+                           "broken.png"):  # issue 62: the folder and how many files were tried
         load_dataset(DataConfig(name="images", root=str(tmp_path / "empty")), "train")

@@ -114,3 +114,64 @@ def test_learning_checks_on_a_model_that_moved_and_gained(tmp_path):
     knn["pretrained"]["top1"] = 70.5  # +0.5 on 10,000 images: inside ±1.3
     (tmp_path / "knn.json").write_text(json.dumps(knn))
     assert [c["cause"] for c in learning_checks(model, init, tmp_path)] == ["knn_noise"]
+
+
+def _judged(tmp_path, pretrained: float, start: float, n: int = 100, labels: dict | None = None):
+    """The end-of-run verdicts on a kNN of ``n`` test images: the collapse alarm's lines, then the learning causes."""
+    from selfsup.runs.finish import not_learning
+    from selfsup.runs.learning import knn_checks
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    knn = {"test_size": n, "pretrained": {"top1": pretrained}, "random_init": {"top1": start}, "labels": labels or {}}
+    lines = not_learning(knn, tmp_path, 10, "a lower optim.base_lr")
+    return lines, [c for c in knn_checks(knn, tmp_path)]
+
+
+def test_one_noise_rule_judges_a_drop_and_a_gain_alike(tmp_path):
+    # issue 62: 2 points down on 100 test images fired the collapse alarm while 13 points up was noise
+    from selfsup.runs.learning import knn_verdict
+
+    assert knn_noise_band({"test_size": 100, "pretrained": {"top1": 50.0}, "random_init": {"top1": 50.0}}) == \
+        pytest.approx(13.86, abs=0.01)
+    for diff in (-13.0, -2.0, 2.0, 13.0):  # inside ±13.9 either way: neither a collapse nor learning shown
+        lines, causes = _judged(tmp_path / f"in{diff}", 50.0 + diff, 50.0)
+        assert lines == [] and [c["cause"] for c in causes] == ["knn_noise"], diff
+        assert "inside the noise (±" in causes[0]["line"] and "on 100 test images" in causes[0]["line"]
+        assert not [e for e in read_events(tmp_path / f"in{diff}" / "events.jsonl") if e["kind"] == "collapse"]
+    lines, causes = _judged(tmp_path / "down", 30.0, 50.0)  # 20 under: past the band, a loss
+    assert len(lines) == 1 and "20.00 points under its random init, past the noise" in lines[0] and causes == []
+    lines, causes = _judged(tmp_path / "up", 70.0, 50.0)  # 20 over: a gain
+    assert lines == [] and causes == []
+    knn = {"test_size": 100, "pretrained": {"top1": 50.0}, "random_init": {"top1": 50.0}}
+    for top1, verdict in ((64.0, "gain"), (36.0, "loss"), (50.0, "noise")):  # the same threshold both ways
+        knn["pretrained"]["top1"] = top1
+        assert knn_verdict(knn)[0] == verdict
+
+
+def test_a_loss_past_the_noise_with_the_alarm_off_is_its_own_cause(tmp_path):
+    from selfsup.runs.learning import knn_checks
+
+    knn = {"test_size": 1000, "pretrained": {"top1": 40.0}, "random_init": {"top1": 50.0}}
+    (cause,) = knn_checks(knn, tmp_path)  # no collapse event in events.jsonl: the alarm was off
+    assert cause["cause"] == "knn_drop" and "10.00 points under its random init, past the noise" in cause["line"]
+    assert cause["baseline"] == pytest.approx(-knn_noise_band(knn))
+
+
+def test_a_run_from_weights_is_compared_with_its_start_not_a_random_init(tmp_path):
+    from selfsup.runs.facts import start_label
+    from selfsup.runs.finish import knn_lines
+
+    (tmp_path / "run.json").write_text(json.dumps({"weights": {"source": "runs/teacher", "sha256": "ab" * 32}}))
+    assert start_label(tmp_path) == "start (weights: runs/teacher)" and start_label(tmp_path / "none") == "random init"
+    labels = {"pretrained": "pretrained", "random_init": start_label(tmp_path, "random_init")}
+    out = {"k": 20, "temperature": 0.07, "train_size": 50, "test_size": 100, "labels": labels,
+           "pretrained": {"top1": 30.0, "top5": 90.0}, "random_init": {"top1": 50.0, "top5": 95.0}}
+    lines = knn_lines(out, SimpleNamespace(data=SimpleNamespace(name="imagefolder"), eval=SimpleNamespace(knn_k=20)))
+    assert lines[2].split() == ["start", "(weights:", "runs/teacher)", "top-1", "50.00%", "top-5", "95.00%"]
+    assert not any("random" in line for line in lines)
+    said, _ = _judged(tmp_path / "drop", 30.0, 50.0, labels=labels)
+    assert "points under its start (weights: runs/teacher), past the noise" in said[0]
+    (event,) = read_events(tmp_path / "drop" / "events.jsonl")
+    assert "under that of its start (weights: runs/teacher)" in event["meaning"]
+    _, (noise,) = _judged(tmp_path / "noise", 52.0, 50.0, labels=labels)
+    assert "the kNN difference from its start (weights: runs/teacher), +2.00 points" in noise["line"]

@@ -204,6 +204,20 @@ def test_a_run_starts_from_another_run_and_says_so(tmp_path):
     assert facts["kind"] == "selfsup" and facts["source"] == str(first) and f"weights: {first}" in out
     assert set(init) == set(source) and all(torch.equal(init[k], source[k]) for k in source)  # the kNN floor
     assert facts["sha256"] == state_sha256(source)
+    # issue 62: its kNN floor is its start, not a random init, in the printed lines, knn.json and the report
+    knn = json.loads((second / "knn.json").read_text())
+    assert knn["labels"]["random_init"] == f"start (weights: {first})"
+    row = next(line for line in out.splitlines() if "top-1" in line and "pretrained" not in line)
+    assert row.strip().startswith(f"start (weights: {first})") and "random_init" not in out
+    code, _, err = run_cli("report", second)
+    assert code == 0, err
+    report = (second / "report" / "report.md").read_text()
+    assert f"| start | weights: {first} (sha256 {facts['sha256'][:12]}) |" in report
+    assert f"| kNN top-1, start (weights: {first}) (floor) |" in report and "random init" not in report
+    from selfsup.runs.source import weights_identity  # selfsup eval of its backbone_init names it so too
+
+    assert weights_identity(second / "backbone_init.safetensors", second) == ("init", f"start (weights: {first})")
+    assert weights_identity(first / "backbone_init.safetensors", first) == ("init", "random init")
 
 
 def test_the_dino_teacher_and_the_momentum_targets_start_as_the_loaded_student(tmp_path):

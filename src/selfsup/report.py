@@ -210,6 +210,15 @@ def ending(run: Run) -> str:
             f"{'in checkpoints/last.ckpt' if (run.path / 'checkpoints' / 'last.ckpt').exists() else 'none'}")
 
 
+def start_row(run: Run) -> str:
+    """The header's ``start``: a random init, or the weights the run started from and their digest."""
+    weights = run.facts.get("weights")
+    if not isinstance(weights, dict) or not weights.get("source"):
+        return "random init"
+    digest = str(weights.get("sha256", ""))[:12]
+    return f"weights: {weights['source']}" + (f" (sha256 {digest})" if digest else "")
+
+
 def run_facts(run: Run) -> list[tuple[str, str]]:
     """The header rows of one run: what was trained on what, for how long, where."""
     cfg, facts = run.config, run.facts
@@ -234,7 +243,7 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
     wall = _duration(facts.get("fit_seconds")) + (" (fit)" if "fit_seconds" in facts else "")
     if facts.get("sessions", 1) > 1:
         wall += f" over {facts['sessions']} sessions (resumed)"
-    return [("method", run.method), ("dataset", dataset), ("backbone", backbone_label(run)),
+    return [("method", run.method), ("dataset", dataset), ("backbone", backbone_label(run)), ("start", start_row(run)),
             ("steps", _fmt(steps)), ("epochs", epoch_text), ("ended", ending(run)),
             ("batch", _fmt(data.get("batch_size")) + (f", {optim['name']}" if optim.get("name") else "")),
             ("wall time", wall), ("devices", devices), ("seed", _fmt(trainer.get("seed"))), ("folder", str(run.path))]
@@ -245,16 +254,28 @@ def header_section(runs: list[Run]) -> Section:
     return Section("run", "The run" if len(runs) == 1 else "The runs", [Table(["", *[r.name for r in runs]], rows)])
 
 
+def start_of(run: Run) -> str:
+    """What the run's kNN floor is: ``random init``, or ``start (weights: SOURCE)`` for a run started from
+    ``model.weights`` (run.json's ``weights``)."""
+    weights = run.facts.get("weights")
+    source = weights.get("source") if isinstance(weights, dict) else None
+    return f"start (weights: {source})" if source else "random init"
+
+
 def headline_rows(run: Run) -> list[tuple[str, str, str]]:
     """(measure, value, how) rows: the final kNN against the random-init floor, then every evaluation on disk."""
     rows = []
     knn = run.knn or {}
     trained, floor = (knn.get(k) if isinstance(knn.get(k), dict) else {} for k in ("pretrained", "random_init"))
-    how = f"k={knn.get('k', '?')}, T={knn.get('temperature', '?')}, {knn.get('test_size', '?')} test images"
+    held = knn.get("held_out") if isinstance(knn.get("held_out"), dict) else None
+    scored = (f"{knn.get('test_size', '?')} images held out of train/ ({held.get('fraction', 0):.0%}, seed "
+              f"{held.get('seed', '?')})" if held else f"{knn.get('test_size', '?')} test images")
+    how = f"k={knn.get('k', '?')}, T={knn.get('temperature', '?')}, {scored}"
+    start = start_of(run)
     if trained:
         rows.append(("kNN top-1, trained", _pct(trained.get("top1")), how))
     if floor:
-        rows.append(("kNN top-1, random init (floor)", _pct(floor.get("top1")), "the same backbone before training"))
+        rows.append((f"kNN top-1, {start} (floor)", _pct(floor.get("top1")), "the same backbone before training"))
     if (trained and floor and isinstance(trained.get("top1"), (int, float))
             and isinstance(floor.get("top1"), (int, float))):
         rows.append(("gain over the floor", f"{trained['top1'] - floor['top1']:+.2f} points", ""))
@@ -350,7 +371,8 @@ def collapse_section(runs: list[Run]) -> list[Section]:
     header = (["run"] if len(runs) > 1 else []) + ["step", "sign", "value", "threshold", "try"]
     lead = (f"This run's representation collapsed or stopped learning: {len(rows)} sign" + ("s" if len(rows) > 1
             else "") + " stayed past the alarm's threshold for instruments.collapse_window measurements in a row "
-            "(knn_over_init: the backbone under its random init's kNN at the end, or in 3 kNN-monitor measurements).")
+            "(knn_over_init: the backbone's kNN under its start's by more than the noise at the end, or under its "
+            "init's in 3 kNN-monitor measurements).")
     return [Section("collapse", "Collapse", [lead, Table(header, rows)])]
 
 
@@ -549,8 +571,9 @@ def _figure(plot: Plot, runs: list[Run], out: Path) -> Figure | None:
         for i, run in enumerate(runs):
             floor = (run.knn or {}).get("random_init")
             if isinstance(floor, dict) and isinstance(floor.get("top1"), (int, float)):
+                who = f"{run.name}: " if len(runs) > 1 else ""
                 lines.append(ax.axhline(floor["top1"], ls="--", lw=1, color=colours[i % len(colours)] if len(runs) > 1
-                                        else "grey", label=f"{run.name + ': ' if len(runs) > 1 else ''}random init"))
+                                        else "grey", label=f"{who}{start_of(run)}"))
     if plot.events:
         for i, run in enumerate(runs):
             marks = [e for e in run.events if e.get("kind") == plot.events]

@@ -319,6 +319,43 @@ def bad_fraction(cfg) -> float | None:
     return cfg.max_bad_fraction if cfg.on_bad_file == "skip" else None
 
 
+MIN_TRAIN_IMAGES = 8  # the fewest readable images a run trains on: two optimiser steps of a batch of 4 (docs/data.md)
+
+
+def too_few_images(n: int, where) -> UserError:
+    """The one-line refusal of a training folder under ``MIN_TRAIN_IMAGES`` readable images."""
+    return UserError(f"{where} holds {n} readable training image(s), fewer than the {MIN_TRAIN_IMAGES} a run needs "
+                     f"(two batches of 4: a batch of 1 has no other image to contrast and no batch statistics); add "
+                     "images to the folder")
+
+
+def no_readable_image(where, tried: int, total: int, first: str) -> UserError:
+    """The one-line refusal of a folder none of whose ``tried`` image files (of ``total``) opens; ``first``: why the
+    first one does not (``unreadable``)."""
+    count = f"all {tried} image files" if tried == total else f"all {tried} image files tried (of {total})"
+    return UserError(f"no image in {where} is readable: {count} fail to open (first: "
+                     f"{first.removeprefix('unreadable image file ')}); replace them, or list them with "
+                     f"`selfsup data check {where}`")
+
+
+def check_readable(files: list[Path], where) -> None:
+    """Refuses a listing none of whose files (up to ``SIZE_SAMPLE``, spread over it) opens as an image."""
+    sample = _spread(files)
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:
+        why = list(pool.map(unreadable, sample))
+    if all(why):
+        raise no_readable_image(where, len(sample), len(files), str(why[0]))
+
+
+TEST_FOLDERS = ("val", "test")  # an imagefolder's test split: the first of these under data.root
+HELD_OUT = 0.2  # without one, the share of train/ the end-of-run kNN scores on (runs.finish.knn_sets), seeded
+
+
+def has_test_split(cfg) -> bool:
+    """Whether ``cfg``'s data has a test split: every dataset but an image folder without ``val/`` or ``test/``."""
+    return cfg.name != "imagefolder" or not cfg.root or any((Path(cfg.root) / n).is_dir() for n in TEST_FOLDERS)
+
+
 def load_imagefolder(split: str, cfg) -> ImageDataset:
     """``root/{train,val|test}/<class>/<image>`` (torchvision ImageFolder layout); classes sorted by name; the size
     ``data.image_size``, else the train images' (``infer_image_size``)."""
@@ -326,7 +363,7 @@ def load_imagefolder(split: str, cfg) -> ImageDataset:
     if not root:
         raise UserError("data.name=imagefolder needs data.root=<folder with train/ and val/ subfolders>")
     base = Path(root)
-    names = ("train",) if split == "train" else ("val", "test")
+    names = ("train",) if split == "train" else TEST_FOLDERS
     folder = next((base / n for n in names if (base / n).is_dir()), None)
     if folder is None:
         raise UserError(f"no {' or '.join(names)}/ folder in {base}; "
@@ -340,6 +377,7 @@ def load_imagefolder(split: str, cfg) -> ImageDataset:
                 labels.append(label)
     if not files:
         raise UserError(f"no image files in {folder}/<class>/; an imagefolder root holds train/<class>/*.jpg")
+    check_readable(files, folder)
     if cfg.image_size is None:  # the train split's first images decide, whichever split is loaded first
         train = folder if split == "train" else base / "train"
         probe = files if split == "train" or not train.is_dir() else \
@@ -409,6 +447,8 @@ def load_images(split: str, cfg) -> ImageDataset:
         why = list(pool.map(unreadable, candidates, chunksize=64))
     files = [f for f, reason in zip(candidates, why) if reason is None]
     bad = [(str(f), reason) for f, reason in zip(candidates, why) if reason is not None]
+    if candidates and not files:
+        raise no_readable_image(base, len(candidates), len(candidates), str(why[0]))
     if bad and cfg.on_bad_file == "error":
         raise UserError(f"{len(bad)} of {len(candidates)} image files under {base} cannot be read (first: "
                         f"{bad[0][1].removeprefix('unreadable image file ')}); data.on_bad_file=error stops on them: "

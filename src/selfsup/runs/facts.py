@@ -27,6 +27,14 @@ def mark_run(run_dir: Path, drop: tuple[str, ...] = (), **facts) -> None:
     write_text(Path(run_dir) / RUN_FACTS, json.dumps({**merged, **facts}, indent=2), "the run's facts")
 
 
+def start_label(run_dir: Path, random: str = "random init") -> str:
+    """What a run's ``backbone_init.safetensors`` holds: ``start (weights: SOURCE)`` for a run started from
+    ``model.weights`` (run.json's ``weights``), else ``random``."""
+    weights = read_run_facts(run_dir).get("weights")
+    source = weights.get("source") if isinstance(weights, dict) else None
+    return f"start (weights: {source})" if source else random
+
+
 def record_start_facts(run_dir: Path, facts: dict) -> None:
     """What a run starts from, beside a random init (``TrainingBase.run_facts``: ``model.weights``, a distillation
     teacher), each a source and the sha256 of its tensors: recorded in run.json under its key and printed."""

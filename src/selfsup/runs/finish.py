@@ -16,18 +16,19 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from selfsup.data.datasets import UNLABELLED, load_dataset
+from selfsup.data.datasets import HELD_OUT, UNLABELLED, has_test_split, load_dataset
 from selfsup.diskspace import DiskFull, write_text
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_accuracy
+from selfsup.eval.splits import val_split
 from selfsup.flow.sampler import generate, sample_images, sample_labels, save_grid
 from selfsup.instruments.collapse import KNN_OVER_INIT
 from selfsup.instruments.detectors import EventLog, read_events, report_collapse
 from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.methods.base import DataInfo, TrainingBase
 from selfsup.runs.data import BAD_FILES, bad_files
-from selfsup.runs.facts import mark_run, out_of_space, read_run_facts
-from selfsup.runs.learning import learning_report
+from selfsup.runs.facts import mark_run, out_of_space, read_run_facts, start_label
+from selfsup.runs.learning import knn_verdict, learning_report, noise_words, start_words
 
 _INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
 
@@ -50,33 +51,76 @@ def init_knn_key(model: nn.Module, train, test, info: DataInfo, cfg) -> str | No
     return h.hexdigest()
 
 
+def knn_sets(cfg, train) -> tuple[object | None, dict | None, str | None]:
+    """The end-of-run kNN's test split, or where there is none (an image folder without ``val/`` or ``test/``) the
+    seeded held-out share of ``train`` (``HELD_OUT``, seed ``trainer.seed``: ``eval.splits.val_split``) as
+    {"fraction", "seed", "fit", "val"}; or a line saying why the kNN is skipped."""
+    if not has_test_split(cfg.data):
+        fit, val = val_split(len(train), HELD_OUT, cfg.trainer.seed)
+        if len(val) < 1 or len(fit) < 1:
+            return None, None, (f"no kNN report: {cfg.data.root} has no val/ or test/ folder and its {len(train)} "
+                                "training images leave none to hold out (add val/<class>/ images)")
+        return None, {"fraction": HELD_OUT, "seed": cfg.trainer.seed, "fit": fit, "val": val}, None
+    return load_dataset(cfg.data, "test"), None, None
+
+
+def knn_scores(model: nn.Module, train, test, held: dict | None, info: DataInfo, cfg) -> dict:
+    """The weighted kNN top-1 / top-5 of ``model``'s features: fit on ``train``, scored on ``test``, or on the held-out
+    share of ``train`` (``held``) fit on the rest; k at most the images it is fit on."""
+    ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+    if held is None:
+        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
+    else:
+        (ftr, ytr), (fte, yte) = (ftr[held["fit"]], ytr[held["fit"]]), (ftr[held["val"]], ytr[held["val"]])
+    return knn_accuracy(ftr, ytr, fte, yte, k=min(cfg.eval.knn_k, len(ytr)), temperature=cfg.eval.knn_temperature)
+
+
 def knn_report(backbone: nn.Module, init_backbone: nn.Module, cfg, info: DataInfo, train, run_dir) -> list[str]:
-    """The weighted kNN (k, T from ``cfg.eval``) on the test split of the trained and of the random-init
-    backbone, written to ``run_dir/knn.json``; the lines the engine prints. The random init's result is
-    computed once per process for the same weights and data (``init_knn_key``)."""
+    """The weighted kNN (k, T from ``cfg.eval``; k at most the training images) of the trained and of the starting
+    backbone (its random init, or the ``model.weights`` it started from: ``runs.facts.start_label``), on the test
+    split or, for an image folder without one, a seeded held-out share of train/ (``knn_sets``), written to
+    ``run_dir/knn.json`` (``labels`` names what each key holds); the lines the engine prints. The random init's
+    result is computed once per process for the same weights and data (``init_knn_key``)."""
     if not cfg.eval.knn_at_end:
         return [f"no kNN report: eval.knn_at_end=false (selfsup eval knn {run_dir})"]
     if cfg.data.name in UNLABELLED:
         return [f"no kNN report: data.name={cfg.data.name} has no labels "
                 "(selfsup eval knn RUN --data ... on labelled data)"]
-    test = load_dataset(cfg.data, "test")
-    k, temperature = cfg.eval.knn_k, cfg.eval.knn_temperature
-    out = {"k": k, "temperature": temperature, "train_size": len(train), "test_size": len(test)}
+    test, held, skipped = knn_sets(cfg, train)
+    if skipped:
+        return [skipped]
+    n_fit, n_test = (len(train), len(test)) if held is None else (len(held["fit"]), len(held["val"]))
+    k, temperature = min(cfg.eval.knn_k, n_fit), cfg.eval.knn_temperature
+    labels = {"pretrained": "pretrained", "random_init": start_label(run_dir, "random_init")}
+    out = {"k": k, "temperature": temperature, "train_size": n_fit, "test_size": n_test, "labels": labels,
+           "scored_on": "test" if held is None else "held_out_train"}
+    if held is not None:
+        out["held_out"] = {"fraction": held["fraction"], "seed": held["seed"], "images": n_test}
     for key, model in (("pretrained", backbone), ("random_init", init_backbone)):
-        cache = init_knn_key(model, train, test, info, cfg) if key == "random_init" else None
+        cache = init_knn_key(model, train, test, info, cfg) if key == "random_init" and held is None else None
         if cache in _INIT_KNN:
             out[key] = copy.deepcopy(_INIT_KNN[cache])
             continue
-        ftr, ytr = extract_features(model, train, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        fte, yte = extract_features(model, test, info.image_size, info.mean, info.std, cfg.eval.batch_size)
-        out[key] = knn_accuracy(ftr, ytr, fte, yte, k=k, temperature=temperature)
+        out[key] = knn_scores(model, train, test, held, info, cfg)
         if cache is not None:
             _INIT_KNN[cache] = copy.deepcopy(out[key])
     write_text(run_dir / "knn.json", json.dumps(out, indent=2), "the end-of-run kNN")
-    lines = [f"kNN (k={k}, T={temperature}) on {cfg.data.name} test ({len(test)} images):"]
-    lines += [f"  {key:<12} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
-              for key in ("pretrained", "random_init")]
-    return lines
+    return knn_lines(out, cfg)
+
+
+def knn_lines(out: dict, cfg) -> list[str]:
+    """The printed kNN lines: what it was scored on, then each backbone by its label."""
+    k, where = out["k"], f"on {cfg.data.name} test ({out['test_size']} images)"
+    if "held_out" in out:
+        h = out["held_out"]
+        where = (f"on {h['images']} images held out of {cfg.data.root}/train/ ({h['fraction']:.0%}, seed {h['seed']}: "
+                 f"no val/ or test/ folder), fit on the other {out['train_size']}")
+    lowered = f" (eval.knn_k={cfg.eval.knn_k} lowered to the {k} training images)" if k < cfg.eval.knn_k else ""
+    labels = out["labels"]
+    width = max(12, *(len(v) for v in labels.values()))
+    return [f"kNN (k={k}, T={out['temperature']}) {where}{lowered}:"] + [
+        f"  {labels[key]:<{width}} top-1 {out[key]['top1']:6.2f}%   top-5 {out[key]['top5']:6.2f}%"
+        for key in ("pretrained", "random_init")]
 
 
 def joint_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, step: int) -> list[str]:
@@ -91,17 +135,20 @@ def joint_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, 
 
 def not_learning(knn: dict, run_dir, step: int, remedy: str) -> list[str]:
     """The end-of-run half of the ``knn_over_init`` sign (instruments/collapse.py): a trained backbone whose kNN
-    top-1 is under its random init's is a ``collapse`` event in ``events.jsonl`` (unless the kNN monitor already
-    raised it) and a console line; the report then shows it first."""
-    over = knn["pretrained"]["top1"] - knn["random_init"]["top1"]
+    top-1 is under its start's (random init or ``model.weights``) by more than the noise, the same band a gain must
+    pass (``runs.learning.knn_verdict``), is a ``collapse`` event in ``events.jsonl`` (threshold −band; unless the
+    kNN monitor already raised it) and a console line; the report then shows it first."""
+    verdict, over, band = knn_verdict(knn)
     events = read_events(run_dir / "events.jsonl")
-    if over >= KNN_OVER_INIT.threshold or any(e.get("sign") == KNN_OVER_INIT.name for e in events):
+    if verdict != "loss" or any(e.get("sign") == KNN_OVER_INIT.name for e in events):
         return []
     event = EventLog(run_dir / "events.jsonl").write(
-        step, "collapse", over, KNN_OVER_INIT.threshold, sign=KNN_OVER_INIT.name, raw=knn["pretrained"]["top1"],
-        meaning=KNN_OVER_INIT.meaning, window=1, remedy=remedy)
+        step, "collapse", over, -band, sign=KNN_OVER_INIT.name, raw=knn["pretrained"]["top1"],
+        meaning=f"the backbone's kNN top-1 is under that of {start_words(knn)}, past the noise of the test split "
+                "(points)", window=1, remedy=remedy)
     report_collapse(event)
-    return [f"  not learning: the trained backbone is {-over:.2f} points under its random init (try: {remedy})"]
+    return [f"  not learning: the trained backbone is {-over:.2f} points under {start_words(knn)}, past the noise "
+            f"({noise_words(knn, band)}) (try: {remedy})"]
 
 
 def flow_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, step: int) -> list[str]:

@@ -4,11 +4,16 @@ report, with its cause:
 
 - ``lr``: the scheduled lr never left 0 (every step in a warm-up, a zero ``optim.base_lr``);
 - ``frozen``: the evaluated backbone's parameters equal its init's exactly (no step moved them);
-- ``knn_noise``: where the data has labels, the kNN gain over the random init is inside the noise of the test split:
-  under ``NOISE_Z`` binomial standard errors of the difference of two accuracies measured on the same ``n`` test
-  images, ``√(p₁(1 − p₁)/n + p₀(1 − p₀)/n)`` (the two treated as independent, which overstates the noise of a paired
-  comparison: a gain past the band is a gain; one inside it is not shown to be one). A gain under the collapse
-  alarm's own threshold is that alarm's ``collapse`` event instead (``runs.finish.not_learning``).
+- ``knn_noise``: where the data has labels, the kNN difference between the trained backbone and its start (the random
+  init, or the ``model.weights`` it started from) is inside the noise of the test split;
+- ``knn_drop``: the trained backbone is under its start by more than the noise (where the collapse alarm is off: with
+  it on, that is its ``collapse`` event, ``runs.finish.not_learning``).
+
+One noise rule for a gain and a loss alike (``knn_noise_band``): ``NOISE_Z`` binomial standard errors of the
+difference of two accuracies measured on the same ``n`` test images, ``√(p₁(1 − p₁)/n + p₀(1 − p₀)/n)`` (the two
+treated as independent, which overstates the noise of a paired comparison). A difference past ``+band`` is a gain,
+one past ``−band`` a loss, one inside ``±band`` neither: on 100 test images near 50% the band is ±13.9 points, so a
+2-point drop is no more a collapse than a 2-point rise is learning.
 
 Also the schedule phases the method shortened to fit the run (``schedules.fit_phases``), recorded in ``run.json``.
 """
@@ -30,10 +35,29 @@ NOISE_Z = 1.96  # the band: a two-sided 95% interval of the kNN gain under the b
 
 
 def knn_noise_band(knn: dict) -> float:
-    """Half-width, in top-1 points, of the 95% band of a kNN gain on ``knn['test_size']`` images."""
+    """Half-width, in top-1 points, of the 95% band of the kNN difference trained − start on ``knn['test_size']``
+    images: the one threshold of a gain and of a loss."""
     n = max(int(knn.get("test_size", 0)), 1)
     p1, p0 = knn["pretrained"]["top1"] / 100, knn["random_init"]["top1"] / 100
     return 100 * NOISE_Z * math.sqrt((p1 * (1 - p1) + p0 * (1 - p0)) / n)
+
+
+def knn_verdict(knn: dict) -> tuple[str, float, float]:
+    """``gain``, ``noise`` or ``loss``, with the difference trained − start in points and the band
+    (``knn_noise_band``)."""
+    diff, band = knn["pretrained"]["top1"] - knn["random_init"]["top1"], knn_noise_band(knn)
+    return ("gain" if diff > band else "loss" if diff < -band else "noise"), diff, band
+
+
+def start_words(knn: dict) -> str:
+    """What the kNN compared the trained backbone with: "its random init", or "its start (weights: SOURCE)"."""
+    label = (knn.get("labels") or {}).get("random_init", "random_init")
+    return "its random init" if label == "random_init" else f"its {label}"
+
+
+def noise_words(knn: dict, band: float) -> str:
+    """The band, said: ``±B: Z binomial standard errors on N test images``."""
+    return f"±{band:.2f}: {NOISE_Z:g} binomial standard errors on {knn.get('test_size', '?')} test images"
 
 
 def backbone_moved(trained: nn.Module, init: nn.Module) -> bool:
@@ -70,15 +94,25 @@ def learning_checks(model, init_backbone: nn.Module, run_dir: Path, step: int | 
                                   "parameters, or every gradient 0)"})
     knn_path = Path(run_dir) / "knn.json"
     if knn_path.exists():
-        knn = json.loads(knn_path.read_text())
-        gain, band = knn["pretrained"]["top1"] - knn["random_init"]["top1"], knn_noise_band(knn)
-        collapsed = any(e.get("sign") == KNN_OVER_INIT.name for e in read_events(Path(run_dir) / "events.jsonl"))
-        if gain < band and not collapsed:
-            found.append({"cause": "knn_noise", "value": gain, "baseline": band,
-                          "line": f"the kNN gain over the random init, {gain:+.2f} points, is inside the noise "
-                                  f"(±{band:.2f}: {NOISE_Z:g} binomial standard errors on {knn['test_size']} test "
-                                  "images); train longer, or check the data and lr"})
+        found += knn_checks(json.loads(knn_path.read_text()), run_dir)
     return found
+
+
+def knn_checks(knn: dict, run_dir: Path) -> list[dict]:
+    """The kNN's cause, if any (``knn_verdict``): a difference inside the noise, or a loss past it that no
+    ``knn_over_init`` collapse event has said."""
+    verdict, diff, band = knn_verdict(knn)
+    collapsed = any(e.get("sign") == KNN_OVER_INIT.name for e in read_events(Path(run_dir) / "events.jsonl"))
+    if verdict == "gain" or collapsed:
+        return []
+    if verdict == "noise":
+        line = (f"the kNN difference from {start_words(knn)}, {diff:+.2f} points, is inside the noise "
+                f"({noise_words(knn, band)}): neither a gain nor a loss is shown; train longer, or check the data "
+                "and lr")
+        return [{"cause": "knn_noise", "value": diff, "baseline": band, "line": line}]
+    line = (f"the trained backbone's kNN is {-diff:.2f} points under {start_words(knn)}, past the noise "
+            f"({noise_words(knn, band)}); lower optim.base_lr, or check the data")
+    return [{"cause": "knn_drop", "value": diff, "baseline": -band, "line": line}]
 
 
 def learning_report(model, init_backbone: nn.Module, run_dir: Path, step: int | None = None) -> list[str]:

@@ -14,7 +14,8 @@ whose heads, losses and augmentations were measured to learn on 28-px images, th
   ``model.patch_size`` = size // grid, the size rounded down to a multiple of it, the local crops too (I-JEPA: its
   base's 7 x 7 grid on a CPU, ``GRID_CPU_OF``);
 - ``data.batch_size``: the base's, at most the largest power of two <= images / ``MIN_BATCHES`` (so an epoch has
-  several steps), at least ``MIN_BATCH``;
+  several steps), at least ``MIN_BATCH`` and at most half the images (two steps an epoch); a folder under
+  ``data.datasets.MIN_TRAIN_IMAGES`` readable images is refused;
 - ``trainer.max_epochs``: enough epochs for ``TARGET_STEPS`` optimiser steps (the base's budget on Fashion-MNIST:
   5 epochs of 234 steps), within ``MIN_EPOCHS`` .. ``MAX_EPOCHS``; ``optim.warmup_epochs`` the base's share of its
   run (10% in every base), at most ``WARMUP_SHARE``, so the warm-up keeps its length in steps;
@@ -51,7 +52,8 @@ from PIL import Image
 from safetensors import safe_open
 
 from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve
-from selfsup.data.datasets import IMAGE_SUFFIXES, SIZE_SAMPLE, image_files
+from selfsup.data.datasets import (HELD_OUT, IMAGE_SUFFIXES, MIN_TRAIN_IMAGES, SIZE_SAMPLE, TEST_FOLDERS, image_files,
+                                   no_readable_image, too_few_images, unreadable)
 from selfsup.errors import UserError
 from selfsup.export import read_meta
 from selfsup.methods import METHODS
@@ -162,8 +164,10 @@ def folder_facts(root: str | Path) -> FolderFacts:
     with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:
         headers = [h for h in pool.map(_header, sample) if h is not None]
     if not headers:
-        raise UserError(f"none of {len(sample)} sampled images under {root} opens; check them with "
-                        f"`selfsup data check {root}`")
+        raise no_readable_image(root, len(sample), len(files), unreadable(sample[0]) or "?")
+    readable = len(headers) if len(sample) == len(files) else len(files)  # a sample of the whole: the count
+    if readable < MIN_TRAIN_IMAGES:
+        raise too_few_images(readable, train if labelled else root)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return FolderFacts(root, labelled, len(files), [s for s, _ in headers],
                        sum(m in GRAY_MODES for _, m in headers) / len(headers), os.cpu_count() or 1, gpu)
@@ -201,7 +205,8 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
         put("augment.local_crops_size", max(patch or 8, local), "96/224 of the image size, as DINO's")
     batch = cfg.data.batch_size if _given(overrides, "data.batch_size") else max(
         MIN_BATCH, min(cfg.data.batch_size, _pow2_at_most(facts.images / MIN_BATCHES)))
-    batch = min(batch, facts.images)
+    if not _given(overrides, "data.batch_size"):
+        batch = min(batch, facts.images // 2)  # two steps an epoch at least (MIN_TRAIN_IMAGES: a batch of 4)
     put("data.batch_size", batch, f"at most {facts.images} images / {MIN_BATCHES} and the base's {base_batch(base)}")
     _length(base, cfg, facts, batch, overrides, put)
     _data_sizes(method, cfg.method, facts, batch, put)
@@ -325,6 +330,9 @@ def recipe_block(method: str, facts: FolderFacts, chosen: list[tuple[str, object
     items = [(f"{k}={str(v).lower() if isinstance(v, bool) else v}", why) for k, v, why in chosen]
     width = max(len(item) for item, _ in items)
     lines += [f"  {item:<{width}}  {why}".rstrip() for item, why in items]
+    if facts.labelled and not any((facts.root / n).is_dir() for n in TEST_FOLDERS):
+        lines.append(f"  no val/ or test/ folder: the end-of-run kNN scores a seeded {HELD_OUT:.0%} of train/, held "
+                     "out of its fit (add val/<class>/ images to score on images of your own choosing)")
     return lines
 
 

@@ -28,6 +28,7 @@ from selfsup.methods import METHODS, DataInfo
 from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.models.sit import FLOW_ENCODER
 from selfsup.models.vit import LastBlocks, VisionTransformer
+from selfsup.runs.facts import start_label
 from selfsup.weights import IMAGENET_NORM, build_from_weights
 
 WHAT = ("pass a selfsup run folder, an exported backbone .safetensors, a run's checkpoints/*.ckpt, or a DINOv2 "
@@ -72,8 +73,9 @@ def weights_identity(path: Path, run_dir: Path | None, step: int | None = None) 
     """(tag, label) of the weights in ``path``: results are written as ``<protocol>[.<tag>].json``.
 
     The run's ``backbone.safetensors``: ("", "trained"); its ``backbone_init.safetensors``: ("init", "random
-    init"); a checkpoint: ("step<N>", "checkpoint at step N"); another file in a run folder: (its stem, its
-    name); an exported file outside a run: ("", its name), its results have their own ``<file>-eval/`` folder.
+    init"), or ("init", "start (weights: SOURCE)") for a run started from ``model.weights``; a checkpoint:
+    ("step<N>", "checkpoint at step N"); another file in a run folder: (its stem, its name); an exported file
+    outside a run: ("", its name), its results have their own ``<file>-eval/`` folder.
     """
     if path.suffix == ".ckpt":
         return (f"step{step}", f"checkpoint at step {step}") if step is not None else (path.stem, path.name)
@@ -82,7 +84,7 @@ def weights_identity(path: Path, run_dir: Path | None, step: int | None = None) 
     if path.name == "backbone.safetensors":
         return "", "trained"
     if path.name == INIT_FILE:
-        return "init", "random init"
+        return "init", start_label(run_dir)
     return re.sub(r"[^\w-]+", "_", path.stem), path.name
 
 
