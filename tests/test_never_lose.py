@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -287,3 +289,54 @@ def test_a_run_shorter_than_the_logging_interval_logs_every_step(tmp_path):
                            "name=r")
     assert code == 0, err
     assert sorted(losses(tmp_path / "r")) == [0, 1]
+
+
+GROUP_CHILD = """
+import json, os, signal, subprocess, sys
+import lightning.pytorch as pl
+from selfsup.commands.main import main
+
+argv, step = json.loads(sys.argv[1])  # a new interpreter in a session of its own, as a job under SLURM or
+
+class GroupTerm(pl.Callback):  # `timeout`: SIGTERM to the whole group (the loader workers too) while step `step`
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # trains, sent by another process
+        if trainer.global_step == step:
+            subprocess.run(["kill", "-TERM", "--", f"-{os.getpgid(0)}"])
+
+sys.exit(main(argv, callbacks=[GroupTerm()]))
+"""
+
+
+@pytest.mark.spawn
+def test_sigterm_to_the_process_group_stops_as_sigint_does_with_loader_workers(tmp_path):
+    """SLURM, ``timeout`` and supervisors signal the process group: the loader workers ignore SIGTERM, so the run
+    stops at its step boundary with a checkpoint, says so at once, prints the resume line, and the resume ends
+    as the run never stopped (a folder of images decoded by 2 workers)."""
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    root.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for i in range(48):
+        pixels = torch.randint(0, 256, (20, 20, 3), generator=g, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(root / f"{i:02d}.png")
+    folder = [f"data.root={root}", "data.name=images", "data.num_workers=2", "data.image_size=16",
+              "model.patch_size=4", "data.batch_size=16", "eval.knn_every_n_steps=0", "eval.online_probe=false",
+              "eval.knn_at_end=false"]
+    argv = ["pretrain", PRESET, *RESUME, *folder, f"output_dir={tmp_path}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("SELFSUP_RUN_DIR", None)
+    script = tmp_path / "group_child.py"
+    script.write_text(GROUP_CHILD)
+    proc = subprocess.run([sys.executable, str(script), json.dumps([argv + ["name=B"], 4])], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, start_new_session=True)
+    run_b = tmp_path / "B"
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "SIGTERM received: stopping after this step" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"continue with: selfsup pretrain --resume {run_b}" in proc.stderr
+    assert ckpt_step(run_b) == 5 and facts(run_b)["status"] == "interrupted" and facts(run_b)["signal"] == "SIGTERM"
+    code, _, err = run_cli("pretrain", "--resume", run_b)
+    assert code == 0, err
+    code, _, err = run_cli(*argv, "name=A")
+    assert code == 0, err
+    assert_same_run(tmp_path / "A", run_b)

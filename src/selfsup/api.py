@@ -29,7 +29,7 @@ from selfsup.errors import UserError
 from selfsup.methods import METHODS
 from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
 from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
-from selfsup.runs.recipe import folder_recipe, is_method_name
+from selfsup.runs.recipe import folder_recipe, is_method_name, keep_grid
 from selfsup.runs.resume import resume as resumed
 from selfsup.runs.source import load_source
 
@@ -123,6 +123,7 @@ def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | 
         raise UserError("selfsup.pretrain needs a preset name or YAML file (see `selfsup presets`), or resume=RUN")
     if is_method_name(preset) and preset not in preset_names():  # a method: a recipe sized to data.root's images
         return Run(Path(engine.pretrain(folder_recipe(preset, items), preset=preset, **how)))
+    items = keep_grid(preset, items)  # a preset given a folder keeps its grid of patches
     return Run(Path(engine.pretrain(load_run_config(preset, items), preset=preset, **how)))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import signal
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -181,6 +182,9 @@ class RunCheckpoints(pl.Callback):
     def _on_signal(self, signum, frame) -> None:
         if self._flag and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if not self._flag:  # said at once: a long step may run on for a while
+            print(f"selfsup: {signal.Signals(signum).name} received: stopping after this step, with a checkpoint "
+                  "(a second Ctrl-C stops at once)", file=sys.stderr, flush=True)
         self._flag = True
         self.signal_received = signum
 

@@ -30,7 +30,7 @@ from selfsup import host
 from selfsup.checkpoints import (AtomicCheckpointIO, NonFiniteWeights, RunCheckpoints, check_checkpoint,
                                  remove_partial_writes)
 from selfsup.config import RunConfig, load_run, to_dict  # noqa: F401  (load_run: engine.load_run for callers)
-from selfsup.data.datasets import UNLABELLED, ImageDataset, load_dataset
+from selfsup.data.datasets import UNLABELLED, ImageDataset, load_dataset, require_images
 from selfsup.diskspace import DiskFull, is_disk_full, write_text
 from selfsup.distributed import check_devices
 from selfsup.errors import UserError
@@ -43,6 +43,7 @@ from selfsup.runs.facts import (RunInterrupted, kept_checkpoint, mark_run, out_o
                                 record_start_facts, write_run_facts)
 from selfsup.runs.finish import finish_run
 from selfsup.runs.loggers import finish_loggers, keep_metrics, quiet_lightning, require_loggers, run_loggers
+from selfsup.runs.memory import check_step_memory
 from selfsup.runs.resume import nothing_to_train
 
 
@@ -125,8 +126,11 @@ class Start:
 def build(cfg: RunConfig, resume: Path | None) -> Start:
     """Config → data → model (``model.weights`` loaded for a fresh run; a resumed run's are its checkpoint's)."""
     train = load_dataset(cfg.data, "train")
+    require_images(cfg.data, len(train))
     info = data_info(cfg, train)
-    return Start(train, build_method(cfg, info, load_weights=resume is None), backbone_meta(cfg, info))
+    model = build_method(cfg, info, load_weights=resume is None)
+    check_step_memory(model, cfg)  # on a CPU: a step too large is refused in one line, not killed by the kernel
+    return Start(train, model, backbone_meta(cfg, info))
 
 
 @dataclass

@@ -329,6 +329,13 @@ def too_few_images(n: int, where) -> UserError:
                      "images to the folder")
 
 
+def require_images(cfg, n: int) -> None:
+    """A folder run (``imagefolder`` / ``images``) of ``n`` training images refused under ``MIN_TRAIN_IMAGES``,
+    before anything is built (a preset on a folder, as the folder recipe)."""
+    if cfg.name in ("imagefolder", "images") and n < MIN_TRAIN_IMAGES:
+        raise too_few_images(n, f"data.root={cfg.root}")
+
+
 def no_readable_image(where, tried: int, total: int, first: str) -> UserError:
     """The one-line refusal of a folder none of whose ``tried`` image files (of ``total``) opens; ``first``: why the
     first one does not (``unreadable``)."""

@@ -7,6 +7,9 @@ concatenated in rank order are exactly the single-process batch.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from typing import Callable
 
 import torch
@@ -128,6 +131,24 @@ class LookaheadLoader(DataLoader):
         return self.current
 
 
+def ignore_stop_signal(worker_id: int) -> None:
+    """A loader worker's start: a SIGTERM from anyone but its parent is ignored, as PyTorch's workers ignore SIGINT.
+    A SIGTERM sent to the run's process group (SLURM, ``timeout``, a supervisor) then stops the training process at
+    its step boundary, with a checkpoint and the resume line, while its workers feed it until it shuts them down,
+    instead of dying first and ending the run in a DataLoader traceback. Its parent's own SIGTERM (the loader's or
+    multiprocessing's ``terminate()`` at shutdown) still ends it: the signal is taken by a thread that reads who
+    sent it (``sigwaitinfo``)."""
+    parent = os.getppid()
+
+    def wait() -> None:
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+                os._exit(0)
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=wait, daemon=True, name="sigterm-from-parent").start()
+
+
 def batch_loader(dataset: ImageDataset, sampler: EpochBatchSampler, num_workers: int = 0,
                  pin_memory: bool = False, lookahead: bool = False) -> DataLoader:
     """A DataLoader whose items are whole batches ``(uint8 images, labels)`` picked by ``sampler``; ``lookahead``: a
@@ -138,7 +159,8 @@ def batch_loader(dataset: ImageDataset, sampler: EpochBatchSampler, num_workers:
     # Its own generator: a DataLoader draws a base seed at every iter(), from the global RNG by default, which
     # would shift the global stream (drop path's masks) between a run and its resume at a new epoch's iterator.
     return kind(dataset, sampler=sampler, batch_size=None, num_workers=workers, pin_memory=pin_memory,
-                persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0))
+                persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0),
+                worker_init_fn=ignore_stop_signal if workers else None)
 
 
 def stream_loader(crops: ShardCrops, sampler: StreamBatchSampler, num_workers: int = 0,
@@ -146,7 +168,8 @@ def stream_loader(crops: ShardCrops, sampler: StreamBatchSampler, num_workers: i
     """Whole batches ``(uint8 views, labels)`` of a shard stream, decoded in ``num_workers`` workers."""
     return (DeferredLoader if num_workers else DataLoader)(crops, sampler=sampler, batch_size=None,
                                                            num_workers=num_workers, pin_memory=pin_memory,
-                                                           persistent_workers=num_workers > 0)
+                                                           persistent_workers=num_workers > 0,
+                                                           worker_init_fn=ignore_stop_signal if num_workers else None)
 
 
 def sequential_loader(dataset: ImageDataset, batch_size: int, num_workers: int = 0,

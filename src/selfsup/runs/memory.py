@@ -108,9 +108,19 @@ def _size(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2 ** 20:.0f} MiB"
 
 
-def check_step_memory(method: nn.Module, cfg, device: torch.device) -> StepEstimate | None:
+def runs_on_cpu(cfg) -> bool:
+    """Whether the run trains on the CPU (``trainer.accelerator`` cpu, or auto without CUDA)."""
+    return cfg.trainer.accelerator == "cpu" or (cfg.trainer.accelerator == "auto" and not torch.cuda.is_available())
+
+
+def check_step_memory(method: nn.Module, cfg, device: torch.device | None = None) -> StepEstimate | None:
     """Refuse in one line a step that would not fit the free memory of ``device``, naming the keys that shrink
-    it; returns the estimate (None where it cannot be made)."""
+    it; returns the estimate (None where it cannot be made). ``device`` None: the CPU for a run on the CPU, no
+    check for a run on a GPU (CUDA's own out-of-memory error names the allocation there)."""
+    if device is None:
+        if not runs_on_cpu(cfg):
+            return None
+        device = torch.device("cpu")
     per_process = cfg.data.batch_size
     estimate = step_estimate(method, per_process)
     free = free_memory(device)
