@@ -133,3 +133,16 @@ def test_a_stored_lejepa_result_is_rejudged_from_its_seeds_rho_and_tabled_with_t
     assert rule_cell(new["statistics"][0]).startswith("`loss_knn_spearman < 0`: -1 [-1, -1], n 3")
     (tmp_path / f"{claim.id}.json").write_text(json.dumps(new))
     assert "| `lejepa-loss-tracks-accuracy` |" in table(tmp_path)
+
+
+def test_the_committed_lejepa_result_holds_each_seeds_rho_of_its_stored_pairs():
+    """The stored result is measured by the per-seed rule: one ρ per seed, recomputable from its pairs, 3 seeds."""
+    import json
+    from importlib import resources
+
+    stored = resources.files("selfsup.claims") / "results" / "lejepa-loss-tracks-accuracy.json"
+    result = json.loads(stored.read_text())
+    m = result["metrics"]
+    assert len(set(m["seed"])) == result["seeds"] >= MIN_SEEDS
+    assert m["loss_knn_spearman"] == pytest.approx(lejepa.per_seed_spearman(m["train_loss"], m["knn"], m["seed"]))
+    assert result["rules"] == ["loss_knn_spearman < 0"] and result["statistics"][0]["n"] == result["seeds"]
