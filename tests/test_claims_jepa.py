@@ -5,10 +5,11 @@ metrics.csv, and each claim run quick on tiny settings."""
 from __future__ import annotations
 
 import csv
+import statistics
 
 import pytest
 
-from selfsup.claims import lejepa
+from selfsup.claims import lejepa, stats
 from selfsup.claims.registry import CLAIMS, PAPERS
 from selfsup.claims.suite import MIN_SEEDS
 from selfsup.commands.claims import source, table
@@ -23,7 +24,7 @@ def test_both_claims_are_stated_before_they_run(tmp_path):
     assert [str(r) for r in ij.rules] == ["linear_gain_over_init > 0", "linear_gap > -5"]
     assert ij.rules[1].paper == pytest.approx(79.3 - 81.0) and ij.test_data == "digits"
     assert [str(r) for r in le.rules] == ["loss_knn_spearman < 0"]
-    assert le.rules[0].pairs == ("train_loss", "knn", "run", "seed") and le.rules[0].paper == pytest.approx(-0.9452)
+    assert le.rules[0].pairs == () and le.rules[0].paper == pytest.approx(-0.9452)  # per seed, not pooled
     assert ij.default_seeds >= MIN_SEEDS and le.default_seeds >= MIN_SEEDS
     md = table(tmp_path)  # no results: both "not run yet", their papers named by arXiv id
     assert "| `ijepa-semantic-without-views` | " in md and "(arXiv:2511.08544), Figure 1" in md
@@ -65,38 +66,83 @@ def test_the_ijepa_claim_runs_quick_at_equal_steps_with_the_init_through_the_sam
 
 
 @pytest.mark.train
-def test_the_lejepa_claim_pairs_each_checkpoint_and_judges_rho_over_runs(tmp_path, monkeypatch):
+def test_the_lejepa_claim_pairs_each_checkpoint_and_judges_each_seeds_rho(tmp_path, monkeypatch):
     monkeypatch.setitem(lejepa.STEPS, True, 4)
     result = quick_claim("lejepa-loss-tracks-accuracy", tmp_path, TINY)
     m = result["metrics"]
     assert len(result["runs"]) == len(lejepa.LRS) == 2 and all(r["steps"] == 4 for r in result["runs"])
     assert len(m["knn"]) == len(m["train_loss"]) == len(m["run"]) == 4  # a checkpoint at steps 2 and 4 of each run
     assert m["step"] == [1, 3, 1, 3] and len(set(m["run"])) == 2
+    assert m["loss_knn_spearman"] == pytest.approx([stats.spearman(m["train_loss"], m["knn"])])  # one seed's ρ
     s = result["statistics"][0]
-    assert s["n"] == 2 and s["pairs"] == 4 and s["verdict"] == "inconclusive" and "2 run(s) of 1 seed(s)" in s["why"]
+    assert s["n"] == 1 and s["verdict"] == "inconclusive" and "a training claim needs at least 3" in s["why"]
     assert set(result["series"]) == set(m["run"]) and "bootstrap over runs" in result["ours"]
 
 
-def test_a_stored_lejepa_result_is_rejudged_from_its_pairs_and_tabled_with_them(tmp_path):
-    """The verdict follows from the stored (loss, kNN, run) lists alone: `claims rejudge` and the table."""
+def _pairs(slopes: list[float]) -> dict:
+    """Two runs of four checkpoints per seed; within a seed the kNN moves with ``slope`` against the loss."""
+    m = {"train_loss": [], "knn": [], "run": [], "seed": [], "step": []}
+    for seed, slope in enumerate(slopes):
+        for lr in (0, 1):
+            for k in range(4):
+                m["train_loss"].append(1.0 - 0.1 * k - 0.05 * lr)
+                m["knn"].append(50.0 + slope * (5 * k + 2 * lr))
+                m["run"].append(f"lr{lr}-s{seed}")
+                m["seed"].append(seed)
+                m["step"].append(10 * k + 9)
+    return m
+
+
+def test_each_seed_has_its_own_rho_over_its_runs_checkpoints():
+    m = _pairs([1.0, -1.0, 1.0])
+    assert lejepa.per_seed_spearman(m["train_loss"], m["knn"], m["seed"]) == pytest.approx([-1.0, 1.0, -1.0])
+    loss, knn = [3.0, 1.0, 2.0, 9.0, 8.0, 7.0], [1.0, 3.0, 2.0, 1.0, 2.0, 3.0]
+    assert lejepa.per_seed_spearman(loss, knn, [5, 5, 5, 2, 2, 2]) == pytest.approx([-1.0, -1.0])  # seeds in order
+
+
+@pytest.mark.parametrize("rhos,verdict,why", [
+    ([-0.92], "inconclusive", "1 seed; a training claim needs at least 3"),  # one correlation decides nothing
+    ([-0.9, -0.95], "inconclusive", "2 seeds; a training claim needs at least 3"),
+    ([-0.9, -0.2, 0.4], "inconclusive", "the interval contains the threshold"),
+    ([-0.90, -0.93, -0.95], "reproduced", ""),
+    ([0.5, 0.6, 0.55], "not reproduced", ""),
+])
+def test_the_lejepa_verdict_is_the_student_t_interval_over_the_seeds_rho(rhos, verdict, why):
+    from selfsup.claims.suite import judge_result
+
+    got, (s,) = judge_result(CLAIMS["lejepa-loss-tracks-accuracy"], {"loss_knn_spearman": rhos})
+    assert got == verdict and s["n"] == len(rhos) and why in s["why"]
+    if len(rhos) >= 2:
+        mean, sd = statistics.fmean(rhos), statistics.stdev(rhos)
+        assert s["interval"] == pytest.approx(list(stats.interval(mean, sd, len(rhos))))
+
+
+def test_a_stored_lejepa_result_is_rejudged_from_its_seeds_rho_and_tabled_with_them(tmp_path):
+    """The verdict follows from the stored per-seed ρ alone: `claims rejudge` and the table."""
     import json
 
     from selfsup.commands.claims import rejudge, rule_cell
 
     claim = CLAIMS["lejepa-loss-tracks-accuracy"]
-    m = {"train_loss": [], "knn": [], "run": [], "seed": [], "step": [], "loss_knn_spearman": [0.0]}
-    for r in range(3):  # lower loss, higher kNN within and across runs
-        for k in range(4):
-            m["train_loss"].append(1.0 - 0.1 * k - 0.01 * r)
-            m["knn"].append(50.0 + 5 * k + r)
-            m["run"].append(f"lr-s{r}")
-            m["seed"].append(r)
-            m["step"].append(10 * k + 9)
+    m = _pairs([1.0, 1.0, 1.0])
+    m["loss_knn_spearman"] = lejepa.per_seed_spearman(m["train_loss"], m["knn"], m["seed"])
     old = {"id": claim.id, "seed": claim.seed, "quick": False, "seeds": 3, "verdict": "inconclusive",
            "metrics": m, "ours": "", "statistics": [], "why_different": claim.why_different}
     new = rejudge(old)
     assert new["verdict"] == "reproduced" and new["statistics"][0]["mean"] == pytest.approx(-1.0)
-    cell = rule_cell(new["statistics"][0])
-    assert cell.startswith("`loss_knn_spearman < 0`: -1 [-1, -1], n 3") and "12 (run, checkpoint) pairs" in cell
+    assert rule_cell(new["statistics"][0]).startswith("`loss_knn_spearman < 0`: -1 [-1, -1], n 3")
     (tmp_path / f"{claim.id}.json").write_text(json.dumps(new))
-    assert "percentile bootstrap over the runs" in table(tmp_path)
+    assert "| `lejepa-loss-tracks-accuracy` |" in table(tmp_path)
+
+
+def test_the_committed_lejepa_result_holds_each_seeds_rho_of_its_stored_pairs():
+    """The stored result is measured by the per-seed rule: one ρ per seed, recomputable from its pairs, 3 seeds."""
+    import json
+    from importlib import resources
+
+    stored = resources.files("selfsup.claims") / "results" / "lejepa-loss-tracks-accuracy.json"
+    result = json.loads(stored.read_text())
+    m = result["metrics"]
+    assert len(set(m["seed"])) == result["seeds"] >= MIN_SEEDS
+    assert m["loss_knn_spearman"] == pytest.approx(lejepa.per_seed_spearman(m["train_loss"], m["knn"], m["seed"]))
+    assert result["rules"] == ["loss_knn_spearman < 0"] and result["statistics"][0]["n"] == result["seeds"]

@@ -14,7 +14,7 @@ from torch import nn
 from selfsup.config import load_run_config
 from selfsup.instruments.detectors import read_events
 from selfsup.runs.learning import backbone_moved, knn_noise_band
-from selfsup.schedules import PHASE_SHARE, PHASES, fit_phases
+from selfsup.schedules import PHASE_SHARE, PHASES, fit_phases, fitted_line
 from ssl_helpers import run_cli, tiny_run
 
 TINY = tiny_run(heads=False)  # simclr-digits: a micro ViT, 2 steps
@@ -40,6 +40,36 @@ def test_fit_phases_shortens_every_phase_longer_than_the_run():
     wmse = load_run_config("wmse-digits", ["method.lr_schedule=step"])  # the code's: its warm-up, not optim.*'s
     assert [r["key"] for r in fit_phases(wmse, total_steps=100, epoch_steps=5)] == ["method.warmup_iters"]
 
+
+
+def test_keep_phases_keeps_an_official_warm_up_in_a_short_run():
+    """A 4-step run of wmse-r18-cifar10 (W-MSE's 500 warm-up iterations, train.py:43, :50-54): shortened to 0 by
+    default, kept as configured with optim.keep_phases=true (and then the code's ramp lr·(k + 1)/500)."""
+    short = load_run_config("wmse-r18-cifar10", ["trainer.max_steps=4"])
+    assert [r["key"] for r in fit_phases(short, total_steps=4, epoch_steps=97)] == ["method.warmup_iters"]
+    assert short.method.warmup_iters == 0
+    kept = load_run_config("wmse-r18-cifar10", ["trainer.max_steps=4", "optim.keep_phases=true"])
+    assert fit_phases(kept, total_steps=4, epoch_steps=97) == [] and kept.method.warmup_iters == 500
+    assert "optim.keep_phases=true" in fitted_line({"key": "method.warmup_iters", "was": 500, "now": 0, "run": 4,
+                                                    "unit": "steps"})
+
+
+@pytest.mark.train
+def test_a_short_run_follows_the_configured_warm_up_with_keep_phases(tmp_path):
+    # W-MSE's own schedule (method.lr_schedule=step) with its 500-iteration warm-up in a 4-step run
+    args = [*tiny_run(batches=4, batch_size=32, heads=False), "method.head_size=32", "method.emb=4", "method.w_size=8",
+            "method.lr_schedule=step", "method.warmup_iters=500", f"output_dir={tmp_path}"]
+    lrs = {}
+    for keep in ("true", "false"):
+        code, out, err = run_cli("pretrain", "wmse-digits", *args, f"optim.keep_phases={keep}", f"name=keep-{keep}")
+        assert code == 0, err
+        assert ("method.warmup_iters=500 is longer than the run" in out) == (keep == "false"), out
+        rows = (tmp_path / f"keep-{keep}" / "metrics.csv").read_text().splitlines()
+        column = rows[0].split(",").index("train/lr")
+        lrs[keep] = [float(r.split(",")[column]) for r in rows[1:] if r.split(",")[column]]
+    peak = lrs["false"][0]
+    assert lrs["false"] == pytest.approx([peak] * 4)  # shortened to 0 iterations: the peak from the first step
+    assert lrs["true"] == pytest.approx([peak * (k + 1) / 500 for k in range(4)])  # the code's ramp, lr·(k + 1)/500
 
 def test_knn_noise_band_is_two_binomial_standard_errors():
     knn = {"test_size": 400, "pretrained": {"top1": 60.0}, "random_init": {"top1": 50.0}}

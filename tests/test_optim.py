@@ -162,3 +162,85 @@ def test_build_optimizer_keeps_group_keys(name, cls):
         assert {"lr_scale", "fixed_lr", "weight_decay"} <= set(g)
     if name == "lars":
         assert all(g["momentum"] == 0.8 and g["trust_coefficient"] == 0.002 for g in opt.param_groups)
+
+
+# --------------------------------------------------------------------------- LARS's exempt group (LightlyTrain's)
+
+
+class _TinyViT(nn.Module):
+    """A ViT's parameter kinds under their selfsup / timm names: tokens, a position table, a linear layer, a norm,
+    LayerScale."""
+
+    def __init__(self):
+        super().__init__()
+        from selfsup.models.vit import LayerScale
+        self.cls_token = nn.Parameter(torch.tensor([[[3.0, 4.0]]]))  # (1, 1, 2), ‖·‖ = 5
+        self.pos_embed = nn.Parameter(torch.tensor([[[1.0, 0.0], [0.0, 2.0]]]))  # (1, 2, 2)
+        self.proj = nn.Linear(2, 2)
+        self.norm = nn.LayerNorm(2)
+        self.ls1 = LayerScale(2, 0.1)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.tensor([[3.0, 0.0], [0.0, 4.0]]))  # ‖W‖ = 5
+            self.proj.bias.copy_(torch.tensor([1.0, -1.0]))
+
+
+def test_lars_exempt_group_gets_plain_sgd_by_hand():
+    """LightlyTrain's no-decay group (optimizer_helpers.py:83-207) under lightly's LARS (lars.py:124-145): tokens,
+    position table, LayerScale, norm, bias move by lr·g; only the linear weight is decayed and trust-scaled."""
+    model = _TinyViT()
+    lr, wd, eta = 0.1, 0.5, 0.01
+    cfg = OptimConfig(name="lars", weight_decay=wd, trust_coefficient=eta, momentum=0.9)
+    groups = param_groups({"backbone": model}, cfg)
+    assert [(len(g["params"]), g["weight_decay"], g.get("exclude", False)) for g in groups] == [
+        (5, wd, False), (2, 0.0, True)]  # the 1-D ones stay in the decayed group: LARS exempts them by shape
+    opt = build_optimizer(groups, cfg)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.grad = torch.full_like(p, 0.5) if n != "proj.weight" else torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    opt.step()
+    for n, p in model.named_parameters():
+        if n == "proj.weight":
+            continue
+        torch.testing.assert_close(p.detach(), before[n] - lr * 0.5, msg=n)  # no decay, no trust ratio
+    dp = torch.tensor([[1.0 + wd * 3.0, 0.0], [0.0, 2.0 + wd * 4.0]])
+    q = eta * 5.0 / dp.norm()
+    torch.testing.assert_close(model.proj.weight.detach(), before["proj.weight"] - lr * q * dp)
+
+
+def test_lars_exempt_matches_lightlytrain_kinds_on_a_selfsup_vit_and_shape_on_a_resnet():
+    from selfsup.models.backbones import build_backbone
+    from selfsup.optim import lars_exempt
+    vit = build_backbone("vit_micro", in_chans=1, image_size=8, patch_size=2, layer_scale=0.1, registers=2,
+                         pos_embed="learned", init="trunc_normal")
+    exempt = lars_exempt(vit)
+    assert {n for n, p in vit.named_parameters() if id(p) in exempt and p.ndim > 1} == {
+        "cls_token", "pos_embed", "register_tokens"}
+    assert all(id(p) in exempt for n, p in vit.named_parameters() if n.endswith(("gamma", "bias")) or "norm" in n)
+    assert all(n.endswith(".weight") and "norm" not in n for n, p in vit.named_parameters() if id(p) not in exempt)
+    # a ResNet and its head: exactly the ndim <= 1 parameters (BYOL / SimCLR / Barlow Twins / VICReg / MoCo v3),
+    # and the groups of a LARS run stay one per module
+    resnet = build_backbone("resnet18", in_chans=3, image_size=32)
+    head = nn.Sequential(nn.Linear(512, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+    for m in (resnet, head):
+        assert lars_exempt(m) == {id(p) for p in m.parameters() if p.ndim <= 1}
+    groups = param_groups({"backbone": resnet, "projector": head}, OptimConfig(name="lars"))
+    assert [g["name"] for g in groups] == ["backbone", "projector"]
+
+
+def test_lars_lr_1d_mult_moves_the_whole_exempt_group():
+    model = _TinyViT()
+    groups = param_groups({"backbone": model}, OptimConfig(name="lars", weight_decay=1e-6, lr_1d_mult=0.024))
+    exempt = [g for g in groups if g.get("exclude")]
+    assert len(exempt) == 1 and exempt[0]["lr_scale"] == 0.024 and exempt[0]["weight_decay"] == 0.0
+    assert _ids(exempt[0]["params"]) == _ids(p for n, p in model.named_parameters() if n != "proj.weight")
+
+
+def test_lars_group_from_an_older_checkpoint_without_the_exclude_key_steps():
+    w = nn.Parameter(torch.tensor([[3.0, 4.0]]))
+    w.grad = torch.tensor([[1.0, 0.0]])
+    opt = LARS([w], lr=1.0, momentum=0.0, trust_coefficient=1.0)
+    del opt.param_groups[0]["exclude"]
+    opt.step()  # the per-shape rule alone: trust-scaled
+    torch.testing.assert_close(w.detach(), torch.tensor([[3.0 - 5.0, 4.0]]))

@@ -194,7 +194,10 @@ def test_barlow_twins_lars_groups_biases_and_bn_at_their_own_lr():
     one_d = [g for g in opt.param_groups if g["lr_scale"] == pytest.approx(0.024)]
     rest = [g for g in opt.param_groups if g["lr_scale"] == 1.0]
     assert one_d and rest and len(one_d) + len(rest) == len(opt.param_groups)
-    assert all(p.ndim <= 1 for g in one_d for p in g["params"])
+    # LARS's exempt group (LightlyTrain's no-decay group): the ndim <= 1 tensors and, on this ViT, its class token
+    assert all(p.ndim <= 1 or p is m.backbone.cls_token for g in one_d for p in g["params"])
+    assert any(p is m.backbone.cls_token for g in one_d for p in g["params"])
+    assert all(g.get("exclude") and g["weight_decay"] == 0.0 for g in one_d)
     assert all(p.ndim > 1 for g in rest for p in g["params"])
     projector_bn = {id(p) for mod in m.projector if isinstance(mod, nn.BatchNorm1d) for p in mod.parameters()}
     assert projector_bn <= {id(p) for g in one_d for p in g["params"]}

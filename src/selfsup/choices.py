@@ -34,7 +34,10 @@ class OptimConfig:
     predictor_weight_decay: float | None = None  # None: same as weight_decay
     fix_predictor_lr: bool = False  # SimSiam's --fix-pred-lr: the predictor keeps the peak lr
     lr_schedule_unit: str = "iteration"  # iteration | epoch: the lr changes at each epoch's start only (SimSiam's code)
-    lr_1d_mult: float = 1.0  # lr of biases and norm weights (ndim <= 1) = mult x scheduled lr (Barlow Twins 0.0048/0.2)
+    # true: every schedule phase (this warm-up, a method's warm-ups and freezes) as configured even where longer than
+    # the run (a short debug run of an official recipe); false: such a phase is shortened to 0.1 of the run
+    keep_phases: bool = False
+    lr_1d_mult: float = 1.0  # lr of ndim <= 1 tensors (LARS: its exempt group) = mult x lr (Barlow Twins 0.0048/0.2)
     fused: bool = True  # AdamW: torch's fused kernel (the same update in fewer kernels; benchmarks/results/NOTES.md)
 
     def validate(self) -> None:

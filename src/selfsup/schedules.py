@@ -112,7 +112,8 @@ def linear_ramp(step: int, value: float, ramp_steps: int) -> float:
 
 # Every schedule phase a method has (the config section, the key, its unit). A phase longer than the run (a 5-epoch
 # warm-up in a 1-epoch run: every step on the ramp, the peak never reached) is shortened to PHASE_SHARE of the run,
-# the share of the official recipes' warm-ups (DINO 10 of 100 epochs, SimCLR 10 of 100, MoCo v3 40 of 300).
+# the share of the official recipes' warm-ups (DINO 10 of 100 epochs, SimCLR 10 of 100, MoCo v3 40 of 300), unless
+# ``optim.keep_phases`` keeps them as configured.
 def _wmse_code_schedule(cfg) -> bool:
     return getattr(cfg.method, "lr_schedule", None) in ("step", "cos")  # W-MSE's own warm-up, not optim.*'s
 
@@ -133,7 +134,9 @@ def fit_phases(cfg, total_steps: int, epoch_steps: int, share: float = PHASE_SHA
     """Shorten in ``cfg`` (in place) each schedule phase of ``PHASES`` longer than the run (``total_steps``
     optimiser steps, ``epoch_steps`` of them a schedule epoch) to ``share`` of the run, in the phase's unit (an
     integer key stays an integer, rounded down). Returns one record per phase shortened: key, was, now, the run's
-    length and the unit."""
+    length and the unit. ``optim.keep_phases``: none is shortened (an official recipe's schedule in a short run)."""
+    if getattr(getattr(cfg, "optim", None), "keep_phases", False):
+        return []
     epochs = total_steps / max(epoch_steps, 1)
     fitted = []
     for section, key, unit, applies in PHASES:
@@ -156,4 +159,4 @@ def fitted_line(record: dict) -> str:
     """The console line of one shortened phase (``fit_phases``)."""
     return (f"selfsup: {record['key']}={record['was']:g} is longer than the run ({record['run']:g} "
             f"{record['unit']}); shortened to {record['now']:g} ({PHASE_SHARE:g} of the run; set a shorter "
-            f"{record['key']} or a longer run to choose)")
+            f"{record['key']} or a longer run to choose, or optim.keep_phases=true to keep it)")

@@ -375,8 +375,8 @@ def table(results: Path) -> str:
              "100·√(p(1 − p)/N) points for N test images: 359 on digits (about 2.4 points near 70%), 10,000 on "
              "Fashion-MNIST (about 0.45); a claim whose effect is a few points scores on Fashion-MNIST. A claim's "
              "budget was set from a short pilot on other seeds (`selfsup claims pilot`) where its row names one. A "
-             "correlation rule (`lejepa-loss-tracks-accuracy`) is judged on Spearman's ρ over every (run, checkpoint) "
-             "pair, its 95% interval a percentile bootstrap over the runs (n: runs).", "",
+             "correlation claim (`lejepa-loss-tracks-accuracy`) has one Spearman ρ per seed, over that seed's "
+             "(run, checkpoint) pairs, judged as any per-seed metric.", "",
              "| claim | source | statement | paper | ours | rules: mean [95% interval], n, MDE | verdict | command | "
              "budget, and why it may differ |",
              "|---|---|---|---|---|---|---|---|---|"]
