@@ -253,7 +253,7 @@ def _dinov2_teacher(ref, chunks):
             i = int(k.split(".")[1])
             k = f"blocks.{i // size}.{i}." + k.split(".", 2)[2]
         backbone[f"backbone.{k}"] = v
-    assert depth == 12 and "backbone.blocks.3.11.norm1.weight" in backbone
+    assert depth == 12 and f"backbone.blocks.{chunks - 1}.11.norm1.weight" in backbone
     return {"teacher": {**backbone, **_dino_head("dino_head."), **_dino_head("ibot_head.")}}
 
 
@@ -283,3 +283,69 @@ def test_a_checkpoint_s_heads_outside_the_prefix_are_listed_in_run_json_s_weight
     model = tiny_method("dino", model={"weights": str(tmp_path / "teacher_checkpoint.pth")})
     assert model.start_weights["dropped"] == ["dino_head.* (4 tensors)"]
     assert model.start_weights["prefix"] == "backbone." and model.start_weights["layout"] == "dinov2"
+
+
+# --------------------------------------------------------------------------- selfsup eval of every model.weights source
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """A labelled image folder: 2 classes, 4 train and 2 val images each."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("images")
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", 4), ("val", 2)):
+        for label in ("a", "b"):
+            (root / split / label).mkdir(parents=True)
+            for i in range(n):
+                pixels = (torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+                Image.fromarray(pixels).save(root / split / label / f"{i}.png")
+    return root
+
+
+def _knn(images, source, *flags):
+    from ssl_helpers import run_cli
+
+    return run_cli("eval", "knn", source, *flags, "--data", "imagefolder", "--root", images, "--resize",
+                   "--train-limit", "8")
+
+
+def _knn_result(path, stem):
+    import json
+
+    return json.loads((path.parent / f"{stem}-eval" / "knn.json").read_text())
+
+
+def test_selfsup_eval_takes_a_torchvision_and_a_timm_state_dict_with_their_backbone_named(tmp_path, images):
+    """``selfsup eval`` took a selfsup run and a DINOv2 hub file only; now any model.weights file, with --backbone
+    where the file cannot say its architecture (a ViT's settings from its shapes, its head count checked)."""
+    import torchvision
+    from ssl_helpers import assert_user_error
+
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "r18.pth")
+    code, _, err = _knn(images, tmp_path / "r18.pth")
+    assert_user_error(code, err, "does not say its architecture", "--backbone", "model.weights")
+    code, _, err = _knn(images, tmp_path / "r18.pth", "--backbone", "resnet18")
+    assert code == 0, err
+    assert _knn_result(tmp_path / "r18.pth", "r18")["test_size"] == 4
+    vit = _save(tmp_path / "vit_s.safetensors", _timm_vit_s(224).state_dict())
+    code, _, err = _knn(images, vit, "--backbone", "vit_small")
+    assert_user_error(code, err, "does not say its head count", "model.backbone=deit_small")
+    code, _, err = _knn(images, vit, "--backbone", "deit_small")
+    assert code == 0, err
+    assert _knn_result(tmp_path / "vit_s.safetensors", "vit_s")["train_size"] == 8
+
+
+def test_selfsup_eval_takes_a_dinov2_training_checkpoint_and_an_ijepa_pth_tar(tmp_path, images):
+    ref = timm.create_model("vit_small_patch14_dinov2", pretrained=False, num_classes=0, img_size=56)
+    torch.save(_dinov2_teacher(ref, chunks=2), tmp_path / "teacher_checkpoint.pth")
+    code, _, err = _knn(images, tmp_path / "teacher_checkpoint.pth")  # its architecture from its shapes
+    assert code == 0, err
+    assert _knn_result(tmp_path / "teacher_checkpoint.pth", "teacher_checkpoint")["test_size"] == 4
+    source = _vit("deit_small", 224, class_token=False, pool="avg")
+    torch.save({"target_encoder": {f"module.{k}": v for k, v in source.state_dict().items()}, "epoch": 1},
+               tmp_path / "ijepa-latest.pth.tar")
+    code, _, err = _knn(images, tmp_path / "ijepa-latest.pth.tar", "--backbone", "deit_small")
+    assert code == 0, err
+    assert _knn_result(tmp_path / "ijepa-latest.pth.tar", "ijepa-latest.pth")["test_size"] == 4

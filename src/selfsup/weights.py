@@ -685,6 +685,64 @@ def load_weights(module: nn.Module, spec: str, what: str = "model.weights",
 IMAGENET_NORM = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # DINOv2's and timm's usual input normalisation
 
 
+def _dinov2_backbone(raw: RawWeights) -> dict[str, Tensor] | None:
+    """The backbone tensors of a DINOv2 hub file or training checkpoint (its teacher's ``backbone.*``), else None."""
+    if raw.kind == "dinov2-hub":
+        return raw.candidates[None]
+    teacher = raw.candidates.get("teacher") or {}
+    if "backbone.cls_token" in teacher and any(k.startswith("dino_head.") for k in teacher):
+        return _strip(teacher, "backbone.")
+    return None
+
+
+def file_vit_kwargs(spec: str, what: str) -> dict:
+    """The selfsup ViT settings a ViT file's shapes show (patch, LayerScale, registers, FFN, class token), with
+    learned positions (any file's table, loaded as it is): what a ViT named for a file (``selfsup eval --backbone
+    deit_small``) is built with; its head count is the name's, checked as ``load_weights`` checks it."""
+    raw = read_weights(spec, None, what)
+    vit_keys = {"patch_embed.proj.weight", "cls_token", "pos_embed", "norm.weight", "norm.bias"} | {
+        f"blocks.{i}.{part}" for i in range(48) for part in ("norm1.weight", "attn.qkv.weight")}
+    found = _vit_from_state(choose(raw, vit_keys)[2])
+    if found is None:
+        raise UserError(f"{what} {spec} holds no ViT (no patch_embed.proj.weight and blocks.*): name a backbone "
+                        "of its kind (a ResNet's name, timm:<name>)")
+    return {"patch_size": found["patch_size"], "pos_embed": "learned",
+            "layer_scale": 1e-5 if found["layer_scale"] else 0.0, "registers": found["registers"],
+            "ffn": found["ffn"], **({} if found["class_token"] else {"class_token": False, "pool": "avg"})}
+
+
+def _auto_architecture(spec: str, image_size: int, what: str) -> tuple[RawWeights, str, dict, dict | None]:
+    """(the source read, its backbone name, kwargs, its selfsup metadata or None) of a source that says its own
+    architecture: a selfsup export's metadata, a DINOv2 hub file's or training checkpoint's shapes (64 channels per
+    head, LayerScale, learned positions at ``image_size``); any other: one line naming the fix."""
+    raw = read_weights(spec, None, what)
+    if raw.kind == "selfsup":
+        meta = raw.meta
+        return raw, meta["backbone"], {k: v for k, v in meta["kwargs"].items()
+                                       if k not in ("in_chans", "image_size")}, meta
+    state = _dinov2_backbone(raw)
+    if state is None:
+        fix = ("name it: method.teacher.backbone=<a selfsup backbone or timm:<name>> (and method.teacher.kwargs)"
+               if what.startswith("method.teacher") else
+               "name it: selfsup eval ... --backbone <a selfsup backbone or timm:<name>>, or load it into a run's "
+               "backbone with model.weights (model.backbone and model.* name the architecture) and evaluate that "
+               "run's backbone_init.safetensors")
+        raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export nor a DINOv2 hub "
+                        f"or training checkpoint); {fix}")
+    found = _vit_from_state(state)
+    names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == found["embed_dim"] and
+             s["depth"] == found["depth"] and s["num_heads"] == found["embed_dim"] // 64]
+    if not names:
+        raise UserError(f"{what}={spec}: a DINOv2 checkpoint of width {found['embed_dim']} and depth "
+                        f"{found['depth']} has no selfsup ViT size ({', '.join(VIT_SIZES)})")
+    if image_size % found["patch_size"]:
+        raise UserError(f"{what}={spec}: the teacher's patch is {found['patch_size']} px and the images "
+                        f"are {image_size} px; set data.image_size to a multiple of {found['patch_size']}")
+    return raw, names[0], dict(patch_size=found["patch_size"], pos_embed="learned", init="dinov2",
+                               layer_scale=1e-5 if found["layer_scale"] else 0.0, registers=found["registers"],
+                               ffn=found["ffn"]), None
+
+
 def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, image_size: int,
                        what: str, own_channels: bool = False) -> tuple[nn.Module, StartFacts, tuple | None]:
     """A network of its own architecture with the weights ``spec`` (a frozen network: a distillation teacher,
@@ -693,50 +751,22 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
     once.
 
     ``backbone="auto"``: the source's own architecture, a selfsup export's metadata (at ``image_size``), a DINOv2
-    hub file's shapes (DINOv2's 64 channels per head, LayerScale, learned positions at ``image_size``), or the timm
-    model of ``timm:<name>``; any other name is built by ``build_backbone(backbone, **kwargs)``. ``in_chans``: the
-    input channels, or with ``own_channels`` those of the source where it states them (a selfsup export's, a
-    DINOv2 hub file's or a timm model's 3: a grey run's teacher sees its image repeated, not a summed stem)."""
+    hub file's or training checkpoint's shapes (``_auto_architecture``), or the timm model of ``timm:<name>``; any
+    other name is built by ``build_backbone(backbone, **kwargs)``. ``in_chans``: the input channels, or with
+    ``own_channels`` those of the source where it states them (a selfsup export's, a DINOv2 file's or a timm
+    model's 3: a grey run's teacher sees its image repeated, not a summed stem)."""
     from selfsup.models.backbones import build_backbone
 
     norm, raw = None, None
-    if backbone == "auto":
-        if spec.startswith(TIMM_PREFIX):
-            backbone = spec
-            kwargs = {}
-            in_chans = 3 if own_channels else in_chans
+    if backbone == "auto" and spec.startswith(TIMM_PREFIX):
+        backbone, kwargs, in_chans = spec, {}, 3 if own_channels else in_chans
+    elif backbone == "auto":
+        raw, backbone, kwargs, meta = _auto_architecture(spec, image_size, what)
+        if meta is not None:
+            norm = (tuple(meta["mean"]), tuple(meta["std"]))
+            in_chans = int(meta["in_chans"]) if own_channels else in_chans
         else:
-            raw = read_weights(spec, None, what)
-            if raw.kind == "selfsup":
-                meta = raw.meta
-                backbone, kwargs = meta["backbone"], {k: v for k, v in meta["kwargs"].items()
-                                                      if k not in ("in_chans", "image_size")}
-                norm = (tuple(meta["mean"]), tuple(meta["std"]))
-                in_chans = int(meta["in_chans"]) if own_channels else in_chans
-            elif raw.kind == "dinov2-hub":
-                state = next(iter(raw.candidates.values()))
-                found = _vit_from_state(state)
-                names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == found["embed_dim"] and
-                         s["depth"] == found["depth"] and s["num_heads"] == found["embed_dim"] // 64]
-                if not names:
-                    raise UserError(f"{what}={spec}: a DINOv2 hub checkpoint of width {found['embed_dim']} and depth "
-                                    f"{found['depth']} has no selfsup ViT size ({', '.join(VIT_SIZES)})")
-                backbone = names[0]
-                kwargs = dict(patch_size=found["patch_size"], pos_embed="learned", init="dinov2",
-                              layer_scale=1e-5 if found["layer_scale"] else 0.0, registers=found["registers"],
-                              ffn=found["ffn"])
-                norm = IMAGENET_NORM
-                in_chans = 3 if own_channels else in_chans
-                if image_size % found["patch_size"]:
-                    raise UserError(f"{what}={spec}: the teacher's patch is {found['patch_size']} px and the images "
-                                    f"are {image_size} px; set data.image_size to a multiple of {found['patch_size']}")
-            else:
-                fix = ("name it: method.teacher.backbone=<a selfsup backbone or timm:<name>> (and "
-                       "method.teacher.kwargs)" if what.startswith("method.teacher") else
-                       "load it into a run's backbone with model.weights (model.backbone and model.* name the "
-                       "architecture) and evaluate that run's backbone_init.safetensors")
-                raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export nor a DINOv2 "
-                                f"hub checkpoint); {fix}")
+            norm, in_chans = IMAGENET_NORM, 3 if own_channels else in_chans
     try:
         module = build_backbone(backbone, in_chans=in_chans, image_size=image_size, **kwargs)
     except (TypeError, ValueError) as e:
