@@ -349,3 +349,15 @@ def test_selfsup_eval_takes_a_dinov2_training_checkpoint_and_an_ijepa_pth_tar(tm
     code, _, err = _knn(images, tmp_path / "ijepa-latest.pth.tar", "--backbone", "deit_small")
     assert code == 0, err
     assert _knn_result(tmp_path / "ijepa-latest.pth.tar", "ijepa-latest.pth")["test_size"] == 4
+
+
+def test_selfsup_eval_takes_a_timm_name(tmp_path, images, monkeypatch):
+    """``timm:<name>``: timm's pretrained weights (built at random here: no download), its results in
+    ``timm-<name>-eval/`` of the working folder."""
+    create = timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda name, pretrained=False, **kw: create(name, pretrained=False,
+                                                                                          **kw))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _knn(images, "timm:resnet18")
+    assert code == 0, err
+    assert _knn_result(tmp_path / "x", "timm-resnet18")["test_size"] == 4

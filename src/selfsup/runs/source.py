@@ -62,7 +62,12 @@ class EvalSource:
 
     @property
     def fingerprint(self) -> str:
-        """Identity of the weights for the feature cache: resolved path, size, modification time, embedding."""
+        """Identity of the weights for the feature cache: resolved path, size, modification time, embedding; a
+        ``model.weights`` source's (``_from_foreign``): the loaded tensors' sha256 and the architecture built."""
+        facts = self.meta.get("weights")
+        if isinstance(facts, dict) and facts.get("sha256"):
+            raw = f"{facts['sha256']}|{self.meta['backbone']}|{self.embedding}"
+            return hashlib.sha1(raw.encode()).hexdigest()[:16]
         st = self.weights.stat()
         raw = f"{self.weights.resolve()}|{st.st_size}|{st.st_mtime_ns}|{self.embedding}"
         return hashlib.sha1(raw.encode()).hexdigest()[:16]
