@@ -56,7 +56,7 @@ def test_a_timm_6_head_vit_s_file_computes_timm_s_function_or_is_one_line(tmp_pa
     for path in (_save(tmp_path / "vit_s.safetensors", ref.state_dict()), str(tmp_path / "vit_s.pth")):
         torch.save(ref.state_dict(), tmp_path / "vit_s.pth")
         twelve = _vit("vit_small")
-        with raises_user_error("does not say its head count", "6 heads", "the backbone 12",
+        with raises_user_error("does not say its head count", "6 heads", "the backbone has 12",
                                "model.backbone=deit_small", "module.base_encoder"):
             load_weights(twelve, path)
         twelve.load_state_dict(ref.state_dict())  # what loading it would compute: another function
@@ -361,3 +361,18 @@ def test_selfsup_eval_takes_a_timm_name(tmp_path, images, monkeypatch):
     code, _, err = _knn(images, "timm:resnet18")
     assert code == 0, err
     assert _knn_result(tmp_path / "x", "timm-resnet18")["test_size"] == 4
+
+
+def test_a_torch_file_of_the_legacy_format_is_read_and_a_bare_tar_is_refused(tmp_path):
+    """Files saved before torch 1.6 (SwAV's and MoCo's era) cannot be mapped: they are read whole."""
+    import torchvision
+
+    tv = torchvision.models.resnet18(weights=None).eval()
+    torch.save({"state_dict": tv.state_dict()}, tmp_path / "old.pth.tar", _use_new_zipfile_serialization=False)
+    ours = build_backbone("resnet18", in_chans=3, image_size=64).eval()
+    assert load_weights(ours, str(tmp_path / "old.pth.tar")).dropped == ["fc.bias", "fc.weight"]
+    tv.fc = torch.nn.Identity()
+    assert torch.equal(ours(_x(64)), tv(_x(64)))
+    (tmp_path / "weights.tar").write_bytes(b"")
+    with raises_user_error("not a weights file", ".pth.tar"):
+        load_weights(ours, str(tmp_path / "weights.tar"))

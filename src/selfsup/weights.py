@@ -26,11 +26,11 @@ other mismatch is one line naming the missing and unexpected keys, the shapes an
 Head counts: a ViT's qkv weight does not show its head count, and a wrong one loads and computes another function.
 The count is read from the source where it says it (a selfsup export's metadata, a timm model, DINOv2's 64
 channels per head, a method's release layout: MoCo v3's 12-head ViT-S, DINO's / iBOT's / MAE's / I-JEPA's sizes,
-``RELEASE_HEADS``) and must be the backbone's. A plain state dict does not say it: it is taken at the count every
-public ViT of its width has (``RELEASE_HEADS``: 6 at width 384, timm's, DeiT's, DINO's); a backbone of another
-count there (selfsup's ``vit_small``, MoCo v3's 12 heads) is refused in one line naming the backbone of the
-file's count. What was loaded is described by :class:`StartFacts` (``run.json``'s ``weights``) with a sha256 of
-the loaded tensors (``state_sha256``).
+``RELEASE_HEADS``) and must be the backbone's. A plain state dict does not say it: it is taken at the count the
+released ViTs of its width have but MoCo v3's (``RELEASE_HEADS``: 6 at width 384, timm's, DeiT's, DINO's); a
+backbone of another count there (selfsup's ``vit_small``, MoCo v3's 12 heads) is refused in one line naming the
+backbone of the file's count. What was loaded is described by :class:`StartFacts` (``run.json``'s ``weights``)
+with a sha256 of the loaded tensors (``state_sha256``).
 
 Memory: a ``.safetensors`` file is read a few tensors at a time as they are copied into the backbone (straight
 from the file, not mapped), and a torch file is mapped (``mmap``) and copied from as it is touched: loading
@@ -75,9 +75,10 @@ FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".tar")  # .tar
 # DINO's, iBOT's and MAE's checkpoints keep their argparse arguments (dino main_dino.py:278-285, mae
 # util/misc.py:301-307): a Namespace of plain values, allowed beside torch's weights-only set
 SAFE_GLOBALS = (*EXTRA_SAFE_GLOBALS, argparse.Namespace)
-# the head count of every public ViT of a width (timm's, DeiT's, DINO's and iBOT's vision_transformer.py, MAE's
-# models_mae.py, I-JEPA's vision_transformer.py, DINOv2's 64 channels per head; ViT-H 16 heads of 80): a plain state
-# dict is taken at this count; MoCo v3's vits.py:115-127 has 12 heads at 384 and 768 (its layout says so)
+# the head count of the released ViTs of a width but MoCo v3's (timm's, DeiT's, DINO's and iBOT's
+# vision_transformer.py, MAE's models_mae.py, I-JEPA's vision_transformer.py, DINOv2's 64 channels per head; ViT-H 16
+# heads of 80): a plain state dict is taken at this count; MoCo v3's vits.py:115-127 has 12 heads at 384 and 768
+# (its layout says so)
 RELEASE_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1536: 24}
 MOCO_V3_HEADS = {384: 12, 768: 12}
 WHAT = ("give a selfsup run folder, a .safetensors / .pth / .pt / .pth.tar file (a state dict or checkpoint), timm "
@@ -365,7 +366,8 @@ def _layout(raw: RawWeights, wrapper: str | None, prefix: str) -> str | None:
 
     if "base_encoder." in prefix:
         return "moco-v3"
-    if wrapper in ("target_encoder", "encoder") and not any(k.endswith("cls_token") for k in keys):
+    vit = any(k.endswith("patch_embed.proj.weight") for k in keys)
+    if wrapper in ("target_encoder", "encoder") and vit and not any(k.endswith("cls_token") for k in keys):
         return "ijepa"
     if wrapper == "teacher" and has("dino_head.", "module.dino_head."):
         return "dinov2"
@@ -487,10 +489,10 @@ def _check_heads(raw: RawWeights, layout: str | None, state: Mapping[str, Tensor
                if isinstance(module, VisionTransformer) else f"a backbone of {heads} heads")
         if plain:
             raise UserError(
-                f"{what}={raw.path}: a plain state dict does not say its head count; a ViT of width {width} has "
-                f"{heads} heads in every released file (timm, DeiT, DINO, MAE, DINOv2), the backbone {own}: {fix}; "
-                f"a file of {own} heads (MoCo v3's ViT-S) loads from a source that says so (its release checkpoint, "
-                "module.base_encoder.*, or a selfsup export)")
+                f"{what}={raw.path}: a plain state dict does not say its head count and is read at {heads} heads, "
+                f"the count at width {width} of timm's, DeiT's, DINO's, MAE's and DINOv2's ViTs; the backbone has "
+                f"{own}: {fix}; a file of {own} heads (MoCo v3's ViT-S) loads from a source that says so (its "
+                "release checkpoint, module.base_encoder.*, or a selfsup export)")
         kind = "a DINOv2 hub checkpoint" if raw.kind == "dinov2-hub" else (
             f"a {layout} checkpoint" if layout else "a file")
         raise UserError(f"{what}={raw.path} is {kind} with {heads} heads ({where}), the backbone has {own}: {fix}")
