@@ -1,16 +1,17 @@
 """Peak memory of loading weights (``selfsup.weights``): a ViT-B-sized file loaded into a ViT-B backbone.
 
-Each case runs in a fresh interpreter: the backbone is built (but in ``auto``, where ``build_from_weights`` builds
-it from the file's metadata inside the load), the peak resident set is reset (``/proc/self/clear_refs`` 5), the
-weights are loaded, and two peaks over the load are read, each over the file's size:
+Each case runs in a fresh interpreter: the backbone is built (but in ``auto`` and ``auto-pth``, where
+``build_from_weights`` builds it from the file inside the load), the peak resident set is reset
+(``/proc/self/clear_refs`` 5), the weights are loaded, and two peaks over the load are read, each over the file's
+size:
 
 - ``peak_anon``: the process's own allocations (``RssAnon``, sampled every millisecond): the copies held;
 - ``peak_rss``: the whole resident set (``VmHWM``), which also counts the file's pages the process maps while it
   reads them (page cache the kernel can drop and read again).
 
-The backbone's own parameters are there before and after the load and are not counted, but in ``auto``.
+The backbone's own parameters are there before and after the load and are not counted, but in ``auto*``.
 
-    python -m benchmarks.weights_memory             # ViT-B/16 at 224 px: .pth, .safetensors, a wrapped checkpoint, auto
+    python -m benchmarks.weights_memory             # ViT-B at 224 px: .pth, .safetensors, a checkpoint, auto, auto-pth
     python -m benchmarks.weights_memory --quick     # a ViT-S instead (a smoke test)
     python -m benchmarks.weights_memory --src /tmp/old/src --out /tmp/before.json   # another revision's selfsup
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.harness import RESULTS, child_env, machine_info, write_report
 
-CASES = ("pth", "safetensors", "checkpoint", "auto")
+CASES = ("pth", "safetensors", "checkpoint", "auto", "auto-pth")
 
 
 def _status(field: str) -> int:
@@ -63,11 +64,13 @@ class AnonPeak:
 
 def write_files(folder: Path, size: str) -> dict[str, Path]:
     """The files of each case: timm's ViT (random values) as a state dict (.pth, .safetensors), the same under a
-    DINO-style ``teacher`` wrapper with ``backbone.`` keys and a head, and a selfsup export (read by ``auto``)."""
+    DINO-style ``teacher`` wrapper with ``backbone.`` keys and a head, a selfsup export (read by ``auto``) and a
+    DINOv2 hub file of that size (``auto-pth``: its network built from its shapes)."""
     import timm
     import torch
     from safetensors.torch import save_file
 
+    from benchmarks.hub_layout import hub_layout
     from selfsup.export import export_backbone
     from selfsup.models.backbones import build_backbone
 
@@ -81,6 +84,9 @@ def write_files(folder: Path, size: str) -> dict[str, Path]:
     torch.save({"teacher": {**{f"backbone.{k}": v for k, v in state.items()}, **head}, "epoch": 1},
                paths["checkpoint"])
     paths["checkpoint"] = paths["checkpoint"].rename(folder / "checkpoint.pth")
+    dinov2 = {"base": "vit_base_patch14_dinov2", "small": "vit_small_patch14_dinov2"}[size]
+    paths["auto-pth"] = folder / "dinov2_pretrain.pth"
+    torch.save(hub_layout(timm.create_model(dinov2, pretrained=False, num_classes=0).state_dict()), paths["auto-pth"])
     selfsup_name = {"base": "vit_base", "small": "deit_small"}[size]
     own = build_backbone(selfsup_name, in_chans=3, image_size=224, patch_size=16, pos_embed="learned")
     kwargs = {"in_chans": 3, "image_size": 224, "patch_size": 16, "pos_embed": "learned"}
@@ -100,13 +106,13 @@ def measure(case: str, path: str, size: str) -> dict:
     torch.set_num_threads(1)
     name = {"base": "vit_base", "small": "deit_small"}[size]
     module = None
-    if case != "auto":
+    if not case.startswith("auto"):
         module = build_backbone(name, in_chans=3, image_size=224, patch_size=16, pos_embed="learned")
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # the peak resident set starts again from here
     before, anon_before = _status("VmRSS"), _status("RssAnon")
     with AnonPeak() as anon:
-        if case == "auto":  # the frozen-network path: the module is built from the file's metadata inside
+        if case.startswith("auto"):  # the frozen-network path: the module is built from the file inside
             module, _, _ = build_from_weights(path, "auto", {}, 3, 224, "the checkpoint")
         else:
             load_weights(module, path)
@@ -114,7 +120,7 @@ def measure(case: str, path: str, size: str) -> dict:
     file_bytes = Path(path).stat().st_size
     params = sum(t.numel() * t.element_size() for t in module.state_dict().values())
     return {"case": case, "file_mb": round(file_bytes / 2**20, 1), "backbone_mb": round(params / 2**20, 1),
-            "built_in_load": case == "auto", "peak_rss_over_load_mb": round((peak - before) / 2**20, 1),
+            "built_in_load": case.startswith("auto"), "peak_rss_over_load_mb": round((peak - before) / 2**20, 1),
             "peak_rss_over_file": round((peak - before) / file_bytes, 2),
             "peak_anon_over_load_mb": round((anon.peak - anon_before) / 2**20, 1),
             "peak_anon_over_file": round((anon.peak - anon_before) / file_bytes, 2)}

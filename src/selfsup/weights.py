@@ -445,7 +445,7 @@ def _stated_heads(raw: RawWeights, layout: str | None, width: int) -> tuple[int 
     plain state dict (the caller takes ``RELEASE_HEADS``)."""
     if raw.kind == "selfsup":
         arch = (raw.meta.get("architecture") or {}).get("kwargs") or raw.meta.get("kwargs") or {}
-        return (int(arch["num_heads"]), "its selfsup metadata") if "num_heads" in arch else (None, "")
+        return (int(arch["num_heads"]) if "num_heads" in arch else None), "its selfsup metadata"
     if raw.heads is not None:
         return raw.heads
     if raw.kind == "dinov2-hub" or layout == "dinov2":  # vision_transformer.py:341-394: ViT-S/B/L/g
@@ -481,8 +481,9 @@ def _check_heads(raw: RawWeights, layout: str | None, state: Mapping[str, Tensor
         return None
     width = int(w.shape[0])
     heads, where, plain = _file_heads(raw, layout, state)
-    if heads is None:
-        return f"{own} (the backbone's: the file cannot say, and width {width} has no usual count)"
+    if heads is None:  # a width no release has, or a selfsup export of a network that names none
+        told = "the file cannot say and no release has" if plain else f"none in {where} at"
+        return f"{own} (the backbone's: {told} width {width})"
     if heads != own:
         names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == width and s["num_heads"] == heads]
         fix = (vit_settings(state, False, module, heads) or f"model.backbone={' or '.join(names)}"
