@@ -376,3 +376,15 @@ def test_a_torch_file_of_the_legacy_format_is_read_and_a_bare_tar_is_refused(tmp
     (tmp_path / "weights.tar").write_bytes(b"")
     with raises_user_error("not a weights file", ".pth.tar"):
         load_weights(ours, str(tmp_path / "weights.tar"))
+
+
+def test_nested_blocks_that_restart_their_index_are_not_read_as_dinov2_s_chunks(tmp_path):
+    """timm's EfficientNet nests ``blocks.<stage>.<i>`` with i from 0 in each stage: not DINOv2's chunks."""
+    torch.manual_seed(6)
+    ref = timm.create_model("efficientnet_b0", pretrained=False, num_classes=0).eval()
+    assert "blocks.1.0.conv_dw.weight" in ref.state_dict()
+    ours = build_backbone("timm:efficientnet_b0", in_chans=3, image_size=64).eval()
+    load_weights(ours, _save(tmp_path / "effnet.safetensors", ref.state_dict()))
+    torch.save(ref.state_dict(), tmp_path / "effnet.pth")
+    load_weights(ours, str(tmp_path / "effnet.pth"))
+    assert torch.equal(ours(_x(64)), ref(_x(64)))

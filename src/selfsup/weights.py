@@ -179,14 +179,30 @@ def state_sha256(state: Mapping[str, Tensor]) -> str:
 # --------------------------------------------------------------------------- reading a source
 
 def _tensors(obj) -> dict[str, Tensor] | None:
-    """``obj`` as a flat mapping of tensors (non-tensor entries, e.g. BN counters as ints, skipped), DINOv2's
-    ``block_chunks`` keys ``blocks.<chunk>.<i>.`` as ``blocks.<i>.`` (dinov2 models/vision_transformer.py:154-161:
-    chunk c holds blocks c·k to (c+1)·k − 1 under their own index), or None."""
+    """``obj`` as a flat mapping of tensors (non-tensor entries, e.g. BN counters as ints, skipped; DINOv2's
+    chunked blocks as ``_unchunked``), or None."""
     if not isinstance(obj, dict):
         return None
-    out = {re.sub(r"(^|\.)blocks\.\d+\.(\d+)\.", r"\1blocks.\2.", k): v for k, v in obj.items()
-           if isinstance(k, str) and isinstance(v, Tensor)}
-    return out or None
+    out = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, Tensor)}
+    return _unchunked(out) or None
+
+
+CHUNKED = re.compile(r"(^|\.)blocks\.(\d+)\.(\d+)\.")
+
+
+def _unchunked(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A ViT's ``block_chunks`` keys ``blocks.<chunk>.<i>.`` as ``blocks.<i>.`` (dinov2 models/vision_transformer.py:
+    154-161: chunk c holds blocks c·k to (c+1)·k − 1 under their own index, so each i is in one chunk only); a
+    network whose nested blocks restart their index (timm's EfficientNet ``blocks.<stage>.<i>``) is left as it is."""
+    found = [(m.group(2), m.group(3)) for k in state if (m := CHUNKED.search(k))]
+    if not found or not any(k.endswith("patch_embed.proj.weight") for k in state):
+        return state
+    chunks_of: dict[str, set[str]] = {}
+    for chunk, i in found:
+        chunks_of.setdefault(i, set()).add(chunk)
+    if any(len(c) > 1 for c in chunks_of.values()):
+        return state
+    return {CHUNKED.sub(r"\1blocks.\3.", k, count=1): v for k, v in state.items()}
 
 
 def _torch_load(path: Path):
