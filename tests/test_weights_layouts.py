@@ -10,6 +10,7 @@ import argparse
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 from ssl_helpers import raises_user_error, tiny_method
 
@@ -388,3 +389,21 @@ def test_nested_blocks_that_restart_their_index_are_not_read_as_dinov2_s_chunks(
     torch.save(ref.state_dict(), tmp_path / "effnet.pth")
     load_weights(ours, str(tmp_path / "effnet.pth"))
     assert torch.equal(ours(_x(64)), ref(_x(64)))
+
+
+def test_a_mae_table_is_resampled_as_mae_s_fine_tuning_does(tmp_path):
+    """MAE util/pos_embed.py:75-93 resamples a checkpoint's table to size g × g, bicubic, align_corners off, no
+    antialias (timm's antialias would differ on a smaller grid); the class row as it is."""
+    torch.manual_seed(7)
+    pos = torch.randn(1, 1 + 16, 384)
+    enc = {**_timm_vit_s(64).state_dict(), "pos_embed": pos}
+    torch.save({"model": {**enc, "decoder_embed.weight": torch.zeros(8, 384)}}, tmp_path / "mae.pth")
+    ours = _vit("deit_small", 32)
+    assert load_weights(ours, str(tmp_path / "mae.pth")).resampled == "4x4 -> 2x2 (mae)"
+    grid = F.interpolate(pos[:, 1:].reshape(1, 4, 4, 384).permute(0, 3, 1, 2), size=(2, 2), mode="bicubic",
+                         align_corners=False)
+    expect = torch.cat([pos[:, :1], grid.permute(0, 2, 3, 1).reshape(1, 4, 384)], dim=1)
+    assert torch.equal(ours.pos_embed.detach(), expect)
+    timm_way = F.interpolate(pos[:, 1:].reshape(1, 4, 4, 384).permute(0, 3, 1, 2), size=(2, 2), mode="bicubic",
+                             antialias=True)
+    assert not torch.allclose(grid, timm_way)

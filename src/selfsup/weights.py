@@ -321,7 +321,9 @@ def resample_position_table(pos: Tensor, grid: int, prefix: int, rule: str) -> T
       models/vision_transformer.py:194-208; selfsup's own ViT, ``models.vit.interpolate_pos_embed``);
     - ``timm``: output size g × g, bicubic, antialias on, align_corners off (timm layers/pos_embed.py
       ``resample_abs_pos_embed``; DINOv2's ``_reg`` hub models, interpolate_offset 0 and antialias True,
-      hub/backbones.py:103-110)."""
+      hub/backbones.py:103-110);
+    - ``mae``: output size g × g, bicubic, no antialias, align_corners off (MAE util/pos_embed.py:75-93; I-JEPA's
+      scale factor g / G, vision_transformer.py:427-440, is that size)."""
     old = int(round(math.sqrt(pos.shape[1] - prefix)))
     if old == grid:
         return pos
@@ -336,7 +338,7 @@ def resample_position_table(pos: Tensor, grid: int, prefix: int, rule: str) -> T
                             mode="bicubic")
     else:
         out = F.interpolate(table.reshape(1, old, old, dim).permute(0, 3, 1, 2), size=(grid, grid), mode="bicubic",
-                            antialias=True)
+                            align_corners=False, antialias=rule == "timm")
     return torch.cat([head, out.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)], dim=1)
 
 
@@ -653,12 +655,13 @@ def _position_table(pos: Tensor, own: Tensor, module: nn.Module, raw: RawWeights
         g_own, g_file = math.isqrt(max(n_own - prefix, 0)), math.isqrt(max(n_file - prefix, 0))
         if g_own * g_own == n_own - prefix and g_file * g_file == n_file - prefix and g_own and g_file:
             # as the source model resamples: selfsup's ViT, DINO's and iBOT's, and DINOv2's without registers DINO's
-            # way; timm's models and DINOv2's with registers timm's way (a plain file is taken as timm's layout)
+            # way; MAE's and I-JEPA's theirs; timm's models and DINOv2's with registers timm's way (a plain file is
+            # taken as timm's layout)
             registers = any("register_tokens" in c for c in raw.candidates.values()) or any(
                 k.endswith("register_tokens") for c in raw.candidates.values() for k in c)
             dinov2 = raw.kind == "dinov2-hub" or layout == "dinov2"
             rule = "dino" if raw.kind == "selfsup" or layout in ("dino", "ibot") or (dinov2 and not registers) \
-                else "timm"
+                else "mae" if layout in ("mae", "ijepa") else "timm"
             out = resample_position_table(pos, g_own, prefix, rule)
             return out, f"{g_file}x{g_file} -> {g_own}x{g_own} ({rule})"
     return pos, None  # not a square grid: the shape mismatch is reported
