@@ -78,7 +78,7 @@ def test_the_light_commands_load_no_torch_and_stay_small(what):
 INNER_IMPORTS = {
     # the command line (selfsup.commands): a command imports what it runs, so `--help`, `presets` and a family's
     # `--help` load no torch or Lightning (the claims' registry imports the engine; an eval protocol, torch)
-    "commands/claims.py": 21, "commands/eval.py": 5, "commands/generate.py": 2, "commands/main.py": 8,
+    "commands/claims.py": 21, "commands/eval.py": 6, "commands/generate.py": 2, "commands/main.py": 8,
     "commands/reconstruct.py": 1,
     # what the light reads share with training: `import selfsup` (selfsup.pretrain on first use), a config
     # (the method registry when it is resolved), run.json (torch only to write a GPU's name) and GenerationConfig

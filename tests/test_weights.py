@@ -164,7 +164,7 @@ def test_every_other_mismatch_is_one_line(tmp_path):
     ref = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0, img_size=32)
     path = _save(tmp_path / "vit.safetensors", ref.state_dict())
     with raises_user_error("do not fit", "missing", "blocks.0.ls1.gamma", "prefix ''",
-                           "model.backbone=vit_small or deit_small", "model.layer_scale=0"):
+                           "model.backbone=deit_small model.patch_size=16", "model.layer_scale=0"):
         load_weights(_vit(32, 16, layer_scale=0.1), path)
     with raises_user_error("position table is learned", "model.pos_embed=learned"):
         load_weights(build_backbone("deit_small", in_chans=3, image_size=32, patch_size=16), path)

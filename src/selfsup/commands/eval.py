@@ -232,7 +232,7 @@ def command(name: str, config, **options):
         from selfsup.runs.session import EvalSession
 
         run = getattr(evaluate, f"run_{name.replace('-', '_')}")
-        session = EvalSession.from_args(args)
+        session = EvalSession.from_args(named(args))
         PRINTERS[name](run(session, config(args, session), **{k: f(args) for k, f in options.items()}))
         return 0
 
@@ -245,11 +245,20 @@ def cmd_all(args) -> int:
     from selfsup.runs import evaluate
     from selfsup.runs.session import EvalSession
 
-    session = EvalSession.from_args(args)
+    session = EvalSession.from_args(named(args))
     evaluate.run_all(session, ood_config(args) if args.ood else None, lambda name, out: PRINTERS[name](out))
     if not args.ood:
         print("(norm OOD scoring skipped: pass --ood DATASET or --ood classes:8,9)")
     return 0
+
+
+def named(args):
+    """``args`` with CKPT_OR_RUN and ``--backbone`` as one source (``runs.source.NamedWeights``)."""
+    if getattr(args, "backbone", None):
+        from selfsup.runs.source import NamedWeights
+
+        args.ckpt = NamedWeights(str(args.ckpt), args.backbone)
+    return args
 
 
 def _grid(values) -> str:
@@ -257,7 +266,11 @@ def _grid(values) -> str:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("ckpt", metavar="CKPT_OR_RUN", help="run folder, exported backbone .safetensors, or a run's .ckpt")
+    p.add_argument("ckpt", metavar="CKPT_OR_RUN", help="run folder, exported backbone .safetensors, a run's .ckpt, "
+                   "a DINOv2 hub or training checkpoint, timm:<name>, or any model.weights file with --backbone")
+    p.add_argument("--backbone", help="the architecture of a weights file that cannot say it (a torchvision or timm "
+                   "state dict, a method's release checkpoint): a selfsup backbone (a ViT's settings read from the "
+                   "file) or timm:<name>")
     p.add_argument("--data", help="dataset name (default: the one the backbone was trained on)")
     p.add_argument("--root", help="dataset folder (default: the run's data.root, else the dataset's default)")
     p.add_argument("--resize", action="store_true", help="resize images of another size to the backbone's input")

@@ -28,11 +28,15 @@ from selfsup.methods import METHODS, DataInfo
 from selfsup.methods.build import backbone_meta, build_method, data_info
 from selfsup.models.sit import FLOW_ENCODER
 from selfsup.models.vit import LastBlocks, VisionTransformer
+from selfsup.models.backbones import TIMM_PREFIX
+from selfsup.models.vit import VIT_SIZES
 from selfsup.runs.facts import start_label
-from selfsup.weights import IMAGENET_NORM, build_from_weights
+from selfsup.weights import IMAGENET_NORM, build_from_weights, file_vit_kwargs
 
-WHAT = ("pass a selfsup run folder, an exported backbone .safetensors, a run's checkpoints/*.ckpt, or a DINOv2 "
-        "torch.hub checkpoint (.pth)")
+WHAT = ("pass a selfsup run folder, an exported backbone .safetensors, a run's checkpoints/*.ckpt, a DINOv2 "
+        "torch.hub or training checkpoint (.pth), timm:<name>, or any model.weights file with --backbone naming its "
+        "architecture")
+FOREIGN_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".tar")  # .tar: a .pth.tar (MoCo v3's, I-JEPA's)
 FOREIGN_IMAGE_SIZE = 224  # a foreign checkpoint is evaluated at this size (its position table resampled to it)
 
 
@@ -60,7 +64,12 @@ class EvalSource:
 
     @property
     def fingerprint(self) -> str:
-        """Identity of the weights for the feature cache: resolved path, size, modification time, embedding."""
+        """Identity of the weights for the feature cache: resolved path, size, modification time, embedding; a
+        ``model.weights`` source's (``_from_foreign``): the loaded tensors' sha256 and the architecture built."""
+        facts = self.meta.get("weights")
+        if isinstance(facts, dict) and facts.get("sha256"):
+            raw = f"{facts['sha256']}|{self.meta['backbone']}|{self.embedding}"
+            return hashlib.sha1(raw.encode()).hexdigest()[:16]
         st = self.weights.stat()
         raw = f"{self.weights.resolve()}|{st.st_size}|{st.st_mtime_ns}|{self.embedding}"
         return hashlib.sha1(raw.encode()).hexdigest()[:16]
@@ -144,20 +153,48 @@ def _is_selfsup_export(path: Path) -> bool:
         return True
 
 
-def _from_foreign(path: Path) -> EvalSource:
-    """A checkpoint that says its own architecture without selfsup metadata (a DINOv2 torch.hub file), built by
-    ``weights.build_from_weights`` for RGB images at ``FOREIGN_IMAGE_SIZE`` px in its source's normalisation; its
-    results go to ``<file>-eval/``; the dataset is the command's ``--data`` / ``--root`` (default imagefolder)."""
-    backbone, facts, norm = build_from_weights(str(path), "auto", {}, 3, FOREIGN_IMAGE_SIZE, "the checkpoint")
+@dataclass(frozen=True)
+class NamedWeights:
+    """A ``model.weights`` source evaluated as the architecture ``backbone`` (a selfsup backbone or ``timm:<name>``;
+    a selfsup ViT's settings read from the file's shapes, its head count the name's): ``selfsup eval --backbone``,
+    for a file that cannot say its own (a torchvision or timm state dict, a method's release checkpoint)."""
+
+    spec: str
+    backbone: str
+
+
+def _from_foreign(spec: str, backbone: str = "auto") -> EvalSource:
+    """Any ``model.weights`` source (``weights.build_from_weights``): one that says its own architecture (a DINOv2
+    hub or training checkpoint, ``timm:<name>``) with ``backbone`` auto, any other with its backbone named; built
+    for RGB images at ``FOREIGN_IMAGE_SIZE`` px in its source's normalisation (ImageNet's where it states none); its
+    results go to ``<file>-eval/`` (``timm-<name>-eval/`` here for a timm name); the dataset is the command's
+    ``--data`` / ``--root`` (default imagefolder)."""
+    kwargs = file_vit_kwargs(spec, "the checkpoint") if backbone in VIT_SIZES else {}
+    network, facts, norm = build_from_weights(spec, backbone, kwargs, 3, FOREIGN_IMAGE_SIZE, "the checkpoint")
     mean, std = norm or IMAGENET_NORM
-    kwargs = dict(getattr(backbone, "kwargs", {}))
-    meta = {"backbone": type(backbone).__name__, "kwargs": kwargs, "image_size": FOREIGN_IMAGE_SIZE, "in_chans": 3,
+    if backbone == "auto":
+        name, kwargs = type(network).__name__, dict(getattr(network, "kwargs", {}))
+    else:  # built again by name (eval finetune)
+        name, kwargs = backbone, {**kwargs, "in_chans": 3, "image_size": FOREIGN_IMAGE_SIZE}
+    meta = {"backbone": name, "kwargs": kwargs, "image_size": FOREIGN_IMAGE_SIZE, "in_chans": 3,
             "mean": list(mean), "std": list(std), "dataset": "imagefolder", "method": None, "weights": facts.as_dict()}
-    return EvalSource(backbone, meta, path, None, path.with_name(f"{path.stem}-eval"), weights_label=path.name)
+    if spec.startswith(TIMM_PREFIX):
+        path = Path(spec.replace(":", "-"))
+        return EvalSource(network, meta, path, None, Path(f"{path}-eval"), weights_label=spec)
+    path = Path(spec)
+    return EvalSource(network, meta, path, None, path.with_name(f"{path.stem}-eval"), weights_label=path.name)
 
 
-def load_source(location: str | Path) -> EvalSource:
-    """Resolve CKPT_OR_RUN (run folder, exported .safetensors, or .ckpt) to an :class:`EvalSource`."""
+def load_source(location: str | Path | NamedWeights) -> EvalSource:
+    """Resolve CKPT_OR_RUN (run folder, exported .safetensors, or .ckpt; a DINOv2 or ``timm:<name>`` source; any
+    ``model.weights`` source with its architecture named, :class:`NamedWeights`) to an :class:`EvalSource`."""
+    if isinstance(location, NamedWeights):
+        if not location.spec.startswith(TIMM_PREFIX) and not Path(location.spec).is_file():
+            raise UserError(f"{location.spec} is not a file: --backbone names the architecture of a weights file "
+                            f"or timm:<name>; a run folder says its own (leave --backbone out)")
+        return _from_foreign(location.spec, location.backbone)
+    if str(location).startswith(TIMM_PREFIX):
+        return _from_foreign(str(location))
     path = Path(location)
     if not path.exists():
         raise UserError(f"{path} does not exist; {WHAT}")
@@ -176,8 +213,8 @@ def load_source(location: str | Path) -> EvalSource:
     if path.suffix == ".safetensors" and _is_selfsup_export(path):
         run_dir = path.parent if (path.parent / "config.yaml").exists() else None
         return _from_exported(path, run_dir)
-    if path.suffix in (".pth", ".pt", ".bin", ".safetensors"):
-        return _from_foreign(path)
+    if path.suffix in FOREIGN_SUFFIXES:
+        return _from_foreign(str(path))
     if path.suffix == ".ckpt":
         return _from_checkpoint(path)
     raise UserError(f"{path} is not a selfsup run or exported backbone; {WHAT}")
