@@ -1,5 +1,6 @@
 """``selfsup embed`` (``selfsup.runs.embed``): one row per image with its path and label, in Parquet, safetensors and
-.npy; a run stopped after k chunks and rerun ends with the same file; unreadable images skipped and named."""
+.npy; tar shards; a run stopped after k chunks and rerun ends with the same file; unreadable images skipped and
+named."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import selfsup
+from shard_files import write_shards
 from selfsup.commands.main import main
 from selfsup.data.decode import resize_center_crop
 from selfsup.errors import UserError
@@ -143,6 +145,21 @@ def test_vit_tokens_half_and_an_unlabelled_folder_with_a_bad_file(tmp_path, caps
     embed(source, tmp_path / "flat", tmp_path / "c.parquet", tokens="cls")
     table = pq.read_table(tmp_path / "c.parquet")
     assert "label" not in table.column_names and len(table.column("tokens")[0]) == 32
+
+
+def test_tar_shards_give_a_row_per_sample_with_its_cls_label(tmp_path, capsys):
+    shards = write_shards(tmp_path / "shards", [5, 4], corrupt=(2,))
+    source = exported(tmp_path)
+    done = embed(source, shards, tmp_path / "s.parquet", chunk=4)
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert done.rows == 8 and done.skipped == 1 and "shard-000000.tar:00002.png" in capsys.readouterr().err
+    assert table.column("path").to_pylist()[:2] == ["shard-000000.tar:00000.png", "shard-000000.tar:00001.png"]
+    assert table.column("label").to_pylist() == [0, 1, 3, 4, 5, 6, 7, 8]  # the .cls of each sample
+    one = embed(source, shards / "shard-000001.tar", tmp_path / "one.safetensors")
+    assert one.rows == 4
+    feats = load_file(str(tmp_path / "one.safetensors"))["features"]
+    whole = np.stack(table.column("features").to_numpy(zero_copy_only=False)[4:])
+    torch.testing.assert_close(feats, torch.from_numpy(whole), rtol=1e-5, atol=1e-6)  # other batches: not bitwise
 
 
 def test_refusals_are_one_line(tmp_path):

@@ -23,7 +23,8 @@ def cmd_embed(args) -> int:
 def add_embed_parser(p) -> None:
     """``selfsup embed``'s arguments on its parser ``p`` (made by ``commands.main``)."""
     p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
-    p.add_argument("folder", metavar="FOLDER", help="a folder of images: flat, <class>/ or train/<class>/ (labelled)")
+    p.add_argument("folder", metavar="FOLDER_OR_SHARDS",
+                   help="a folder of images: flat, <class>/ or train/<class>/ (labelled); or .tar shards")
     p.add_argument("--out", required=True, type=Path,
                    help=f"the file; its suffix is the format: {', '.join(FORMATS)} (the last two with a .csv beside)")
     p.add_argument("--tokens", choices=TOKENS, default=None,

@@ -5,7 +5,9 @@ Each row holds the image's path relative to the folder, its label where the fold
 class folder: ``<class>/`` or ``train|val|test/<class>/``, classes sorted by name as the data module reads them), the
 pooled feature (the source's own pooling) and, with ``tokens``, the ViT's class token, mean patch token or
 (``patch``) its N×D patch tokens. Images are decoded as evaluation decodes them (shorter side to size / 0.875, the
-centre square) and normalised by the source's own mean and std. The format is the suffix of ``out``: ``.parquet``,
+centre square) and normalised by the source's own mean and std. Webdataset tar shards (a ``.tar`` file, a folder of
+them, a glob) are read too: a row per sample with an image, its path ``<shard>:<member>``, its label the samples'
+``.cls`` where every sample has one. The format is the suffix of ``out``: ``.parquet``,
 ``.safetensors`` or ``.npy`` (these two with a ``.csv`` of paths and labels beside).
 
 Resumable: chunks of ``chunk`` images are written to ``<out>.partial/<key>/``, ``key`` the hash of the sorted file
@@ -23,6 +25,7 @@ import json
 import os
 import shutil
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from torch import Tensor, nn
 from selfsup.config import DataConfig
 from selfsup.data.datasets import image_files
 from selfsup.data.decode import record_bad_file, resize_center_crop
+from selfsup.data.shards import IMAGE_EXTS, LABEL_EXTS, shard_urls
 from selfsup.diskspace import atomic_write
 from selfsup.errors import UserError
 from selfsup.export import write_safetensors
@@ -56,13 +60,34 @@ STOP_ENV = "SELFSUP_EMBED_STOP_AFTER"  # tests: stop (as Ctrl-C) after this many
 FORMAT_TAG = "selfsup-embed/1"
 
 
+@dataclass(frozen=True)
+class Member:
+    """An image inside an uncompressed tar shard: where its bytes lie."""
+
+    shard: Path
+    offset: int
+    size: int
+    name: str
+
+
+class NamedBytes(io.BytesIO):
+    """A member's bytes, named ``shard:member`` in the decoder's error lines."""
+
+    def __init__(self, data: bytes, name: str):
+        super().__init__(data)
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name
+
+
 @dataclass
 class Listing:
-    """The images of a folder, sorted: absolute ``files``, ``paths`` relative to ``root`` (POSIX), and, where
-    every image is in a class folder, ``labels`` (indices into the sorted ``classes``)."""
+    """The images of a folder (or shards), sorted: ``files`` (paths or ``Member``), ``paths`` relative to ``root``
+    (POSIX; ``<shard>:<member>``), and, where every image has a class, ``labels`` (indices into ``classes``)."""
 
     root: Path
-    files: list[Path]
+    files: list
     paths: list[str]
     labels: list[int] | None = None
     classes: list[str] = field(default_factory=list)
@@ -76,11 +101,63 @@ def class_folder(path: str) -> str | None:
     return parts[0] if len(parts) >= 2 else None
 
 
+def _shard_samples(path: Path) -> list[tuple[Member, str | None]]:
+    """(image member, label text or None) of each sample of an uncompressed tar shard, in tar order (webdataset's
+    keys: a member's name up to its basename's first dot)."""
+    samples: dict[str, dict] = {}
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for m in tar:
+                folder, _, base = m.name.rpartition("/")
+                stem, _, ext = base.partition(".")
+                key, ext = f"{folder}/{stem}" if folder else stem, ext.lower()
+                if m.isreg() and ext in IMAGE_EXTS and "image" not in samples.setdefault(key, {}):
+                    samples[key]["image"] = Member(path, m.offset_data, m.size, f"{path.name}:{m.name}")
+                elif m.isreg() and ext in LABEL_EXTS:
+                    samples.setdefault(key, {})["label"] = tar.extractfile(m).read().decode().strip()
+    except (tarfile.TarError, OSError, EOFError, UnicodeDecodeError) as e:
+        raise UserError(f"shard {path} is not a readable uncompressed tar file ({type(e).__name__}); selfsup embed "
+                        "reads .tar shards (not .tgz): rewrite or remove it") from None
+    return [(v["image"], v.get("label")) for v in samples.values() if "image" in v]
+
+
+def list_shards(location: str) -> Listing:
+    """The samples with an image of local tar shards (a ``.tar`` file, a folder of them, a pattern), in shard then
+    tar order; labelled by their ``.cls`` integer where every sample has one (class names: the integers)."""
+    urls = [location] if Path(location).is_file() else shard_urls(location)
+    paths = [Path(u.removeprefix("file:")) for u in urls]
+    if any(not p.is_file() for p in paths):
+        raise UserError(f"{location}: selfsup embed reads local shard files; copy the shards here first")
+    samples = [s for p in paths for s in _shard_samples(p)]
+    if not samples:
+        raise UserError(f"no sample with an image in the shards of {location}")
+    root = paths[0].parent
+    files, labels = [m for m, _ in samples], [label for _, label in samples]
+    if any(label is None or not label.isdigit() for label in labels):  # the data module's labels: .cls integers
+        return Listing(root, files, [m.name for m in files])
+    ints = [int(label) for label in labels]
+    return Listing(root, files, [m.name for m in files], ints, [str(c) for c in range(max(ints) + 1)])
+
+
+def is_shards(location: str | Path) -> bool:
+    """A tar file, a folder of tar files with no image file beside them, or a pattern."""
+    path = Path(location)
+    if path.is_file():
+        return path.name.endswith(".tar")
+    if path.is_dir():
+        return any(f.name.endswith(".tar") for f in path.iterdir()) and not image_files(path)
+    return any(c in str(location) for c in "*?[{")
+
+
 def list_images(folder: str | Path) -> Listing:
-    """Every image under ``folder`` (``data.datasets.image_files``: any depth, sorted) and its class, if labelled."""
+    """Every image under ``folder`` (``data.datasets.image_files``: any depth, sorted) and its class, if labelled;
+    tar shards through ``list_shards``."""
+    if is_shards(folder):
+        return list_shards(str(folder))
     root = Path(folder)
     if not root.is_dir():
-        raise UserError(f"{folder} is not a folder; pass a folder of images (flat, <class>/ or train/<class>/)")
+        raise UserError(f"{folder} is not a folder; pass a folder of images (flat, <class>/ or train/<class>/) "
+                        "or .tar shards")
     files = image_files(root)
     if not files:
         raise UserError(f"no image files under {folder}; pass a folder of .jpg/.png/... images")
@@ -150,8 +227,13 @@ def partial_dir(out: Path, listing: Listing, source: EvalSource, options: dict) 
 
 
 def _decode(listing: Listing, i: int, size: int, channels: int) -> Tensor | str:
+    f = listing.files[i]
     try:
-        return resize_center_crop(listing.files[i], size, None, channels)
+        if isinstance(f, Member):
+            with open(f.shard, "rb") as shard:
+                shard.seek(f.offset)
+                f = NamedBytes(shard.read(f.size), f.name)
+        return resize_center_crop(f, size, None, channels)
     except UserError as e:
         return str(e)
     except OSError as e:  # a file removed or unreadable after listing
