@@ -4,7 +4,12 @@ named."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +123,34 @@ def test_a_run_stopped_after_k_chunks_and_rerun_ends_with_the_same_file(tmp_path
     assert out.read_bytes() == whole.read_bytes()  # byte-identical
     if suffix == ".safetensors":
         assert (tmp_path / "stopped.csv").read_bytes() == (tmp_path / "whole.csv").read_bytes()
+
+
+@pytest.mark.spawn
+def test_the_command_killed_at_a_random_chunk_and_rerun_ends_with_the_same_file(tmp_path, folder300):
+    """SIGKILL of ``selfsup embed`` once a random number of its chunks are on disk (mid-write, maybe), then the same
+    command again: the file is byte-identical to an embed that was never stopped."""
+    root, _ = folder300
+    source = exported(tmp_path)
+    whole = embed(source, root, tmp_path / "whole.parquet", chunk=2).out
+    out = tmp_path / "killed.parquet"
+    command = [sys.executable, "-m", "selfsup", "embed", str(source), str(root), "--out", str(out), "--chunk", "2"]
+    env = {**os.environ, "PYTHONPATH": str(Path(selfsup.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    k = random.Random(7).randint(3, 60)
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while child.poll() is None and time.monotonic() < deadline:
+        if len(list(tmp_path.glob("killed.parquet.partial/*/chunk-*.safetensors"))) >= k:
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert child.wait(timeout=60) == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
+    assert not out.exists()
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "embed: 300 rows" in rerun.stdout
+    first = int(rerun.stdout.split()[1].split("/")[0])  # "embed 2k+2/300 images": the finished chunks skipped
+    assert first >= 2 * k + 2, rerun.stdout[:200]
+    assert out.read_bytes() == whole.read_bytes()
 
 
 def test_another_source_or_option_does_not_reuse_the_chunks(tmp_path, monkeypatch):
