@@ -10,7 +10,10 @@ import json
 import onnx
 import onnxruntime
 import pytest
+import timm
 import torch
+
+from benchmarks.hub_layout import hub_layout
 
 from selfsup.commands.main import main
 from selfsup.errors import UserError
@@ -67,6 +70,22 @@ def test_onnxruntime_matches_eager_pytorch_at_any_batch_size(tmp_path, family):
         assert got.shape == want.shape
         assert (got - want).abs().max() < TOLERANCE * want.abs().max(), family
     assert done.max_rel_diff < TOLERANCE
+
+
+def test_a_dinov2_hub_file_with_registers_exports_with_its_table_resampled_to_224(tmp_path):
+    """A model.weights file (DINOv2's torch.hub layout, 4 registers, trained at 56 px): the source evaluation builds
+    at 224 px in ImageNet's normalisation, its position table resampled from 4x4 to 16x16 patches."""
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, num_classes=0, img_size=56)
+    torch.save(hub_layout(ref.state_dict()), tmp_path / "dinov2_vits14_reg4_pretrain.pth")
+    done = export_portable(tmp_path / "dinov2_vits14_reg4_pretrain.pth", tmp_path / "d.onnx")
+    assert done.meta["image_size"] == 224 and done.meta["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    assert done.meta["kwargs"]["registers"] == 4 and done.max_rel_diff < TOLERANCE
+    session = onnxruntime.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    got = torch.from_numpy(session.run(["features"], {"images": x.numpy()})[0])
+    want = eager(tmp_path / "dinov2_vits14_reg4_pretrain.pth", x)
+    assert (got - want).abs().max() < TOLERANCE * want.abs().max()
 
 
 def test_normalisation_out_takes_normalised_inputs_and_torchscript_traces(tmp_path):
