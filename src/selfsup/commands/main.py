@@ -68,7 +68,8 @@ FAMILIES = {
     "simulate": "theory simulators: byol-dynamics (DirectPred paper), norm-convergence (embedding norms paper)",
     "claims": "the seeds' claims: list, run with a verdict, re-judge, or write docs/CLAIMS.md",
     "data": "look at a dataset before training (selfsup data check ROOT) or prepare it (selfsup data shards SRC OUT)",
-    "embed": "features of every image of a folder: selfsup embed SOURCE FOLDER --out FILE.parquet|.safetensors|.npy",
+    "embed": "features of every image of a folder or tar shards: selfsup embed SOURCE FOLDER_OR_SHARDS --out "
+             "FILE.parquet|.safetensors|.npy",
     "export": "a backbone as ONNX or TorchScript: selfsup export SOURCE --format onnx|torchscript",
 }
 

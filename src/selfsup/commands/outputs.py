@@ -53,7 +53,8 @@ def add_export_parser(p) -> None:
     """``selfsup export``'s arguments on its parser ``p``."""
     p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
     p.add_argument("--format", choices=PORTABLE_FORMATS, default="onnx", help="onnx (default) or torchscript")
-    p.add_argument("--out", type=Path, default=None, help="the file (default: SOURCE with .onnx or .pt)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the file (default: RUN/backbone.onnx|.pt for a run folder, else SOURCE with that suffix)")
     p.add_argument("--normalize", choices=("in", "out"), default="in",
                    help="in (default): the graph normalises RGB inputs in [0, 1] by the model's mean and std; "
                         "out: inputs come normalised (the metadata states mean and std)")
