@@ -10,13 +10,14 @@ Python, the same code: ``run = selfsup.pretrain("simclr-digits", trainer={"max_e
 """
 
 __version__ = "0.1.0"
-__all__ = ["pretrain", "evaluate", "method", "Run", "__version__"]
+__all__ = ["pretrain", "evaluate", "embed", "method", "Run", "__version__"]
 
 
 def __getattr__(name: str):
-    """``selfsup.pretrain``, ``selfsup.evaluate``, ``selfsup.method`` and ``selfsup.Run`` from ``selfsup.api``,
+    """``selfsup.pretrain``, ``selfsup.evaluate``, ``selfsup.embed``, ``selfsup.method`` and ``selfsup.Run`` from
+    ``selfsup.api``,
     imported on first use (so ``import selfsup`` and ``selfsup --version`` stay light)."""
-    if name in ("pretrain", "evaluate", "method", "Run"):
+    if name in ("pretrain", "evaluate", "embed", "method", "Run"):
         from selfsup import api
 
         return getattr(api, name)

@@ -197,3 +197,11 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
     if mean is None or std is None:
         mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,) * channels, (0.25,) * channels)
     return build_method(cfg, DataInfo(channels, image_size, tuple(mean), tuple(std), backbone=backbone))
+
+
+def embed(source: Run | str | Path, folder: str | Path, out: str | Path, **options: Any):
+    """= ``selfsup embed SOURCE FOLDER --out FILE``: one row per image (path, label, features) in ``out``
+    (``selfsup.runs.embed.embed``: ``tokens``, ``half``, ``chunk``, ``device``); returns what it wrote."""
+    from selfsup.runs.embed import embed as run_embed  # pyarrow and the decoder: imported when an embed runs
+
+    return run_embed(source.path if isinstance(source, Run) else source, folder, out, **options)

@@ -1,5 +1,6 @@
 """The ``selfsup`` command line: presets, pretrain, report; generate (``commands.generate``), eval
-(``commands.eval``), simulate (``commands.simulate``), claims (``commands.claims``)."""
+(``commands.eval``), simulate (``commands.simulate``), claims (``commands.claims``); embed and export
+(``commands.outputs``)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ FAMILIES = {
     "simulate": "theory simulators: byol-dynamics (DirectPred paper), norm-convergence (embedding norms paper)",
     "claims": "the seeds' claims: list, run with a verdict, re-judge, or write docs/CLAIMS.md",
     "data": "look at a dataset before training (selfsup data check ROOT) or prepare it (selfsup data shards SRC OUT)",
+    "embed": "features of every image of a folder or tar shards: selfsup embed SOURCE FOLDER_OR_SHARDS --out "
+             "FILE.parquet|.safetensors|.npy",
+    "export": "a backbone as ONNX or TorchScript: selfsup export SOURCE --format onnx|torchscript",
 }
 
 
@@ -80,6 +84,10 @@ def add_family(name: str, p: argparse.ArgumentParser) -> None:
         from selfsup.commands.simulate import add_simulate_parser as add
     elif name == "claims":
         from selfsup.commands.claims import add_claims_parser as add
+    elif name in ("embed", "export"):
+        from selfsup.commands import outputs
+
+        add = getattr(outputs, f"add_{name}_parser")
     else:
         from selfsup.commands.data import add_data_parser as add
     add(p)
