@@ -81,7 +81,7 @@ def probe(device: torch.device):
                 if not self.seen:
                     self.seen.update(output_dtype=str(out.dtype), grad_enabled=torch.is_grad_enabled(),
                                      input_shape=list(args[0].shape))
-            self.handle = module.teacher.register_forward_hook(hook)
+            self.handle = module.teacher.network.register_forward_hook(hook)  # a FrozenNetwork's module
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             sync(device)
@@ -95,10 +95,10 @@ def probe(device: torch.device):
             if not self.teacher:
                 p = next(module.teacher.parameters())
                 self.teacher = {"param_dtype": str(p.dtype), "device": str(p.device),
-                                "training": module.teacher.training,
+                                "training": module.teacher.network.training,
                                 "requires_grad": any(q.requires_grad for q in module.teacher.parameters()),
                                 "in_state_dict": any(k.startswith("teacher") for k in module.state_dict()),
-                                "sha256_held": module.teacher_facts["sha256"], **self.seen}
+                                "sha256_held": module.teacher.facts["sha256"], **self.seen}
 
         def on_train_end(self, trainer, module):
             self.handle.remove()

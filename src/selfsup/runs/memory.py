@@ -4,10 +4,10 @@ one line naming the keys that shrink it, instead of dying without a word.
 
 The estimate (``step_estimate``):
 
-- activations: what autograd keeps for the backward of the backbone, measured, not modelled: one image of each
-  view size of the method's view plan through the backbone in training mode, the bytes of the distinct tensors
-  saved for backward counted (``torch.autograd.graph.saved_tensors_hooks``; parameters excluded), times the batch;
-  times ``HEADS_SHARE`` for the heads, the losses and the allocator's slack;
+- activations: what autograd keeps for the backward of the backbone, measured, not modelled: two images of each
+  view size of the method's view plan through the backbone in training mode (a BatchNorm needs two), the bytes
+  of the distinct tensors saved for backward counted and halved (``torch.autograd.graph.saved_tensors_hooks``;
+  parameters excluded), times the batch; times ``HEADS_SHARE`` for the heads, the losses and the allocator's slack;
 - the model's state: every parameter and buffer of the method, and for each trained parameter its gradient and two
   optimiser moments (AdamW's; LARS and SGD keep fewer).
 
@@ -83,7 +83,8 @@ def step_estimate(method: nn.Module, batch: int) -> StepEstimate | None:
         return None
     channels = method.info.channels
     device = next(backbone.parameters()).device
-    per_size = {s: saved_bytes(backbone, torch.zeros(1, channels, s, s, device=device)) for s in set(sizes)}
+    # two images (a BatchNorm needs more than one value per channel in training mode), halved
+    per_size = {s: saved_bytes(backbone, torch.zeros(2, channels, s, s, device=device)) // 2 for s in set(sizes)}
     per_image = int(sum(per_size[s] for s in sizes) * HEADS_SHARE)
     tensors = [*method.parameters(), *method.buffers()]
     trained = sum(p.numel() * p.element_size() for p in method.parameters() if p.requires_grad)
