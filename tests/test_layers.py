@@ -17,7 +17,7 @@ PACKAGE = Path(selfsup.__file__).parent
 # engine, report), config, the methods, and below them the lower layers (instruments, eval, flow, export, models,
 # data and the one-module ones)
 UPPER = ("cli", "commands", "api", "claims", "runs", "engine", "report", "config")
-ONE_MODULE = ("choices", "losses", "schedules", "optim", "distributed", "predictors", "interventions",
+ONE_MODULE = ("choices", "eval_configs", "losses", "schedules", "optim", "distributed", "predictors", "interventions",
               "memory_format", "host", "checkpoints", "diskspace", "step", "architectures", "errors")
 # what models may import of the one-module layers: the errors, and the backbone table they build (architectures: the
 # ViT sizes and the flow encoder's name, declared without torch so that eval_configs and selfsup eval's flags read them)
