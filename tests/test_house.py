@@ -50,7 +50,7 @@ def test_the_version_is_answered_without_torch():
 
 # the light commands that load no torch either: each answers in well under 0.5 s and 100 MiB on an idle machine
 # (docs/development.md); the test bounds the memory, which a loaded machine does not move, not the time
-NO_TORCH = ("import selfsup", "--version", "--help", "presets", "run facts")
+NO_TORCH = ("import selfsup", "--version", "--help", "eval --help", "presets", "run facts")
 MAX_RSS_MIB = 100
 
 
@@ -58,7 +58,9 @@ MAX_RSS_MIB = 100
 @pytest.mark.parametrize("what", NO_TORCH)
 def test_the_light_commands_load_no_torch_and_stay_small(what):
     """The config layer declares data (``selfsup.choices``), and a command family's flags are built only when it is
-    run: ``--help``, ``presets`` and the run facts import no torch, and the whole process peaks under 100 MiB."""
+    run: ``--help``, ``presets`` and the run facts import no torch, and the whole process peaks under 100 MiB. So does
+    ``eval --help``: its flags' defaults come from the protocols' configs, declared without torch
+    (``selfsup.eval_configs``)."""
     code = LIGHT[what] + "\nimport sys\nprint('torch' in sys.modules)"
     # a parent of its own, so that the peak is this command's alone (RUSAGE_CHILDREN: the largest waited-for child)
     parent = ("import resource, subprocess, sys\n"
@@ -79,10 +81,10 @@ INNER_IMPORTS = {
     # the command line (selfsup.commands): a command imports what it runs, so `--help`, `presets` and a family's
     # `--help` load no torch or Lightning (the claims' registry imports the engine; an eval protocol, torch)
     "commands/claims.py": 21, "commands/eval.py": 6, "commands/generate.py": 2, "commands/main.py": 9,
-    "commands/reconstruct.py": 1,
+    "commands/reconstruct.py": 1, "commands/generation.py": 1,
     # what the light reads share with training: `import selfsup` (selfsup.pretrain on first use), a config
-    # (the method registry when it is resolved), run.json (torch only to write a GPU's name) and GenerationConfig
-    # (read by the CLI's parser: the run folder and its session, Lightning, when a run is evaluated)
+    # (the method registry when it is resolved), run.json (torch only to write a GPU's name) and
+    # `selfsup.runs.GenerationConfig` (the run folder and its session, Lightning, when a run is evaluated)
     "__init__.py": 1, "config.py": 1, "runs/facts.py": 1, "runs/generation.py": 2,
     # a third-party import of one path: pyplot chooses its backend when imported (each plot sets Agg first); timm
     # and scikit-learn's datasets take ~2.4 s to import; webdataset, torch-fidelity and torchmetrics are optional

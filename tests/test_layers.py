@@ -17,8 +17,11 @@ PACKAGE = Path(selfsup.__file__).parent
 # engine, report), config, the methods, and below them the lower layers (instruments, eval, flow, export, models,
 # data and the one-module ones)
 UPPER = ("cli", "commands", "api", "claims", "runs", "engine", "report", "config")
-ONE_MODULE = ("choices", "losses", "schedules", "optim", "distributed", "predictors", "interventions", "memory_format",
-              "host", "checkpoints", "diskspace", "step", "errors")
+ONE_MODULE = ("choices", "eval_configs", "losses", "schedules", "optim", "distributed", "predictors", "interventions",
+              "memory_format", "host", "checkpoints", "diskspace", "step", "architectures", "errors")
+# what models may import of the one-module layers: the errors, and the backbone table they build (architectures: the
+# ViT sizes and the flow encoder's name, declared without torch so that eval_configs and selfsup eval's flags read them)
+MODELS_MAY = ("architectures", "errors")
 # (importer prefix, forbidden prefixes): a module matches a prefix when it is that module or inside that package
 FORBIDDEN = [
     ("cli", ("claims", "runs", "engine", "report", "config")),  # the old entry point: only the front end's main
@@ -36,7 +39,8 @@ FORBIDDEN = [
     ("eval", (*UPPER, "methods", "instruments", "flow", "export")),
     ("export", (*UPPER, "methods", "instruments", "flow", "eval")),
     ("weights", (*UPPER, "methods", "instruments", "flow", "eval")),  # model.weights: reads export and models
-    ("models", (*UPPER, "methods", "instruments", "flow", "eval", "export", "data", "simulate", *ONE_MODULE[:-1])),
+    ("models", (*UPPER, "methods", "instruments", "flow", "eval", "export", "data", "simulate",
+                *(m for m in ONE_MODULE if m not in MODELS_MAY))),
     ("data", (*UPPER, "methods", "instruments", "flow", "eval", "export", "models", "simulate")),
     ("simulate", (*UPPER, "methods", "instruments", "flow", "eval", "export", "models", "data")),
     *((name, (*UPPER, "methods", "instruments", "flow", "eval", "export", "simulate")) for name in ONE_MODULE),

@@ -13,19 +13,13 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING
 
-from selfsup.commands.generate import add_generation_eval_parser
+from selfsup.architectures import FLOW_ENCODER, VIT_SIZES
+from selfsup.commands.generation import add_generation_eval_parser
 from selfsup.commands.reconstruct import add_reconstruct_parser
+from selfsup.commands.tables import print_table
 from selfsup.errors import UserError, positive
-from selfsup.eval.features import FEATURE_BATCH
-from selfsup.eval.finetune import FinetuneConfig
-from selfsup.eval.knn import DEFAULT_KS, KnnConfig
-from selfsup.eval.linear import MAE_BASE_LR, PROTOCOL_DEFAULTS, PROTOCOLS, ProbeConfig
-from selfsup.eval.mae_recipe import MAERecipe
-from selfsup.eval.ood import OodConfig
-from selfsup.eval.report import print_table
-from selfsup.eval.spectrum import SpectrumConfig
-from selfsup.models.sit import FLOW_ENCODER
-from selfsup.models.vit import VIT_SIZES
+from selfsup.eval_configs import (DEFAULT_KS, FEATURE_BATCH, MAE_BASE_LR, PROTOCOL_DEFAULTS, PROTOCOLS, FinetuneConfig,
+                                  KnnConfig, MAERecipe, OodConfig, ProbeConfig, SpectrumConfig)
 
 if TYPE_CHECKING:
     from selfsup.runs.session import EvalSession

@@ -59,8 +59,8 @@ def version_parser() -> argparse.ArgumentParser:
 
 
 # the command families, in `selfsup --help`'s order: their line there. A family's module (commands.<name>) is imported
-# only when its command is run or asked for (`selfsup eval --help`): its flags' defaults come from the protocols'
-# configs, which import torch, so `--help` and `presets` stay light
+# only when its command is run or asked for (`selfsup generate --help`): several import torch or the engine, so
+# `--help` and `presets` stay light (`selfsup eval --help` is light too: its flags read selfsup.eval_configs)
 FAMILIES = {
     "generate": "sample a flow run: a PNG grid and a .pt tensor file",
     "eval": "evaluate a pretrained backbone: knn, linear, finetune, rankme, norms-ood, all; a flow run's samples: "

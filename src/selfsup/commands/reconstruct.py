@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from selfsup.eval.reconstruct import ReconstructConfig
+from selfsup.eval_configs import ReconstructConfig
 
 
 def run_reconstruct(args) -> int:

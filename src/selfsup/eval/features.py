@@ -8,8 +8,7 @@ from torch import Tensor, nn
 from selfsup.data.datasets import ImageDataset
 from selfsup.data.loader import sequential_loader
 from selfsup.data.views import EvalTransform
-
-FEATURE_BATCH = 512  # images per feature-extraction forward (selfsup eval's default)
+from selfsup.eval_configs import FEATURE_BATCH as FEATURE_BATCH  # declared without torch (selfsup eval's flags)
 
 
 @torch.no_grad()

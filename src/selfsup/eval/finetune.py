@@ -21,8 +21,6 @@ targets; without it, the batched on-device crop + flip and cross-entropy with la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,41 +29,9 @@ from selfsup.data.datasets import ImageDataset
 from selfsup.data.loader import sequential_loader
 from selfsup.data.views import AugmentConfig, EvalTransform, MultiViewAugment
 from selfsup.eval.knn import topk_accuracy
-from selfsup.eval.mae_recipe import MAERecipe, mixup_fn, soft_target_loss, train_loader
-from selfsup.models.vit import VIT_SIZES
+from selfsup.eval.mae_recipe import mixup_fn, soft_target_loss, train_loader
+from selfsup.eval_configs import FinetuneConfig
 from selfsup.schedules import scaled_lr, warmup_cosine
-
-
-@dataclass
-class FinetuneConfig:
-    """Small CPU-friendly defaults; MAE ViT-B uses 100 epochs, blr 5e-4, decay 0.65, drop path 0.1."""
-
-    epochs: int = 5
-    warmup_epochs: float = 1.0
-    batch_size: int = 128
-    base_lr: float = 1e-3  # lr = base_lr · batch / 256
-    min_lr: float = 1e-6
-    weight_decay: float = 0.05
-    layer_decay: float = 0.75
-    drop_path: float = 0.1
-    label_smoothing: float = 0.1
-    crop_min: float = 0.08
-    hflip_p: float = 0.5
-    seed: int = 0
-    head_init_std: float = 2e-5  # MAE: trunc_normal_(head.weight, std=2e-5)
-    recipe: MAERecipe | None = None  # MAE's RandAugment / erasing / mixup / cutmix (imagefolder default)
-    num_workers: int = 0  # DataLoader workers of the recipe path
-    pool: str | None = None  # ViT feature: None the backbone's own; cls | avg | global (MAE: global, fc_norm)
-    train_pos_embed: bool = False  # MAE: the position table is trained (timm's pos_embed is a parameter)
-
-    @classmethod
-    def for_method(cls, method: str | None, backbone: str, **overrides) -> "FinetuneConfig":
-        """The default fine-tuning of a run of ``method`` with ``backbone``: an MAE run's selfsup ViT gets MAE's
-        global pool + ``fc_norm`` and a trained position table; the others keep their backbone's pool (the class
-        token for the ViT presets) and the fixed table."""
-        mae = method == "mae"
-        return cls(**{"pool": "global" if mae and backbone in VIT_SIZES else None, "train_pos_embed": mae,
-                      **overrides})
 
 
 class Classifier(nn.Module):

@@ -8,7 +8,6 @@ so memory stays at about ``block_elements`` floats whatever the sizes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -16,21 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from selfsup.errors import UserError
+from selfsup.eval_configs import DEFAULT_KS
+from selfsup.eval_configs import KnnConfig as KnnConfig  # the config, declared without torch
 
-DEFAULT_KS = (10, 20, 100, 200)
 BLOCK_ELEMENTS = 1 << 26  # similarity entries per block (256 MB of float32; fastest of 2^24..2^27 on 2 CPU cores)
-
-
-@dataclass
-class KnnConfig:
-    """``selfsup eval knn``: neighbour counts (() = ``DEFAULT_KS`` up to the training-set size), the vote
-    temperature (DINO's 0.07; None: majority voting), and where it is scored: the test split, or a validation
-    split carved from the training images (``val_fraction``), the one to choose settings on."""
-
-    ks: tuple[int, ...] = ()
-    temperature: float | None = 0.07
-    val_fraction: float = 0.0  # > 0: scored on this seeded share of the training images, fit on the rest (not test)
-    seed: int = 0              # of that split (selfsup.eval.splits.val_split)
 
 
 def _check_k(k: int, n_train: int) -> None:

@@ -26,7 +26,6 @@ augmented path, crops with its TF-style RandomResizedCrop (here the library's).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,66 +35,12 @@ from selfsup.data.datasets import FolderImages, ImageDataset
 from selfsup.data.views import AugmentConfig, EvalTransform, MultiViewAugment
 from selfsup.eval.knn import topk_accuracy
 from selfsup.eval.splits import val_split
+from selfsup.eval_configs import MAE_BASE_LR as MAE_BASE_LR  # the config and its protocols, declared without torch
+from selfsup.eval_configs import PROTOCOL_DEFAULTS as PROTOCOL_DEFAULTS
+from selfsup.eval_configs import PROTOCOLS as PROTOCOLS
+from selfsup.eval_configs import ProbeConfig
 from selfsup.optim import LARS
 from selfsup.schedules import scaled_lr, warmup_cosine
-
-
-@dataclass
-class ProbeConfig:
-    """The probe's schedule; ``base_lr`` None picks MoCo v3's (3.0 for ViT, 0.1 otherwise).
-
-    The fields' defaults are the bare probe (one lr, ``lr_grid`` ()); a protocol's defaults (MoCo v3's lr grid,
-    MAE's LARS probe) are ``PROTOCOL_DEFAULTS``, applied by ``for_protocol`` / ``for_method``: the one place
-    they are written (``selfsup eval linear`` and ``all`` read them from there)."""
-
-    epochs: int = 90
-    batch_size: int = 256
-    base_lr: float | None = None
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    crop_min: float = 0.08  # augmented path: RandomResizedCrop scale=(crop_min, 1)
-    hflip_p: float = 0.5
-    seed: int = 0
-    lr_grid: tuple[float, ...] = ()  # base lrs (× batch/256) trained together; () = just base_lr
-    wd_grid: tuple[float, ...] = ()  # weight decays crossed with lr_grid; () = just weight_decay
-    val_fraction: float = 0.1  # of the training set, held out to choose the grid point (0: choose on test)
-    feature_bn: bool = True  # MAE's BatchNorm1d(affine=False) on the frozen features before the heads
-    protocol: str = "moco_v3"  # moco_v3: SGD, cosine per epoch | mae: LARS, warm-up + cosine per iteration
-    warmup_epochs: float = 0.0  # mae: 10 (main_linprobe.py --warmup_epochs)
-    min_lr: float = 0.0  # mae: the cosine's end (main_linprobe.py --min_lr 0)
-
-    def __post_init__(self):
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
-
-    @classmethod
-    def for_protocol(cls, protocol: str = "moco_v3", **overrides) -> "ProbeConfig":
-        """The protocol's probe (``PROTOCOL_DEFAULTS``), with ``overrides`` on top."""
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        return cls(**{**PROTOCOL_DEFAULTS[protocol], **overrides})
-
-    @staticmethod
-    def protocol_for(method: str | None) -> str:
-        """The protocol a run of ``method`` is probed with by default: MAE's for MAE runs, else MoCo v3's."""
-        return "mae" if method == "mae" else "moco_v3"
-
-    @classmethod
-    def for_method(cls, method: str | None, **overrides) -> "ProbeConfig":
-        """The default probe of a run of ``method`` (``protocol_for``), with ``overrides`` on top."""
-        return cls.for_protocol(cls.protocol_for(method), **overrides)
-
-
-PROTOCOLS = ("moco_v3", "mae")
-MAE_BASE_LR = 0.1  # main_linprobe.py --blr: lr = 0.1 · batch / 256
-PROTOCOL_DEFAULTS = {
-    # SGD over base lrs around MoCo v3's 0.1 (ResNet) and 3 (ViT), chosen on the validation split
-    "moco_v3": {"protocol": "moco_v3", "lr_grid": (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)},
-    # MAE's linear probe (main_linprobe.py defaults): LARS at base lr 0.1, wd 0, 10 warm-up epochs, 90 epochs,
-    # BatchNorm(affine=False) head, the whole training split (``val_fraction`` 0: one lr, nothing to choose)
-    "mae": {"protocol": "mae", "lr_grid": (MAE_BASE_LR,), "weight_decay": 0.0, "warmup_epochs": 10.0,
-            "feature_bn": True, "val_fraction": 0.0},
-}
 
 
 def mae_probe_config(**overrides) -> ProbeConfig:

@@ -9,30 +9,13 @@ plain cross-entropy with label smoothing. Each option can be turned off (0 or ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from selfsup.data.datasets import FolderImages, ImageDataset
-
-
-@dataclass
-class MAERecipe:
-    """MAE's fine-tuning defaults (main_finetune.py arguments of the same names)."""
-
-    rand_augment: str | None = "rand-m9-mstd0.5-inc1"  # timm auto_augment string; None: off
-    reprob: float = 0.25  # random erasing probability (mode pixel, one box)
-    mixup: float = 0.8  # Mixup α (0: off)
-    cutmix: float = 1.0  # CutMix α (0: off)
-    mixup_switch_prob: float = 0.5
-    smoothing: float = 0.1
-
-    @property
-    def mixes(self) -> bool:
-        return self.mixup > 0 or self.cutmix > 0
+from selfsup.eval_configs import MAERecipe
 
 
 def _posterize(img, bits_to_keep, **_):

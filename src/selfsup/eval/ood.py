@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-
-@dataclass
-class OodConfig:
-    """``selfsup eval norms-ood``: the OOD set (a dataset name, its test split; ``classes:8,9``; None: the classes the
-    run held out of pretraining, ``data.exclude_classes``), its folder and an optional fixed random subset size."""
-
-    ood: str | None = None
-    root: str | None = None
-    limit: int | None = None
+from selfsup.eval_configs import OodConfig as OodConfig  # the config, declared without torch
 
 
 def norm_scores(features: Tensor, train_mean_norm: float) -> Tensor:

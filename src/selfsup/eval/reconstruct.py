@@ -7,7 +7,6 @@ mode); opening a run folder is ``runs.reconstruct``, the command ``selfsup eval 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from torch import Tensor
 from torchvision.utils import make_grid
 
 from selfsup.data.views import EvalTransform
+from selfsup.eval_configs import ReconstructConfig as ReconstructConfig  # the config, declared without torch
 from selfsup.models.mae import unpatchify
 
 
@@ -52,15 +52,3 @@ def save_rows(images: Tensor, per_row: int, path: Path, scale: int) -> Path:
     Image.fromarray(grid[..., 0] if images.shape[1] == 1 else grid[..., :3]).save(tmp, format="PNG")
     tmp.replace(path)
     return path
-
-
-@dataclass
-class ReconstructConfig:
-    """``selfsup eval reconstruct``: how many test images (``n``) of which ``split``, the ``seed`` of the images and
-    the mask, the mask ratio (None: the run's), and the enlargement of each image (None: to at least 64 px)."""
-
-    n: int = 8
-    split: str = "test"
-    seed: int = 0
-    mask_ratio: float | None = None
-    scale: int | None = None

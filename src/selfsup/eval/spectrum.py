@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-RANKME_SAMPLES = 25_600  # the RankMe paper's sample count
-
-
-@dataclass
-class SpectrumConfig:
-    """``selfsup eval rankme``: the split whose embeddings are measured and the rows used for the spectrum."""
-
-    split: str = "train"  # train | test
-    max_samples: int = RANKME_SAMPLES
+from selfsup.eval_configs import RANKME_SAMPLES
+from selfsup.eval_configs import SpectrumConfig as SpectrumConfig  # the config, declared without torch
 
 
 def subsample(embeddings: Tensor, max_samples: int = RANKME_SAMPLES, seed: int = 0) -> Tensor:

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from selfsup.architectures import FLOW_ENCODER as FLOW_ENCODER
+
 # name -> (hidden size D, depth, heads). S..XL are the SiT/DiT sizes; tiny and micro are CPU sizes.
 SIT_SIZES: dict[str, tuple[int, int, int]] = {
     "micro": (64, 4, 2),
@@ -257,7 +259,6 @@ class SiT(nn.Module):
 
 # --------------------------------------------------------------------------- the feature extractor
 
-FLOW_ENCODER = "flow_encoder"
 FITS = ("resize", "pad")
 
 

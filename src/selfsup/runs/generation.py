@@ -4,21 +4,20 @@ Samples come from :func:`selfsup.flow.sampler.generate` on the run's EMA model (
 for the metrics they are brought back to the dataset's size and to uint8, then pass through the encoder's own
 evaluation transform exactly as the real images do (``flow.metrics``). ``run_generation`` writes
 ``RUN/eval/generation.json`` and the sample grid and returns the results; the table is the front end's
-(``commands.generate``).
+(``commands.generation``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from selfsup.errors import UserError
-from selfsup.eval.features import FEATURE_BATCH
 from selfsup.eval.knn import knn_predict_scores, topk_accuracy
 from selfsup.eval.report import write_json
+from selfsup.eval_configs import GenerationConfig
 from selfsup.flow.metrics import (class_fidelity, feature_frechet_distance, image_features, inception_fid,
                                   inception_fid_unavailable)
 from selfsup.flow.sampler import check_options, generate, sample_images, sample_labels, save_grid
@@ -27,25 +26,6 @@ OWN_FEATURES = ("the run's own EMA features (its exported flow_encoder): the mod
                 "to compare runs, pass every run the same --encoder RUN_OR_FILE")
 REPA_NOT_DEFAULT = (" (a REPA run's own alignment encoder is never the default: REPA was trained to match that "
                     "space, which would favour it)")
-
-
-@dataclass
-class GenerationConfig:
-    """``selfsup eval generation``: the encoder whose features define the metrics (None: the run's own EMA
-    features), the samples (``n``, sampler ``steps`` / ``sampler`` / guidance ``cfg`` / ``seed``), the
-    class-fidelity kNN's ``k``, the feature and sampler batches, and whether to compute Inception FID when its
-    weights are on disk."""
-
-    encoder: str | None = None
-    n: int = 1000
-    steps: int = 50
-    sampler: str = "ode"
-    cfg: float = 1.0
-    seed: int = 0
-    k: int = 20
-    batch_size: int = FEATURE_BATCH
-    sample_batch: int = 256
-    inception: bool = True
 
 
 def _encoder_location(cfg, run_cfg, run_dir) -> tuple[str, str | None]:
@@ -63,7 +43,7 @@ def run_generation(run_dir: str | Path, cfg: GenerationConfig | None = None, *, 
     ``out``: results folder (default RUN/eval); ``cache``: reuse the real images' cached features; ``verbose``:
     progress lines on stdout. The result also holds ``png`` and ``json`` (the files written) and, where Inception FID
     was not computed, ``inception_fid_note`` says why."""
-    # a run folder and a session import the methods (Lightning): GenerationConfig is read by the CLI's parser without
+    # a run folder and a session import the methods (Lightning): `from selfsup.runs import GenerationConfig` without
     from selfsup.runs.session import EvalSession
     from selfsup.runs.source import load_flow_run
 
