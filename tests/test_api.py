@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -35,6 +37,40 @@ def test_pretrain_then_evaluate(tmp_path):
         selfsup.evaluate(run, "knn", k=5)
     with pytest.raises(UserError, match="protocol"):
         selfsup.evaluate(run, "nope")
+
+
+@pytest.mark.train
+def test_evaluate_takes_the_clis_options_as_keywords_and_its_errors_name_them(tmp_path):
+    """``selfsup.evaluate`` has ``selfsup eval``'s options as keywords: another labelled folder (``data=``,
+    ``root=``; its 24 px images read at the run's 16), ``out=``, ``train_limit=``, linear's ``mode=``; a mistake
+    names the keyword (``root=``, ``train_limit=``, ``device=``), never the command line's flag."""
+    from PIL import Image
+
+    def folder(name, size):
+        for split, n in (("train", 6), ("val", 3)):
+            for c, cls in enumerate(("cat", "dog")):
+                (tmp_path / name / split / cls).mkdir(parents=True)
+                for i in range(n):
+                    image = Image.new("RGB", (size, size), (40 * c + 5 * i, 9, 90))
+                    image.save(tmp_path / name / split / cls / f"{i}.png")
+        return tmp_path / name
+
+    theirs, mine = folder("theirs", 16), folder("mine", 24)
+    run = selfsup.pretrain("simclr", {"output_dir": str(tmp_path), "name": "r"}, report=False,
+                           data={"root": str(theirs), "batch_size": 4, "num_workers": 0}, trainer=TINY["trainer"])
+    folder = mine
+    out = tmp_path / "results"
+    knn = selfsup.evaluate(run, "knn", data="imagefolder", root=folder, out=out, ks=(3,), cache=False)
+    assert knn["dataset"] == "imagefolder" and knn["train_size"] == 12 and knn["test_size"] == 6
+    assert (out / "knn.json").exists() and not (run.path / "eval" / "knn.json").exists()
+    probe = selfsup.evaluate(run, "linear", mode="features", train_limit=200, epochs=1)
+    assert probe["mode"] == "features" and probe["protocol"] == "moco_v3" and probe["epochs"] == 1
+    for call, named in ((dict(data="images"), "data=imagefolder root=<"),
+                        (dict(train_limit=0), "train_limit=0"), (dict(device="nope"), "device='nope'"),
+                        (dict(mode="features"), "mode=")):
+        with pytest.raises(UserError, match=re.escape(named)) as e:
+            selfsup.evaluate(run, "knn", **call)
+        assert "--" not in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 @pytest.mark.train
