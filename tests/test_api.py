@@ -99,6 +99,25 @@ def test_pretrain_calls_your_callbacks_and_report_false_makes_no_report(tmp_path
     assert run.facts["global_step"] == 4 and not (run.path / "knn.json").exists()
 
 
+@pytest.mark.train
+def test_a_resume_that_changes_the_runs_length_says_its_schedules_jump(tmp_path, capsys):
+    """A run made for 3 epochs, stopped after 1, resumed shortened to 2: one line says the schedules were made for
+    3 epochs and now follow 2's curves; resumed again at the length it now has, nothing is said."""
+    from ssl_helpers import StopAfterEpoch
+
+    trainer = {**TINY["trainer"], "max_epochs": 3, "limit_train_batches": 1}
+    run = selfsup.pretrain("simclr-digits", {"output_dir": str(tmp_path), "name": "r"}, callbacks=[StopAfterEpoch()],
+                           report=False, trainer=trainer, data=TINY["data"])
+    assert run.facts["epochs"] == 1
+    capsys.readouterr()
+    selfsup.pretrain(resume=run.path, trainer={"max_epochs": 2}, report=False)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "schedules" in line]
+    assert len(lines) == 1 and "made for trainer.max_epochs=3" in lines[0] and "trainer.max_epochs=2" in lines[0]
+    assert run.facts["epochs"] == 2 and run.config.trainer.max_epochs == 2
+    selfsup.pretrain(resume=run.path, trainer={"max_epochs": 2}, report=False)
+    assert "schedules" not in capsys.readouterr().out
+
+
 def test_a_bad_override_is_the_clis_user_error():
     with pytest.raises(UserError, match="max_epoch"):
         selfsup.pretrain("simclr-digits", trainer={"max_epoch": 1})
