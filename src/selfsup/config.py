@@ -202,6 +202,8 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 0  # also every N optimiser steps (0: off); a checkpoint at each epoch end always
     checkpoint_every_n_minutes: float = 10.0  # also every N minutes of wall time (0: off)
     limit_train_batches: float | int = 1.0
+    # tqdm's bar on a terminal; where stdout is not one (a log file, a job's output) a plain line every
+    # log_every_n_steps batches and at each epoch's end (runs.progress)
     progress_bar: bool = True
     # Lightning's own console messages (GPU / TPU available, its tips, limit_train_batches=1.0, the DDP banner and
     # torch.distributed's lines for one process, its deprecation warnings): off unless true
