@@ -83,7 +83,8 @@ def step_estimate(method: nn.Module, batch: int) -> StepEstimate | None:
         return None
     channels = method.info.channels
     device = next(backbone.parameters()).device
-    per_size = {s: saved_bytes(backbone, torch.zeros(1, channels, s, s, device=device)) for s in set(sizes)}
+    # two images, halved: a BatchNorm in training refuses one value per channel (a ResNet's 1x1 map of a small crop)
+    per_size = {s: saved_bytes(backbone, torch.zeros(2, channels, s, s, device=device)) // 2 for s in set(sizes)}
     per_image = int(sum(per_size[s] for s in sizes) * HEADS_SHARE)
     tensors = [*method.parameters(), *method.buffers()]
     trained = sum(p.numel() * p.element_size() for p in method.parameters() if p.requires_grad)
