@@ -219,9 +219,10 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
     forward of a dummy batch (``num_features``, where given, must agree); a backbone that returns a feature map
     (B, C, H, W) is global-average pooled (``models/own.py``).
 
-    ``name`` is a joint-embedding method (``"byol"``: its official defaults, AdamW unless overridden) or a preset
-    (``"byol-fmnist"``: its recipe without its backbone). Give it your own ``DataLoader`` of uint8 or float [0, 1]
-    image tensors (``(images, labels)`` batches or images alone; lists of PIL images or tensors are stacked) of
+    ``name`` is a method of any family but flow's (``"byol"``: its official defaults, AdamW unless overridden;
+    ``"distill"`` with ``method={"teacher": {"weights": ...}}``: a frozen teacher distilled into ``backbone``) or a
+    preset (``"byol-fmnist"``: its recipe without its backbone). Give it your own ``DataLoader`` of uint8 or float
+    [0, 1] image tensors (``(images, labels)`` batches or images alone; lists of PIL images or tensors are stacked) of
     ``batch_size`` images a step, all processes together (the lr scaling reads it), under your own
     ``lightning.pytorch.Trainer``. The first batch is checked (``data/inputs.py``): a float batch in 0-255, one
     already normalised, or a channel count other than ``channels`` stops with one line naming the fix. The method
@@ -236,8 +237,8 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
 
     items = override_items(overrides, **sections) + [f"data.batch_size={batch_size}"]
     joint = [m for m, cls in METHODS.items() if issubclass(cls, SSLMethod)]
-    flow = (f"selfsup.method({name!r}): a joint-embedding method is needed (the flow family trains its own SiT; use "
-            f"selfsup.pretrain for it); one of {', '.join(joint)}")
+    flow = (f"selfsup.method({name!r}): the flow family trains its own SiT, not your backbone (use selfsup.pretrain "
+            f"for it); one of {', '.join(joint)}")
     if name in METHODS and name not in joint:
         raise UserError(flow)
     if name in preset_names() or name.endswith((".yaml", ".yml")):
