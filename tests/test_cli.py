@@ -249,6 +249,33 @@ def test_corrupt_image_in_an_imagefolder(tmp_path):
 
 
 @pytest.mark.train
+def test_the_skipped_file_count_is_the_runs_across_a_resume(tmp_path):
+    """A file found unreadable after a resume is counted with the ones the run skipped before it: its line says
+    2 skipped, not 1, and its bad_file event's value is 2 (the count over the whole run, not this session's)."""
+    root = tmp_path / "images"
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(12):
+                Image.new("RGB", (10, 10), (20 * i, 90, 30)).save(root / split / cls / f"{i}.png")
+    first, second = root / "train" / "b" / "2.png", root / "train" / "a" / "5.png"
+    first.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    folder = [*TINY, "data.name=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=8",
+              "trainer.limit_train_batches=3", "eval.knn_at_end=false"]  # every image once an epoch
+    code, _, err = run_cli("pretrain", PRESET, *folder, f"output_dir={tmp_path}", "name=r")
+    assert code == 0, err
+    assert "(1 skipped, at most 10 of 24" in err
+    second.write_bytes(b"")  # broken while the run was stopped
+    code, _, err = run_cli("pretrain", "--resume", tmp_path / "r", "trainer.max_epochs=2")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "skipped an unreadable image" in line]
+    assert len(lines) == 1 and str(second) in lines[0] and "(2 skipped, at most 10 of 24" in lines[0], err
+    events = [e for e in map(json.loads, (tmp_path / "r" / "events.jsonl").read_text().splitlines())
+              if e["kind"] == "bad_file"]
+    assert [(e["path"], e["value"]) for e in events] == [(str(first), 1.0), (str(second), 2.0)]
+
+
+@pytest.mark.train
 def test_resume_with_a_checkpoint_of_another_model(e2e, tmp_path):
     run, _ = e2e
     other = tmp_path / "other"

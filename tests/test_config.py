@@ -175,3 +175,39 @@ def test_there_are_presets_for_each_method():
     assert "moco-v3-vit-digits" in names
     used = {registered_name(resolve(load_preset(n)).method) for n in names}
     assert used <= set(METHODS)
+
+
+# --------------------------------------------------------------------------- a ViT preset given another backbone
+DINO_RESNET = ["model.backbone=resnet18", "trainer.max_epochs=1", "trainer.limit_train_batches=1",
+               "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false", "data.batch_size=16",
+               "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16", "eval.knn_at_end=false"]
+
+
+@pytest.mark.train
+def test_a_vit_preset_moved_to_a_resnet_trains_at_the_first_try(tmp_path):
+    """``selfsup pretrain dino-digits model.backbone=resnet18``: one line lists the ViT settings put back (patch
+    size, drop path), and the run trains (before: a traceback from the memory estimate's one-image BatchNorm)."""
+    from ssl_helpers import run_cli
+
+    code, out, err = run_cli("pretrain", "dino-digits", *DINO_RESNET, f"output_dir={tmp_path}", "name=r")
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if "is not a selfsup ViT" in line]
+    assert len(lines) == 1 and "model.patch_size=2 → 16" in lines[0] and "model.drop_path_rate=0.1 → 0.0" in lines[0]
+
+
+def test_a_vit_preset_moved_to_a_resnet_puts_back_every_vit_key_and_the_patch_term_at_once(capsys):
+    """DINOv2's distillation to a ResNet took three tries (pos_embed / init, then the iBOT term); now one line says
+    all that goes back. A key the user sets with it is theirs (the backbone's refusal names it); a method that
+    trains a ViT only is refused in one line naming the method."""
+    cfg = load_run_config("distill-dinov2-digits", ["model.backbone=resnet18"])
+    assert (cfg.model.pos_embed, cfg.model.init, cfg.method.ibot_loss_weight) == ("sincos", "moco_v3", 0)
+    line, = [x for x in capsys.readouterr().out.splitlines() if "is not a selfsup ViT" in x]
+    for said in ("model.pos_embed=learned → sincos", "model.init=trunc_normal → moco_v3",
+                 "method.ibot_loss_weight=1 → 0 (no patch tokens"):
+        assert said in line, line
+    cfg = load_run_config("distill-dinov2-digits", ["model.backbone=resnet18", "method.ibot_loss_weight=0.5",
+                                                    "model.init=trunc_normal"])
+    assert cfg.method.ibot_loss_weight == 0.5 and cfg.model.init == "trunc_normal" and cfg.model.pos_embed == "sincos"
+    assert load_run_config("dino-digits", ["model.backbone=vit_tiny"]).model.patch_size == 2  # a ViT keeps them
+    with raises_user_error("model.backbone=resnet18", "method dinov2 trains a selfsup ViT", "choose a method"):
+        load_run_config("dinov2-digits", ["model.backbone=resnet18"])

@@ -108,3 +108,21 @@ def test_the_recipe_keeps_two_batches_an_epoch_on_a_folder_at_the_minimum(tmp_pa
     photos(tmp_path / "eight", MIN_TRAIN_IMAGES)
     _, chosen = resolve_recipe("simclr", folder_facts(tmp_path / "eight"), {"data": {"root": str(tmp_path)}})
     assert dict((k, v) for k, v, _ in chosen)["data.batch_size"] == MIN_TRAIN_IMAGES // 2 == 4
+
+
+@pytest.mark.train
+def test_a_presets_workers_are_capped_at_the_machines_cores_less_one(tmp_path, monkeypatch):
+    """A GPU preset's data.num_workers=8 on a 1-core machine: one line says so and the loaders use 0 workers
+    (no worker process starts: tests/tiers.py would see one); the run trains to the end."""
+    import os
+
+    root = tmp_path / "photos"
+    for split in ("train", "val"):
+        for c, cls in enumerate(("cat", "dog")):
+            photos(root / split / cls, 8, seed=c)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    code, out, err = folder_run(root, tmp_path, "data.num_workers=8", "eval.knn_at_end=false")
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if "data.num_workers=8" in line]
+    assert len(lines) == 1 and "1 CPU core less one" in lines[0] and "using 0" in lines[0], out
+    assert json.loads((tmp_path / "runs" / "r" / "run.json").read_text())["status"] == "finished"

@@ -92,3 +92,20 @@ def test_wandb_offline_files_hold_the_metrics_and_events_and_tensorboard_too(tmp
     tags = set(tb.Tags()["scalars"])
     assert {"train/loss", "instruments/grad_l2", f"events/grad_spike/{events[0]['group']}"} <= tags
     assert not any(k.startswith("events/") for k in table[0])  # the CSV logger's events are events.jsonl
+
+
+@pytest.mark.train
+def test_the_progress_bar_is_plain_lines_where_stdout_is_not_a_terminal(tmp_path):
+    """``selfsup pretrain ... > train.log``: no tqdm redraws (carriage returns) in the log, a plain line every
+    ``trainer.log_every_n_steps`` batches and at the epoch's end, with the step, the loss and the rate."""
+    from ssl_helpers import run_cli
+
+    code, out, err = run_cli("pretrain", "moco-v3-vit-digits", *TINY, "trainer.progress_bar=true",
+                             "trainer.limit_train_batches=5", "trainer.log_every_n_steps=2", "eval.knn_at_end=false",
+                             f"output_dir={tmp_path}", "name=r")
+    assert code == 0, err
+    assert "\r" not in out + err and "it/s]" not in out + err
+    lines = [line for line in out.splitlines() if line.startswith("epoch 1/1 batch ")]
+    assert [line.split(" step ")[0] for line in lines] == ["epoch 1/1 batch 2/5", "epoch 1/1 batch 4/5",
+                                                           "epoch 1/1 batch 5/5"], out
+    assert all("loss" in line and line.endswith("it/s") for line in lines), lines

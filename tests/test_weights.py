@@ -259,6 +259,26 @@ def test_a_wrong_file_a_wrong_architecture_and_an_offline_timm_request_are_one_l
     assert_user_error(code, err, "timm:resnet18", str(tmp_path / "hf" / "hub"), "model.weights=/path/to/resnet18")
 
 
+def test_timm_weights_without_network_or_cache_fail_at_once_in_one_line(tmp_path, monkeypatch):
+    """No network (the Hub's host refuses: here a closed local port) and nothing cached: one line naming the
+    missing network and the cache within seconds, not timm's minute of retried requests (54 s before)."""
+    import time
+
+    import huggingface_hub.constants as hf
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(hf, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", False)
+    start = time.perf_counter()
+    code, _, err = run_cli("pretrain", "byol-digits", *TINY, f"output_dir={tmp_path}", "model.backbone=timm:resnet18",
+                           "model.weights=timm:resnet18.a1_in1k")
+    assert time.perf_counter() - start < 20
+    assert_user_error(code, err, "timm:resnet18.a1_in1k", "127.0.0.1 does not answer", "no network",
+                      str(tmp_path / "hf" / "hub"), "model.weights=/path/to/resnet18")
+    assert hf.HF_HUB_OFFLINE is False  # the switch is put back
+
+
 def test_a_user_s_own_network_starts_from_weights_through_selfsup_method(tmp_path):
     import torchvision
 

@@ -17,6 +17,8 @@ import csv
 import dataclasses
 import difflib
 import json
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +30,12 @@ from selfsup.config import RunConfig, load_run, load_run_config, merge, parse_ov
 from selfsup.errors import UserError
 from selfsup.methods import METHODS
 from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
+from selfsup.eval.features import FEATURE_BATCH
 from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
 from selfsup.runs.recipe import folder_recipe, is_method_name, keep_grid
 from selfsup.runs.resume import resume as resumed
-from selfsup.runs.source import load_source
+from selfsup.runs.session import EvalSession
+from selfsup.runs.source import NamedWeights, load_source
 
 if TYPE_CHECKING:
     from lightning.pytorch import Callback
@@ -130,22 +134,78 @@ def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | 
 PROTOCOLS: dict[str, tuple[Callable[..., dict], type]] = {
     "knn": (run_knn, KnnConfig), "linear": (run_linear, ProbeConfig), "finetune": (run_finetune, FinetuneConfig),
     "rankme": (run_rankme, SpectrumConfig), "norms-ood": (run_norms_ood, OodConfig)}
+OOD_KEYWORDS = {"ood_root": "root", "ood_limit": "limit"}  # evaluate's names of OodConfig's (root= is the data's)
 
 
-def evaluate(run: Run | str | Path, protocol: str = "knn", **options: Any) -> dict:
-    """Evaluate a run folder, exported ``.safetensors`` or ``.ckpt`` with one protocol, as ``selfsup eval
-    <protocol>``: ``options`` are fields of its config (``KnnConfig``, ``ProbeConfig``, ``FinetuneConfig``,
-    ``SpectrumConfig``, ``OodConfig``; e.g. ``evaluate(run, "knn", ks=(20,), val_fraction=0.2)``). Returns the
-    results dict, also written to ``RUN/eval/``."""
+def evaluate(run: Run | str | Path, protocol: str = "knn", *, data: str | None = None,
+             root: str | Path | None = None, resize: bool = False, backbone: str | None = None,
+             device: str | None = None, batch_size: int = FEATURE_BATCH, out: str | Path | None = None,
+             cache: bool = True, train_limit: int | None = None, embedding: str | None = None,
+             flow_t: float | None = None, flow_block: int | None = None, last_blocks: int | None = None,
+             mode: str | None = None, **options: Any) -> dict:
+    """Evaluate a run folder, exported ``.safetensors``, ``.ckpt`` or any weights file with one protocol, as
+    ``selfsup eval <protocol> RUN``; each keyword is the flag of that name (``data=``, ``root=``, ``resize=True``,
+    ``backbone=`` the architecture of a bare weights file, ``device=``, ``batch_size=``, ``out=``,
+    ``cache=False`` for ``--no-cache``, ``train_limit=``, ``embedding=`` (default: the backbone's; norms-ood the
+    loss-side), ``flow_t=``, ``flow_block=``, ``last_blocks=``, linear's ``mode=``). ``options`` are fields of the
+    protocol's config on top of the run's defaults (``KnnConfig``, ``ProbeConfig.for_method``,
+    ``FinetuneConfig.for_method``, ``SpectrumConfig``, ``OodConfig`` whose ``root`` / ``limit`` are ``ood_root=`` /
+    ``ood_limit=`` here; e.g. ``evaluate(run, "knn", ks=(20,), val_fraction=0.2)``). Errors name these keywords.
+    Returns the results dict, also written to ``RUN/eval/`` (or ``out``)."""
     if protocol not in PROTOCOLS:
         raise UserError(f"selfsup.evaluate: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
     runner, config = PROTOCOLS[protocol]
-    fields = {f.name for f in dataclasses.fields(config)}
+    renamed = OOD_KEYWORDS if config is OodConfig else {}
+    fields = {f.name for f in dataclasses.fields(config)} - set(renamed.values()) | set(renamed)
     unknown = sorted(set(options) - fields)
     if unknown:
         raise UserError(f"selfsup.evaluate(..., {protocol!r}): unknown option(s) {', '.join(unknown)}; "
                         f"{config.__name__} has {', '.join(sorted(fields))}")
-    return runner(Path(run), config(**options) if options else None)
+    if mode is not None and protocol != "linear":
+        raise UserError(f"selfsup.evaluate(..., {protocol!r}): mode= is the linear probe's; leave it out")
+    options = {renamed.get(k, k): v for k, v in options.items()}
+    location = NamedWeights(os.fspath(run), backbone) if backbone else Path(run)
+    try:
+        session = EvalSession(location, data=data, root=None if root is None else str(root), resize=resize,
+                              device=device, batch_size=batch_size, out=None if out is None else str(out),
+                              cache=cache, train_limit=train_limit, flow_t=flow_t, flow_block=flow_block,
+                              embedding=embedding or ("loss" if protocol == "norms-ood" else "backbone"),
+                              last_blocks=last_blocks)
+        cfg = protocol_config(protocol, session, options)
+        return runner(session, cfg, mode) if protocol == "linear" else runner(session, cfg)
+    except UserError as e:
+        raise UserError(keywords(str(e))) from None
+
+
+def protocol_config(protocol: str, session: EvalSession, options: dict[str, Any]):
+    """The protocol's config for ``session``: the run's defaults (its method's probe and fine-tuning), ``options``
+    on top."""
+    meta = session.source.meta
+    if protocol == "linear":
+        chosen = options.pop("protocol", None) or ProbeConfig.protocol_for(meta.get("method"))
+        return ProbeConfig.for_protocol(chosen, **options)
+    if protocol == "finetune":
+        return FinetuneConfig.for_method(meta.get("method"), meta["backbone"], **options)
+    return PROTOCOLS[protocol][1](**options)
+
+
+# a flag, and the space before its value where one follows (a number, a quoted or bracketed text, a known word)
+FLAG = re.compile(r"--([a-z][a-z0-9-]*)(=| (?=[-\d'\"<\[]|classes:|cpu|cuda|none\b|projector|predictor|loss\b|"
+                  r"backbone\b|imagefolder|DATASET))?")
+FLAG_KEYWORDS = {"no-cache": "cache=False", "resize": "resize=True", "k": "ks=", "no-feature-bn": "feature_bn=False",
+                 "majority": "temperature=None"}
+DATA_KEYWORDS = re.compile(r"\bdata\.(root|name)\b")
+
+
+def keywords(message: str) -> str:
+    """A ``selfsup eval`` error in ``selfsup.evaluate``'s words: ``--train-limit 0`` → ``train_limit=0``,
+    ``--no-cache`` → ``cache=False``, the session's ``data.root`` / ``data.name`` → ``root`` / ``data``."""
+    def keyword(m: re.Match) -> str:
+        name = FLAG_KEYWORDS.get(m.group(1), m.group(1).replace("-", "_") + "=")
+        return name if name.endswith("=") else name + (m.group(2) or "")
+
+    message = DATA_KEYWORDS.sub(lambda m: "root" if m.group(1) == "root" else "data", message)
+    return FLAG.sub(keyword, message)
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -159,9 +219,10 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
     forward of a dummy batch (``num_features``, where given, must agree); a backbone that returns a feature map
     (B, C, H, W) is global-average pooled (``models/own.py``).
 
-    ``name`` is a joint-embedding method (``"byol"``: its official defaults, AdamW unless overridden) or a preset
-    (``"byol-fmnist"``: its recipe without its backbone). Give it your own ``DataLoader`` of uint8 or float [0, 1]
-    image tensors (``(images, labels)`` batches or images alone; lists of PIL images or tensors are stacked) of
+    ``name`` is a method of any family but flow's (``"byol"``: its official defaults, AdamW unless overridden;
+    ``"distill"`` with ``method={"teacher": {"weights": ...}}``: a frozen teacher distilled into ``backbone``) or a
+    preset (``"byol-fmnist"``: its recipe without its backbone). Give it your own ``DataLoader`` of uint8 or float
+    [0, 1] image tensors (``(images, labels)`` batches or images alone; lists of PIL images or tensors are stacked) of
     ``batch_size`` images a step, all processes together (the lr scaling reads it), under your own
     ``lightning.pytorch.Trainer``. The first batch is checked (``data/inputs.py``): a float batch in 0-255, one
     already normalised, or a channel count other than ``channels`` stops with one line naming the fix. The method
@@ -176,8 +237,8 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
 
     items = override_items(overrides, **sections) + [f"data.batch_size={batch_size}"]
     joint = [m for m, cls in METHODS.items() if issubclass(cls, SSLMethod)]
-    flow = (f"selfsup.method({name!r}): a joint-embedding method is needed (the flow family trains its own SiT; use "
-            f"selfsup.pretrain for it); one of {', '.join(joint)}")
+    flow = (f"selfsup.method({name!r}): the flow family trains its own SiT, not your backbone (use selfsup.pretrain "
+            f"for it); one of {', '.join(joint)}")
     if name in METHODS and name not in joint:
         raise UserError(flow)
     if name in preset_names() or name.endswith((".yaml", ".yml")):

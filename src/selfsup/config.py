@@ -202,6 +202,8 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 0  # also every N optimiser steps (0: off); a checkpoint at each epoch end always
     checkpoint_every_n_minutes: float = 10.0  # also every N minutes of wall time (0: off)
     limit_train_batches: float | int = 1.0
+    # tqdm's bar on a terminal; where stdout is not one (a log file, a job's output) a plain line every
+    # log_every_n_steps batches and at each epoch's end (runs.progress)
     progress_bar: bool = True
     # Lightning's own console messages (GPU / TPU available, its tips, limit_train_batches=1.0, the DDP banner and
     # torch.distributed's lines for one process, its deprecation warnings): off unless true
@@ -586,8 +588,53 @@ def to_dict(cfg: RunConfig) -> dict:
 
 
 def load_run_config(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
-    """Preset or YAML + overrides → validated RunConfig."""
-    return resolve(merge(load_preset(name_or_path), parse_overrides(overrides or [])))
+    """Preset or YAML + overrides → validated RunConfig (a ViT preset given another backbone: ``student_moved``)."""
+    given = parse_overrides(overrides or [])
+    return resolve(merge(student_moved(load_preset(name_or_path), given), given))
+
+
+# the model keys of the selfsup ViTs: another backbone refuses them (models.backbones._vit_only) or ignores them
+VIT_ONLY = ("patch_size", "pool", "stop_grad_conv1", "layer_scale", "pos_embed", "final_norm", "init", "registers",
+            "ffn", "drop_path_uniform", "class_token")
+PATCH_TERMS = {"distill_dinov2": "ibot_loss_weight"}  # a method's patch-token term: none without a ViT's tokens
+VIT_METHODS = ("dinov2", "ibot", "mae", "ijepa")  # they need a selfsup ViT whatever its keys: they refuse others
+
+
+def selfsup_vit(backbone: str) -> bool:
+    """Whether ``backbone`` names a selfsup ViT (``models.vit.VIT_SIZES``: vit_* and deit_small)."""
+    return backbone.startswith(("vit_", "deit_"))
+
+
+def student_moved(preset: dict, given: dict) -> dict:
+    """A ViT preset whose ``model.backbone`` the overrides make another network (a ResNet, a ConvNet, timm's):
+    the ViT-only keys the preset set (``VIT_ONLY``, and ``drop_path_rate`` but for timm's) and a method's patch
+    term (``PATCH_TERMS``: the student has no patch tokens) go back to their defaults, in one printed line, unless
+    the overrides set them too (then the backbone's own refusal names them)."""
+    backbone, model = given.get("model", {}).get("backbone"), preset.get("model", {})
+    method = {**preset.get("method", {}), **given.get("method", {})}
+    if not isinstance(backbone, str) or selfsup_vit(backbone) or not selfsup_vit(str(model.get("backbone", ""))):
+        return preset
+    if method.get("name") in VIT_METHODS:
+        raise UserError(f"model.backbone={backbone}: method {method['name']} trains a selfsup ViT (vit_micro ... "
+                        "vit_large, deit_small), whatever its keys; keep one, or choose a method that trains any "
+                        "network (dino, moco_v3, byol, simclr, ...; distill_dinov2 from a DINOv2 teacher)")
+    defaults, mine = ModelConfig(), given.get("model", {})
+    keys = VIT_ONLY + (() if backbone.startswith("timm:") else ("drop_path_rate",))
+    reset = {k: getattr(defaults, k) for k in keys if k in model and k not in mine and model[k] != getattr(defaults, k)}
+    moved = {**preset, "model": {k: v for k, v in model.items() if k not in reset}}
+    said = [f"model.{k}={_said(model[k])} → {_said(v)}" for k, v in reset.items()]
+    term = PATCH_TERMS.get(str(method.get("name")))
+    if term and term not in given.get("method", {}) and method.get(term, 1) != 0:
+        moved["method"] = {**preset.get("method", {}), term: 0}
+        said.append(f"method.{term}={method.get(term, 1)} → 0 (no patch tokens: the [CLS] term only)")
+    if said:
+        print(f"selfsup: model.backbone={backbone} is not a selfsup ViT: the preset's ViT settings go back to their "
+              f"defaults: {', '.join(said)}")
+    return moved
+
+
+def _said(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def flatten(mapping: dict, prefix: str = "") -> dict:

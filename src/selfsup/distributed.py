@@ -94,7 +94,8 @@ def all_reduce_sum(x: Tensor) -> Tensor:
     return out
 
 
-def _cpu_cores() -> int:
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask: a container's or a job's share, not the host's)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -113,7 +114,7 @@ def check_devices(trainer) -> None:
     on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpus > 0)
     if accelerator not in ("gpu", "cuda", "cpu", "auto"):
         return  # mps, tpu, ...: Lightning checks its own
-    present, what = (gpus, "GPU(s)") if on_gpu else (_cpu_cores(), "CPU cores")
+    present, what = (gpus, "GPU(s)") if on_gpu else (cpu_cores(), "CPU cores")
     if isinstance(devices, str) and devices.strip() not in ("auto", "-1"):
         text = devices.strip()
         devices = [int(x) for x in text.split(",") if x.strip().isdigit()] if "," in text else \

@@ -44,6 +44,7 @@ from selfsup.runs.facts import (RunInterrupted, kept_checkpoint, mark_run, out_o
 from selfsup.runs.finish import finish_run
 from selfsup.runs.loggers import finish_loggers, keep_metrics, quiet_lightning, require_loggers, run_loggers
 from selfsup.runs.memory import check_step_memory
+from selfsup.runs.progress import progress_bars
 from selfsup.runs.resume import nothing_to_train
 
 
@@ -72,13 +73,12 @@ def make_trainer(cfg: RunConfig, run_dir: Path, callbacks=()) -> pl.Trainer:
             # trainer.max_steps: epochs without end, stopped at that step by RunCheckpoints (Lightning's own
             # max_steps would restore every checkpoint as a restart of an unfinished epoch)
             default_root_dir=run_dir, max_epochs=-1 if t.max_steps else t.max_epochs, accelerator=t.accelerator,
-            devices=t.devices,
-            num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision, sync_batchnorm=sync_bn,
+            devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
             gradient_clip_val=t.gradient_clip_val, accumulate_grad_batches=t.accumulate_grad_batches,
-            log_every_n_steps=t.log_every_n_steps,
+            log_every_n_steps=t.log_every_n_steps, sync_batchnorm=sync_bn,
             limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
             enable_model_summary=False, logger=loggers,
-            callbacks=[*callbacks, checkpoint, *monitor_callbacks(cfg), BadFileEvents(run_dir)],
+            callbacks=[*callbacks, checkpoint, *monitor_callbacks(cfg), BadFileEvents(run_dir), *progress_bars(t)],
             enable_checkpointing=False, plugins=[AtomicCheckpointIO()], use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )

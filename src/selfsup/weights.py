@@ -15,7 +15,8 @@ A source is one of:
   the selfsup ViT's (``models/vit.py``) but the mask token (``masked_embed`` where the backbone has one, dropped
   otherwise); the head count is DINOv2's 64 channels per head (dinov2 models/vision_transformer.py:341-394);
 - ``timm`` (a ``timm:<name>`` backbone's own pretrained weights) or ``timm:<name>`` (that timm model's pretrained
-  weights): timm fetches them or reads its cache; offline and uncached, one line names the cache folder.
+  weights): timm fetches them or reads its cache; offline (the Hub silent for 2 s) only the cache is read, and
+  uncached is one line at once naming the cache folder.
 
 Loading rules: a position table of another grid is resampled bicubically as its source model does at that size
 (``resample_position_table``); a 3-channel first convolution feeding a 1-channel backbone is summed over its
@@ -45,9 +46,11 @@ import hashlib
 import json
 import math
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 import torch.nn.functional as F
@@ -265,27 +268,49 @@ def _timm_heads(model: nn.Module) -> int | None:
 
 
 def timm_weights(name: str, module: nn.Module | None, what: str) -> RawWeights:
-    """timm's pretrained weights of ``name`` (with the backbone's own timm kwargs where it is that model)."""
+    """timm's pretrained weights of ``name`` (with the backbone's own timm kwargs where it is that model). Where the
+    Hub does not answer within ``HUB_TIMEOUT`` s (no network) only the cache is read: a miss is one line at once,
+    not a minute of retried requests."""
     import timm  # lazy: 1.5 s to import, for timm weights only
+    from huggingface_hub import constants as hub  # timm's: the Hub's address, cache and offline switch
 
     base = name.split(".")[0]
     if not timm.is_model(base):
         raise UserError(f"{what}=timm:{name}: {base!r} is not a timm model; {WHAT}")
     recipe = getattr(module, "timm_recipe", None)
     kwargs = dict(recipe["kwargs"]) if recipe and recipe["model"] == base else {"num_classes": 0}
+    was = hub.HF_HUB_OFFLINE
+    offline = was or not answers(hub.ENDPOINT)
     try:
+        hub.HF_HUB_OFFLINE = offline  # read at each request: the cache only, no retries
         model = timm.create_model(name, pretrained=True, **kwargs)
     except Exception as e:  # no network, no cache, a hub error: all the same to the user
-        from huggingface_hub.constants import HF_HUB_CACHE
-
-        reason = " ".join(str(e).split())[:90] or type(e).__name__
-        raise UserError(f"{what}=timm:{name}: timm could not fetch its pretrained weights and finds none cached in "
-                        f"{HF_HUB_CACHE} or {torch.hub.get_dir()}/checkpoints ({type(e).__name__}: {reason}); on a "
-                        f"machine with network run timm.create_model('{name}', pretrained=True) once to fill that "
-                        f"cache, or give the file: {what}=/path/to/{base}.safetensors") from None
+        reason = (f"{urlsplit(hub.ENDPOINT).hostname} does not answer within {HUB_TIMEOUT:g} s: no network"
+                  if offline and not was else f"{type(e).__name__}: {' '.join(str(e).split())[:90]}")
+        raise UserError(f"{what}=timm:{name}: timm could not fetch its pretrained weights ({reason}) and finds "
+                        f"none cached in {hub.HF_HUB_CACHE} or "
+                        f"{torch.hub.get_dir()}/checkpoints; on a machine with network run "
+                        f"timm.create_model('{name}', pretrained=True) once to fill that cache, or give the file: "
+                        f"{what}=/path/to/{base}.safetensors") from None
+    finally:
+        hub.HF_HUB_OFFLINE = was
     heads = _timm_heads(model)
     return RawWeights({None: model.state_dict()}, "timm", f"timm:{name}", timm_layout=True,
                       heads=(heads, f"timm's {base}") if heads else None)
+
+
+HUB_TIMEOUT = 2.0  # seconds a weights host has to accept a connection before it counts as unreachable
+
+
+def answers(url: str, timeout: float = HUB_TIMEOUT) -> bool:
+    """Whether the host of ``url`` accepts a TCP connection within ``timeout`` seconds."""
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname or "", parts.port or (80 if parts.scheme == "http" else 443)),
+                                 timeout=timeout).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def read_weights(spec: str, module: nn.Module | None = None, what: str = "model.weights") -> RawWeights:

@@ -37,17 +37,22 @@ def too_many_bad_files(paths: list[str], n: int, max_fraction: float) -> str:
             "replace them, or raise data.max_bad_fraction")
 
 
-def logged(log: Path | None, path: str) -> bool:
-    """Whether ``path`` is already in the run's skipped-file log (written by any process of the run)."""
+def logged_paths(log: Path | None) -> set[str]:
+    """The files in the run's skipped-file log (written by any process of the run, in any epoch or session)."""
     if log is None or not Path(log).exists():
-        return False
+        return set()
+    paths = set()
     for line in Path(log).read_text().splitlines():
         try:
-            if json.loads(line).get("path") == path:
-                return True
-        except (json.JSONDecodeError, AttributeError):
+            paths.add(json.loads(line)["path"])
+        except (json.JSONDecodeError, KeyError, TypeError):
             continue
-    return False
+    return paths
+
+
+def logged(log: Path | None, path: str) -> bool:
+    """Whether ``path`` is already in the run's skipped-file log (written by any process of the run)."""
+    return path in logged_paths(log)
 
 
 def say_skipped(path: str, reason: str, stands_in: str, count: int, n: int, max_fraction: float,

@@ -31,7 +31,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from selfsup.data.badfiles import bad_file_cap, say_skipped, too_many_bad_files  # noqa: F401  (re-exported)
+from selfsup.data.badfiles import bad_file_cap, logged_paths, say_skipped, too_many_bad_files  # noqa: F401
 from selfsup.diskspace import writing
 from selfsup.errors import UserError
 
@@ -323,15 +323,17 @@ def record_bad_file(bad: dict, key, path: str, reason: str, total: int, max_frac
                     stands_in: str = "the next readable file stands in") -> None:
     """Note unreadable file ``key`` (``path``) in ``bad`` (once): one line on stderr and a JSON line in ``log``, unless
     another process of the run logged it (``badfiles.say_skipped``); past ``bad_file_cap`` the run stops in one
-    line (``data.on_bad_file=skip``)."""
+    line (``data.on_bad_file=skip``). The count is the run's: the files of its log (every worker, epoch and
+    session of the run: a worker's ``bad`` starts empty each epoch) with this process's."""
     if key in bad:
         return
     bad[key] = path
-    if say_skipped(path, reason, stands_in, len(bad), total, max_fraction, log) and log is not None:
+    skipped = sorted(logged_paths(log) | set(bad.values()))
+    if say_skipped(path, reason, stands_in, len(skipped), total, max_fraction, log) and log is not None:
         with writing(log, "the skipped-file log"), open(log, "a") as f:
             f.write(json.dumps({"index": key, "path": path, "reason": reason}) + "\n")
-    if len(bad) > bad_file_cap(total, max_fraction):
-        raise UserError(too_many_bad_files(list(bad.values()), total, max_fraction))
+    if len(skipped) > bad_file_cap(total, max_fraction):
+        raise UserError(too_many_bad_files(skipped, total, max_fraction))
 
 
 class FolderCrops:

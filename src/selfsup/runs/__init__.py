@@ -2,7 +2,8 @@
 backbone + metadata; a flow run's EMA model) and what is done with it: an evaluation session (``session``), the
 protocols run on it (``evaluate``: ``run_knn`` ...), a flow run's samples and their quality (``generation``), an
 MAE run's reconstructions (``reconstruct``); and what the engine keeps beside it: the data module (``data``), the
-loggers (``loggers``), the run's facts (``facts``), the resume rules (``resume``) and the finishing work (``finish``).
+loggers (``loggers``), the console progress (``progress``), the run's facts (``facts``), the resume rules
+(``resume``) and the finishing work (``finish``).
 
 From Python::
 

@@ -17,6 +17,7 @@ from selfsup.data.decode import bad_file_cap, too_many_bad_files
 from selfsup.data.device_decode import all_jpeg, decoder_error
 from selfsup.data.loader import EpochBatchSampler, StreamBatchSampler, batch_loader, stream_loader
 from selfsup.data.shards import ShardCrops
+from selfsup.distributed import cpu_cores
 from selfsup.errors import UserError
 from selfsup.instruments.detectors import event_log
 
@@ -54,10 +55,12 @@ class PretrainData(pl.LightningDataModule):
         plan = views.crops() if views is not None else None
         dataset = self.dataset
         folder = isinstance(dataset.images, FolderImages) and plan is not None
+        workers = capped_workers(self.cfg.data.num_workers, self.trainer.world_size // max(self.trainer.num_nodes, 1),
+                                 self.trainer.is_global_zero)
         if folder:  # crops at decode time, from the whole image: every view of the plan, its scale and size
             scales, sizes = plan
             encoded = decode_on_device(self.cfg.data.decode, dataset.images.files, self.trainer,
-                                       self.trainer.strategy.root_device, workers=self.cfg.data.num_workers)
+                                       self.trainer.strategy.root_device, workers=workers)
             crops = dataset.images.train_crops(scales, self.cfg.trainer.seed, sizes=sizes,
                                                bad_log=Path(self.trainer.default_root_dir) / BAD_FILES,
                                                encoded=encoded)
@@ -66,7 +69,7 @@ class PretrainData(pl.LightningDataModule):
         sampler = EpochBatchSampler(len(dataset), local, seed=self.cfg.trainer.seed,
                                     rank=self.trainer.global_rank, world_size=world_size,
                                     consumed=self._consumed, tag_epoch=folder)
-        return batch_loader(dataset, sampler, self.cfg.data.num_workers,
+        return batch_loader(dataset, sampler, workers,
                             pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator",
                             lookahead=folder and encoded)  # data.decode=device: the next batch decoded ahead
 
@@ -91,6 +94,23 @@ class PretrainData(pl.LightningDataModule):
         return stream_loader(crops, StreamBatchSampler(batches, streams, consumed=self._consumed),
                              self.cfg.data.num_workers,
                              pin_memory=self.trainer.accelerator.__class__.__name__ != "CPUAccelerator")
+
+
+def capped_workers(asked: int, processes: int = 1, say: bool = True) -> int:
+    """``data.num_workers`` on this machine: at most its cores shared by the node's ``processes`` training processes,
+    less one each for the process itself (a preset's 8 GPU-machine workers on a 2-core laptop: 1), said in one line
+    (``say``: rank 0's) where that lowers it. Which crops a batch holds depends on the seed alone, not the workers.
+    Tar shards keep theirs: their workers are the streams that order the samples."""
+    cores = cpu_cores()
+    cap = max(0, cores // max(processes, 1) - 1)
+    if asked <= cap:
+        return asked
+    if say:
+        share = f"{cores} CPU core{'s' if cores != 1 else ''}"
+        share += f" shared by {processes} processes" if processes > 1 else ""
+        print(f"selfsup: data.num_workers={asked} is more than this machine's {share} less one can run: "
+              f"using {cap} (set data.num_workers={cap} to choose it)")
+    return cap
 
 
 # data.decode=auto decodes on the GPU only below this many loader workers per process. The rule: the device path

@@ -51,7 +51,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
-from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve
+from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve, student_moved
 from selfsup.data.datasets import (HELD_OUT, IMAGE_SUFFIXES, MIN_TRAIN_IMAGES, SIZE_SAMPLE, TEST_FOLDERS, image_files,
                                    no_readable_image, too_few_images, unreadable)
 from selfsup.errors import UserError
@@ -185,7 +185,7 @@ def _given(overrides: dict, key: str) -> bool:
 def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[dict, list[tuple[str, object, str]]]:
     """The recipe's config mapping (the base preset, the resolved values, then ``overrides`` on top) and the
     resolved values with why: (key, value, reason), the keys the user set left out."""
-    base = load_preset(BASES[method])
+    base = student_moved(load_preset(BASES[method]), overrides)  # a ResNet asked for: the base's ViT keys reset
     cfg = resolve(merge(base, overrides))  # the base with the user's keys: what the resolution starts from
     gpu = facts.gpu is not None
     chosen: list[tuple[str, object, str]] = []

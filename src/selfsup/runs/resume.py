@@ -23,7 +23,8 @@ RESUME_MAY_CHANGE = ("trainer.max_epochs", "trainer.max_steps", "trainer.progres
 
 def resume_config(run: Path, preset: str | None, items: list[str]) -> tuple[RunConfig, dict]:
     """The config a resume continues with: the run's own config.yaml, with only ``RESUME_MAY_CHANGE`` keys
-    overridden; a preset or an override that contradicts the run is refused in one line. Also the changed keys."""
+    overridden; a preset or an override that contradicts the run is refused in one line. Also the changed keys:
+    ``{key: (the run's value, the new one)}``."""
     raw = read_run_config(run)
     current = flatten(to_dict(resolve(raw)))
     if preset is not None:
@@ -38,7 +39,7 @@ def resume_config(run: Path, preset: str | None, items: list[str]) -> tuple[RunC
             raise UserError(f"--resume {run} continues the run's own config.yaml: {key}={value} contradicts its "
                             f"{key}={current.get(key)}; drop it (only {', '.join(RESUME_MAY_CHANGE[:2])} extend a "
                             "run) or start a new run")
-    return cfg, {k: v for k, v in flatten(to_dict(cfg)).items() if current.get(k) != v}
+    return cfg, {k: (current.get(k), v) for k, v in flatten(to_dict(cfg)).items() if current.get(k) != v}
 
 
 def extends(cfg: RunConfig, facts: dict) -> bool:
@@ -76,4 +77,22 @@ def resume(run: Path, preset: str | None, items: list[str]) -> tuple[RunConfig, 
     action = resume_action(cfg, read_run_facts(run))
     if changed and action != "done":
         write_resumed_config(run, cfg)
+    line = new_length_line(changed)
+    if line and action == "train":
+        print(line)
     return cfg, action
+
+
+def new_length_line(changed: dict) -> str | None:
+    """The line a resume prints where it changes the run's length (``trainer.max_epochs`` / ``max_steps``): the
+    schedules (lr warm-up and cosine, weight decay, EMA momentum, teacher temperature) are functions of the run's
+    length, so they continue on the new length's curves from the step the run stopped at: a jump, not the curve of
+    either run. None where the length is unchanged."""
+    keys = [k for k in ("trainer.max_epochs", "trainer.max_steps") if k in changed]
+    if not keys:
+        return None
+    was = ", ".join(f"{k}={changed[k][0]}" for k in keys)
+    now = ", ".join(f"{k}={changed[k][1]}" for k in keys)
+    return (f"selfsup: the run's schedules (lr cosine, warm-up, momentum, temperatures) were made for {was}; resumed "
+            f"with {now} they follow the new length's curves from here on (a jump where the curves differ; start a "
+            "new run for a schedule made for the new length)")
