@@ -167,10 +167,13 @@ def test_collate_and_check_directly():
 
 
 @pytest.mark.train
-def test_an_error_line_starts_on_a_clean_line_after_a_progress_bar(tmp_path, caplog):
-    """Issue 49: `selfsup: error:` landed on the progress bar's line; and Lightning's chatter is off by default."""
-
+def test_an_error_line_starts_on_a_clean_line_after_a_progress_bar(tmp_path, caplog, monkeypatch):
+    """Issue 49: `selfsup: error:` landed on the progress bar's line; and Lightning's chatter is off by default.
+    On a terminal (stdout here is captured: it is said to be one), Lightning's redrawn bar."""
+    import selfsup.runs.progress as progress
     from ssl_helpers import run_cli, tiny_run
+
+    monkeypatch.setattr(progress, "on_terminal", lambda: True)
 
     args = ["pretrain", "moco-v3-vit-digits", *tiny_run(), "trainer.progress_bar=true", "trainer.max_epochs=3",
             "optim.base_lr=1e30", f"output_dir={tmp_path}"]  # the loss becomes NaN after the bar has started

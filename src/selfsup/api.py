@@ -238,7 +238,8 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
     items = override_items(overrides, **sections) + [f"data.batch_size={batch_size}"]
     joint = [m for m, cls in METHODS.items() if issubclass(cls, SSLMethod)]
     flow = (f"selfsup.method({name!r}): the flow family trains its own SiT, not your backbone (use selfsup.pretrain "
-            f"for it); one of {', '.join(joint)}")
+            f"for it); selfsup.method takes a joint-embedding method (the distillations included): one of "
+            f"{', '.join(joint)}")
     if name in METHODS and name not in joint:
         raise UserError(flow)
     if name in preset_names() or name.endswith((".yaml", ".yml")):

@@ -44,7 +44,12 @@ class PlainProgress(ProgressBar):
               f"{'  ' + values if values else ''}  {rate:.2f} it/s", flush=True)
 
 
+def on_terminal() -> bool:
+    """Whether stdout is a terminal (Lightning's redrawn bar) or a file or pipe (plain lines)."""
+    return sys.stdout.isatty()
+
+
 def progress_bars(trainer) -> list:
     """The progress bar of a run's ``trainer`` config: none when ``progress_bar`` is off, Lightning's own (tqdm) on
     a terminal, else ``PlainProgress`` every ``log_every_n_steps`` batches."""
-    return [PlainProgress(trainer.log_every_n_steps)] if trainer.progress_bar and not sys.stdout.isatty() else []
+    return [PlainProgress(trainer.log_every_n_steps)] if trainer.progress_bar and not on_terminal() else []
