@@ -156,7 +156,7 @@ def first_image_sizes(urls: list[str], n: int, skip: bool = False) -> list[tuple
     return sizes
 
 
-class _Named(io.BytesIO):
+class NamedBytes(io.BytesIO):
     """An image member's bytes, named ``shard:member`` in error messages."""
 
     def __init__(self, data: bytes, name: str):
@@ -271,7 +271,7 @@ class ShardImages:
             for sample in self.read(shard, damaged):
                 ext, data = _image(sample)
                 try:
-                    images.append(resize_center_crop(_Named(data, f"{sample['__url__']}:{sample['__key__']}.{ext}"),
+                    images.append(resize_center_crop(NamedBytes(data, f"{sample['__url__']}:{sample['__key__']}.{ext}"),
                                                      self.size, self.resize, self.channels))
                 except UserError:
                     continue
@@ -342,7 +342,7 @@ class ShardCrops:
         ext, data = _image(sample)
         name = f"{sample['__url__']}:{sample['__key__']}.{ext}"
         try:
-            return Opened(_Named(data, name), self.images.channels)
+            return Opened(NamedBytes(data, name), self.images.channels)
         except UserError as e:
             return self._bad(name, e)
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from selfsup.config import DataConfig
 from selfsup.data.datasets import image_files
 from selfsup.data.decode import record_bad_file, resize_center_crop
-from selfsup.data.shards import IMAGE_EXTS, LABEL_EXTS, shard_urls
+from selfsup.data.shards import IMAGE_EXTS, LABEL_EXTS, NamedBytes, shard_urls
 from selfsup.diskspace import atomic_write
 from selfsup.errors import UserError
 from selfsup.export import write_safetensors
@@ -68,17 +68,6 @@ class Member:
     offset: int
     size: int
     name: str
-
-
-class NamedBytes(io.BytesIO):
-    """A member's bytes, named ``shard:member`` in the decoder's error lines."""
-
-    def __init__(self, data: bytes, name: str):
-        super().__init__(data)
-        self.name = name
-
-    def __str__(self) -> str:
-        return self.name
 
 
 @dataclass
