@@ -70,14 +70,16 @@ def scored(run: Path, name: str, preset: str, overrides: list[str], wall, read_e
 def scan(folder: Path) -> list[dict]:
     """The alarm's current rule replayed (``CollapseAlarm.replay``) over the logged series of every finished run
     under ``folder`` (the values it observes are the ones a run logs), judged from the run's warm-up on, and its
-    end-of-run rule on the run's ``knn.json``; beside the collapse events the run itself wrote (an older rule's,
-    where it ran with one)."""
+    end-of-run rule on the run's ``knn.json`` (``runs.learning.knn_verdict``: a loss past the noise band, as
+    ``runs.finish`` judges it); beside the collapse events the run itself wrote (an older rule's, where it ran with
+    one)."""
     import csv
 
     import yaml
 
     from selfsup.instruments.collapse import KNN_OVER_INIT, CollapseAlarm, collapse_signs
     from selfsup.instruments.detectors import read_events
+    from selfsup.runs.learning import knn_verdict
 
     out = []
     for run in sorted(p.parent for p in folder.rglob("run.json")):
@@ -100,10 +102,10 @@ def scan(folder: Path) -> list[dict]:
         fired = alarm.replay(series, warmup)
         if (run / "knn.json").exists():  # the end-of-run half of knn_over_init (runs/finish.py not_learning)
             knn = json.loads((run / "knn.json").read_text())
-            over = knn["pretrained"]["top1"] - knn["random_init"]["top1"]
-            if over < KNN_OVER_INIT.threshold and not any(e["sign"] == KNN_OVER_INIT.name for e in fired):
+            verdict, over, band = knn_verdict(knn)  # a loss past the noise band, as runs/finish.py judges it
+            if verdict == "loss" and not any(e["sign"] == KNN_OVER_INIT.name for e in fired):
                 fired.append({"step": facts["global_step"], "sign": KNN_OVER_INIT.name, "value": over,
-                              "raw": knn["pretrained"]["top1"], "baseline": KNN_OVER_INIT.threshold})
+                              "raw": knn["pretrained"]["top1"], "baseline": -band})
         out.append({"name": run.name, "method": cfg["method"]["name"], "warmup_steps": warmup,
                     "measured": {k: len(v) for k, v in series.items()}, "fired": bool(fired), "replayed": fired,
                     "events_the_run_wrote": logged})

@@ -245,3 +245,29 @@ def test_the_ijepa_target_spread_names_every_recorded_collapse_and_no_other_run(
         series = {name: [tuple(p) for p in points] for name, points in r["series"].items()}
         fired = CollapseAlarm(5, collapse_signs()).replay(series, warmup_steps=r["warmup_steps"])
         assert ("ijepa_target_std" in {e["sign"] for e in fired}) == r["collapsed"], r["run"]
+
+
+def test_the_scan_judges_a_finished_runs_knn_with_the_runs_own_noise_band(tmp_path):
+    """``--scan``'s end-of-run rule is ``runs.learning.knn_verdict``: a 2-point drop on 100 test images is noise (no
+    event), a 30-point drop is past the band (a ``knn_over_init`` event at −band)."""
+    import json
+
+    import yaml
+
+    import benchmarks.collapse_alarm as bench
+    from selfsup.runs.learning import knn_noise_band
+
+    for name, top1 in (("small", 48.0), ("large", 20.0)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump({"method": {"name": "simclr"}, "optim": {"warmup_epochs": 0},
+                                                          "instruments": {}}))
+        (run / "run.json").write_text(json.dumps({"status": "finished", "global_step": 10, "epochs": 1}))
+        (run / "metrics.csv").write_text("step\n")
+        knn = {"pretrained": {"top1": top1}, "random_init": {"top1": 50.0}, "test_size": 100}
+        (run / "knn.json").write_text(json.dumps(knn))
+    rows = {r["name"]: r for r in bench.scan(tmp_path)}
+    assert not rows["small"]["fired"]
+    (event,) = rows["large"]["replayed"]
+    band = knn_noise_band({"pretrained": {"top1": 20.0}, "random_init": {"top1": 50.0}, "test_size": 100})
+    assert event["sign"] == "knn_over_init" and event["value"] == -30.0 and event["baseline"] == -band
