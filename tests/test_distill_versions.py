@@ -295,3 +295,38 @@ def test_user_errors(tmp_path):
         versioned(tmp_path, "v2", teacher="bn_cnn_micro")
     m = versioned(tmp_path, "v3", model={"backbone": "bn_cnn_tiny"})  # a ConvNet teacher's map works with v3
     assert torch.isfinite(m.forward_views([torch.randn(B, 1, 8, 8)]).loss)
+
+
+# --------------------------------------------------------------------------- the presets
+
+
+@pytest.mark.parametrize("preset, wd", [("distill-v3-dinov2-vitb14-r18-imagefolder", 1e-6),
+                                        ("distill-v3-dinov2-vitb14-vits-imagefolder", 0.04)])
+def test_the_v3_gpu_presets_are_lightlytrain_v3_s_defaults(preset, wd):
+    """distillationv3.py:83-168 and method.py:89-121: τ 0.07 twice, local weight 1, the queue for 20,000+ images,
+    AdamW 5e-4 at a batch of 1536 scaled by its square root, wd "auto" (1e-6 for a BatchNorm ConvNet, 0.04 for a
+    ViT), none on biases and norms, warm-up min(10, epochs / 10), the end at 0.001 of the peak, clip 1; the teacher
+    DINOv2 ViT-B/14 (v1 / v2's default: v3's, DINOv3 ViT-B/16, waits for its backbone) at the student's 224 px."""
+    from selfsup.config import load_run_config
+
+    c = load_run_config(preset, [])
+    m, o = c.method, c.optim
+    assert (c.method_name, m.version, m.teacher.weights) == ("distill", "v3", "dinov2_vitb14_pretrain.pth")
+    assert (m.temperature, m.temperature_local, m.local_weight, m.queue_size, m.mixup) == (0.07, 0.07, 1.0, 8192, True)
+    assert (o.name, o.lr_scaling, o.weight_decay, o.decay_1d, tuple(o.betas)) == ("adamw", "sqrt", wd, False,
+                                                                                  (0.9, 0.999))
+    assert o.base_lr == pytest.approx(5e-4 * math.sqrt(256 / 1536), rel=1e-4)
+    assert o.min_lr == pytest.approx(1e-3 * o.base_lr, rel=1e-4)
+    assert o.warmup_epochs == min(10, c.trainer.max_epochs / 10) and c.trainer.gradient_clip_val == 1.0
+    assert (c.data.image_size, c.data.batch_size, c.augment.recipe or c.method_cls.recipe) == (224, 256, "distillation")
+
+
+def test_the_teacher_sees_the_student_s_view_at_the_run_s_size(tmp_path):
+    """LightlyTrain's teacher takes the student's one view (its transform's image size, 224 px): here the run's
+    8 px through a teacher of patch 2, a 4 × 4 grid (a 2 × 2 one through patch 4)."""
+    x = torch.randn(2, 1, 8, 8)
+    pooled, fmap = versioned(tmp_path, "v3").teacher_maps(x)
+    assert pooled.shape == (2, 128) and fmap.shape == (2, 128, 4, 4)
+    (tmp_path / "p4").mkdir()
+    coarse = tiny_method("distill", {"teacher": {"weights": teacher_file(tmp_path / "p4")}, "version": "v3"})
+    assert coarse.teacher_maps(x)[1].shape == (2, 128, 2, 2)
