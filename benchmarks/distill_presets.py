@@ -89,11 +89,19 @@ def probe(device: torch.device):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
 
-            def hook(_, args, out):
-                if not self.seen:
-                    self.seen.update(output_dtype=str(out.dtype), grad_enabled=torch.is_grad_enabled(),
-                                     input_shape=list(args[0].shape))
-            self.handle = module.teacher.network.register_forward_hook(hook)  # a FrozenNetwork's module
+            def hook(_, args, out):  # the network's forward (v1: its pooled feature)
+                self.seen.setdefault("output_dtype", str(out.dtype))
+
+            def first_layer(_, args, out):  # what the network computes in (v2 / v3 call its feature maps)
+                self.seen.setdefault("compute_dtype", str(out.dtype))
+
+            def view(_, args, out):  # the teacher's input: the student's view, every version
+                if "input_shape" not in self.seen:
+                    self.seen.update(grad_enabled=torch.is_grad_enabled(), input_shape=list(args[0].shape))
+            net = module.teacher.network  # a FrozenNetwork's module
+            layer = next(m for m in net.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)))
+            self.handles = [net.register_forward_hook(hook), layer.register_forward_hook(first_layer),
+                            module.teacher.input_map.register_forward_hook(view)]
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             sync(device)
@@ -113,12 +121,16 @@ def probe(device: torch.device):
                                 "sha256_held": module.teacher.facts["sha256"], **self.seen}
 
         def on_train_end(self, trainer, module):
-            self.handle.remove()
+            for handle in self.handles:
+                handle.remove()
             x = torch.randn(self.seen["input_shape"], device=device)
+            c = module.cfg.method  # the method's own teacher call of its version (v2 / v3: the feature maps)
+            blocks = c.n_teacher_blocks if c.version == "v2" else 1
+            call = module.teacher_embedding if c.version == "v1" else lambda y: module.teacher_maps(y, blocks)
             for _ in range(6):  # the method's own teacher call: input map, bf16 autocast on a GPU, normalise
                 sync(device)
                 start = time.perf_counter()
-                module.teacher_embedding(x)
+                call(x)
                 sync(device)
                 self.teacher_forward_ms.append(1000 * (time.perf_counter() - start))
             self.peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -145,7 +157,8 @@ def run_preset(preset: str, overrides: list[str], run: Path, warmup: int, device
         "teacher_sha256_in_run_json": len(sha) == 64 and all(c in "0123456789abcdef" for c in sha),
         "teacher_sha256_matches_method": sha == p.teacher.get("sha256_held"),
         "teacher": {k: v for k, v in p.teacher.items() if k != "sha256_held"},
-        "teacher_bf16": p.teacher.get("output_dtype") == "torch.bfloat16" if device.type == "cuda" else None,
+        "teacher_bf16": (p.teacher.get("output_dtype") or p.teacher.get("compute_dtype")) == "torch.bfloat16"
+        if device.type == "cuda" else None,
         "step_ms": [round(t, 2) for t in steps], "between_steps_ms": [round(t, 2) for t in between],
         "warmup_steps": warmup, "step_ms_median": round(statistics.median(timed), 2) if timed else None,
         "step_images_per_s_median": round(1000 * batch / statistics.median(timed), 1) if timed else None,
