@@ -291,7 +291,7 @@ def test_user_errors(tmp_path):
         versioned(tmp_path, "v1", {"local_weight": 2.0})
     with pytest.raises(UserError, match="method.teacher_centre applies to method.version v1 or v3, not v2"):
         versioned(tmp_path, "v2", {"teacher_centre": 0.9})
-    with pytest.raises(UserError, match="method.n_teacher_blocks=2: the teacher ConvNet has one feature map"):
+    with pytest.raises(UserError, match="method.n_teacher_blocks=2: a ConvNet teacher gives its last feature map"):
         versioned(tmp_path, "v2", teacher="bn_cnn_micro")
     m = versioned(tmp_path, "v3", model={"backbone": "bn_cnn_tiny"})  # a ConvNet teacher's map works with v3
     assert torch.isfinite(m.forward_views([torch.randn(B, 1, 8, 8)]).loss)

@@ -165,9 +165,9 @@ class Distill(SSLMethod):
             self.projector = trunc_normal_linear(self.backbone.num_features, width)
             self.register_buffer("queue", torch.zeros(c.queue_size, width))  # zeros; a checkpoint buffer
         if c.version == "v2" and c.n_teacher_blocks > 1 and not hasattr(self.teacher.network, "feature_maps"):
-            raise UserError(f"method.n_teacher_blocks={c.n_teacher_blocks}: the teacher "
-                            f"{type(self.teacher.network).__name__} has one feature map; set "
-                            "method.n_teacher_blocks=1 or give a ViT teacher")
+            raise UserError(f"method.n_teacher_blocks={c.n_teacher_blocks}: a {type(self.teacher.network).__name__} "
+                            "teacher gives its last feature map only (a selfsup ViT or a DINOv2 file gives its last "
+                            "blocks'); set method.n_teacher_blocks=1")
         if c.version == "v2":  # the teacher's last blocks concatenated (distillationv2.py:177-191)
             self.local_projector = v2_head(self.backbone.num_features, c.n_teacher_blocks * width,
                                            c.projection_layers, c.projection_hidden_dim)
