@@ -293,6 +293,12 @@ def test_user_errors(tmp_path):
         versioned(tmp_path, "v2", {"teacher_centre": 0.9})
     with pytest.raises(UserError, match="method.n_teacher_blocks=2: a ConvNet teacher gives its last feature map"):
         versioned(tmp_path, "v2", teacher="bn_cnn_micro")
+    import selfsup
+
+    flat = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16))  # a user's network: (B, D), no map
+    with pytest.raises(UserError, match="method.version=v3 reads the student's feature map; a Sequential"):
+        selfsup.method("distill", flat, channels=1, image_size=8, batch_size=8,
+                       method={"teacher": {"weights": teacher_file(tmp_path)}, "version": "v3"})
     m = versioned(tmp_path, "v3", model={"backbone": "bn_cnn_tiny"})  # a ConvNet teacher's map works with v3
     assert torch.isfinite(m.forward_views([torch.randn(B, 1, 8, 8)]).loss)
 

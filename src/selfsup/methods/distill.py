@@ -41,7 +41,7 @@ from selfsup.errors import UserError
 from selfsup.losses import distillation_mse_loss, global_distillation_loss, local_distillation_loss
 from selfsup.methods.base import SSLMethod
 from selfsup.methods.frozen import load_teacher
-from selfsup.models.dense import feature_maps
+from selfsup.models.dense import feature_maps, has_feature_maps
 from selfsup.schedules import step_seed
 from selfsup.step import StepOutput
 
@@ -164,6 +164,11 @@ class Distill(SSLMethod):
         if c.version != "v2":  # the global term: v1's head (distillation.py:183-189), v3's global head (:203-214)
             self.projector = trunc_normal_linear(self.backbone.num_features, width)
             self.register_buffer("queue", torch.zeros(c.queue_size, width))  # zeros; a checkpoint buffer
+        for who, net in (("student", self.backbone), ("teacher", self.teacher.network)):
+            if c.version != "v1" and not has_feature_maps(net):
+                raise UserError(f"method.version={c.version} reads the {who}'s feature map; a {type(net).__name__} "
+                                "returning (B, D) gives none: give one returning its map (B, C, H, W), or use "
+                                "method.version=v1")
         if c.version == "v2" and c.n_teacher_blocks > 1 and not hasattr(self.teacher.network, "feature_maps"):
             raise UserError(f"method.n_teacher_blocks={c.n_teacher_blocks}: a {type(self.teacher.network).__name__} "
                             "teacher gives its last feature map only (a selfsup ViT or a DINOv2 file gives its last "

@@ -38,6 +38,12 @@ def _timm(net: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
     return pooled, out
 
 
+def has_feature_maps(network: nn.Module) -> bool:
+    """Whether :func:`feature_maps` reads ``network`` (its kinds above; the others are one line there)."""
+    return (hasattr(network, "feature_maps") or isinstance(network, (ResNet, ConvNet, GlobalPool))
+            or (hasattr(network, "forward_features") and hasattr(network, "forward_head")))
+
+
 def feature_maps(network: nn.Module, x: Tensor, n: int = 1) -> tuple[Tensor, list[Tensor]]:
     """(pooled (B, C), [maps (B, C, h, w) of the last ``n`` blocks]) of ``network`` on ``x`` in one forward."""
     if hasattr(network, "feature_maps"):
