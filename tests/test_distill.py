@@ -1,6 +1,7 @@
 """method.name=distill (methods/distill.py): LightlyTrain's global distillation (v1) of a frozen teacher into any
 student. The loss against a reference written here from its source's facts; the queue's update rule; mixup; the
-teacher frozen, in eval mode and in no checkpoint, checked by its sha256 on resume; two gloo processes as one."""
+teacher frozen, in eval mode and in no checkpoint, checked by its sha256 on resume; two gloo processes as one (v1 and
+v3; v2 and v3 otherwise in tests/test_distill_versions.py)."""
 
 from __future__ import annotations
 
