@@ -13,7 +13,12 @@ device, mode and gradient; each step's wall time (the device synchronised at its
 steps (the loader's wait and the loop); the teacher's forward alone on the step's batch; the peak memory the
 process allocated on the GPU; every step's loss and whether all are finite.
 
+The v3 presets (LightlyTrain's current distillation, a ViT-B/14 teacher: ``MORE``) run with ``--presets``; the GPU
+session's ``distill`` part runs the two v1 presets.
+
     python -m benchmarks.distill_presets --out distill_presets_gpu.json       # on a GPU host
+    python -m benchmarks.distill_presets --presets distill-v3-dinov2-vitb14-r18-imagefolder,\
+        distill-v3-dinov2-vitb14-vits-imagefolder --out distill_v3_presets_gpu.json
     python -m benchmarks.distill_presets --dry-run --out /tmp/distill.json    # on a CPU, toy size
 """
 
@@ -35,11 +40,18 @@ import yaml
 from benchmarks.harness import default_device, machine_info, pretrain, sync, write_report
 
 CONFIG_KEYS = ("model.backbone", "model.patch_size", "data.image_size", "data.batch_size", "data.num_workers",
-               "data.decode", "trainer.precision", "trainer.accelerator", "optim.name", "method.queue_size")
+               "data.decode", "trainer.precision", "trainer.accelerator", "optim.name", "method.queue_size",
+               "method.version")
 PRESETS = ("distill-dinov2-vits14-r18-imagefolder", "distill-dinov2-vits14-vits-imagefolder")
-NOTE = ("teacher: a checkpoint written on the device in DINOv2's torch.hub layout (dinov2_vits14_pretrain.pth's keys "
-        "and shapes: LayerScale ls1/ls2, mask_token, a 518-px pos_embed of 37x37+1) with random values (timm's "
-        "vit_small_patch14_dinov2 init), the real file being out of reach of a device with no network: this checks "
+# the other GPU distillation presets (--presets): LightlyTrain's v3 from a ViT-B/14 teacher
+MORE = ("distill-v3-dinov2-vitb14-r18-imagefolder", "distill-v3-dinov2-vitb14-vits-imagefolder")
+# a preset's teacher file → timm's DINOv2 model whose shapes its hub-layout stand-in takes
+TEACHERS = {"dinov2_vits14_pretrain.pth": "vit_small_patch14_dinov2",
+            "dinov2_vitb14_pretrain.pth": "vit_base_patch14_dinov2"}
+NOTE = ("teacher: a checkpoint written on the device in DINOv2's torch.hub layout (the preset's file's keys and "
+        "shapes, dinov2_vits14_pretrain.pth or dinov2_vitb14_pretrain.pth: LayerScale ls1/ls2, mask_token, a 518-px "
+        "pos_embed of 37x37+1) with random values (timm's vit_small / vit_base_patch14_dinov2 init), the real file "
+        "being out of reach of a device with no network: this checks "
         "the loading path, the position table's resampling, the frozen teacher's bf16 autocast, the step time and the "
         "peak memory on the GPU, not the weights' quality. Data: synthetic JPEGs (smooth colour fields, "
         "benchmarks.decode.make_jpegs), an unlabelled folder as the presets take it")
@@ -77,11 +89,19 @@ def probe(device: torch.device):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
 
-            def hook(_, args, out):
-                if not self.seen:
-                    self.seen.update(output_dtype=str(out.dtype), grad_enabled=torch.is_grad_enabled(),
-                                     input_shape=list(args[0].shape))
-            self.handle = module.teacher.network.register_forward_hook(hook)  # a FrozenNetwork's module
+            def hook(_, args, out):  # the network's forward (v1: its pooled feature)
+                self.seen.setdefault("output_dtype", str(out.dtype))
+
+            def first_layer(_, args, out):  # what the network computes in (v2 / v3 call its feature maps)
+                self.seen.setdefault("compute_dtype", str(out.dtype))
+
+            def view(_, args, out):  # the teacher's input: the student's view, every version
+                if "input_shape" not in self.seen:
+                    self.seen.update(grad_enabled=torch.is_grad_enabled(), input_shape=list(args[0].shape))
+            net = module.teacher.network  # a FrozenNetwork's module
+            layer = next(m for m in net.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)))
+            self.handles = [net.register_forward_hook(hook), layer.register_forward_hook(first_layer),
+                            module.teacher.input_map.register_forward_hook(view)]
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             sync(device)
@@ -101,12 +121,16 @@ def probe(device: torch.device):
                                 "sha256_held": module.teacher.facts["sha256"], **self.seen}
 
         def on_train_end(self, trainer, module):
-            self.handle.remove()
+            for handle in self.handles:
+                handle.remove()
             x = torch.randn(self.seen["input_shape"], device=device)
+            c = module.cfg.method  # the method's own teacher call of its version (v2 / v3: the feature maps)
+            blocks = c.n_teacher_blocks if c.version == "v2" else 1
+            call = module.teacher_embedding if c.version == "v1" else lambda y: module.teacher_maps(y, blocks)
             for _ in range(6):  # the method's own teacher call: input map, bf16 autocast on a GPU, normalise
                 sync(device)
                 start = time.perf_counter()
-                module.teacher_embedding(x)
+                call(x)
                 sync(device)
                 self.teacher_forward_ms.append(1000 * (time.perf_counter() - start))
             self.peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -133,7 +157,8 @@ def run_preset(preset: str, overrides: list[str], run: Path, warmup: int, device
         "teacher_sha256_in_run_json": len(sha) == 64 and all(c in "0123456789abcdef" for c in sha),
         "teacher_sha256_matches_method": sha == p.teacher.get("sha256_held"),
         "teacher": {k: v for k, v in p.teacher.items() if k != "sha256_held"},
-        "teacher_bf16": p.teacher.get("output_dtype") == "torch.bfloat16" if device.type == "cuda" else None,
+        "teacher_bf16": (p.teacher.get("output_dtype") or p.teacher.get("compute_dtype")) == "torch.bfloat16"
+        if device.type == "cuda" else None,
         "step_ms": [round(t, 2) for t in steps], "between_steps_ms": [round(t, 2) for t in between],
         "warmup_steps": warmup, "step_ms_median": round(statistics.median(timed), 2) if timed else None,
         "step_images_per_s_median": round(1000 * batch / statistics.median(timed), 1) if timed else None,
@@ -144,9 +169,30 @@ def run_preset(preset: str, overrides: list[str], run: Path, warmup: int, device
     }
 
 
+def teacher_of(preset: str) -> str:
+    """The file name of ``preset``'s teacher (one of ``TEACHERS``)."""
+    from selfsup.config import load_run_config
+
+    name = Path(load_run_config(preset, []).method.teacher.weights).name
+    if name not in TEACHERS:
+        raise SystemExit(f"{preset}: its teacher {name} has no stand-in here (known: {', '.join(TEACHERS)})")
+    return name
+
+
+def write_teacher(path: Path) -> dict:
+    """The hub-layout stand-in of the file ``path.name`` (``TEACHERS``), written to ``path``: its layout's facts."""
+    from benchmarks.hub_layout import write_hub_checkpoint
+
+    teacher = write_hub_checkpoint(path, TEACHERS[path.name])
+    hub = torch.load(teacher, map_location="cpu", weights_only=True)
+    return {"keys": len(hub), "pos_embed": list(hub["pos_embed"].shape), "mask_token": list(hub["mask_token"].shape),
+            "layer_scale": "blocks.0.ls1.gamma" in hub and "blocks.0.ls2.gamma" in hub,
+            "mib": round(teacher.stat().st_size / 2**20, 1)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", default=",".join(PRESETS))
+    p.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated; also {', '.join(MORE)}")
     p.add_argument("--steps", type=int, default=12, help="training steps a preset (one epoch of that many batches)")
     p.add_argument("--warmup", type=int, default=4, help="the first steps left out of the medians")
     p.add_argument("--work", default=None, help="where the teacher, images and runs go (default: a temporary folder)")
@@ -154,8 +200,6 @@ def main(argv=None) -> int:
                    help="a CPU at toy size: 28 px (the ViT-S student at patch 14), batch 4, 2 steps, fp32")
     p.add_argument("--out", default="benchmarks/results/distill_presets_gpu.json")
     args = p.parse_args(argv)
-    from benchmarks.hub_layout import write_hub_checkpoint
-
     device = default_device()
     if args.dry_run:
         steps, warmup, batch, size = 2, 1, 4, 28  # the teacher's 2 x 2 patches of 14 px (the ViT-S student's too)
@@ -163,21 +207,18 @@ def main(argv=None) -> int:
                "trainer.accelerator=cpu", "trainer.precision=32-true"]
     else:
         steps, warmup, toy, batch, size = args.steps, args.warmup, [], 256, 224  # the presets' batch and size
+    presets = [s for s in args.presets.split(",") if s]
     with tempfile.TemporaryDirectory(prefix="selfsup-distill-") as tmp:
         work = Path(args.work or tmp)
         start = time.perf_counter()
-        teacher = write_hub_checkpoint(work / "dinov2_vits14_pretrain.pth")
-        hub = torch.load(teacher, map_location="cpu", weights_only=True)
-        layout = {"keys": len(hub), "pos_embed": list(hub["pos_embed"].shape),
-                  "mask_token": list(hub["mask_token"].shape),
-                  "layer_scale": "blocks.0.ls1.gamma" in hub and "blocks.0.ls2.gamma" in hub,
-                  "mib": round(teacher.stat().st_size / 2**20, 1)}
-        del hub
+        teachers = {preset: teacher_of(preset) for preset in presets}
+        layout = {name: write_teacher(work / name) for name in sorted(set(teachers.values()))}
         images = write_images(work / "images", batch * steps, 256 if not args.dry_run else 128)
         setup_s = time.perf_counter() - start
-        print(f"teacher {teacher} ({layout}), {batch * steps} images, {setup_s:.1f} s", flush=True)
+        print(f"teachers {layout}, {batch * steps} images, {setup_s:.1f} s", flush=True)
         rows = []
-        for preset in [s for s in args.presets.split(",") if s]:
+        for preset in presets:
+            teacher = work / teachers[preset]
             overrides = [f"data.root={images}", f"method.teacher.weights={teacher}", "trainer.max_epochs=1",
                          f"trainer.limit_train_batches={steps}", "trainer.progress_bar=false", "trainer.seed=0", *toy]
             if args.dry_run and "vits" in preset.split("-")[-2]:
@@ -191,8 +232,9 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             write_report({"note": NOTE, "dry_run": args.dry_run, "machine": machine_info(device),
-                          "teacher_file": layout, "images": batch * steps, "image_size": size,
-                          "setup_s": round(setup_s, 1), "runs": rows}, args.out)
+                          "teacher_file": layout[teachers[presets[0]]], "teacher_files": layout,
+                          "images": batch * steps, "image_size": size, "setup_s": round(setup_s, 1), "runs": rows},
+                         args.out)
     ok = all(r["loss_finite"] and r["teacher_sha256_in_run_json"] and r["teacher_sha256_matches_method"]
              and not r["teacher"]["training"] and not r["teacher"]["requires_grad"] and not r["teacher"]["grad_enabled"]
              and r["teacher_bf16"] is not False for r in rows)

@@ -1,6 +1,7 @@
 """method.name=distill (methods/distill.py): LightlyTrain's global distillation (v1) of a frozen teacher into any
 student. The loss against a reference written here from its source's facts; the queue's update rule; mixup; the
-teacher frozen, in eval mode and in no checkpoint, checked by its sha256 on resume; two gloo processes as one."""
+teacher frozen, in eval mode and in no checkpoint, checked by its sha256 on resume; two gloo processes as one (v1 and
+v3; v2 and v3 otherwise in tests/test_distill_versions.py)."""
 
 from __future__ import annotations
 
@@ -129,13 +130,14 @@ def test_a_named_teacher_of_another_architecture_and_a_convnet_student(tmp_path)
 # --------------------------------------------------------------------------- two processes as one
 
 
-def _worker(rank: int, init_file: str, out_dir: str, teacher: str) -> None:
+def _worker(rank: int, init_file: str, out_dir: str, teacher: str, version: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         from ssl_helpers import ViewsLoss  # noqa: F401 (the test's helpers on the path of the spawned worker)
 
-        m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12, "teacher_centre": 0.9})
+        m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12, "teacher_centre": 0.9,
+                                    "version": version})
         x = torch.randn(2 * BATCH, 1, 8, 8, generator=torch.Generator().manual_seed(5))
         lam, perm = torch.tensor(0.3), torch.randperm(2 * BATCH, generator=torch.Generator().manual_seed(6))
 
@@ -160,11 +162,14 @@ def _worker(rank: int, init_file: str, out_dir: str, teacher: str) -> None:
 
 
 @pytest.mark.spawn
-def test_two_gloo_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
-    """The queue, the mixup partners and the teacher's running mean (method.teacher_centre) over the global batch."""
+@pytest.mark.parametrize("version", ["v1", "v3"])
+def test_two_gloo_processes_equal_one_process_on_the_concatenated_batch(tmp_path, version):
+    """The queue, the mixup partners and the teacher's running mean (method.teacher_centre) over the global batch
+    (v3: its local term per image, averaged over the processes as over one batch)."""
     teacher = teacher_file(tmp_path)
-    spawn_and_join(_worker, (str(tmp_path / "init"), str(tmp_path), teacher), WORLD, 240)
-    m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12, "teacher_centre": 0.9})
+    spawn_and_join(_worker, (str(tmp_path / "init"), str(tmp_path), teacher, version), WORLD, 240)
+    m = tiny_method("distill", {"teacher": {"weights": teacher}, "queue_size": 12, "teacher_centre": 0.9,
+                                "version": version})
     x = torch.randn(2 * BATCH, 1, 8, 8, generator=torch.Generator().manual_seed(5))
     lam, perm = torch.tensor(0.3), torch.randperm(2 * BATCH, generator=torch.Generator().manual_seed(6))
     for _ in range(2):

@@ -82,12 +82,14 @@ def _fit_counting(cfg, tmp_path):
 
 
 @pytest.mark.train
-@pytest.mark.parametrize("method", list(METHODS))  # every registered method: a new one is checked too
+@pytest.mark.parametrize("method", [*METHODS, "distill_v3"])  # every registered method: a new one is checked too
 def test_no_host_reads_between_logging_steps(tmp_path, method):
     """12 steps, logging every 4, the default instruments every 5: a logging step reads once (the NaN
     check; the logged values come back in one copy), an instrument step reads what it measures, and
-    every other step reads nothing, with the progress bar on."""
+    every other step reads nothing, with the progress bar on (distill_v3: method.version=v3 of distill)."""
     trainer = {"limit_train_batches": 12, "log_every_n_steps": 4, "progress_bar": True}
+    version = {"version": "v3"} if method == "distill_v3" else {}
+    method = "distill" if method == "distill_v3" else method
     if METHODS[method].family == "flow":
         from selfsup.config import load_run_config
 
@@ -100,7 +102,7 @@ def test_no_host_reads_between_logging_steps(tmp_path, method):
         multicrop = {"augment": {"local_crops_number": 2, "local_crops_size": 4}} if method in ("dino", "ibot") else {}
         masking = {"pred_ratio": [0.0, 0.3], "pred_ratio_var": [0.0, 0.2]} if method == "ibot" else None
         if method == "distill":  # a frozen teacher from a file
-            masking = {"teacher": {"weights": str(random_vit(tmp_path))}, "queue_size": 32}
+            masking = {"teacher": {"weights": str(random_vit(tmp_path))}, "queue_size": 32, **version}
         if method == "distill_dinov2":  # a frozen teacher: a DINOv2 run folder (backbone + heads)
             from ssl_helpers import STUDENT_HEADS, dinov2_teacher_run
 

@@ -415,8 +415,11 @@ def lejepa_predictive(z: Tensor, n_global: int) -> Tensor:
 def lejepa_loss(predictive: Tensor, sigreg_value: Tensor, lamb: float) -> Tensor:
     """The single trade-off (MINIMAL.md:174): ``λ · SIGReg + (1 − λ) · predictive``."""
     return sigreg_value * lamb + predictive * (1 - lamb)
+
+
 def global_distillation_loss(student: Tensor, teacher: Tensor, queue: Tensor, temperature: float) -> Tensor:
-    """LightlyTrain's distillation v1 loss (lightly-train ``_methods/distillation/distillation_loss.py:51-74``):
+    """LightlyTrain's distillation v1 loss (lightly-train ``_methods/distillation/distillation_loss.py:51-74``), v3's
+    global loss (``_methods/distillationv3/distillationv3_loss.py:61-84``, the same lines):
     KL(p_t ‖ p_s), averaged over the batch (``KLDivLoss(reduction="batchmean")``), with p_t = softmax(t Qᵀ / τ) and
     log p_s = log_softmax(s Qᵀ / τ): the student's L2-normalised projection ``student`` (B, D) and the teacher's
     L2-normalised embedding ``teacher`` (B, D) scored against the queue ``queue`` (Q, D) of teacher embeddings, the
@@ -425,3 +428,24 @@ def global_distillation_loss(student: Tensor, teacher: Tensor, queue: Tensor, te
         p_t = F.softmax(teacher.float() @ queue.float().T / temperature, dim=-1)
     log_p_s = F.log_softmax(student.float() @ queue.float().T / temperature, dim=-1)
     return F.kl_div(log_p_s, p_t, reduction="batchmean", log_target=False)
+
+
+def local_distillation_loss(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
+    """LightlyTrain's distillation v3 local loss (``_methods/distillationv3/distillationv3_loss.py:86-115``): in each
+    image, every patch scored against the image's own patches, ``softmax(f fᵀ / τ)`` over the patches, for the
+    teacher's L2-normalised patch features ``teacher`` (B, N, D) and the student's ``student`` (B, N, D, projected,
+    resized to the teacher's grid, L2-normalised); KL(p_t ‖ p_s) averaged over the B·N rows
+    (``KLDivLoss(reduction="batchmean")`` on the rows flattened). The teacher side carries no gradient."""
+    with torch.no_grad():
+        t = teacher.float()
+        p_t = F.softmax(t @ t.transpose(1, 2) / temperature, dim=-1).flatten(0, 1)
+    s = student.float()
+    log_p_s = F.log_softmax(s @ s.transpose(1, 2) / temperature, dim=-1).flatten(0, 1)
+    return F.kl_div(log_p_s, p_t, reduction="batchmean", log_target=False)
+
+
+def distillation_mse_loss(student: Tensor, teacher: Tensor) -> Tensor:
+    """LightlyTrain's distillation v2 loss (``_methods/distillationv2/distillationv2_loss.py:27``, ``:43``):
+    ``MSELoss()``, the mean over every element of the student's projected patch features ``student`` (B, N, D) and
+    the teacher's ``teacher`` (B, N, D, its last blocks concatenated), neither normalised."""
+    return F.mse_loss(student.float(), teacher.float().detach())

@@ -73,10 +73,15 @@ class FrozenNetwork:
     def __call__(self, x: Tensor, *args, **kwargs):
         """The network on ``x`` in its own input normalisation: no gradient, bf16 autocast on a GPU (placed on
         ``x``'s device first where a caller outside the training step has not: ``place``)."""
+        return self.apply(lambda network, y: network(y, *args, **kwargs), x)
+
+    def apply(self, fn, x: Tensor):
+        """``fn(network, input_map(x))`` as :meth:`__call__` runs the network (another of its forwards: a
+        distillation teacher's feature maps)."""
         if x.device != self.device:
             self.place(x.device)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            return self.network(self.input_map(x), *args, **kwargs)
+            return fn(self.network, self.input_map(x))
 
     def place(self, device) -> None:
         """The network and its input map on ``device`` (a no-op where they are)."""

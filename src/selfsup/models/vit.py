@@ -439,15 +439,29 @@ class VisionTransformer(nn.Module):
         eval_linear.py, with the ViT's own pooling). ``n = 1`` is :meth:`forward`. The evaluation features of
         ``selfsup eval --last-blocks N`` (I-JEPA's paper evaluates the last layer or the concatenation of the last
         ones; DINO's ViT-S linear probe takes 4)."""
+        return torch.cat([self.pool_tokens(t) for t in self.last_blocks_tokens(x, n)], dim=-1)
+
+    def last_blocks_tokens(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """The tokens (B, 1+N, D) of each of the last ``n`` blocks, each through the final norm, registers removed
+        (DINOv2's ``get_intermediate_layers(x, n, norm=True)``, dinov2 b8931f7 vision_transformer.py:299-323); the
+        last is :meth:`forward_features`."""
         if not 1 <= n <= self.depth:
             raise ValueError(f"n={n} last blocks: the ViT has {self.depth}")
         x = self._with_registers(self._tokens(x))
-        pooled = []
+        out = []
         for i, block in enumerate(self.blocks):
             x = block(x)
             if i >= self.depth - n:
-                pooled.append(self.pool_tokens(self._without_registers(self.norm(x))))
-        return torch.cat(pooled, dim=-1)
+                out.append(self._without_registers(self.norm(x)))
+        return out
+
+    def feature_maps(self, x: torch.Tensor, n: int = 1) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(the pooled feature of the last block as :meth:`forward` pools it, the patch tokens of the last ``n``
+        blocks as maps (B, D, H/p, W/p), row-major as the patches): what ``models.dense.feature_maps`` reads."""
+        tokens = self.last_blocks_tokens(x, n)
+        h, w = x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size
+        maps = [t[:, self.prefix:].transpose(1, 2).reshape(t.shape[0], t.shape[-1], h, w) for t in tokens]
+        return self.pool_tokens(tokens[-1]), maps
 
     def layer_id(self, param_name: str) -> int:
         """Depth index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 for the rest."""
