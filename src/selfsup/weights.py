@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from selfsup.checkpoints import EXTRA_SAFE_GLOBALS
 from selfsup.errors import UserError
 from selfsup.export import FORMAT, read_meta
+from selfsup.layouts import Derived, dinov3_arch, hf_config, hf_layout, is_dinov3
 from selfsup.models.backbones import TIMM_PREFIX, build_backbone
 from selfsup.models.mae import mae_sincos_position_embedding
 from selfsup.models.vit import VIT_SIZES, VisionTransformer, build_2d_sincos_position_embedding, \
@@ -154,8 +155,8 @@ def _safetensors_index(path: Path) -> dict[str, LazyTensor]:
 
 
 def real(t) -> Tensor:
-    """``t`` read where it is a :class:`LazyTensor`."""
-    return t.load() if isinstance(t, LazyTensor) else t
+    """``t`` read where it is a :class:`LazyTensor` or a ``layouts.Derived`` (joined or computed when read)."""
+    return t.load() if isinstance(t, (LazyTensor, Derived)) else t
 
 
 @dataclass
@@ -170,6 +171,7 @@ class RawWeights:
     meta: dict | None = None
     timm_layout: bool = False
     heads: tuple[int, str] | None = None
+    arch: tuple[str, dict] | None = None  # (backbone name, build_backbone kwargs) the source states (DINOv3, transformers)
 
 
 def state_sha256(state: Mapping[str, Tensor]) -> str:
@@ -234,6 +236,10 @@ def read_file_weights(path: Path, what: str) -> RawWeights:
             raise UserError(f"{what}={path} is not a readable safetensors file "
                             f"({' '.join(str(e).split())[:100]}); {WHAT}") from None
         meta = read_meta(path) if raw and FORMAT in raw else None
+        if meta is None and (config := hf_config(path)) is not None:
+            return hf_weights(path.parent, config, what)
+        if meta is None and is_dinov3(state):
+            return dinov3_weights(state, str(path))
         return RawWeights({None: state}, "selfsup" if meta else "file", str(path), meta)
     try:
         obj = _torch_load(path)
@@ -252,10 +258,40 @@ def read_file_weights(path: Path, what: str) -> RawWeights:
     if not candidates:
         raise UserError(f"{what}={path} holds no state dict (no tensors at its top level or under "
                         f"{', '.join(WRAPPERS)}); {WHAT}")
-    # DINOv2's hub file: a plain state dict with a class token and a (1, D) mask token (MAE's is (1, 1, D'))
+    # DINOv3's hub file (its ViT's rope_embed.periods, its ConvNeXt's stages); DINOv2's: a plain state dict with a
+    # class token and a (1, D) mask token (MAE's is (1, 1, D'))
     top = candidates.get(None, {})
+    if is_dinov3(top):
+        return dinov3_weights(top, str(path))
     hub = "cls_token" in top and getattr(top.get("mask_token"), "ndim", 0) == 2
     return RawWeights(candidates, "dinov2-hub" if hub else "file", str(path))
+
+
+def dinov3_weights(state: Mapping[str, Tensor], path: str) -> RawWeights:
+    """A DINOv3 hub state dict (hub/backbones.py: the official module's own names): its architecture and, for a ViT,
+    its head count (the head width is 4 × the length of ``rope_embed.periods``) read from its tensors."""
+    name, kwargs = dinov3_arch(state)
+    arch = kwargs["arch"]
+    heads = (arch["num_heads"], "DINOv3's rope_embed.periods: 4 × its length per head") if "num_heads" in arch \
+        else None
+    return RawWeights({None: dict(state)}, "dinov3-hub", path, heads=heads, arch=(name, kwargs))
+
+
+def hf_weights(folder: Path, config: dict, what: str) -> RawWeights:
+    """A Hugging Face transformers folder (``config.json`` + ``model.safetensors``, or its shards listed in
+    ``model.safetensors.index.json``) of DINOv2 or DINOv3, in selfsup's names (``layouts.hf_layout``)."""
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else \
+        ["model.safetensors"]
+    state: dict = {}
+    for name in files:
+        if not (folder / name).is_file():
+            raise UserError(f"{what}={folder}: its config.json is a transformers {config['model_type']}'s but "
+                            f"{name} is missing beside it; download the model's safetensors weights")
+        state.update(_safetensors_index(folder / name))
+    state, backbone, kwargs, heads = hf_layout(state, config, f"{what}={folder}")
+    return RawWeights({None: state}, f"hf-{config['model_type']}", str(folder),
+                      heads=(heads, "its config.json") if heads else None, arch=(backbone, kwargs))
 
 
 def _timm_heads(model: nn.Module) -> int | None:
@@ -326,6 +362,8 @@ def read_weights(spec: str, module: nn.Module | None = None, what: str = "model.
     path = Path(spec).expanduser()
     if not path.exists():
         raise UserError(f"{what}={spec} does not exist; {WHAT}")
+    if path.is_dir() and (config := hf_config(path)) is not None:
+        return hf_weights(path, config, what)
     if path.is_dir():
         if not (path / "backbone.safetensors").exists():
             ckpt = path / "checkpoints" / "last.ckpt"
@@ -691,8 +729,9 @@ def _position_table(pos: Tensor, own: Tensor, module: nn.Module, raw: RawWeights
             registers = any("register_tokens" in c for c in raw.candidates.values()) or any(
                 k.endswith("register_tokens") for c in raw.candidates.values() for k in c)
             dinov2 = raw.kind == "dinov2-hub" or layout == "dinov2"
+            # transformers' Dinov2Model: size g × g, bicubic, no antialias (modeling_dinov2.py interpolate_pos_encoding)
             rule = "dino" if raw.kind == "selfsup" or layout in ("dino", "ibot") or (dinov2 and not registers) \
-                else "mae" if layout in ("mae", "ijepa") else "timm"
+                else "mae" if layout in ("mae", "ijepa") or raw.kind == "hf-dinov2" else "timm"
             out = resample_position_table(pos, g_own, prefix, rule)
             return out, f"{g_file}x{g_file} -> {g_own}x{g_own} ({rule})"
     return pos, None  # not a square grid: the shape mismatch is reported
@@ -773,6 +812,12 @@ def _auto_architecture(spec: str, image_size: int, what: str) -> tuple[RawWeight
         meta = raw.meta
         return raw, meta["backbone"], {k: v for k, v in meta["kwargs"].items()
                                        if k not in ("in_chans", "image_size")}, meta
+    if raw.arch is not None:  # DINOv3's hub files, the transformers layouts: their own architecture
+        patch = raw.arch[1].get("patch_size", 1)
+        if image_size % patch:
+            raise UserError(f"{what}={spec}: its patch is {patch} px and the images are {image_size} px; set "
+                            f"data.image_size to a multiple of {patch}")
+        return raw, raw.arch[0], dict(raw.arch[1]), None
     state = _dinov2_backbone(raw)
     if state is None:
         fix = ("name it: method.teacher.backbone=<a selfsup backbone or timm:<name>> (and method.teacher.kwargs)"
@@ -780,8 +825,8 @@ def _auto_architecture(spec: str, image_size: int, what: str) -> tuple[RawWeight
                "name it: selfsup eval ... --backbone <a selfsup backbone or timm:<name>>, or load it into a run's "
                "backbone with model.weights (model.backbone and model.* name the architecture) and evaluate that "
                "run's backbone_init.safetensors")
-        raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export nor a DINOv2 hub "
-                        f"or training checkpoint); {fix}")
+        raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export, a DINOv2 hub "
+                        f"or training checkpoint, a DINOv3 hub file nor a transformers DINOv2 / DINOv3 folder); {fix}")
     found = _vit_from_state(state)
     names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == found["embed_dim"] and
              s["depth"] == found["depth"] and s["num_heads"] == found["embed_dim"] // 64]

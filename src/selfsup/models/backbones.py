@@ -107,12 +107,12 @@ def _dinov3(name: str, *, in_chans: int, image_size: int = 224, drop_path_rate: 
     and ConvNeXts; ``arch``: the architecture a weights file states (its size, FFN width, norms, RoPE), over the
     name's."""
     _fixed(name, **vit)
-    if name in DINOV3_CONVNEXT_SIZES:
+    if name in DINOV3_CONVNEXT_SIZES or name == DINOV3_ANY[1]:
         return DINOv3ConvNeXt(in_chans=in_chans, drop_path_rate=drop_path_rate,
-                              **{**DINOV3_CONVNEXT_SIZES[name], **(arch or {})})
+                              **{**DINOV3_CONVNEXT_SIZES.get(name, {}), **(arch or {})})
     vit_ = DINOv3ViT(image_size=image_size, patch_size=vit.get("patch_size", 16), in_chans=in_chans,
                      drop_path_rate=drop_path_rate, pool=vit.get("pool", "cls"),
-                     **{**DINOV3_VIT_SIZES[name], **(arch or {})})
+                     **{**DINOV3_VIT_SIZES.get(name, {}), **(arch or {})})
     vit_.patch_embed.requires_grad_(not stop_grad_conv1)
     return vit_
 
@@ -127,9 +127,12 @@ def _flow_encoder(name: str, **kwargs) -> nn.Module:
 IMAGE_KEYS = {"in_chans", "image_size", "patch_size", "drop_path_rate", "pool", "stop_grad_conv1", "small_stem",
               "zero_init_residual", "layer_scale", "pos_embed", "init", "final_norm", "registers", "ffn",
               "drop_path_uniform", "class_token", "arch"}
+# a DINOv3 network of no released size (a file's own architecture, ``arch``: weights.build_from_weights)
+DINOV3_ANY = ("dinov3_vit", "dinov3_convnext")
 BUILDERS: dict[str, Callable[..., nn.Module]] = {**{n: _vit for n in VIT_SIZES}, **{n: _resnet for n in RESNET_NAMES},
                                                  **{n: _convnet for n in CONVNET_SIZES}, FLOW_ENCODER: _flow_encoder,
-                                                 **{n: _dinov3 for n in (*DINOV3_VIT_SIZES, *DINOV3_CONVNEXT_SIZES)}}
+                                                 **{n: _dinov3 for n in (*DINOV3_VIT_SIZES, *DINOV3_CONVNEXT_SIZES,
+                                                                         *DINOV3_ANY)}}
 
 
 def build_backbone(name: str, **kwargs) -> nn.Module:
