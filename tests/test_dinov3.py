@@ -296,3 +296,43 @@ def test_dinov2_trains_a_dinov3_vit_from_its_tokens():
     out.loss.backward()
     assert torch.isfinite(out.loss) and model.backbone.cls_token.grad is not None
     assert model.backbone(views[0], return_all_tokens=True).shape == (4, 1 + 16, 384)
+
+
+def test_a_vit_preset_on_a_dinov3_vit_takes_its_release_s_architecture(capsys):
+    """A ViT preset given a DINOv3 ViT: the selfsup ViT's keys back to their defaults (its patch 16: the release's),
+    the pooling and DINOv2's patch term kept, in one printed line; I-JEPA (no class token) refuses it."""
+    from selfsup.config import load_run_config
+
+    cfg = load_run_config("dinov2-vit-s14-imagenet", ["model.backbone=dinov3_vitb16"])
+    assert (cfg.model.patch_size, cfg.model.layer_scale, cfg.model.pos_embed, cfg.model.pool) == (16, 0.0, "sincos",
+                                                                                                 "cls")
+    assert cfg.method.ibot_loss_weight == 1.0
+    assert "is a DINOv3 ViT, its release's architecture" in capsys.readouterr().out
+    with raises_user_error("method ijepa trains a selfsup ViT"):
+        load_run_config("ijepa-digits", ["model.backbone=dinov3_vits16"])
+
+
+def test_selfsup_eval_and_the_folder_recipe_read_a_transformers_folder(tmp_path):
+    """``selfsup eval knn FOLDER`` builds a transformers folder by itself (results in ``FOLDER-eval/``), and the folder
+    recipe reads a teacher's patch from its ``config.json``."""
+    import json
+
+    from PIL import Image
+    from ssl_helpers import run_cli
+
+    from selfsup.runs.recipe import source_patch
+
+    _hf_vit(patch_size=16)[0].save_pretrained(tmp_path / "dinov3-tiny")
+    assert source_patch(str(tmp_path / "dinov3-tiny")) == 16
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", 4), ("val", 2)):
+        for label in ("a", "b"):
+            (tmp_path / "images" / split / label).mkdir(parents=True)
+            for i in range(n):
+                pixels = (torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+                Image.fromarray(pixels).save(tmp_path / "images" / split / label / f"{i}.png")
+    code, _, err = run_cli("eval", "knn", str(tmp_path / "dinov3-tiny"), "--data", "imagefolder", "--root",
+                           str(tmp_path / "images"), "--resize", "--train-limit", "8")
+    assert code == 0, err
+    result = json.loads((tmp_path / "dinov3-tiny-eval" / "knn.json").read_text())
+    assert result["test_size"] == 4 and result["train_size"] == 8

@@ -119,7 +119,8 @@ def _need(config: dict, what: str, checks: dict) -> None:
 
 HF_DINOV2 = [  # Dinov2Model's saved names (and transformers 5's own) → the selfsup ViT's
     (r"embeddings\.cls_token", "cls_token"), (r"embeddings\.mask_token", "mask_token"),
-    (r"embeddings\.position_embeddings", "pos_embed"), (r"embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+    (r"embeddings\.position_embeddings", "pos_embed"),
+    (r"embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
     (r"encoder\.layer\.(\d+)\.(norm[12])\.", r"blocks.\1.\2."),
     (r"encoder\.layer\.(\d+)\.attention\.(?:output\.dense|o_proj)\.", r"blocks.\1.attn.proj."),
     (r"encoder\.layer\.(\d+)\.attention\.(?:attention\.)?(query|key|value|q_proj|k_proj|v_proj)\.", r"blocks.\1.\2."),
@@ -193,7 +194,7 @@ def _hf_dinov2(out: dict, config: dict, what: str, depth: int, heads: int, D: in
     LayerScale, GELU MLP or SwiGLU (gate and up joined as ``w12``)."""
     _need(config, what, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "mlp_ratio": 4, "qkv_bias": True,
                          "num_channels": 3})
-    _join(out, ("query", "key", "value") if f"blocks.0.query.weight" in out else ("q_proj", "k_proj", "v_proj"),
+    _join(out, ("query", "key", "value") if "blocks.0.query.weight" in out else ("q_proj", "k_proj", "v_proj"),
           "attn.qkv", depth)
     swiglu = bool(config.get("use_swiglu_ffn"))
     if swiglu and "blocks.0.gate_proj.weight" in out:

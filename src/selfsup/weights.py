@@ -171,7 +171,7 @@ class RawWeights:
     meta: dict | None = None
     timm_layout: bool = False
     heads: tuple[int, str] | None = None
-    arch: tuple[str, dict] | None = None  # (backbone name, build_backbone kwargs) the source states (DINOv3, transformers)
+    arch: tuple[str, dict] | None = None  # (backbone name, build_backbone kwargs) stated: DINOv3, transformers
 
 
 def state_sha256(state: Mapping[str, Tensor]) -> str:

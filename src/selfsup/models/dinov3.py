@@ -400,7 +400,8 @@ class DINOv3ConvNeXt(nn.Module):
             [nn.Sequential(nn.Conv2d(in_chans, dims[0], kernel_size=4, stride=4), ChannelsFirstLayerNorm(dims[0]))]
             + [nn.Sequential(ChannelsFirstLayerNorm(dims[i]), nn.Conv2d(dims[i], dims[i + 1], kernel_size=2,
                                                                         stride=2)) for i in range(3)])
-        rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        n = sum(depths)
+        rates = [drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # np.linspace(0, rate, n)
         starts = [sum(depths[:i]) for i in range(4)]
         self.stages = nn.ModuleList([nn.Sequential(*[ConvNeXtBlock(dims[i], rates[starts[i] + j], layer_scale)
                                                      for j in range(depths[i])]) for i in range(4)])
