@@ -10,6 +10,9 @@ A source is one of:
   taken (ties: the first). The release checkpoints of the methods selfsup implements are read in their own layouts
   (``LAYOUTS``; docs/pretrained.md cites each from its official code): MoCo v3, DINO, iBOT, MAE, I-JEPA, SwAV and
   DINOv2's training checkpoint (its ``block_chunks`` blocks ``blocks.<chunk>.<i>`` read as ``blocks.<i>``);
+- DINOv3's hub files (``dinov3_<arch>_pretrain_<weights>-<hash>.pth``, the official module's names, as
+  ``models.dinov3``'s) and the Hugging Face transformers folders of DINOv2 and DINOv3 (``config.json`` +
+  ``model.safetensors``), read into selfsup's names by ``layouts``, each with its architecture;
 - the official DINOv2 torch.hub checkpoints (``dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth``): LayerScale
   ``ls1/ls2.gamma``, ``register_tokens``, ``mask_token``, SwiGLU ``w12/w3``, a 518-px ``pos_embed``, all named as
   the selfsup ViT's (``models/vit.py``) but the mask token (``masked_embed`` where the backbone has one, dropped
@@ -36,12 +39,15 @@ with a sha256 of the loaded tensors (``state_sha256``).
 Memory: a ``.safetensors`` file is read a few tensors at a time as they are copied into the backbone (straight
 from the file, not mapped), and a torch file is mapped (``mmap``) and copied from as it is touched: loading
 allocates the backbone and a few tensors, not a second copy of the file; a mapped torch file's pages sit in the
-page cache meanwhile (``python -m benchmarks.weights_memory``).
+page cache meanwhile. A network built from a file of its own architecture (``build_from_weights``: a DINOv2 or
+DINOv3 hub file, a transformers folder) is built on the meta device and takes the file's tensors as its own
+(``assign``): a mapped file's stay mapped, nothing is allocated twice (``python -m benchmarks.weights_memory``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -737,34 +743,41 @@ def _position_table(pos: Tensor, own: Tensor, module: nn.Module, raw: RawWeights
     return pos, None  # not a square grid: the shape mismatch is reported
 
 
-def copy_into(module: nn.Module, state: Mapping[str, Tensor], chunk_bytes: int = 16 << 20) -> None:
+def copy_into(module: nn.Module, state: Mapping[str, Tensor], chunk_bytes: int = 16 << 20,
+              assign: bool = False) -> None:
     """``state`` (converted and checked: every key of ``module``) copied into ``module`` a few tensors at a time
     (``load_state_dict`` of each group, so a module's own loading hooks run): a ``.safetensors`` file's tensors are
-    read as they are copied, and a mapped torch file's pages as they are touched; no second copy of the file."""
+    read as they are copied, and a mapped torch file's pages as they are touched; no second copy of the file.
+    ``assign``: the tensors read become the module's (a module built on the meta device: nothing allocated twice;
+    a mapped torch file's tensors stay mapped), in the module's dtypes."""
+    own = module.state_dict() if assign else {}
     group, size = {}, 0
     for key in state:
         t = real(state[key])
+        if assign and t.dtype != own[key].dtype:
+            t = t.to(own[key].dtype)
         group[key], size = t, size + t.numel() * t.element_size()
         if size >= chunk_bytes:
-            _load_group(module, group)
+            _load_group(module, group, assign)
             group, size = {}, 0
-    _load_group(module, group)
+    _load_group(module, group, assign)
 
 
-def _load_group(module: nn.Module, group: dict[str, Tensor]) -> None:
+def _load_group(module: nn.Module, group: dict[str, Tensor], assign: bool = False) -> None:
     with torch.no_grad():
-        result = module.load_state_dict(group, strict=False)
+        result = module.load_state_dict(group, strict=False, assign=assign)
     if result.unexpected_keys:  # convert checked the keys: a module whose hooks rename them
         raise RuntimeError(f"unexpected keys after conversion: {result.unexpected_keys[:3]}")
 
 
 def load_weights(module: nn.Module, spec: str, what: str = "model.weights",
-                 raw: RawWeights | None = None, hash_source: bool = False) -> StartFacts:
+                 raw: RawWeights | None = None, hash_source: bool = False, assign: bool = False) -> StartFacts:
     """Load the source ``spec`` into ``module`` (strict: every key of the module, no other); the facts of it.
-    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``."""
+    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``;
+    ``assign``: see ``copy_into`` (a module on the meta device)."""
     raw = read_weights(spec, module, what) if raw is None else raw
     state, facts = convert(raw, module, what, hash_source)
-    copy_into(module, state)
+    copy_into(module, state, assign=assign)
     del state
     loaded = module.state_dict()
     facts.source, facts.tensors = spec, len(loaded)
@@ -863,12 +876,20 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
             in_chans = int(meta["in_chans"]) if own_channels else in_chans
         else:
             norm, in_chans = IMAGENET_NORM, 3 if own_channels else in_chans
+    # a file of its own architecture but a selfsup export (DINOv2's and DINOv3's, transformers'; an export's fixed
+    # position table is the module's own): built on the meta device, the file's tensors then its own (a mapped .pth
+    # stays mapped, a .safetensors is read once): about 1x the file, not 2x
+    meta = raw is not None and raw.kind != "selfsup"
     try:
-        module = build_backbone(backbone, in_chans=in_chans, image_size=image_size, **kwargs)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            module = build_backbone(backbone, in_chans=in_chans, image_size=image_size, **kwargs)
     except (TypeError, ValueError) as e:
         raise UserError(f"{what}: the teacher {backbone} cannot be built ({' '.join(str(e).split())})") from None
     facts = load_weights(module, "timm" if spec.startswith(TIMM_PREFIX) and spec[len(TIMM_PREFIX):] ==
-                         getattr(module, "timm_recipe", {}).get("model") else spec, what, raw, hash_source=True)
+                         getattr(module, "timm_recipe", {}).get("model") else spec, what, raw, hash_source=True,
+                         assign=meta)
+    if meta and any(t.is_meta for t in module.state_dict().values()):
+        raise RuntimeError(f"{spec}: a tensor of the {backbone} was not in the file (built on the meta device)")
     facts.source = spec
     if norm is None and hasattr(module, "pretrained_cfg") and spec.startswith(TIMM_PREFIX):
         cfg = module.pretrained_cfg or {}
