@@ -179,8 +179,11 @@ def test_a_dinov3_hub_file_loads_every_key_and_computes_the_official_forward(tmp
     student.add_mask_token()  # iBOT's / DINOv2's student: the file's mask token is read into it
     facts = load_weights(student, str(tmp_path / "dinov3_tiny_pretrain.pth"))
     assert facts.dropped == [] and torch.equal(student.masked_embed, hub_vit(hf, config)["mask_token"])
-    with raises_user_error("with 2 heads", "the backbone has 4"):
+    with raises_user_error("a DINOv3 hub file with 2 heads", "the backbone has 4", "model.backbone=dinov3_vit"):
         load_weights(DINOv3ViT(image_size=32, patch_size=16, embed_dim=32, depth=2, num_heads=4),
+                     str(tmp_path / "dinov3_tiny_pretrain.pth"))
+    with raises_user_error("do not fit this backbone", "missing", "the file fits model.backbone=dinov3_vit"):
+        load_weights(build_backbone("vit_nano", in_chans=3, image_size=32, pos_embed="learned"),
                      str(tmp_path / "dinov3_tiny_pretrain.pth"))
 
 

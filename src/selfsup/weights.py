@@ -576,18 +576,32 @@ def _check_heads(raw: RawWeights, layout: str | None, state: Mapping[str, Tensor
         return f"{own} (the backbone's: {told} width {width})"
     if heads != own:
         names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == width and s["num_heads"] == heads]
-        fix = (vit_settings(state, False, module, heads) or f"model.backbone={' or '.join(names)}"
-               if isinstance(module, VisionTransformer) else f"a backbone of {heads} heads")
+        fix = (_stated_backbone(raw) or vit_settings(state, False, module, heads) or
+               f"model.backbone={' or '.join(names)}" if isinstance(module, VisionTransformer) else
+               f"a backbone of {heads} heads")
         if plain:
             raise UserError(
                 f"{what}={raw.path}: a plain state dict does not say its head count and is read at {heads} heads, "
                 f"the count at width {width} of timm's, DeiT's, DINO's, MAE's and DINOv2's ViTs; the backbone has "
                 f"{own}: {fix}; a file of {own} heads (MoCo v3's ViT-S) loads from a source that says so (its "
                 "release checkpoint, module.base_encoder.*, or a selfsup export)")
-        kind = "a DINOv2 hub checkpoint" if raw.kind == "dinov2-hub" else (
+        kind = {"dinov2-hub": "a DINOv2 hub checkpoint", "dinov3-hub": "a DINOv3 hub file"}.get(raw.kind) or (
             f"a {layout} checkpoint" if layout else "a file")
         raise UserError(f"{what}={raw.path} is {kind} with {heads} heads ({where}), the backbone has {own}: {fix}")
     return f"{heads} ({where})"
+
+
+def _stated_backbone(raw: RawWeights) -> str:
+    """The model.* settings of the network a source states (DINOv3's hub files, transformers' folders), or ""."""
+    if raw.arch is None:
+        return ""
+    name, kwargs = raw.arch
+    patch = kwargs.get("patch_size")
+    generic = name in ("dinov3_vit", "dinov3_convnext")
+    return (f"model.backbone={name}" + (f" model.patch_size={patch}" if patch and patch != 16 else "") +
+            (" (no released size: selfsup eval and method.teacher.backbone=auto build it)" if generic else "") +
+            ("" if name.startswith("dinov3") else " model.pos_embed=learned model.layer_scale=1e-5" +
+             (" model.ffn=swiglu" if kwargs.get("ffn") == "swiglu" else "")))
 
 
 def _fixed_table(module: nn.Module) -> str | None:
@@ -689,7 +703,8 @@ def _check_fit(raw: RawWeights, state: Mapping[str, Tensor], target: Mapping[str
     parts = ([f"missing {few(missing)}"] if missing else []) + (
         [f"unexpected {few(unexpected)}"] if unexpected else []) + ([f"shapes {few(shapes)}"] if shapes else [])
     heads = _file_heads(raw, layout, state)[0]
-    hint = vit_settings(state, False, module, heads) if isinstance(module, VisionTransformer) else ""
+    hint = _stated_backbone(raw) or (vit_settings(state, False, module, heads) if isinstance(module, VisionTransformer)
+                                     else "")
     fix = f"the file fits {hint}" if hint else "check model.backbone and its model.* settings"
     raise UserError(f"{what}={raw.path}: the weights do not fit this backbone ({tried}: {'; '.join(parts)}); {fix}")
 
