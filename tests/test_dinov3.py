@@ -249,13 +249,18 @@ def _dinov2(**kw):
     return _random(transformers.Dinov2Model(config))
 
 
-@pytest.mark.parametrize("kind", ["dinov2", "dinov2-swiglu", "dinov3", "dinov3-swiglu"])
+@pytest.mark.parametrize("kind", ["dinov2", "dinov2-swiglu", "dinov2-registers", "dinov3", "dinov3-swiglu"])
 def test_a_transformers_folder_loads_every_key_and_computes_its_forward(tmp_path, kind):
     """``model.safetensors`` + ``config.json`` as ``save_pretrained`` writes them: Dinov2Model (learned positions
     resampled as its interpolate_pos_encoding does: size g × g, bicubic, no antialias) and DINOv3ViTModel (q, k, v
-    joined, the absent k bias masked), CLS and patch tokens at the native size and another."""
+    joined, the absent k bias masked), CLS and patch tokens at the native size and another; Dinov2WithRegistersModel
+    (its registers after the class token, its positions resampled with antialias)."""
     swiglu = kind.endswith("swiglu")
-    if kind.startswith("dinov2"):
+    if kind == "dinov2-registers":  # Dinov2WithRegistersModel: its positions resampled with antialias
+        config = transformers.Dinov2WithRegistersConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                        image_size=28, patch_size=14, num_register_tokens=4)
+        hf, sizes = _random(transformers.Dinov2WithRegistersModel(config)), (28, 42)
+    elif kind.startswith("dinov2"):
         hf, sizes = _dinov2(use_swiglu_ffn=swiglu), (28, 42)
     else:
         hf, sizes = _hf_vit(use_gated_mlp=swiglu, hidden_act="silu" if swiglu else "gelu", hidden_size=64,
@@ -271,6 +276,10 @@ def test_a_transformers_folder_loads_every_key_and_computes_its_forward(tmp_path
             tokens = net(x, return_all_tokens=True)
         _close(tokens[:, 0], ref.pooler_output)
         _close(tokens[:, 1:], ref.last_hidden_state[:, -tokens.shape[1] + 1:])
+    if kind.startswith("dinov3"):  # RoPE takes H ≠ W: nothing is interpolated
+        x = torch.randn(2, 3, 32, 56, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            _close(net.forward_dict(x)["x_norm_patchtokens"], hf(pixel_values=x).last_hidden_state[:, -28:])
     file = tmp_path / kind / "model.safetensors"  # the file beside its config.json reads as the folder
     assert build_from_weights(str(file), "auto", {}, 3, sizes[0], "w")[1].kind == f"hf-{hf.config.model_type}"
 

@@ -5,9 +5,9 @@ docs/DINOV3.md and docs/pretrained.md):
   architecture is read from the tensors (``dinov3_arch``): width, depth, patch, the head width (4 × the length of
   ``rope_embed.periods``), the FFN kind and width, storage tokens, the masked k bias, untied norms;
 - the Hugging Face transformers layouts (a folder, or a ``model.safetensors`` beside its ``config.json``) of DINOv2
-  (``Dinov2Model``: the selfsup ViT with learned positions), DINOv3's ViT (``DINOv3ViTModel``) and DINOv3's
-  ConvNeXt (``DINOv3ConvNextModel``) (``hf_layout``): their keys renamed, q / k / v joined into one qkv, the
-  architecture read from ``config.json``.
+  (``Dinov2Model``, ``Dinov2WithRegistersModel``: the selfsup ViT with learned positions), DINOv3's ViT
+  (``DINOv3ViTModel``) and DINOv3's ConvNeXt (``DINOv3ConvNextModel``) (``hf_layout``): their keys renamed, q / k /
+  v joined into one qkv, the architecture read from ``config.json``.
 
 A joined or computed tensor is a :class:`Derived`, read when it is loaded (the file is never read whole).
 """
@@ -26,7 +26,7 @@ from selfsup.architectures import DINOV3_CONVNEXT_SIZES, DINOV3_VIT_SIZES, VIT_S
 from selfsup.errors import UserError
 from selfsup.models.dinov3 import rope_periods
 
-HF_TYPES = ("dinov2", "dinov3_vit", "dinov3_convnext")  # config.json's model_type read here
+HF_TYPES = ("dinov2", "dinov2_with_registers", "dinov3_vit", "dinov3_convnext")  # config.json's model_type read here
 
 
 class Derived:
@@ -119,7 +119,7 @@ def _need(config: dict, what: str, checks: dict) -> None:
 
 HF_DINOV2 = [  # Dinov2Model's saved names (and transformers 5's own) → the selfsup ViT's
     (r"embeddings\.cls_token", "cls_token"), (r"embeddings\.mask_token", "mask_token"),
-    (r"embeddings\.position_embeddings", "pos_embed"),
+    (r"embeddings\.position_embeddings", "pos_embed"), (r"embeddings\.register_tokens", "register_tokens"),
     (r"embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
     (r"encoder\.layer\.(\d+)\.(norm[12])\.", r"blocks.\1.\2."),
     (r"encoder\.layer\.(\d+)\.attention\.(?:output\.dense|o_proj)\.", r"blocks.\1.attn.proj."),
@@ -142,7 +142,8 @@ HF_DINOV3_CONVNEXT = [  # DINOv3ConvNextModel → models.dinov3's (the official)
     (r"stages\.(\d+)\.layers\.(\d+)\.layer_norm\.", r"stages.\1.\2.norm."),
     (r"stages\.(\d+)\.layers\.(\d+)\.pointwise_conv([12])\.", r"stages.\1.\2.pwconv\3."),
     (r"stages\.(\d+)\.layers\.(\d+)\.gamma", r"stages.\1.\2.gamma"), (r"layer_norm\.", "norm.")]
-TABLES = {"dinov2": HF_DINOV2, "dinov3_vit": HF_DINOV3_VIT, "dinov3_convnext": HF_DINOV3_CONVNEXT}
+TABLES = {"dinov2": HF_DINOV2, "dinov2_with_registers": HF_DINOV2, "dinov3_vit": HF_DINOV3_VIT,
+          "dinov3_convnext": HF_DINOV3_CONVNEXT}
 
 
 def _renamed(state: Mapping[str, object], table) -> tuple[dict, list[str]]:
@@ -186,12 +187,13 @@ def hf_layout(state: Mapping[str, object], config: dict, what: str) -> tuple[dic
                  list(s["depths"]) == arch["depths"]]
         return out, (names[0] if names else "dinov3_convnext"), {"arch": arch}, None
     depth, heads, D = int(config["num_hidden_layers"]), int(config["num_attention_heads"]), int(config["hidden_size"])
-    return (_hf_dinov2 if kind == "dinov2" else _hf_dinov3)(out, config, what, depth, heads, D)
+    return (_hf_dinov3 if kind == "dinov3_vit" else _hf_dinov2)(out, config, what, depth, heads, D)
 
 
 def _hf_dinov2(out: dict, config: dict, what: str, depth: int, heads: int, D: int):
-    """Dinov2Model (transformers models/dinov2/modeling_dinov2.py): the selfsup ViT with learned positions,
-    LayerScale, GELU MLP or SwiGLU (gate and up joined as ``w12``)."""
+    """Dinov2Model (transformers models/dinov2/modeling_dinov2.py) and Dinov2WithRegistersModel: the selfsup ViT with
+    learned positions, LayerScale, GELU MLP or SwiGLU (gate and up joined as ``w12``), registers after the class
+    token."""
     _need(config, what, {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "mlp_ratio": 4, "qkv_bias": True,
                          "num_channels": 3})
     _join(out, ("query", "key", "value") if "blocks.0.query.weight" in out else ("q_proj", "k_proj", "v_proj"),
@@ -204,7 +206,7 @@ def _hf_dinov2(out: dict, config: dict, what: str, depth: int, heads: int, D: in
         raise UserError(f"{what}: a DINOv2 of width {D}, depth {depth} and {heads} heads has no selfsup ViT size "
                         f"({', '.join(VIT_SIZES)})")
     kwargs = dict(patch_size=int(config["patch_size"]), pos_embed="learned", init="dinov2", layer_scale=1e-5,
-                  ffn="swiglu" if swiglu else "mlp")
+                  ffn="swiglu" if swiglu else "mlp", registers=int(config.get("num_register_tokens", 0)))
     return out, names[0], kwargs, heads
 
 

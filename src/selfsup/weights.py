@@ -750,7 +750,8 @@ def _position_table(pos: Tensor, own: Tensor, module: nn.Module, raw: RawWeights
             registers = any("register_tokens" in c for c in raw.candidates.values()) or any(
                 k.endswith("register_tokens") for c in raw.candidates.values() for k in c)
             dinov2 = raw.kind == "dinov2-hub" or layout == "dinov2"
-            # transformers' Dinov2Model: size g × g, bicubic, no antialias (modeling_dinov2.py interpolate_pos_encoding)
+            # transformers' Dinov2Model: size g × g, bicubic, no antialias (modeling_dinov2.py interpolate_pos_encoding;
+            # its Dinov2WithRegistersModel: with antialias, timm's way)
             rule = "dino" if raw.kind == "selfsup" or layout in ("dino", "ibot") or (dinov2 and not registers) \
                 else "mae" if layout in ("mae", "ijepa") or raw.kind == "hf-dinov2" else "timm"
             out = resample_position_table(pos, g_own, prefix, rule)
