@@ -11,7 +11,8 @@ size:
 
 The backbone's own parameters are there before and after the load and are not counted, but in ``auto*``.
 
-    python -m benchmarks.weights_memory             # ViT-B at 224 px: .pth, .safetensors, a checkpoint, auto, auto-pth
+    python -m benchmarks.weights_memory             # ViT-B at 224 px: .pth, .safetensors, a checkpoint, auto, auto-pth,
+                                                    # DINOv3's hub .pth (loaded, auto) and transformers folder (auto)
     python -m benchmarks.weights_memory --quick     # a ViT-S instead (a smoke test)
     python -m benchmarks.weights_memory --src /tmp/old/src --out /tmp/before.json   # another revision's selfsup
 
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.harness import RESULTS, child_env, machine_info, write_report
 
-CASES = ("pth", "safetensors", "checkpoint", "auto", "auto-pth")
+CASES = ("pth", "safetensors", "checkpoint", "auto", "auto-pth", "dinov3-pth", "auto-dinov3-pth", "auto-dinov3-hf")
 
 
 def _status(field: str) -> int:
@@ -65,7 +66,8 @@ class AnonPeak:
 def write_files(folder: Path, size: str) -> dict[str, Path]:
     """The files of each case: timm's ViT (random values) as a state dict (.pth, .safetensors), the same under a
     DINO-style ``teacher`` wrapper with ``backbone.`` keys and a head, a selfsup export (read by ``auto``) and a
-    DINOv2 hub file of that size (``auto-pth``: its network built from its shapes)."""
+    DINOv2 hub file of that size (``auto-pth``: its network built from its shapes); DINOv3's ViT of that size as its
+    hub ``.pth`` (loaded into the built network, and built from its file) and as a transformers folder."""
     import timm
     import torch
     from safetensors.torch import save_file
@@ -93,7 +95,28 @@ def write_files(folder: Path, size: str) -> dict[str, Path]:
     paths["auto"] = export_backbone(own, folder / "export.safetensors",
                                     {"backbone": selfsup_name, "in_chans": 3, "kwargs": kwargs, "image_size": 224,
                                      "mean": [0.5] * 3, "std": [0.5] * 3})
+    paths.update(_dinov3_files(folder, size))
     return paths
+
+
+def _dinov3_files(folder: Path, size: str) -> dict[str, Path]:
+    """DINOv3's ViT-B/16 (or S/16) at random: its hub state dict (the official names) and a transformers folder."""
+    import torch
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    from selfsup.models.backbones import build_backbone
+
+    name = {"base": "dinov3_vitb16", "small": "dinov3_vits16"}[size]
+    torch.save(build_backbone(name, in_chans=3, image_size=224).state_dict(), folder / f"{name}_pretrain.pth")
+    width, heads = {"base": (768, 12), "small": (384, 6)}[size]
+    DINOv3ViTModel(DINOv3ViTConfig(hidden_size=width, num_attention_heads=heads, intermediate_size=4 * width,
+                                   num_register_tokens=4)).save_pretrained(folder / f"{name}-hf")
+    return {"dinov3-pth": folder / f"{name}_pretrain.pth", "auto-dinov3-pth": folder / f"{name}_pretrain.pth",
+            "auto-dinov3-hf": folder / f"{name}-hf"}
+
+
+def _file_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else path.stat().st_size
 
 
 def measure(case: str, path: str, size: str) -> dict:
@@ -106,7 +129,9 @@ def measure(case: str, path: str, size: str) -> dict:
     torch.set_num_threads(1)
     name = {"base": "vit_base", "small": "deit_small"}[size]
     module = None
-    if not case.startswith("auto"):
+    if case == "dinov3-pth":
+        module = build_backbone({"base": "dinov3_vitb16", "small": "dinov3_vits16"}[size], in_chans=3, image_size=224)
+    elif not case.startswith("auto"):
         module = build_backbone(name, in_chans=3, image_size=224, patch_size=16, pos_embed="learned")
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # the peak resident set starts again from here
@@ -117,7 +142,7 @@ def measure(case: str, path: str, size: str) -> dict:
         else:
             load_weights(module, path)
     peak = _status("VmHWM")
-    file_bytes = Path(path).stat().st_size
+    file_bytes = _file_bytes(Path(path))
     params = sum(t.numel() * t.element_size() for t in module.state_dict().values())
     return {"case": case, "file_mb": round(file_bytes / 2**20, 1), "backbone_mb": round(params / 2**20, 1),
             "built_in_load": case.startswith("auto"), "peak_rss_over_load_mb": round((peak - before) / 2**20, 1),

@@ -18,7 +18,7 @@ PACKAGE = Path(selfsup.__file__).parent
 # data and the one-module ones)
 UPPER = ("cli", "commands", "api", "claims", "runs", "engine", "report", "config")
 ONE_MODULE = ("choices", "eval_configs", "losses", "schedules", "optim", "distributed", "predictors", "interventions",
-              "memory_format", "host", "checkpoints", "diskspace", "step", "architectures", "errors")
+              "memory_format", "host", "checkpoints", "diskspace", "step", "architectures", "errors", "layouts")
 # what models may import of the one-module layers: the errors, and the backbone table they build (architectures: the
 # ViT sizes and the flow encoder's name, declared without torch so that eval_configs and selfsup eval's flags read them)
 MODELS_MAY = ("architectures", "errors")

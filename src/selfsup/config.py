@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from selfsup.architectures import DINOV3_VIT_SIZES
 from selfsup.choices import DATASETS, MEMORY_FORMATS, OptimConfig
 from selfsup.errors import UserError
 
@@ -131,7 +132,7 @@ class AugmentSection:
 
 @dataclass
 class ModelConfig:
-    """The backbone: own MoCo v3 ViT, torchvision ResNet, or ``timm:<name>``."""
+    """The backbone: own MoCo v3 ViT, DINOv3's ViT or ConvNeXt (``dinov3_*``), torchvision ResNet or ``timm:<name>``."""
 
     backbone: str = "vit_micro"
     patch_size: int = 16
@@ -152,9 +153,11 @@ class ModelConfig:
     class_token: bool = True  # ViT: false builds it without a class token (I-JEPA's ViT; pool avg)
     # Start the backbone from given weights (selfsup.weights): a selfsup run folder or exported .safetensors, a local
     # .safetensors / .pth / .pt (state dict or checkpoint: wrappers teacher, state_dict, model; prefixes module.,
-    # backbone., encoder., ...), a DINOv2 torch.hub checkpoint (dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth), timm (a
-    # timm:<name> backbone's own pretrained weights) or timm:<name>; None: a random init. Position tables are
-    # resampled to the run's image size; run.json records the source and a sha256 of the loaded tensors
+    # backbone., encoder., ...), a DINOv2 torch.hub checkpoint (dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth), a DINOv3
+    # hub file (dinov3_<arch>_pretrain_<weights>-<hash>.pth), a transformers DINOv2 / DINOv3 folder (config.json +
+    # model.safetensors), timm (a timm:<name> backbone's own pretrained weights) or timm:<name>; None: a random init.
+    # Position tables are resampled to the run's image size; run.json records the source and a sha256 of the loaded
+    # tensors
     weights: str | None = None
 
     def validate(self) -> None:
@@ -609,26 +612,31 @@ def student_moved(preset: dict, given: dict) -> dict:
     """A ViT preset whose ``model.backbone`` the overrides make another network (a ResNet, a ConvNet, timm's):
     the ViT-only keys the preset set (``VIT_ONLY``, and ``drop_path_rate`` but for timm's) and a method's patch
     term (``PATCH_TERMS``: the student has no patch tokens) go back to their defaults, in one printed line, unless
-    the overrides set them too (then the backbone's own refusal names them)."""
+    the overrides set them too (then the backbone's own refusal names them). A DINOv3 ViT (``dinov3_vit*``) keeps
+    the pooling, the drop path and the patch term, and trains DINOv2, iBOT and MAE; its patch is its release's 16 unless
+    given: its architecture is its size's."""
     backbone, model = given.get("model", {}).get("backbone"), preset.get("model", {})
     method = {**preset.get("method", {}), **given.get("method", {})}
     if not isinstance(backbone, str) or selfsup_vit(backbone) or not selfsup_vit(str(model.get("backbone", ""))):
         return preset
-    if method.get("name") in VIT_METHODS:
+    tokens = backbone in DINOV3_VIT_SIZES  # a DINOv3 ViT: class and patch tokens, its own fixed architecture
+    if method.get("name") in VIT_METHODS and not (tokens and method["name"] in ("dinov2", "ibot", "mae")):
         raise UserError(f"model.backbone={backbone}: method {method['name']} trains a selfsup ViT (vit_micro ... "
                         "vit_large, deit_small), whatever its keys; keep one, or choose a method that trains any "
                         "network (dino, moco_v3, byol, simclr, ...; distill_dinov2 from a DINOv2 teacher)")
     defaults, mine = ModelConfig(), given.get("model", {})
-    keys = VIT_ONLY + (() if backbone.startswith("timm:") else ("drop_path_rate",))
+    keys = tuple(k for k in VIT_ONLY if k != "pool") if tokens else \
+        VIT_ONLY + (() if backbone.startswith("timm:") else ("drop_path_rate",))
     reset = {k: getattr(defaults, k) for k in keys if k in model and k not in mine and model[k] != getattr(defaults, k)}
     moved = {**preset, "model": {k: v for k, v in model.items() if k not in reset}}
     said = [f"model.{k}={_said(model[k])} → {_said(v)}" for k, v in reset.items()]
     term = PATCH_TERMS.get(str(method.get("name")))
-    if term and term not in given.get("method", {}) and method.get(term, 1) != 0:
+    if term and not tokens and term not in given.get("method", {}) and method.get(term, 1) != 0:
         moved["method"] = {**preset.get("method", {}), term: 0}
         said.append(f"method.{term}={method.get(term, 1)} → 0 (no patch tokens: the [CLS] term only)")
     if said:
-        print(f"selfsup: model.backbone={backbone} is not a selfsup ViT: the preset's ViT settings go back to their "
+        what = "a DINOv3 ViT, its release's architecture" if tokens else "not a selfsup ViT"
+        print(f"selfsup: model.backbone={backbone} is {what}: the preset's ViT settings go back to their "
               f"defaults: {', '.join(said)}")
     return moved
 

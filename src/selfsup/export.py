@@ -24,6 +24,7 @@ from torchvision.models import ResNet
 from selfsup.diskspace import atomic_write, tensor_bytes
 from selfsup.errors import UserError
 from selfsup.models.backbones import build_backbone
+from selfsup.models.dinov3 import DINOv3ConvNeXt, DINOv3ViT
 from selfsup.models.vit import VisionTransformer
 
 FORMAT = "selfsup-backbone/1"
@@ -55,6 +56,9 @@ TIMM_VIT_PATCHES = {"tiny": (16,), "small": (8, 16, 32), "base": (8, 16, 32), "l
 def architecture(backbone: nn.Module) -> dict:
     """Every constructor argument of ``backbone`` and the fixed parts a plain rebuild must match."""
     cls = type(backbone)
+    if isinstance(backbone, (DINOv3ViT, DINOv3ConvNeXt)):  # the official DINOv3 code rebuilds it (docs/DINOV3.md)
+        return {"family": "dinov3", "class": f"{cls.__module__}.{cls.__qualname__}", "kwargs": dict(backbone.kwargs),
+                "num_features": backbone.num_features}
     if isinstance(backbone, VisionTransformer):
         k = backbone.kwargs
         return {"family": "vit", "class": f"{cls.__module__}.{cls.__qualname__}", "kwargs": dict(k),

@@ -10,6 +10,9 @@ A source is one of:
   taken (ties: the first). The release checkpoints of the methods selfsup implements are read in their own layouts
   (``LAYOUTS``; docs/pretrained.md cites each from its official code): MoCo v3, DINO, iBOT, MAE, I-JEPA, SwAV and
   DINOv2's training checkpoint (its ``block_chunks`` blocks ``blocks.<chunk>.<i>`` read as ``blocks.<i>``);
+- DINOv3's hub files (``dinov3_<arch>_pretrain_<weights>-<hash>.pth``, the official module's names, as
+  ``models.dinov3``'s) and the Hugging Face transformers folders of DINOv2 and DINOv3 (``config.json`` +
+  ``model.safetensors``), read into selfsup's names by ``layouts``, each with its architecture;
 - the official DINOv2 torch.hub checkpoints (``dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth``): LayerScale
   ``ls1/ls2.gamma``, ``register_tokens``, ``mask_token``, SwiGLU ``w12/w3``, a 518-px ``pos_embed``, all named as
   the selfsup ViT's (``models/vit.py``) but the mask token (``masked_embed`` where the backbone has one, dropped
@@ -36,12 +39,15 @@ with a sha256 of the loaded tensors (``state_sha256``).
 Memory: a ``.safetensors`` file is read a few tensors at a time as they are copied into the backbone (straight
 from the file, not mapped), and a torch file is mapped (``mmap``) and copied from as it is touched: loading
 allocates the backbone and a few tensors, not a second copy of the file; a mapped torch file's pages sit in the
-page cache meanwhile (``python -m benchmarks.weights_memory``).
+page cache meanwhile. A network built from a file of its own architecture (``build_from_weights``: a DINOv2 or
+DINOv3 hub file, a transformers folder) is built on the meta device and takes the file's tensors as its own
+(``assign``): a mapped file's stay mapped, nothing is allocated twice (``python -m benchmarks.weights_memory``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -60,6 +66,7 @@ from torch import Tensor, nn
 from selfsup.checkpoints import EXTRA_SAFE_GLOBALS
 from selfsup.errors import UserError
 from selfsup.export import FORMAT, read_meta
+from selfsup.layouts import Derived, dinov3_arch, hf_config, hf_layout, is_dinov3
 from selfsup.models.backbones import TIMM_PREFIX, build_backbone
 from selfsup.models.mae import mae_sincos_position_embedding
 from selfsup.models.vit import VIT_SIZES, VisionTransformer, build_2d_sincos_position_embedding, \
@@ -154,8 +161,8 @@ def _safetensors_index(path: Path) -> dict[str, LazyTensor]:
 
 
 def real(t) -> Tensor:
-    """``t`` read where it is a :class:`LazyTensor`."""
-    return t.load() if isinstance(t, LazyTensor) else t
+    """``t`` read where it is a :class:`LazyTensor` or a ``layouts.Derived`` (joined or computed when read)."""
+    return t.load() if isinstance(t, (LazyTensor, Derived)) else t
 
 
 @dataclass
@@ -170,6 +177,7 @@ class RawWeights:
     meta: dict | None = None
     timm_layout: bool = False
     heads: tuple[int, str] | None = None
+    arch: tuple[str, dict] | None = None  # (backbone name, build_backbone kwargs) stated: DINOv3, transformers
 
 
 def state_sha256(state: Mapping[str, Tensor]) -> str:
@@ -234,6 +242,10 @@ def read_file_weights(path: Path, what: str) -> RawWeights:
             raise UserError(f"{what}={path} is not a readable safetensors file "
                             f"({' '.join(str(e).split())[:100]}); {WHAT}") from None
         meta = read_meta(path) if raw and FORMAT in raw else None
+        if meta is None and (config := hf_config(path)) is not None:
+            return hf_weights(path.parent, config, what)
+        if meta is None and is_dinov3(state):
+            return dinov3_weights(state, str(path))
         return RawWeights({None: state}, "selfsup" if meta else "file", str(path), meta)
     try:
         obj = _torch_load(path)
@@ -252,10 +264,40 @@ def read_file_weights(path: Path, what: str) -> RawWeights:
     if not candidates:
         raise UserError(f"{what}={path} holds no state dict (no tensors at its top level or under "
                         f"{', '.join(WRAPPERS)}); {WHAT}")
-    # DINOv2's hub file: a plain state dict with a class token and a (1, D) mask token (MAE's is (1, 1, D'))
+    # DINOv3's hub file (its ViT's rope_embed.periods, its ConvNeXt's stages); DINOv2's: a plain state dict with a
+    # class token and a (1, D) mask token (MAE's is (1, 1, D'))
     top = candidates.get(None, {})
+    if is_dinov3(top):
+        return dinov3_weights(top, str(path))
     hub = "cls_token" in top and getattr(top.get("mask_token"), "ndim", 0) == 2
     return RawWeights(candidates, "dinov2-hub" if hub else "file", str(path))
+
+
+def dinov3_weights(state: Mapping[str, Tensor], path: str) -> RawWeights:
+    """A DINOv3 hub state dict (hub/backbones.py: the official module's own names): its architecture and, for a ViT,
+    its head count (the head width is 4 × the length of ``rope_embed.periods``) read from its tensors."""
+    name, kwargs = dinov3_arch(state)
+    arch = kwargs["arch"]
+    heads = (arch["num_heads"], "DINOv3's rope_embed.periods: 4 × its length per head") if "num_heads" in arch \
+        else None
+    return RawWeights({None: dict(state)}, "dinov3-hub", path, heads=heads, arch=(name, kwargs))
+
+
+def hf_weights(folder: Path, config: dict, what: str) -> RawWeights:
+    """A Hugging Face transformers folder (``config.json`` + ``model.safetensors``, or its shards listed in
+    ``model.safetensors.index.json``) of DINOv2 or DINOv3, in selfsup's names (``layouts.hf_layout``)."""
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else \
+        ["model.safetensors"]
+    state: dict = {}
+    for name in files:
+        if not (folder / name).is_file():
+            raise UserError(f"{what}={folder}: its config.json is a transformers {config['model_type']}'s but "
+                            f"{name} is missing beside it; download the model's safetensors weights")
+        state.update(_safetensors_index(folder / name))
+    state, backbone, kwargs, heads = hf_layout(state, config, f"{what}={folder}")
+    return RawWeights({None: state}, f"hf-{config['model_type']}", str(folder),
+                      heads=(heads, "its config.json") if heads else None, arch=(backbone, kwargs))
 
 
 def _timm_heads(model: nn.Module) -> int | None:
@@ -326,6 +368,8 @@ def read_weights(spec: str, module: nn.Module | None = None, what: str = "model.
     path = Path(spec).expanduser()
     if not path.exists():
         raise UserError(f"{what}={spec} does not exist; {WHAT}")
+    if path.is_dir() and (config := hf_config(path)) is not None:
+        return hf_weights(path, config, what)
     if path.is_dir():
         if not (path / "backbone.safetensors").exists():
             ckpt = path / "checkpoints" / "last.ckpt"
@@ -532,18 +576,32 @@ def _check_heads(raw: RawWeights, layout: str | None, state: Mapping[str, Tensor
         return f"{own} (the backbone's: {told} width {width})"
     if heads != own:
         names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == width and s["num_heads"] == heads]
-        fix = (vit_settings(state, False, module, heads) or f"model.backbone={' or '.join(names)}"
-               if isinstance(module, VisionTransformer) else f"a backbone of {heads} heads")
+        fix = (_stated_backbone(raw) or vit_settings(state, False, module, heads) or
+               f"model.backbone={' or '.join(names)}" if isinstance(module, VisionTransformer) else
+               f"a backbone of {heads} heads")
         if plain:
             raise UserError(
                 f"{what}={raw.path}: a plain state dict does not say its head count and is read at {heads} heads, "
                 f"the count at width {width} of timm's, DeiT's, DINO's, MAE's and DINOv2's ViTs; the backbone has "
                 f"{own}: {fix}; a file of {own} heads (MoCo v3's ViT-S) loads from a source that says so (its "
                 "release checkpoint, module.base_encoder.*, or a selfsup export)")
-        kind = "a DINOv2 hub checkpoint" if raw.kind == "dinov2-hub" else (
+        kind = {"dinov2-hub": "a DINOv2 hub checkpoint", "dinov3-hub": "a DINOv3 hub file"}.get(raw.kind) or (
             f"a {layout} checkpoint" if layout else "a file")
         raise UserError(f"{what}={raw.path} is {kind} with {heads} heads ({where}), the backbone has {own}: {fix}")
     return f"{heads} ({where})"
+
+
+def _stated_backbone(raw: RawWeights) -> str:
+    """The model.* settings of the network a source states (DINOv3's hub files, transformers' folders), or ""."""
+    if raw.arch is None:
+        return ""
+    name, kwargs = raw.arch
+    patch = kwargs.get("patch_size")
+    generic = name in ("dinov3_vit", "dinov3_convnext")
+    return (f"model.backbone={name}" + (f" model.patch_size={patch}" if patch and patch != 16 else "") +
+            (" (no released size: selfsup eval and method.teacher.backbone=auto build it)" if generic else "") +
+            ("" if name.startswith("dinov3") else " model.pos_embed=learned model.layer_scale=1e-5" +
+             (" model.ffn=swiglu" if kwargs.get("ffn") == "swiglu" else "")))
 
 
 def _fixed_table(module: nn.Module) -> str | None:
@@ -645,7 +703,8 @@ def _check_fit(raw: RawWeights, state: Mapping[str, Tensor], target: Mapping[str
     parts = ([f"missing {few(missing)}"] if missing else []) + (
         [f"unexpected {few(unexpected)}"] if unexpected else []) + ([f"shapes {few(shapes)}"] if shapes else [])
     heads = _file_heads(raw, layout, state)[0]
-    hint = vit_settings(state, False, module, heads) if isinstance(module, VisionTransformer) else ""
+    hint = _stated_backbone(raw) or (vit_settings(state, False, module, heads) if isinstance(module, VisionTransformer)
+                                     else "")
     fix = f"the file fits {hint}" if hint else "check model.backbone and its model.* settings"
     raise UserError(f"{what}={raw.path}: the weights do not fit this backbone ({tried}: {'; '.join(parts)}); {fix}")
 
@@ -691,41 +750,50 @@ def _position_table(pos: Tensor, own: Tensor, module: nn.Module, raw: RawWeights
             registers = any("register_tokens" in c for c in raw.candidates.values()) or any(
                 k.endswith("register_tokens") for c in raw.candidates.values() for k in c)
             dinov2 = raw.kind == "dinov2-hub" or layout == "dinov2"
+            # transformers' Dinov2Model: size g × g, bicubic, no antialias (modeling_dinov2.py interpolate_pos_encoding;
+            # its Dinov2WithRegistersModel: with antialias, timm's way)
             rule = "dino" if raw.kind == "selfsup" or layout in ("dino", "ibot") or (dinov2 and not registers) \
-                else "mae" if layout in ("mae", "ijepa") else "timm"
+                else "mae" if layout in ("mae", "ijepa") or raw.kind == "hf-dinov2" else "timm"
             out = resample_position_table(pos, g_own, prefix, rule)
             return out, f"{g_file}x{g_file} -> {g_own}x{g_own} ({rule})"
     return pos, None  # not a square grid: the shape mismatch is reported
 
 
-def copy_into(module: nn.Module, state: Mapping[str, Tensor], chunk_bytes: int = 16 << 20) -> None:
+def copy_into(module: nn.Module, state: Mapping[str, Tensor], chunk_bytes: int = 16 << 20,
+              assign: bool = False) -> None:
     """``state`` (converted and checked: every key of ``module``) copied into ``module`` a few tensors at a time
     (``load_state_dict`` of each group, so a module's own loading hooks run): a ``.safetensors`` file's tensors are
-    read as they are copied, and a mapped torch file's pages as they are touched; no second copy of the file."""
+    read as they are copied, and a mapped torch file's pages as they are touched; no second copy of the file.
+    ``assign``: the tensors read become the module's (a module built on the meta device: nothing allocated twice;
+    a mapped torch file's tensors stay mapped), in the module's dtypes."""
+    own = module.state_dict() if assign else {}
     group, size = {}, 0
     for key in state:
         t = real(state[key])
+        if assign and t.dtype != own[key].dtype:
+            t = t.to(own[key].dtype)
         group[key], size = t, size + t.numel() * t.element_size()
         if size >= chunk_bytes:
-            _load_group(module, group)
+            _load_group(module, group, assign)
             group, size = {}, 0
-    _load_group(module, group)
+    _load_group(module, group, assign)
 
 
-def _load_group(module: nn.Module, group: dict[str, Tensor]) -> None:
+def _load_group(module: nn.Module, group: dict[str, Tensor], assign: bool = False) -> None:
     with torch.no_grad():
-        result = module.load_state_dict(group, strict=False)
+        result = module.load_state_dict(group, strict=False, assign=assign)
     if result.unexpected_keys:  # convert checked the keys: a module whose hooks rename them
         raise RuntimeError(f"unexpected keys after conversion: {result.unexpected_keys[:3]}")
 
 
 def load_weights(module: nn.Module, spec: str, what: str = "model.weights",
-                 raw: RawWeights | None = None, hash_source: bool = False) -> StartFacts:
+                 raw: RawWeights | None = None, hash_source: bool = False, assign: bool = False) -> StartFacts:
     """Load the source ``spec`` into ``module`` (strict: every key of the module, no other); the facts of it.
-    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``."""
+    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``;
+    ``assign``: see ``copy_into`` (a module on the meta device)."""
     raw = read_weights(spec, module, what) if raw is None else raw
     state, facts = convert(raw, module, what, hash_source)
-    copy_into(module, state)
+    copy_into(module, state, assign=assign)
     del state
     loaded = module.state_dict()
     facts.source, facts.tensors = spec, len(loaded)
@@ -773,6 +841,12 @@ def _auto_architecture(spec: str, image_size: int, what: str) -> tuple[RawWeight
         meta = raw.meta
         return raw, meta["backbone"], {k: v for k, v in meta["kwargs"].items()
                                        if k not in ("in_chans", "image_size")}, meta
+    if raw.arch is not None:  # DINOv3's hub files, the transformers layouts: their own architecture
+        patch = raw.arch[1].get("patch_size", 1)
+        if image_size % patch:
+            raise UserError(f"{what}={spec}: its patch is {patch} px and the images are {image_size} px; set "
+                            f"data.image_size to a multiple of {patch}")
+        return raw, raw.arch[0], dict(raw.arch[1]), None
     state = _dinov2_backbone(raw)
     if state is None:
         fix = ("name it: method.teacher.backbone=<a selfsup backbone or timm:<name>> (and method.teacher.kwargs)"
@@ -780,8 +854,8 @@ def _auto_architecture(spec: str, image_size: int, what: str) -> tuple[RawWeight
                "name it: selfsup eval ... --backbone <a selfsup backbone or timm:<name>>, or load it into a run's "
                "backbone with model.weights (model.backbone and model.* name the architecture) and evaluate that "
                "run's backbone_init.safetensors")
-        raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export nor a DINOv2 hub "
-                        f"or training checkpoint); {fix}")
+        raise UserError(f"{what} {spec} does not say its architecture (neither a selfsup export, a DINOv2 hub "
+                        f"or training checkpoint, a DINOv3 hub file nor a transformers DINOv2 / DINOv3 folder); {fix}")
     found = _vit_from_state(state)
     names = [n for n, s in VIT_SIZES.items() if s["embed_dim"] == found["embed_dim"] and
              s["depth"] == found["depth"] and s["num_heads"] == found["embed_dim"] // 64]
@@ -818,12 +892,20 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
             in_chans = int(meta["in_chans"]) if own_channels else in_chans
         else:
             norm, in_chans = IMAGENET_NORM, 3 if own_channels else in_chans
+    # a file of its own architecture but a selfsup export (DINOv2's and DINOv3's, transformers'; an export's fixed
+    # position table is the module's own): built on the meta device, the file's tensors then its own (a mapped .pth
+    # stays mapped, a .safetensors is read once): about 1x the file, not 2x
+    meta = raw is not None and raw.kind != "selfsup"
     try:
-        module = build_backbone(backbone, in_chans=in_chans, image_size=image_size, **kwargs)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            module = build_backbone(backbone, in_chans=in_chans, image_size=image_size, **kwargs)
     except (TypeError, ValueError) as e:
         raise UserError(f"{what}: the teacher {backbone} cannot be built ({' '.join(str(e).split())})") from None
     facts = load_weights(module, "timm" if spec.startswith(TIMM_PREFIX) and spec[len(TIMM_PREFIX):] ==
-                         getattr(module, "timm_recipe", {}).get("model") else spec, what, raw, hash_source=True)
+                         getattr(module, "timm_recipe", {}).get("model") else spec, what, raw, hash_source=True,
+                         assign=meta)
+    if meta and any(t.is_meta for t in module.state_dict().values()):
+        raise RuntimeError(f"{spec}: a tensor of the {backbone} was not in the file (built on the meta device)")
     facts.source = spec
     if norm is None and hasattr(module, "pretrained_cfg") and spec.startswith(TIMM_PREFIX):
         cfg = module.pretrained_cfg or {}

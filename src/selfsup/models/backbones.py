@@ -1,5 +1,6 @@
-"""Build a backbone by name: MoCo v3 ViTs, torchvision ResNets, small BatchNorm ConvNets (``bn_cnn_*``), a flow
-run's ``flow_encoder`` (SiT features), or any timm model as ``timm:<name>``."""
+"""Build a backbone by name: MoCo v3 ViTs, DINOv3's ViTs and ConvNeXts (``dinov3_*``), torchvision ResNets, small
+BatchNorm ConvNets (``bn_cnn_*``), a flow run's ``flow_encoder`` (SiT features), or any timm model as
+``timm:<name>``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Callable
 from torch import nn
 
 from .convnet import CONVNET_SIZES, convnet
+from .dinov3 import DINOV3_CONVNEXT_SIZES, DINOV3_VIT_SIZES, DINOv3ConvNeXt, DINOv3ViT
 from .resnet import RESNET_NAMES, resnet
 from .sit import FLOW_ENCODER, FlowEncoder
 from .vit import VIT_SIZES, VisionTransformer
 
-BACKBONE_NAMES = tuple(VIT_SIZES) + RESNET_NAMES + tuple(CONVNET_SIZES)
+BACKBONE_NAMES = tuple(VIT_SIZES) + tuple(DINOV3_VIT_SIZES) + tuple(DINOV3_CONVNEXT_SIZES) + RESNET_NAMES + \
+    tuple(CONVNET_SIZES)
 TIMM_PREFIX = "timm:"
 
 
@@ -86,6 +89,34 @@ def _timm(name: str, *, in_chans: int, image_size: int, drop_path_rate: float = 
     return _timm_backbone(name[len(TIMM_PREFIX):], in_chans, image_size, drop_path_rate)
 
 
+def _fixed(name: str, patch_size: int = 16, pool: str = "cls", layer_scale: float = 0.0, pos_embed: str = "sincos",
+           init: str = "moco_v3", final_norm: bool = True, registers: int = 0, ffn: str = "mlp",
+           drop_path_uniform: bool = False, class_token: bool = True) -> None:
+    """A DINOv3 backbone's architecture is its size's (``arch``: a file's own): the selfsup ViTs' keys are refused
+    but the patch size, the pooling and the frozen patch projection of its ViT (a ConvNeXt ignores those, as a ResNet
+    does)."""
+    _vit_only(name, layer_scale, pos_embed, init, final_norm, registers, ffn, drop_path_uniform)
+    if not class_token:
+        raise ValueError(f"model.class_token=false applies to the selfsup ViTs, not {name}")
+
+
+def _dinov3(name: str, *, in_chans: int, image_size: int = 224, drop_path_rate: float = 0.0, small_stem: bool = False,
+            zero_init_residual: bool = False, stop_grad_conv1: bool = False, arch: dict | None = None,
+            **vit) -> nn.Module:
+    """DINOv3's ViTs (``DINOV3_VIT_SIZES``; any patch size, pool cls or avg, MoCo v3's frozen patch projection)
+    and ConvNeXts; ``arch``: the architecture a weights file states (its size, FFN width, norms, RoPE), over the
+    name's."""
+    _fixed(name, **vit)
+    if name in DINOV3_CONVNEXT_SIZES or name == DINOV3_ANY[1]:
+        return DINOv3ConvNeXt(in_chans=in_chans, drop_path_rate=drop_path_rate,
+                              **{**DINOV3_CONVNEXT_SIZES.get(name, {}), **(arch or {})})
+    vit_ = DINOv3ViT(image_size=image_size, patch_size=vit.get("patch_size", 16), in_chans=in_chans,
+                     drop_path_rate=drop_path_rate, pool=vit.get("pool", "cls"),
+                     **{**DINOV3_VIT_SIZES.get(name, {}), **(arch or {})})
+    vit_.patch_embed.requires_grad_(not stop_grad_conv1)
+    return vit_
+
+
 def _flow_encoder(name: str, **kwargs) -> nn.Module:
     return FlowEncoder.build(**kwargs)
 
@@ -95,9 +126,13 @@ def _flow_encoder(name: str, **kwargs) -> nn.Module:
 # ignore the others; ``flow_encoder`` takes ``FlowEncoder.build``'s (sit, block, t, fit, seed).
 IMAGE_KEYS = {"in_chans", "image_size", "patch_size", "drop_path_rate", "pool", "stop_grad_conv1", "small_stem",
               "zero_init_residual", "layer_scale", "pos_embed", "init", "final_norm", "registers", "ffn",
-              "drop_path_uniform", "class_token"}
+              "drop_path_uniform", "class_token", "arch"}
+# a DINOv3 network of no released size (a file's own architecture, ``arch``: weights.build_from_weights)
+DINOV3_ANY = ("dinov3_vit", "dinov3_convnext")
 BUILDERS: dict[str, Callable[..., nn.Module]] = {**{n: _vit for n in VIT_SIZES}, **{n: _resnet for n in RESNET_NAMES},
-                                                 **{n: _convnet for n in CONVNET_SIZES}, FLOW_ENCODER: _flow_encoder}
+                                                 **{n: _convnet for n in CONVNET_SIZES}, FLOW_ENCODER: _flow_encoder,
+                                                 **{n: _dinov3 for n in (*DINOV3_VIT_SIZES, *DINOV3_CONVNEXT_SIZES,
+                                                                         *DINOV3_ANY)}}
 
 
 def build_backbone(name: str, **kwargs) -> nn.Module:

@@ -89,9 +89,11 @@ def mae_init_(encoder: VisionTransformer, decoder: MAEDecoder) -> None:
     """MAE's initialisation (models_mae.py:65-93) of both halves, in place: MAE's sin-cos table in the encoder;
     xavier-uniform on every Linear (qkv as one matrix) and on the patch projection seen as a Linear (its bias
     keeps torch's default Conv2d init, as the official code never touches it); zero Linear biases; LayerNorm
-    1 / 0; class and mask tokens ~ N(0, 0.02)."""
+    1 / 0; class and mask tokens ~ N(0, 0.02). An encoder without a position table (DINOv3's rotary ViT) keeps its
+    rotary positions."""
     grid = encoder.image_size // encoder.patch_size
-    encoder.pos_embed.copy_(mae_sincos_position_embedding(grid, encoder.embed_dim))
+    if hasattr(encoder, "pos_embed"):
+        encoder.pos_embed.copy_(mae_sincos_position_embedding(grid, encoder.embed_dim))
     proj = encoder.patch_embed.proj
     proj.reset_parameters()  # torch's default bias init, as official (only the weight is re-drawn below)
     nn.init.xavier_uniform_(proj.weight.view(proj.weight.shape[0], -1))

@@ -51,11 +51,13 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
+from selfsup.architectures import DINOV3_VIT_SIZES
 from selfsup.config import RunConfig, load_preset, merge, parse_overrides, resolve, student_moved
 from selfsup.data.datasets import (HELD_OUT, IMAGE_SUFFIXES, MIN_TRAIN_IMAGES, SIZE_SAMPLE, TEST_FOLDERS, image_files,
                                    no_readable_image, too_few_images, unreadable)
 from selfsup.errors import UserError
 from selfsup.export import read_meta
+from selfsup.layouts import hf_config
 from selfsup.methods import METHODS
 from selfsup.models.backbones import TIMM_PREFIX
 
@@ -102,13 +104,16 @@ class FolderFacts:
 def source_patch(spec: str | None) -> int | None:
     """The ViT patch of a weights source or backbone name, read without building it: a selfsup export's metadata
     (a run folder's ``backbone.safetensors``), the patch embedding's kernel of a ``.safetensors`` / ``.pth`` file
-    (memory-mapped), the ``patch<N>`` of a timm model name; None for a ConvNet or a source that does not say."""
+    (memory-mapped), a transformers folder's ``config.json``, the ``patch<N>`` of a timm model name; None for a
+    ConvNet or a source that does not say."""
     if not spec:
         return None
     if spec.startswith(TIMM_PREFIX):
         found = re.search(r"patch(\d+)", spec)
         return int(found.group(1)) if found else None
     path = Path(spec).expanduser()
+    if path.is_dir() and (config := hf_config(path)) is not None:  # a transformers folder: its config.json's
+        return int(config["patch_size"]) if "patch_size" in config else None
     path = path / "backbone.safetensors" if path.is_dir() else path
     if not path.is_file():
         return None
@@ -269,6 +274,8 @@ def _fixed_patch(cfg: RunConfig, overrides: dict) -> tuple[int | None, str]:
             patch = source_patch(spec)
             if patch:
                 return patch, f"{key}={spec}"
+    if cfg.model.backbone in DINOV3_VIT_SIZES:  # a DINOv3 ViT: its release's patch (16)
+        return cfg.model.patch_size, f"model.backbone={cfg.model.backbone}"
     return None, ""
 
 

@@ -201,6 +201,8 @@ def load_source(location: str | Path | NamedWeights) -> EvalSource:
     if path.is_dir():
         if (path / "backbone.safetensors").exists():
             return _from_exported(path / "backbone.safetensors", path)
+        if (path / "config.json").exists() and not (path / "config.yaml").exists():  # a transformers folder
+            return _from_foreign(str(path))
         if (path / "checkpoints" / "last.ckpt").exists():
             return _from_checkpoint(path / "checkpoints" / "last.ckpt")
         if (path / "config.yaml").exists():  # a run killed or failed before its first checkpoint
