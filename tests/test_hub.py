@@ -64,8 +64,9 @@ cases = json.loads((work / "cases.json").read_text())
 for case, folder in cases.items():
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
+    overlay = dict(cfg["pretrained_cfg"], file=str(folder / "model.safetensors"))
     by_name = timm.create_model(cfg["architecture"], pretrained=True, **cfg["model_args"],
-                                pretrained_cfg_overlay=dict(cfg["pretrained_cfg"], file=str(folder / "model.safetensors")))
+                                pretrained_cfg_overlay=overlay)
     local = timm.create_model(f"local-dir:{folder}", pretrained=True)
     for how, model in (("by_name", by_name), ("local_dir", local)):
         assert model.pretrained_cfg["mean"] == cfg["pretrained_cfg"]["mean"], how
