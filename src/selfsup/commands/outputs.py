@@ -6,19 +6,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from selfsup.errors import UserError
+from selfsup.eval.pictures import MAP_METHODS
 from selfsup.runs.embed import CHUNK, FORMATS, TOKENS, embed
 from selfsup.runs.hub import HUB_FILES, export_hub
+from selfsup.runs.pictures import PictureSettings, embed_pictures
 from selfsup.runs.portable import OPSET, PORTABLE_FORMATS, TOLERANCE, export_portable
+from selfsup.runs.source import load_source
 
 SOURCE_HELP = "a run folder, an exported backbone .safetensors, a run's .ckpt or a model.weights file"
 
 
 def cmd_embed(args) -> int:
     """Embed the folder; the file, its rows and the images per second."""
-    done = embed(args.source, args.folder, args.out, tokens=args.tokens, half=args.half, chunk=args.chunk,
+    source = load_source(args.source)
+    done = embed(source, args.folder, args.out, tokens=args.tokens, half=args.half, chunk=args.chunk,
                  device=args.device)
     skipped = f", {done.skipped} unreadable images skipped" if done.skipped else ""
     print(f"embed: {done.rows} rows → {done.out}{skipped} ({done.seconds:.1f} s, {done.images_per_s:.0f} images/s)")
+    if args.plot is not None:
+        drawn = embed_pictures(source, done, args.plot, PictureSettings(seed=args.seed, method=args.map))
+        print(f"embed: pictures → {args.plot}/ ({', '.join(drawn)})")
     return 0
 
 
@@ -35,6 +42,12 @@ def add_embed_parser(p) -> None:
     p.add_argument("--chunk", type=int, default=CHUNK,
                    help=f"images per chunk, the unit a killed embed resumes from (default {CHUNK})")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR",
+                   help="also draw the embedding's pictures in DIR: a 2-D map (by label where labelled), nearest "
+                        "neighbours of a few images, a ViT's patch tokens as RGB (PCA)")
+    p.add_argument("--map", choices=MAP_METHODS, default="auto",
+                   help="--plot's map: umap (umap-learn), tsne (scikit-learn), auto (default: umap where installed)")
+    p.add_argument("--seed", type=int, default=0, help="--plot's seed: the map and the query images (default 0)")
     p.set_defaults(func=cmd_embed)
 
 
