@@ -91,10 +91,43 @@ def test_embed_plot_draws_the_three_pictures_the_same_for_the_same_seed(tmp_path
     for name in record["captions"]:
         assert_picture(tmp_path / "a" / name)
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    flat = tmp_path / "flat"  # unlabelled: one colour, no classes; a CNN: no patch picture
+    make_images(flat, 12, classes=())
     cnn = exported(tmp_path, "bn_cnn_tiny")
-    assert main(["embed", str(cnn), str(root), "--out", str(tmp_path / "c.npy"), "--plot", str(tmp_path / "c"),
+    assert main(["embed", str(cnn), str(flat), "--out", str(tmp_path / "c.npy"), "--plot", str(tmp_path / "c"),
                  "--seed", "1"]) == 0
     assert sorted(p.name for p in (tmp_path / "c").glob("*.png")) == ["embedding_map.png", "neighbours.png"]
+    record = json.loads((tmp_path / "c" / "pictures.json").read_text())
+    assert "unlabelled" in record["captions"]["embedding_map.png"] and record["settings"]["seed"] == 1
+    assert_picture(tmp_path / "c" / "neighbours.png")
+
+
+class FakeUMAP:
+    """umap-learn's reducer as the map calls it: what it was given, a fixed projection."""
+
+    seen: dict = {}
+
+    def __init__(self, **kwargs):
+        FakeUMAP.seen = kwargs
+
+    def fit_transform(self, x):
+        return x[:, :2] * 10
+
+
+def test_the_map_is_umaps_where_umap_learn_is_importable(monkeypatch):
+    import selfsup.eval.pictures as pictures
+
+    feats = torch.randn(12, 4, generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(pictures, "umap", None)
+    with pytest.raises(UserError, match="needs umap-learn"):
+        embedding_map(feats, method="umap")
+    assert embedding_map(feats)[1].startswith("t-SNE")
+    monkeypatch.setattr(pictures, "umap", type("umap", (), {"UMAP": FakeUMAP}))
+    xy, how = embedding_map(feats, seed=5)
+    z = feats / feats.norm(dim=1, keepdim=True)
+    assert how.startswith("UMAP") and np.allclose(xy, z[:, :2].numpy() * 10)
+    assert FakeUMAP.seen == {"n_components": 2, "n_neighbors": 11, "metric": "cosine", "random_state": 5}
+    assert embedding_map(feats, method="tsne")[1].startswith("t-SNE")
 
 
 def write_metrics(run: Path) -> None:
