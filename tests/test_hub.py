@@ -1,7 +1,7 @@
 """``selfsup export RUN --format hf`` (``selfsup.runs.hub``): a folder in timm's hub layout that plain timm loads
 offline, in a process where selfsup cannot be imported, both by its architecture with the file given and by
 ``local-dir:``, and computes selfsup's features (a ViT, a ViT with registers and a learned table, a SwiGLU ViT with
-registers, a ResNet-18); the model card's facts; a backbone timm cannot build refused in one line."""
+registers, a ResNet-18, a timm:<name> backbone); the model card's facts; a backbone timm cannot build refused in one line."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ CASES = {  # name -> (backbone, build_backbone kwargs)
     "vit_swiglu_registers": ("vit_nano", dict(in_chans=3, image_size=16, patch_size=4, registers=4, ffn="swiglu",
                                               layer_scale=0.1)),
     "resnet18": ("resnet18", dict(in_chans=3, image_size=32)),
+    "timm": ("timm:test_vit", dict(in_chans=3, image_size=32)),
 }
 KNN = {"k": 20, "temperature": 0.07, "train_size": 1438, "test_size": 359, "scored_on": "test",
        "labels": {"pretrained": "pretrained", "random_init": "random init"},

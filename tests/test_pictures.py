@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 import torch
 from PIL import Image
 
@@ -159,3 +160,21 @@ def test_the_report_shows_the_runs_embedding_pictures(tmp_path, monkeypatch, cap
     (other / "backbone.safetensors").write_bytes((run / "backbone.safetensors").read_bytes())  # no config: no data
     capsys.readouterr()
     assert main(["report", str(other), "--no-pictures"]) == 0 and not (other / "pictures").exists()
+
+
+def test_an_unlabelled_runs_report_draws_its_own_images_in_one_colour(tmp_path, monkeypatch):
+    monkeypatch.setitem(test_hub.CASES, "folder_vit", ("vit_micro", dict(in_chans=3, image_size=12, patch_size=4)))
+    run, _ = test_hub.fake_run(tmp_path, "folder_vit")
+    folder = tmp_path / "photos"
+    make_images(folder, 14, classes=())
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"].update(name="images", root=str(folder))
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    write_metrics(run)
+    assert main(["report", str(run)]) == 0
+    record = json.loads((run / "pictures" / "pictures.json").read_text())
+    assert record["captions"]["embedding_map.png"].startswith("the embedding of 14 unlabelled images")
+    assert "unlabelled" in record["captions"]["embedding_map.png"] and len(record["captions"]) == 3
+    for name in record["captions"]:
+        assert_picture(run / "pictures" / name)
+    assert "## Embedding" in (run / "report" / "report.md").read_text()

@@ -64,7 +64,8 @@ def hub_config(source: EvalSource, recipe: dict, licence: str) -> dict:
     m, backbone = source.meta, source.backbone
     default = timm_module().models.get_pretrained_cfg(recipe["model"])  # the class's own first conv and classifier
     size, channels = int(m["image_size"]), int(m.get("in_chans", 3))
-    pool = recipe["kwargs"].get("global_pool", "avg")
+    pool = recipe["kwargs"].get("global_pool") or getattr(backbone, "global_pool", None) or "avg"
+    pool = pool if isinstance(pool, str) else getattr(pool, "pool_type", "avg")  # a timm CNN's pooling module
     return {"architecture": recipe["model"], "num_classes": 0, "num_features": int(backbone.num_features),
             "global_pool": pool, "model_args": recipe["kwargs"],
             "pretrained_cfg": {"tag": "selfsup", "custom_load": False, "input_size": [channels, size, size],

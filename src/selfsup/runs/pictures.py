@@ -18,14 +18,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from selfsup.data.datasets import UNLABELLED
 from selfsup.diskspace import write_text
 from selfsup.errors import UserError
 from selfsup.eval.pictures import (draw_map, draw_neighbours, draw_patch_pca, embedding_map, nearest, patch_pca,
                                    query_indices)
 from selfsup.models.vit import VisionTransformer
-from selfsup.runs.embed import Embedded, Embedder, decode_image
+from selfsup.runs.embed import CHUNK, Embedded, Embedder, decode_image, list_images
 from selfsup.runs.session import EvalSession
-from selfsup.runs.source import EvalSource
+from selfsup.runs.source import EvalSource, load_source
 
 PICTURES_DIR = "pictures"  # RUN/pictures/: the report's
 RECORD = "pictures.json"
@@ -88,20 +89,43 @@ def _record(out: Path) -> dict:
         return {}
 
 
+def folder_pictures(source: EvalSource, root: str, out_dir: Path, settings: PictureSettings = PictureSettings(),
+                    device: str | None = None) -> dict[str, str]:
+    """The pictures of an unlabelled folder or shards (``embed.list_images``): a seeded ``settings.limit`` of its
+    images, decoded as embed decodes them (the unreadable ones left out), their pooled features, no labels."""
+    listing = list_images(root)
+    size, channels = int(source.meta["image_size"]), int(source.meta.get("in_chans", 3))
+    picked = query_indices(len(listing.files), settings.limit, settings.seed).tolist()
+    decoded = [d for d in (decode_image(listing, i, size, channels) for i in picked) if isinstance(d, Tensor)]
+    if not decoded:
+        raise UserError(f"no image of {root} could be read for the pictures")
+    images = torch.stack(decoded)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    embedder = Embedder(source.backbone, source.meta["mean"], source.meta["std"]).to(dev)
+    features = torch.cat([embedder(images[k:k + CHUNK])[0].cpu() for k in range(0, len(images), CHUNK)])
+    return draw_pictures(source, features, lambda rows: images[rows], out_dir, settings=settings,
+                         what="unlabelled ")
+
+
 def run_pictures(run_dir: str | Path, settings: PictureSettings = PictureSettings(),
                  device: str | None = None) -> dict[str, str] | None:
     """A finished run's pictures over a seeded ``settings.limit`` of its test images (train's where it has no test
-    split), through the evaluation's feature cache, in ``RUN/pictures/``; drawn again only when the backbone or the
-    settings changed. None (nothing drawn) for a folder without a trained backbone."""
+    split), through the evaluation's feature cache, or of its own images where its data has no labels
+    (``folder_pictures``), in ``RUN/pictures/``; drawn again only when the backbone or the settings changed. None
+    (nothing drawn) for a folder without a trained backbone."""
     run_dir = Path(run_dir)
     if not (run_dir / "backbone.safetensors").exists():
         return None
-    session = EvalSession(run_dir, device=device)
+    source = load_source(run_dir)
     out = run_dir / PICTURES_DIR
     done = _record(out)
-    if (done.get("source") == session.source.fingerprint and done.get("settings") == asdict(settings)
+    if (done.get("source") == source.fingerprint and done.get("settings") == asdict(settings)
             and all((out / name).exists() for name in done.get("captions", {}))):
         return done["captions"]
+    data = source.run_cfg.data if source.run_cfg is not None else None
+    if data is not None and data.name in UNLABELLED and data.root:
+        return folder_pictures(source, data.root, out, settings, device)
+    session = EvalSession(run_dir, device=device)
     split = "test"
     try:
         features, labels = session.features(split, limit=settings.limit)
