@@ -1,7 +1,8 @@
 """``selfsup export RUN --format hf`` (``selfsup.runs.hub``): a folder in timm's hub layout that plain timm loads
 offline, in a process where selfsup cannot be imported, both by its architecture with the file given and by
 ``local-dir:``, and computes selfsup's features (a ViT, a ViT with registers and a learned table, a SwiGLU ViT with
-registers, a ResNet-18, a timm:<name> backbone); the model card's facts; a backbone timm cannot build refused in one line."""
+registers, a ResNet-18, a timm:<name> backbone); the model card's facts; a backbone timm cannot build refused in
+one line."""
 
 from __future__ import annotations
 
@@ -170,5 +171,7 @@ def test_a_backbone_timm_cannot_build_is_refused_in_one_line(tmp_path, capsys):
     run, _ = fake_run(tmp_path / "runs", "vit")
     assert main(["export", str(run), "--format", "hf", "--opset", "19"]) == 2
     assert "--opset applies to --format onnx|torchscript" in capsys.readouterr().err
+    assert main(["export", str(run), "--license", "mit"]) == 2
+    assert "--license applies to --format hf" in capsys.readouterr().err and not (run / "backbone.onnx").exists()
     assert main(["export", str(run), "--format", "hf"]) == 0
     assert (run / "hf" / "config.json").exists() and "timm vit_" in capsys.readouterr().out

@@ -70,6 +70,8 @@ def cmd_export(args) -> int:
     """Export and check; the file, the check's difference."""
     if args.format == "hf":
         return cmd_export_hf(args)
+    if args.license is not None:
+        raise UserError(f"--license applies to --format hf (the model card's licence), not {args.format}: leave it out")
     suffix = ".onnx" if args.format == "onnx" else ".pt"
     source = Path(args.source)
     out = args.out or (source / f"backbone{suffix}" if source.is_dir() else source.with_suffix(suffix))
