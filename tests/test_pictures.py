@@ -16,10 +16,12 @@ import yaml
 import torch
 from PIL import Image
 
+import selfsup
 import test_hub
 from selfsup.commands.main import main
 from selfsup.errors import UserError
 from selfsup.eval.pictures import embedding_map, nearest, patch_pca, query_indices
+from selfsup.runs.pictures import PictureSettings
 from test_embed import exported, make_images
 
 
@@ -82,10 +84,12 @@ def test_embed_plot_draws_the_three_pictures_the_same_for_the_same_seed(tmp_path
     root = tmp_path / "images"
     make_images(root, 30)
     src = exported(tmp_path, "vit_micro", image_size=12, patch_size=4)
-    for d in ("a", "b"):
-        assert main(["embed", str(src), str(root), "--out", str(tmp_path / f"{d}.parquet"), "--plot",
-                     str(tmp_path / d), "--map", "tsne"]) == 0
+    assert main(["embed", str(src), str(root), "--out", str(tmp_path / "a.parquet"), "--plot", str(tmp_path / "a"),
+                 "--map", "tsne"]) == 0
     assert "pictures →" in capsys.readouterr().out
+    done = selfsup.embed(src, root, tmp_path / "b.parquet", plot=tmp_path / "b",  # from Python: the same bytes
+                         plot_settings=PictureSettings(method="tsne"))
+    assert done.rows == 30 and set(done.pictures) == {"embedding_map.png", "neighbours.png", "patch_pca.png"}
     record = json.loads((tmp_path / "a" / "pictures.json").read_text())
     assert set(record["captions"]) == {"embedding_map.png", "neighbours.png", "patch_pca.png"}
     assert "coloured by label" in record["captions"]["embedding_map.png"] and record["settings"]["seed"] == 0

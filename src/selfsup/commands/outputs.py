@@ -7,25 +7,23 @@ from pathlib import Path
 
 from selfsup.errors import UserError
 from selfsup.eval.pictures import MAP_METHODS
-from selfsup.runs.embed import CHUNK, FORMATS, TOKENS, embed
+from selfsup.runs.embed import CHUNK, FORMATS, TOKENS
 from selfsup.runs.hub import HUB_FILES, export_hub
-from selfsup.runs.pictures import PictureSettings, embed_pictures
+from selfsup.runs.pictures import PictureSettings, embed_with_pictures
 from selfsup.runs.portable import OPSET, PORTABLE_FORMATS, TOLERANCE, export_portable
-from selfsup.runs.source import load_source
 
 SOURCE_HELP = "a run folder, an exported backbone .safetensors, a run's .ckpt or a model.weights file"
 
 
 def cmd_embed(args) -> int:
     """Embed the folder; the file, its rows and the images per second."""
-    source = load_source(args.source)
-    done = embed(source, args.folder, args.out, tokens=args.tokens, half=args.half, chunk=args.chunk,
-                 device=args.device)
+    done = embed_with_pictures(args.source, args.folder, args.out, tokens=args.tokens, half=args.half,
+                               chunk=args.chunk, device=args.device, plot=args.plot,
+                               plot_settings=PictureSettings(seed=args.seed, method=args.map))
     skipped = f", {done.skipped} unreadable images skipped" if done.skipped else ""
     print(f"embed: {done.rows} rows → {done.out}{skipped} ({done.seconds:.1f} s, {done.images_per_s:.0f} images/s)")
-    if args.plot is not None:
-        drawn = embed_pictures(source, done, args.plot, PictureSettings(seed=args.seed, method=args.map))
-        print(f"embed: pictures → {args.plot}/ ({', '.join(drawn)})")
+    if done.pictures is not None:
+        print(f"embed: pictures → {args.plot}/ ({', '.join(done.pictures)})")
     return 0
 
 

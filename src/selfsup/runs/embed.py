@@ -355,6 +355,7 @@ class Embedded:
     listing: Listing | None = field(default=None, repr=False)
     index: Tensor | None = field(default=None, repr=False)
     features: Tensor | None = field(default=None, repr=False)
+    pictures: dict | None = None  # with --plot: the pictures drawn, file → caption
 
 
 def embed(source: str | Path | EvalSource, folder: str | Path, out: str | Path, *, tokens: str | None = None,

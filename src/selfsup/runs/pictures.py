@@ -24,7 +24,7 @@ from selfsup.errors import UserError
 from selfsup.eval.pictures import (draw_map, draw_neighbours, draw_patch_pca, embedding_map, nearest, patch_pca,
                                    query_indices)
 from selfsup.models.vit import VisionTransformer
-from selfsup.runs.embed import CHUNK, Embedded, Embedder, decode_image, list_images
+from selfsup.runs.embed import CHUNK, Embedded, Embedder, decode_image, embed, list_images
 from selfsup.runs.session import EvalSession
 from selfsup.runs.source import EvalSource, load_source
 
@@ -151,3 +151,14 @@ def embed_pictures(source: EvalSource, done: Embedded, out_dir: str | Path,
 
     return draw_pictures(source, done.features.float(), images, Path(out_dir), labels, listing.classes or None,
                          settings)
+
+
+def embed_with_pictures(source, folder, out, *, plot: str | Path | None = None,
+                        plot_settings: PictureSettings = PictureSettings(), **options) -> Embedded:
+    """``selfsup embed SOURCE FOLDER --out FILE [--plot DIR]``: ``runs.embed.embed`` (``options``: tokens, half,
+    chunk, device), then, with ``plot``, ``embed_pictures`` in that folder (``Embedded.pictures``: their captions)."""
+    src = source if isinstance(source, EvalSource) else load_source(source)
+    done = embed(src, folder, out, **options)
+    if plot is not None:
+        done.pictures = embed_pictures(src, done, plot, plot_settings)
+    return done
