@@ -262,8 +262,9 @@ def method(name: str, backbone: nn.Module, *, image_size: int, batch_size: int, 
 
 
 def embed(source: Run | str | Path, folder: str | Path, out: str | Path, **options: Any):
-    """= ``selfsup embed SOURCE FOLDER --out FILE``: one row per image (path, label, features) in ``out``
-    (``selfsup.runs.embed.embed``: ``tokens``, ``half``, ``chunk``, ``device``); returns what it wrote."""
-    from selfsup.runs.embed import embed as run_embed  # pyarrow and the decoder: imported when an embed runs
+    """= ``selfsup embed SOURCE FOLDER --out FILE [--plot DIR]``: one row per image (path, label, features) in
+    ``out`` (``selfsup.runs.embed.embed``: ``tokens``, ``half``, ``chunk``, ``device``; ``plot=DIR`` with
+    ``plot_settings``: the pictures too, ``selfsup.runs.pictures.embed_with_pictures``); returns what it wrote."""
+    from selfsup.runs.pictures import embed_with_pictures  # pyarrow, the decoder, matplotlib: when an embed runs
 
-    return run_embed(source.path if isinstance(source, Run) else source, folder, out, **options)
+    return embed_with_pictures(source.path if isinstance(source, Run) else source, folder, out, **options)

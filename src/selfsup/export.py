@@ -14,6 +14,7 @@ which would load without error and compute other features).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from safetensors import safe_open
@@ -141,6 +142,82 @@ def describe(backbone: nn.Module) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- timm's own layout (a hub folder)
+
+# timm's ResNet names whose blocks and keys are torchvision's (conv1 / bn1 / layerN.i.* / downsample.0-1)
+TIMM_RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+# the timm class label of a SwiGLU ViT: its registered arguments make the FFN timm's packed SwiGLU (fc1 = DINOv2's
+# w12, fc2 = w3, SiLU on the first half; timm vision_transformer.py, vit_giant_patch14_dinov2); every size is a kwarg
+TIMM_SWIGLU = {False: "vit_giant_patch14_dinov2", True: "vit_giant_patch14_reg4_dinov2"}
+
+
+def hub_recipe(arch: dict) -> tuple[dict | None, str]:
+    """(``{"model", "kwargs"}`` with which ``timm.create_model(model, **kwargs)`` builds the network that
+    ``timm_state`` fills, or None; why not, in words). Beyond ``timm_recipe``: a ViT's register tokens (timm's
+    ``reg_tokens`` with ``no_embed_class``: DINOv2's layout as timm converts it), its SwiGLU FFN and a torchvision
+    ResNet with the ImageNet stem (timm's ResNet has torchvision's keys)."""
+    if arch["family"] == "timm":
+        return timm_recipe(arch), ""
+    if arch["family"] == "resnet":
+        k = arch["kwargs"]
+        if k.get("small_stem") or not arch["maxpool"] or arch["conv1"]["kernel_size"] != 7:
+            return None, "its small stem (a 3x3 stride-1 conv, no max-pool) has no timm ResNet argument"
+        if k["name"] not in TIMM_RESNETS:
+            return None, f"timm has no ResNet named {k['name']}"
+        return {"model": k["name"], "kwargs": {"in_chans": k["in_chans"], "num_classes": 0}}, ""
+    if arch["family"] != "vit":
+        return None, f"timm has no {arch['class'].rsplit('.', 1)[-1]} (a {arch['family']} backbone)"
+    k = arch["kwargs"]
+    registers, swiglu = k.get("registers", 0), k.get("ffn", "mlp") == "swiglu"
+    if not registers and not swiglu:
+        return timm_recipe(arch), ""
+    recipe = timm_recipe({**arch, "kwargs": {**k, "registers": 0, "ffn": "mlp"}})
+    kwargs = recipe["kwargs"]
+    if registers:
+        kwargs.update(reg_tokens=registers, no_embed_class=True)
+    if swiglu:
+        ratio = 2 * arch["mlp_hidden"] / k["embed_dim"]  # timm's packed fc1 is 2 x hidden wide
+        if int(k["embed_dim"] * ratio) != 2 * arch["mlp_hidden"]:
+            return None, f"its SwiGLU width {arch['mlp_hidden']} is no timm mlp_ratio of width {k['embed_dim']}"
+        # init_values 0 (no LayerScale) in place of the recipe's None, which timm's create_model drops unread
+        kwargs.update(mlp_ratio=ratio, reg_tokens=registers, no_embed_class=bool(registers),
+                      init_values=k["layer_scale"])
+        recipe["model"] = TIMM_SWIGLU[bool(registers)]
+    return recipe, ""
+
+
+def timm_state(backbone: nn.Module, arch: dict) -> dict:
+    """``backbone``'s state dict under the keys of ``hub_recipe``'s timm model, the same features: a ViT's
+    ``register_tokens`` as ``reg_token``, its class position folded into ``cls_token`` and cut from ``pos_embed``
+    (timm adds no position to the prefix tokens with ``no_embed_class``: the same sum), SwiGLU's ``w12`` / ``w3`` as
+    ``fc1`` / ``fc2``; any other backbone's keys as they are."""
+    state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
+    if arch["family"] != "vit":
+        return state
+    if "register_tokens" in state:
+        state["reg_token"] = state.pop("register_tokens")
+        prefix = int(arch["class_token"])
+        if prefix:
+            state["cls_token"] = (state["cls_token"] + state["pos_embed"][:, :1]).contiguous()
+        state["pos_embed"] = state["pos_embed"][:, prefix:].contiguous()
+    return {re.sub(r"\.mlp\.w12\.", ".mlp.fc1.", re.sub(r"\.mlp\.w3\.", ".mlp.fc2.", key)): v
+            for key, v in state.items()}
+
+
+def timm_module():
+    """timm, imported on the paths that build a timm model (1.5 s to import)."""
+    import timm  # lazy: 1.5 s to import, for timm backbones and hub folders only
+
+    return timm
+
+
+def hub_model(recipe: dict, state: dict) -> nn.Module:
+    """timm's model of ``recipe`` with ``state`` loaded strictly, in eval mode (what a hub folder's user builds)."""
+    model = timm_module().create_model(recipe["model"], pretrained=False, **recipe["kwargs"])
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
 def timm_vit_architecture(model: nn.Module) -> dict:
     """A timm VisionTransformer's architecture, in the terms of ``vit_mismatch``."""
     block = model.blocks[0]
@@ -176,8 +253,7 @@ def load_timm(path: Path, name: str | None = None, **kwargs) -> nn.Module:
     """The file's backbone as a timm model, in eval mode: built by its own recipe, or by
     ``timm.create_model(name, pretrained=False, num_classes=0, **kwargs)``, refused (one line) where that name's
     architecture is not the file's."""
-    import timm  # lazy: 1.5 s to import, for timm backbones only
-
+    timm = timm_module()
     path = Path(path)
     meta = read_meta(path)
     recipe = meta.get("timm")

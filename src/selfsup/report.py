@@ -2,7 +2,8 @@
 
 Reads a run folder's ``config.yaml``, ``run.json`` (steps, devices, wall time), ``metrics.csv`` (CSVLogger),
 ``events.jsonl`` (detector events), ``knn.json`` (final kNN, trained and at random init), ``eval/*.json``
-(every evaluation run on it) and ``embedding_norms.pt``. It builds one model, a list of ``Section``s (the run
+(every evaluation run on it), ``embedding_norms.pt`` and ``pictures/`` (the embedding's pictures that the
+``selfsup report`` command draws first: ``runs.pictures``). It builds one model, a list of ``Section``s (the run
 header, the headline numbers, the events, the plots, the full metric table), and renders it twice: ``report.md``
 and ``report.html``, one self-contained page with every image embedded as base64 (no external file, script,
 style sheet or network reference). A plot is drawn only when its metrics are present; a folder without
@@ -30,6 +31,7 @@ from selfsup.export import read_meta
 from selfsup.instruments.detectors import read_events
 
 MAX_EVENTS = 50  # rows of the events table (the rest: events.jsonl)
+PICTURES = "pictures"  # RUN/pictures/: the embedding's pictures, drawn by runs.pictures before the report
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Run:
     evals: dict[str, dict] = field(default_factory=dict)  # eval/<name>.json
     eval_images: list[Path] = field(default_factory=list)
     last_epoch: int | None = None
+    pictures: dict | None = None  # pictures/pictures.json: the embedding's pictures (runs.pictures), their captions
 
     @property
     def method(self) -> str:
@@ -120,6 +123,7 @@ def load_run(run_dir: str | Path) -> Run:
         if data is not None:
             run.evals[file.stem] = data
     run.eval_images = sorted((path / "eval").glob("*.png"))
+    run.pictures = _read_json(path / PICTURES / "pictures.json")
     if (path / "embedding_norms.pt").exists():
         try:
             norms = torch.load(path / "embedding_norms.pt", weights_only=True)
@@ -646,12 +650,24 @@ def plots_section(runs: list[Run], out: Path) -> Section:
     return Section("plots", "Training dynamics", [figures] if figures else ["No metric to plot."])
 
 
+def pictures_section(runs: list[Run]) -> list[Section]:
+    """The embedding's pictures that ``selfsup report`` drew in each run's ``pictures/`` (its test images' map,
+    their nearest neighbours, a ViT's patch picture), captioned as ``pictures.json`` says; none: no section."""
+    figures = []
+    for run in runs:
+        for name, caption in ((run.pictures or {}).get("captions") or {}).items():
+            if (run.path / PICTURES / name).exists():
+                figures.append(Figure(run.path / PICTURES / name,
+                                      f"{run.name + ': ' if len(runs) > 1 else ''}{caption}", titled=False))
+    return [Section("embedding", "Embedding", [figures])] if figures else []
+
+
 def build_report(runs: list[Run], out: Path) -> list[Section]:
     """The report's model: (a collapse: its alarm's events,) (not learning: its causes,) (overlays: the settings
-    that differ,) header, headline numbers, events, plots, every metric."""
+    that differ,) header, headline numbers, events, plots, (the embedding's pictures,) every metric."""
     return collapse_section(runs) + not_learning_section(runs) + ([settings_section(runs)] if len(runs) > 1 else []) + [
         header_section(runs), headline_section(runs), events_section(runs), plots_section(runs, out),
-        metrics_section(runs)]
+        *pictures_section(runs), metrics_section(runs)]
 
 
 def title(runs: list[Run]) -> str:

@@ -44,9 +44,9 @@ def cmd_pretrain(args) -> int:
 
 def cmd_report(args) -> int:
     """Plots, markdown and one self-contained HTML page of a run's dynamics (or several runs overlaid)."""
-    from selfsup.report import write_report  # the instruments' event reader imports Lightning
+    from selfsup.commands.report import report_runs  # the report's event reader imports Lightning; pictures, torch
 
-    out = write_report(args.runs, args.out)
+    out = report_runs(args.runs, args.out, pictures=not args.no_pictures)
     print(f"report: {out / 'report.html'}")
     return 0
 
@@ -111,6 +111,8 @@ def build_parser(only: tuple[str, ...] | None = None) -> argparse.ArgumentParser
                        help="plots + HTML of a run's training dynamics: selfsup report RUN [RUN ...] [--out DIR]")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folder(s); several are overlaid (needs --out)")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report for one run)")
+    p.add_argument("--no-pictures", action="store_true",
+                   help="skip the embedding's pictures (drawn once per trained backbone into RUN_DIR/pictures)")
     p.set_defaults(func=cmd_report)
     for name, line in FAMILIES.items():
         p = sub.add_parser(name, help=line)

@@ -215,7 +215,8 @@ def partial_dir(out: Path, listing: Listing, source: EvalSource, options: dict) 
     return out.with_name(out.name + ".partial") / hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
-def _decode(listing: Listing, i: int, size: int, channels: int) -> Tensor | str:
+def decode_image(listing: Listing, i: int, size: int, channels: int) -> Tensor | str:
+    """Image ``i`` of ``listing`` as uint8 (C, size, size), as evaluation decodes it, or why it cannot be read."""
     f = listing.files[i]
     try:
         if isinstance(f, Member):
@@ -260,7 +261,7 @@ def run_chunks(embedder: Embedder, listing: Listing, folder: Path, size: int, ch
     written = 0
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         def submit(k):
-            return [pool.submit(_decode, listing, i, size, channels) for i in range(k, min(k + chunk, n))]
+            return [pool.submit(decode_image, listing, i, size, channels) for i in range(k, min(k + chunk, n))]
 
         pending = submit(todo[0]) if todo else []
         for j, k in enumerate(todo):
@@ -343,13 +344,18 @@ def write_output(out: Path, listing: Listing, index: Tensor, feats: Tensor, toke
 
 @dataclass
 class Embedded:
-    """What an embed wrote: the file, its rows, the skipped images, the images per second of this call."""
+    """What an embed wrote: the file, its rows, the skipped images, the images per second of this call; the rows'
+    indices into ``listing`` and their features, for what is drawn of them (``runs.pictures.embed_pictures``)."""
 
     out: Path
     rows: int
     skipped: int
     images_per_s: float
     seconds: float
+    listing: Listing | None = field(default=None, repr=False)
+    index: Tensor | None = field(default=None, repr=False)
+    features: Tensor | None = field(default=None, repr=False)
+    pictures: dict | None = None  # with --plot: the pictures drawn, file → caption
 
 
 def embed(source: str | Path | EvalSource, folder: str | Path, out: str | Path, *, tokens: str | None = None,
@@ -383,4 +389,4 @@ def embed(source: str | Path | EvalSource, folder: str | Path, out: str | Path, 
         work.parent.rmdir()
     seconds = time.perf_counter() - progress.start
     rate = progress.fresh / max(seconds, 1e-9)
-    return Embedded(out, len(index), len(listing.files) - len(index), rate, seconds)
+    return Embedded(out, len(index), len(listing.files) - len(index), rate, seconds, listing, index, feats)

@@ -101,7 +101,7 @@ def _onnx_bytes(model: nn.Module, example: Tensor, opset: int, meta: dict) -> by
     return proto.SerializeToString()
 
 
-def _check(run, eager: nn.Module, size: int, channels: int) -> float:
+def max_rel_diff(run, eager: nn.Module, size: int, channels: int) -> float:
     """The largest |run(x) − eager(x)| over the largest |eager(x)|, on random inputs at batch sizes 1 and 3."""
     worst = 0.0
     gen = torch.Generator().manual_seed(0)
@@ -157,7 +157,7 @@ def export_portable(location, out, fmt: str = "onnx", *, normalize: bool = True,
         def run(x):
             with torch.no_grad():
                 return traced(x)
-    worst = _check(run, model, size, channels) if check else float("nan")
+    worst = max_rel_diff(run, model, size, channels) if check else float("nan")
     if check and not worst < TOLERANCE:
         raise UserError(f"the {fmt} export differs from eager PyTorch by {worst:.2e} of the features' scale (over "
                         f"{TOLERANCE:g}); report it, or try the other --format")
