@@ -15,7 +15,7 @@ The Gram teacher is a frozen copy of the EMA teacher's backbone (``gram_teacher`
 177-184; a child module, so every checkpoint holds it and a resumed run is bit-identical), never trained, never
 an EMA target; its patch tokens of the same global crops (or of the crops resized to ``gram_teacher_crop_size``,
 its tokens resized back to the student's grid, :476-512) are the targets. The student's are those of its masked
-forward (``patch_pre_head``, :556-587). The loss weight is constant or the code's ``linear_warmup_cosine_decay``
+forward (``patch_pre_head``, :530-582). The loss weight is constant or the code's ``linear_warmup_cosine_decay``
 (:186-203). One run holds both phases: the official 7B recipe's Gram phase restarts from a checkpoint
 (``gram.ckpt``); here the Gram teacher is the run's own EMA teacher at ``gram_it_load_ema_teacher``.
 
