@@ -28,7 +28,7 @@ def gram_phase(epochs: float) -> list[str]:
     """dinov3-fmnist's Gram phase in proportion to a run of ``epochs`` (the preset's at 5: the Gram teacher from
     70% of the run, refreshed at 80% and 90%, the weight 0 → 2 over 5% of it)."""
     e = float(epochs)
-    return [f"trainer.max_epochs={epochs}", f"method.gram_it_load_ema_teacher={0.7 * e:g}",
+    return [f"trainer.max_epochs={epochs:g}", f"method.gram_it_load_ema_teacher={0.7 * e:g}",
             f"method.gram_it_first_update={0.8 * e:g}", f"method.gram_update_frequency={0.1 * e:g}",
             f"method.gram_loss_weight_schedule=[0,0,2,{0.7 * e:g},{0.05 * e:g}]"]
 
