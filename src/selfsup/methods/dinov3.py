@@ -155,6 +155,15 @@ class DINOv3(DINOv2):
         ssl_meta_arch.py:686-699, 728-745)."""
         torch._foreach_copy_(list(self.gram_teacher.parameters()), list(self.teacher_backbone.parameters()))
 
+    def on_fit_start(self) -> None:
+        """The base's; then one line where the Gram phase starts past the run's end (no Gram term at all)."""
+        super().on_fit_start()
+        c = self.cfg.method
+        if c.gram_use_loss and self.gram_start() >= self.total_steps and self.trainer.is_global_zero:
+            print(f"selfsup: method.gram_it_load_ema_teacher={c.gram_it_load_ema_teacher:g} epochs starts the Gram "
+                  f"phase at iteration {self.gram_start()}, past this run's {self.total_steps}: no Gram term; set "
+                  "it inside the run")
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         """The schedule; then, at the Gram phase's first iteration, the Gram teacher loaded before the step
         (train.py:471-473). A run resumed later in the phase has it from the checkpoint."""
