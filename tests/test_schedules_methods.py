@@ -239,7 +239,8 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
     "dinov2": (lambda tmp: joint("dinov2", {**DINO_TEMPS, "momentum": 0.992, "freeze_last_layer": 1},
                                  optim={"lr_scaling": "sqrt_1024", "weight_decay": 0.05}), dinov2_values()),
     "dinov3": (lambda tmp: joint("dinov3", {**DINO_TEMPS, "momentum": 0.992, "freeze_last_layer": 1,
-                                            "gram_it_load_ema_teacher": 1, "gram_loss_weight_schedule": [0, 0.5, 2, 2, 1]},
+                                            "gram_it_load_ema_teacher": 1,
+                                            "gram_loss_weight_schedule": [0, 0.5, 2, 2, 1]},
                                  optim={"lr_scaling": "sqrt_1024", "weight_decay": 0.05}), dinov3_values()),
     "mae": (lambda tmp: joint("mae", model={"backbone": "vit_micro", "stop_grad_conv1": False}),
             with_warmup_cosine(MIN_LR)),  # min_lr as given

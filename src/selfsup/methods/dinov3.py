@@ -84,8 +84,8 @@ class DINOv3Config(DINOv2Config):
             raise UserError(f"method.gram_tokens_used={self.gram_tokens_used} needs method.gram_img_level=false "
                             "(ssl_meta_arch.py:230-231)")
         if self.gram_ema_teacher and (self.gram_rep_update or self.gram_teacher_crop_size):
-            raise UserError("method.gram_ema_teacher=true uses the EMA teacher's own tokens: set "
-                            "method.gram_rep_update=false and method.gram_teacher_crop_size=0 (ssl_meta_arch.py:227, 250)")
+            raise UserError("method.gram_ema_teacher=true uses the EMA teacher's own tokens: set method.gram_rep_update"
+                            "=false and method.gram_teacher_crop_size=0 (ssl_meta_arch.py:227, 250)")
         if len(self.gram_loss_weight_schedule) not in (0, 4, 5):
             raise UserError(f"method.gram_loss_weight_schedule={list(self.gram_loss_weight_schedule)}: give "
                             "[start, peak, end, warmup_epochs] or [..., cosine_epochs], or [] for gram_loss_weight")
