@@ -17,7 +17,9 @@ an EMA target; its patch tokens of the same global crops (or of the crops resize
 its tokens resized back to the student's grid, :476-512) are the targets. The student's are those of its masked
 forward (``patch_pre_head``, :530-582). The loss weight is constant or the code's ``linear_warmup_cosine_decay``
 (:186-203). One run holds both phases: the official 7B recipe's Gram phase restarts from a checkpoint
-(``gram.ckpt``); here the Gram teacher is the run's own EMA teacher at ``gram_it_load_ema_teacher``.
+(``gram.ckpt``); here the Gram teacher is the run's own EMA teacher at ``gram_it_load_ema_teacher``. Under
+``trainer.compile`` the step compiles twice, before and in the Gram phase (``gram_on``, a host bool); under DDP the
+Gram term is each process's own (per image, or per local batch: the code's "local batch level").
 
 The high-resolution adaptation phase (``dinov3_vit7b16_high_res_adapt.yaml``) is options of the same method:
 larger global and local crops (``data.image_size``, ``augment.local_crops_size``), a Gram teacher at a higher
