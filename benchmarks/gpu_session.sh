@@ -10,6 +10,8 @@
 #                 runs distill, folder, step (limits 100 + 270 + 170 = 540 s, plus ~10 s of start)
 #   second call:  run(command="bash benchmarks/gpu_session.sh e2e mfu decode methods", carry=[".gpu"], timeout_s=600)
 #                 (limits 210 + 80 + 45 + 95 = 430 s; issue 52's parts, whose figures are optional now)
+#   third call:   run(command="bash benchmarks/gpu_session.sh gram", timeout_s=600)
+#                 (limit 450 s; issue 65 part 3: the Gram-anchoring claim's arms, three seeds side by side)
 #   a dry run here (every part on the CPU at toy size, or those named; tests/test_gpu_session.py runs it in two groups):
 #                 OUT=/tmp/gpu_dry bash benchmarks/gpu_session.sh --dry-run [PART ...]
 # What comes back: $OUT/gpu_session.tar.gz (every part's JSON and log, re-packed after each part, so a run stopped by
@@ -43,6 +45,11 @@
 #    torchvision's on the same files, nvJPEG's batched decode + crops (decode_realistic_cuda.json). at most 45 s
 # 7. methods (issue 24 item 6): benchmarks/methods_fmnist.py, 5 short Fashion-MNIST epochs (40 steps each) at seed 0,
 #    three processes side by side on the GPU (methods_fmnist_5ep_short.json and its table).        at most 95 s
+# 8. gram (issue 65 part 3; benchmarks/gram_anchoring.py): the claim gram-anchoring-keeps-dense-features at the
+#    budget its CPU form cannot reach: dinov3-fmnist with and without its Gram term for 30 epochs (7,020 steps at
+#    batch 256; the Gram teacher from epoch 21, refreshed at 24 and 27), seeds 0, 1, 2 side by side (each process
+#    both arms of its seed), kNN and (once selfsup eval segment is merged) the dense mIoU of each, the claim's rules
+#    judged on the seeds that finished (gram_anchoring_30ep.json).                                  at most 450 s
 # Each part has its own time limit, so a slow one cannot eat the next's.
 set -uo pipefail
 DRY=0
@@ -197,6 +204,26 @@ if has methods; then
         > "$R/methods_table.md" 2>&1 || rc=1
     tail -n 2 "$W"/methods_g*.log > "$R/methods.log"
     echo "methods: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+    [[ $rc == 0 ]] || status=1
+    pack
+fi
+if has gram; then
+    if [[ $DRY == 1 ]]; then gram=(--quick --epochs 1 --accelerator cpu); lanes=(0); else
+        gram=(--epochs 30 --accelerator gpu); lanes=(0 1 2); fi
+    t0=$SECONDS
+    pids=()
+    for s in "${lanes[@]}"; do  # a seed a process (the micro ViT leaves the GPU idle)
+        timeout -k 10 "$(limit 430)" $PY -m benchmarks.gram_anchoring "${gram[@]}" --seeds "$s" --work "$W/gram" \
+            --out "$W/gram_s$s.json" > "$W/gram_s$s.log" 2>&1 &
+        pids+=($!)
+    done
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    $PY -m benchmarks.gram_anchoring --combine "$W"/gram_s*.json --out "$R/gram_anchoring_30ep.json" \
+        > "$R/gram.log" 2>&1 || rc=1
+    tail -n 3 "$W"/gram_s*.log >> "$R/gram.log"
+    echo "gram: rc=$rc, $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+    tail -n 2 "$R/gram.log"
     [[ $rc == 0 ]] || status=1
     pack
 fi

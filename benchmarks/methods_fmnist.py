@@ -44,7 +44,7 @@ from benchmarks.harness import cpu_kind, has_fashion_mnist, pretrain, trained, w
 from benchmarks.redundancy import overrides as budget_overrides  # the shared fixed-budget overrides
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
-           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "mae-fmnist", "swav-fmnist",
+           "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "dinov3-fmnist", "mae-fmnist", "swav-fmnist",
            "wmse-vit-fmnist", "wmse-fmnist", "nnclr-fmnist", "ijepa-fmnist", "lejepa-fmnist")
 FINETUNED = ("MAE",)  # methods judged by fine-tuning (issue 16): their encoder and its random init are fine-tuned
 

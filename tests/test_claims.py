@@ -18,7 +18,8 @@ TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.batch_siz
 
 def test_every_claim_is_stated_before_it_runs():
     seeds = {c.seed[:3] if c.seed[:3].isdigit() else c.seed for c in CLAIMS.values()}
-    assert seeds == {"000", "001", "002", "003", "004", "arXiv:2301.08243", "arXiv:2511.08544"}  # + issue 51's
+    assert seeds == {"000", "001", "002", "003", "004", "arXiv:2301.08243", "arXiv:2511.08544",
+                     "arXiv:2508.10104"}  # + issue 51's and issue 65's (DINOv3)
     for c in CLAIMS.values():
         assert c.statement and c.paper and c.rules and c.why_different and PAPERS[c.seed]
         assert c.deterministic or c.default_seeds >= MIN_SEEDS, c.id  # every training claim at least 3 seeds

@@ -29,6 +29,8 @@ CASES = {
              {"local_crops_number": 2, "local_crops_size": 4}),
     "dinov2": ({"warmup_teacher_temp_epochs": 1, "freeze_last_layer": 1}, {},
                {"local_crops_number": 2, "local_crops_size": 4}),  # τt per iteration, the last layer's lr 0 → lr
+    "dinov3": ({"warmup_teacher_temp_epochs": 1, "freeze_last_layer": 1, "gram_img_level": True}, {},
+               {"local_crops_number": 2, "local_crops_size": 4}),  # + the Gram teacher and term from step 0
     "mae": ({}, {}, {}),
     "swav": ({}, {}, {}),
     "wmse": ({"emb": 8, "w_size": 16, "head_size": 32}, {}, {}),  # its permutations: step_draws

@@ -16,7 +16,8 @@ import pytest
 pytestmark = pytest.mark.spawn  # tests/tiers.py
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = {"open_issues": ("distill", "folder"), "speed": ("step", "e2e", "mfu", "decode", "methods")}
+GROUPS = {"open_issues": ("distill", "folder"), "speed": ("step", "e2e", "mfu", "decode", "methods"),
+          "gram": ("gram",)}
 
 
 def dry_run(out: Path, parts: tuple[str, ...]) -> tuple[str, dict]:
@@ -38,8 +39,20 @@ def test_the_gpu_session_dry_run_writes_every_part(tmp_path, group):
     parts, results = dry_run(tmp_path, GROUPS[group])
     if group == "open_issues":
         check_open_issues(parts, results)
+    elif group == "gram":
+        check_gram(parts, results)
     else:
         check_speed(parts, results)
+
+
+def check_gram(parts: str, results: dict) -> None:
+    """Issue 65's claim at a GPU budget: both arms of a seed trained, the kNN of each, the claim's rules judged
+    (the dense rule undefined until selfsup eval segment is in the tree)."""
+    assert "gram: rc=0" in parts, parts
+    result = results["gram_anchoring_30ep.json"]
+    assert result["claim"] == "gram-anchoring-keeps-dense-features" and [r["seed"] for r in result["rows"]] == [0]
+    assert [run["name"] for run in result["rows"][0]["runs"]] == ["gram-s0", "no_gram-s0"]
+    assert 0 < result["metrics"]["gram_knn"][0] <= 100 and len(result["statistics"]) == 2
 
 
 def check_open_issues(parts: str, results: dict) -> None:

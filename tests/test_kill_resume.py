@@ -58,6 +58,10 @@ IBOT = ["method.out_dim=64", "method.patch_out_dim=64", "method.hidden_dim=32", 
 DINOV2 = ["method.out_dim=64", "method.ibot_out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
           "method.ibot_hidden_dim=32", "method.ibot_bottleneck_dim=16", "method.ibot_separate_head=true",
           "method.centering=sinkhorn_knopp", "method.freeze_last_layer=1", "augment.local_crops_number=2"]
+# the Gram phase in 3-step epochs: loaded before step 1, refreshed after steps 2, 3, 4, the weight 0 -> 2 over steps 1-3
+GRAM = ["method.ibot_hidden_dim=32", "method.gram_it_load_ema_teacher=0.34", "method.gram_it_first_update=1",
+        "method.gram_update_frequency=0.34", "method.gram_max_updates=3",
+        "method.gram_loss_weight_schedule=[0,0,2,0.34,0.67]"]
 # SwAV on 2 global + 4 local crops: the queue starts at epoch 1 (step 3), is full after step 4 and used from
 # step 5, after the resume (the queue and its fill count are buffers of the checkpoint); prototypes frozen 2 steps
 SWAV = ["method.hidden_mlp=64", "method.feat_dim=32", "method.nmb_prototypes=30", "method.queue_length=128",
@@ -76,6 +80,9 @@ CASES = {
     "mae": ("mae-digits", CPU + MAE + STEPS, [(4, "end")]),
     "ibot": ("ibot-digits", CPU + IBOT + STEPS, [(4, "end")]),
     "dinov2": ("dinov2-digits", CPU + DINOV2 + STEPS, [(4, "end")]),
+    # DINOv3: the Gram teacher loaded before step 1 (killed right before it: the resume loads it), refreshed after
+    # steps 2, 3 and 4 (killed after the last, before its checkpoint: the resume redoes it), its weight scheduled
+    "dinov3": ("dinov3-digits", CPU + DINOV2 + STEPS + GRAM, [(1, "start"), (4, "end")]),
     "swav_queue": ("swav-digits", CPU + SWAV + STEPS, [(4, "end")]),
     # W-MSE's sub-batch permutations (w_iter 2) come from the step's generator
     "wmse": ("wmse-digits", CPU + ["method.head_size=64", "method.emb=16", "method.w_size=32", "method.w_iter=2"]

@@ -142,6 +142,22 @@ def dinov2_values(m0=0.992, wd=0.05, wd_end=0.4, temps=(0.02, 0.05, 3), freeze=1
                                           frozen=("last_layer",) if step < freeze * SPE else ())
 
 
+def dinov3_values(start=1, gram=(0.0, 0.5, 2.0, 2, 1)):
+    """DINOv2's values, and the Gram weight: 0 before iteration ``start`` · SPE (it_load_ema_teacher), then
+    linear_warmup_cosine_decay (cosine_lr_scheduler.py:54-85) as numpy builds it over the run."""
+    base = dinov2_values()
+    s0, peak, end, warm, cos = gram
+    array = np.concatenate([np.linspace(s0, peak, warm * SPE, endpoint=False),
+                            (peak - end) * (np.cos(np.linspace(0, np.pi, cos * SPE)) + 1) / 2 + end,
+                            np.full((TOTAL - (warm + cos) * SPE,), end)])
+
+    def values(step, epoch):
+        v = base(step, epoch)
+        v.extras["gram_weight"] = 0.0 if step < start * SPE else float(array[step])
+        return v
+    return values
+
+
 def swav_values(start_warmup=1e-5):
     lr = cosine_scheduler(PEAK, MIN_LR * BATCH / 256, EPOCHS, SPE, WARMUP, start_warmup)  # final_lr scaled
     return lambda step, epoch: StepValues(lr[step], PEAK)
@@ -222,6 +238,10 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
                                         "pred_start_epoch": 1}, optim={"decay_1d": False}), ibot_values()),
     "dinov2": (lambda tmp: joint("dinov2", {**DINO_TEMPS, "momentum": 0.992, "freeze_last_layer": 1},
                                  optim={"lr_scaling": "sqrt_1024", "weight_decay": 0.05}), dinov2_values()),
+    "dinov3": (lambda tmp: joint("dinov3", {**DINO_TEMPS, "momentum": 0.992, "freeze_last_layer": 1,
+                                            "gram_it_load_ema_teacher": 1,
+                                            "gram_loss_weight_schedule": [0, 0.5, 2, 2, 1]},
+                                 optim={"lr_scaling": "sqrt_1024", "weight_decay": 0.05}), dinov3_values()),
     "mae": (lambda tmp: joint("mae", model={"backbone": "vit_micro", "stop_grad_conv1": False}),
             with_warmup_cosine(MIN_LR)),  # min_lr as given
     "swav": (lambda tmp: joint("swav", {"start_warmup_lr": 1e-5}), swav_values()),

@@ -237,6 +237,31 @@ def dinov2_patch_loss(student_patch: Tensor, teacher_probs: Tensor, weights: Ten
     return -(ce * weights).sum() / n_crops
 
 
+def gram_loss(student_patches: Tensor, teacher_patches: Tensor, *, normalized: bool = True, img_level: bool = True,
+              remove_neg: bool = False, remove_only_teacher_neg: bool = False) -> Tensor:
+    """DINOv3's Gram anchoring (dinov3/loss/gram_loss.py:34-84): the MSE between the Gram matrices (patch-to-patch
+    similarities) of the student's patch features and the Gram teacher's, ``mean((S Sᵀ − T Tᵀ)²)``. Features are
+    L2-normalised first (``normalized``, gram_loss.py:54-55, 65-66), in float32 (:50-51); ``img_level``: one Gram
+    matrix per image over its N patches, (B, N, D) → (B, N, N) (:46-47), else one over every patch of the local
+    batch, (B·N, D) flattened (:57-59, 68-70; 2-D inputs are taken as already flat). ``remove_neg``: negative
+    similarities set to 0 in both matrices (:75-77); ``remove_only_teacher_neg``: the teacher's negatives set to 0;
+    the student's "where the teacher's are negative too" are tested after the teacher's were zeroed, so none is
+    (:79-82, reproduced as written: the student's negatives stay). The teacher's side carries no gradient."""
+    if remove_neg and remove_only_teacher_neg:
+        raise ValueError("gram_loss: remove_neg and remove_only_teacher_neg exclude each other (gram_loss.py:31-32)")
+    s, t = student_patches.float(), teacher_patches.detach().float()
+    if normalized:
+        s, t = F.normalize(s, dim=-1), F.normalize(t, dim=-1)
+    if not img_level and s.ndim == 3:
+        s, t = s.flatten(0, 1), t.flatten(0, 1)
+    student_sim, target_sim = s @ s.transpose(-1, -2), t @ t.transpose(-1, -2)
+    if remove_neg:
+        target_sim, student_sim = target_sim.clamp(min=0.0), student_sim.clamp(min=0.0)
+    elif remove_only_teacher_neg:  # the student's mask reads the zeroed teacher matrix: it selects nothing
+        target_sim = target_sim.clamp(min=0.0)
+    return F.mse_loss(student_sim, target_sim)
+
+
 def normalized_pixel_target(patches: Tensor, eps: float = 1e-6) -> Tensor:
     """MAE's ``norm_pix_loss`` target: each patch (B, L, p²·C) as ``(x − mean) / sqrt(var + 1e-6)``, mean and the
     unbiased variance (torch.var) over its p²·C values (models_mae.py forward_loss)."""

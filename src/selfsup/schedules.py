@@ -110,6 +110,41 @@ def linear_ramp(step: int, value: float, ramp_steps: int) -> float:
     return value * min(1.0, step / ramp_steps) if ramp_steps > 0 else value
 
 
+def linear_warmup_cosine_decay(step: int, start: float, peak: float, end: float, warmup_steps: int,
+                               total_steps: int, cosine_steps: int | None = None) -> float:
+    """DINOv3's ``linear_warmup_cosine_decay`` at iteration ``step`` (dinov3/train/cosine_lr_scheduler.py:54-85):
+    ``linspace(start, peak, warmup, endpoint=False)``, then ``end + (peak − end) · ½ (1 + cos(π i / (n − 1)))`` for
+    i = 0 … n − 1 (``linspace(0, π, n)``: both ends reached), n = ``cosine_steps`` (None: the rest of the run), then
+    ``end``; past the array's end (its ``[it]`` would fail) ``end``."""
+    step = max(int(step), 0)
+    if step < warmup_steps:
+        return start + (peak - start) * step / warmup_steps
+    n = total_steps - warmup_steps if cosine_steps is None else cosine_steps
+    i = step - warmup_steps
+    if i >= n:
+        return end
+    return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * i / (n - 1))) if n > 1 else peak
+
+
+def gram_refreshes_before(step: int, first: int, every: int, max_updates: int) -> int:
+    """How many times DINOv3's Gram teacher was refreshed from the EMA teacher before iteration ``step``
+    (dinov3/train/train.py:534-544: after iteration ``it`` when ``it + 1 >= first`` and ``(it + 1) % every == 0``,
+    at most ``max_updates`` times, −1: no limit): the multiples of ``every`` in [max(first, 1), step], capped. A
+    pure function of the step, so a resumed run counts as the uninterrupted one (the code's resume count,
+    train.py:441-452, is the same where ``first`` is a multiple of ``every``)."""
+    lo = max(first, 1)
+    n = max(0, step // every - (lo - 1) // every) if step >= lo else 0
+    return n if max_updates < 0 else min(n, max_updates)
+
+
+def gram_refresh_after(it: int, first: int, every: int, max_updates: int) -> bool:
+    """Whether the Gram teacher is refreshed right after iteration ``it``'s optimiser step and EMA update
+    (train.py:534-544)."""
+    n = it + 1
+    return (n >= first and n % every == 0
+            and (max_updates < 0 or gram_refreshes_before(it, first, every, max_updates) < max_updates))
+
+
 # Every schedule phase a method has (the config section, the key, its unit). A phase longer than the run (a 5-epoch
 # warm-up in a 1-epoch run: every step on the ramp, the peak never reached) is shortened to PHASE_SHARE of the run,
 # the share of the official recipes' warm-ups (DINO 10 of 100 epochs, SimCLR 10 of 100, MoCo v3 40 of 300), unless

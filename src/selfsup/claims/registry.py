@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from selfsup.claims import cookbook, directpred, distillation, embedding_norms, embedding_norms_dinov2, ijepa, \
-    lejepa, moco_v3, self_flow
+from selfsup.claims import cookbook, directpred, distillation, embedding_norms, embedding_norms_dinov2, \
+    gram_anchoring, ijepa, lejepa, moco_v3, self_flow
 from selfsup.claims.suite import Claim
 
 CLAIMS: dict[str, Claim] = {c.id: c for module in (self_flow, embedding_norms, embedding_norms_dinov2, cookbook,
-                                                   distillation, directpred, moco_v3, ijepa, lejepa)
+                                                   distillation, directpred, moco_v3, ijepa, lejepa,
+                                                   gram_anchoring)
                             for c in module.CLAIMS}
 
 # the paper (or thread) each seed file is; the files are in the project's seeds folder (seeds/README.md); the
@@ -22,6 +23,7 @@ PAPERS: dict[str, str] = {
     "arXiv:2301.08243": "Self-Supervised Learning from Images with a Joint-Embedding Predictive Architecture "
                         "(I-JEPA)",
     "arXiv:2511.08544": "LeJEPA: Provable and Scalable Self-Supervised Learning Without the Heuristics",
+    "arXiv:2508.10104": "DINOv3 (Gram anchoring)",
 }
 
 

@@ -10,6 +10,7 @@ from selfsup.methods.base import DataInfo, SSLMethod
 from selfsup.methods.byol import BYOL
 from selfsup.methods.dino import DINO
 from selfsup.methods.dinov2 import DINOv2
+from selfsup.methods.dinov3 import DINOv3
 from selfsup.methods.distill import Distill
 from selfsup.methods.distill_dinov2 import DistillDINOv2
 from selfsup.methods.flow import FlowMatching, Repa, SelfFlow
@@ -38,6 +39,7 @@ METHODS: dict[str, type] = {
     "nnclr": NNCLR,
     "ibot": iBOT,
     "dinov2": DINOv2,
+    "dinov3": DINOv3,
     "mae": MAE,
     "ijepa": IJEPA,
     "lejepa": LeJEPA,

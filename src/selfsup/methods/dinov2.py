@@ -250,6 +250,20 @@ class DINOv2Objective:
                 "dinov2_center2_norm": m.center2.norm()}
 
 
+@dataclass
+class DINOv2Terms:
+    """What one DINOv2 step computed: the global crops ``x`` (2B, C, H, W), their ``masks`` (2B, N), the teacher's
+    and the student's tokens (2B, 1 + N, D), the loss, its scalars and collapse signs, the batch B."""
+    x: torch.Tensor
+    masks: torch.Tensor
+    t_tokens: torch.Tensor
+    s_tokens: torch.Tensor
+    loss: torch.Tensor
+    scalars: dict
+    signs: dict
+    batch: int
+
+
 class DINOv2Training(SelfDistillation):
     """What the methods trained with DINOv2's objective share after their constructors (DINOv2, DistillDINOv2):
     the student's modules, DINOv2's optimiser groups, per-iteration schedules and per-module clipping. Like
@@ -373,6 +387,11 @@ class DINOv2(DINOv2Training):
     def forward_views(self, views, masks: torch.Tensor | None = None):
         """The loss of a view plan (2 global crops, then any local crops); ``masks`` (2B, N) bool of the global
         crops (default: ``step_draws``)."""
+        terms = self.dinov2_terms(views, masks)
+        return self.step_output(terms)
+
+    def dinov2_terms(self, views, masks: torch.Tensor | None = None) -> DINOv2Terms:
+        """The teacher's and the student's tokens of the global crops and DINOv2's loss, scalars and signs."""
         c = self.cfg.method
         x = torch.cat(self.global_crops(views))
         if masks is None:
@@ -387,7 +406,11 @@ class DINOv2(DINOv2Training):
                                                    s_tokens[:, 1:].flatten(0, 1)[index], valid, weights)
         if index.numel():
             signs["dinov2_masked_share"] = masks.float().mean()
-        b = views[0].shape[0]
-        return StepOutput(loss, embedding=t_tokens[:b, 0], embedding2=t_tokens[b:2 * b, 0], scalars=scalars,
-                          instruments=signs)
+        return DINOv2Terms(x, masks, t_tokens, s_tokens, loss, scalars, signs, views[0].shape[0])
 
+    @staticmethod
+    def step_output(terms: DINOv2Terms) -> StepOutput:
+        """The step's output: the loss, the teacher's [CLS] of each global crop as the embeddings."""
+        b, t = terms.batch, terms.t_tokens
+        return StepOutput(terms.loss, embedding=t[:b, 0], embedding2=t[b:2 * b, 0], scalars=terms.scalars,
+                          instruments=terms.signs)
