@@ -418,7 +418,7 @@ def _segment_parser(sub) -> None:
     p.add_argument("--task", choices=SEGMENT_TASKS,
                    help="digits-canvas | fmnist-canvas (items on a larger canvas, generated, seeded) | folder "
                         "(--root DIR with images/ and masks/); default: the canvas of the backbone's dataset")
-    p.add_argument("--root", dest="task_root",
+    p.add_argument("--root", dest="task_root", metavar="DIR",
                    help="folder: images/ + masks/ (PNG label maps, 255 = ignore); fmnist-canvas: Fashion-MNIST's "
                         "IDX files (default: the dataset's own place)")
     p.add_argument("--protocol", choices=("both", *SEGMENT_PROTOCOLS), default="both")

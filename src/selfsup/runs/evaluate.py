@@ -142,7 +142,7 @@ def run_rankme(source: EvalSession | str | Path, cfg: SpectrumConfig | None = No
 def dense_sets(cfg: SegmentConfig, meta: dict) -> tuple[str, DenseSet, DenseSet]:
     """(task name, train, test) of ``cfg.task`` (None: the canvas of the backbone's dataset), checked against the
     backbone's channels."""
-    task = cfg.task or DEFAULT_SEGMENT_TASK.get(meta.get("dataset"))
+    task = cfg.task or DEFAULT_SEGMENT_TASK.get(str(meta.get("dataset")))
     if task is None:
         raise UserError(f"eval segment needs --task ({', '.join(SEGMENT_TASKS)}): the backbone was trained on "
                         f"{meta.get('dataset')}, which has no canvas task of its own")
