@@ -142,6 +142,10 @@ def test_the_canvas_task_end_to_end_from_the_command_line(source, tmp_path, monk
     assert res["classes"][0] == "background" and len(res["classes"]) == 11 and res["background_in_miou"]
     assert 0 <= res["linear"]["miou"] <= 100 and 0 <= res["knn"]["miou"] <= 100
     assert res["knn"]["train_patches"] == 16 * 144
+    code, out, err = run_cli("eval", "segment", source, "--device", "cpu", "--epochs", "1", "--protocol", "knn",
+                             "--train-limit", "5", "--out", tmp_path / "limited")
+    res = json.loads((tmp_path / "limited" / "segment.json").read_text())
+    assert code == 0 and res["train_size"] == 5 and "linear" not in res and res["knn"]["train_patches"] == 5 * 144
 
 
 def test_a_folder_with_masks_end_to_end_through_selfsup_evaluate(source, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 IGNORE = 255  # a label map's pixel that is not scored (mmsegmentation's ignore_index, DINOv2's heads)
@@ -36,3 +37,10 @@ class DenseSet:
     @property
     def image_size(self) -> int:
         return self.images.shape[-1]
+
+    def subset(self, n: int | None, seed: int = 0) -> "DenseSet":
+        """A fixed random subset of at most ``n`` images, drawn once with ``seed``, in their order (None: all)."""
+        if n is None or n >= len(self):
+            return self
+        pick = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+        return DenseSet(self.name, self.images[pick], self.masks[pick], self.classes)

@@ -165,6 +165,7 @@ def run_segment(source: EvalSession | str | Path, cfg: SegmentConfig | None = No
     session, cfg = open_session(source), cfg or SegmentConfig()
     meta = session.source.meta
     task, train, test = dense_sets(cfg, meta)
+    train = train.subset(session.train_limit)  # --train-limit: a fixed random subset of the training images
     t0 = time.perf_counter()
     backbone, batch, device = session.source.backbone, session.batch_size, session.device
     ftr = patch_maps(backbone, train.images, meta["mean"], meta["std"], batch, device)
