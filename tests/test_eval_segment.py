@@ -97,9 +97,10 @@ def test_both_protocols_read_back_features_that_hold_the_labels():
     for protocol in (linear_segment, knn_segment):
         got = protocol(oracle(mtr), mtr, oracle(mte), mte, names, cfg, torch.device("cpu"))
         assert got["miou"] > 60, (protocol.__name__, got)
-    random = linear_segment(torch.randn(40, 4, 4, 4), mtr, torch.randn(10, 4, 4, 4), mte, names, cfg,
-                            torch.device("cpu"))
+    noise = torch.randn(40, 4, 4, 4), torch.randn(10, 4, 4, 4)
+    random = linear_segment(noise[0], mtr, noise[1], mte, names, cfg, torch.device("cpu"))
     assert random["miou_fg"] < 40
+    assert linear_segment(noise[0], mtr, noise[1], mte, names, cfg, torch.device("cpu")) == random  # seeded
 
 
 # --------------------------------------------------------------------------- end to end on a tiny source
