@@ -191,3 +191,18 @@ def test_a_run_without_a_canvas_of_its_own_must_name_the_task_and_channels_must_
                                                                             test=1))
     with pytest.raises(UserError, match="1-channel images but the backbone takes 3"):
         dense_sets(SegmentConfig(task="digits-canvas"), {"in_chans": 3, "image_size": 8, "dataset": "digits"})
+
+
+def test_a_convnet_and_a_resnet_give_their_last_feature_map_as_patches():
+    from selfsup.eval.segment import patch_map
+    from selfsup.models.backbones import build_backbone
+
+    x = torch.randn(2, 1, 16, 16)
+    cnn = build_backbone("bn_cnn_micro", in_chans=1).eval()
+    assert torch.equal(patch_map(cnn, x), cnn.features(x))
+    resnet = build_backbone("resnet18", in_chans=1, small_stem=True).eval()
+    fmap = patch_map(resnet, x)
+    assert fmap.shape == (2, 512, 2, 2)
+    assert torch.allclose(fmap.mean((2, 3)), resnet(x), atol=1e-5)  # its pooled feature is the map's mean
+    with pytest.raises(UserError, match="gives none"):
+        patch_map(torch.nn.Linear(3, 3), x)
