@@ -14,7 +14,9 @@ Then each exported backbone (DINO: the teacher), and each distinct random-init b
 subset of the training split (``--eval-train`` images) against the whole 10k test split:
 ``selfsup eval knn --k 20`` (weighted, T = 0.07, DINO's protocol), ``selfsup eval linear`` (cached features,
 the default (lr, wd) grid chosen on a held-out 10%, ``--probe-epochs``) and, for MAE only,
-``selfsup eval finetune --epochs --ft-epochs`` of the pretrained encoder and of its random init.
+``selfsup eval finetune --epochs --ft-epochs`` of the pretrained encoder and of its random init; and the dense
+score, ``selfsup eval segment`` on the canvas task of the run's dataset (fmnist-canvas, digits-canvas for --quick):
+``segment_linear_miou`` / ``segment_knn_miou`` per row and per random init.
 Writes ``benchmarks/results/methods_fmnist.json`` and prints the table (markdown).
 
     python -m benchmarks.methods_fmnist                          # every preset (~3 min training each, loaded CPU)
@@ -81,6 +83,8 @@ def evaluate(backbone_file: Path, out: Path, args, finetune: bool) -> dict:
                    *common, str(out))
     row = {"knn20_top1": round(knn["results"]["k=20"]["top1"], 2), "linear_top1": round(lin["test"]["top1"], 2),
            "linear_chosen_lr": lin["lr"], "eval_train_size": knn["train_size"], "test_size": knn["test_size"]}
+    seg = eval_cli(args, "segment", str(backbone_file), str(out))  # the canvas of the run's dataset, its defaults
+    row.update({f"segment_{p}_miou": round(seg[p]["miou"], 2) for p in ("linear", "knn")})
     if finetune:
         ft = eval_cli(args, "finetune", str(backbone_file), "--epochs", str(args.ft_epochs), *common, str(out))
         row["finetune_top1"] = round(ft["test"]["top1"], 2)
@@ -154,6 +158,18 @@ def wall(rows: list[dict]) -> str:
     return ", ".join(f"{sum(v) / len(v):.0f} ({k})" for k, v in sorted(kinds.items()))
 
 
+def dense(rows: list[dict], floors: list[dict]) -> str:
+    """The dense column: linear / kNN mIoU on the run's canvas task (``selfsup eval segment``), the random init's in
+    brackets; "—" for rows measured before the column existed."""
+    keys = ("segment_linear_miou", "segment_knn_miou")
+    if not all(k in r for r in rows for k in keys):
+        return "—"
+    cell = " / ".join(ci([r[k] for r in rows]) for k in keys)
+    if all(k in f for f in floors for k in keys):
+        cell += " (" + " / ".join(ci([f[k] for f in floors]) for k in keys) + ")"
+    return cell
+
+
 def table(results: dict) -> str:
     budget = results["budget"]
     data = "Fashion-MNIST" if results["dataset"] == "fashion-mnist" else results["dataset"]
@@ -165,8 +181,8 @@ def table(results: dict) -> str:
              f"on a held-out 10% of them), tested on {results['test_size']}; mean ± 95% interval over the seeds "
              f"(`benchmarks/methods_fmnist.py`)", "",
              "| preset | seeds | kNN@20 top-1 | linear top-1 | fine-tune top-1 | random init kNN / linear "
-             "(/ fine-tune) | kNN gain over init | binomial sd | train s / seed |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "(/ fine-tune) | kNN gain over init | binomial sd | dense mIoU linear / kNN (init) | train s / seed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in groups(results):
         floors = [results["random_init"][r["random_init"]] for r in rows]
         knn = [r["knn20_top1"] for r in rows]
@@ -177,7 +193,7 @@ def table(results: dict) -> str:
         gain = ci([r["knn20_top1"] - f["knn20_top1"] for r, f in zip(rows, floors)])
         sd = binomial_sd(sum(knn) / len(knn), n_test)
         lines.append(f"| `{name}` | {len(rows)} | {ci(knn)} | {ci([r['linear_top1'] for r in rows])} | {ft} | "
-                     f"{ref} | {gain} | {sd:.2f} | {wall(rows)} |")
+                     f"{ref} | {gain} | {sd:.2f} | {dense(rows, floors)} | {wall(rows)} |")
     return "\n".join(lines)
 
 

@@ -40,3 +40,13 @@ def test_a_finished_run_of_the_same_config_is_scored_not_retrained(tmp_path):
     (run / "run.json").write_text(json.dumps({"status": "collapsed"}))
     assert m.finished_run(run, cfg) is None  # a run that stopped is trained again
     assert m.finished_run(tmp_path / "absent", cfg) is None
+
+
+def test_the_dense_column_is_blank_for_rows_measured_before_it():
+    m = bench()
+    old, new = {"knn20_top1": 80.0}, {"knn20_top1": 80.0, "segment_linear_miou": 41.04, "segment_knn_miou": 30.0}
+    floor = {"segment_linear_miou": 20.0, "segment_knn_miou": 10.26}
+    assert m.dense([old], [floor]) == "—"
+    assert m.dense([new, old], [floor, floor]) == "—"  # a group is filled only where every seed has the keys
+    assert m.dense([new], [floor]) == "41.0 / 30.0 (20.0 / 10.3)"
+    assert m.dense([new], [{}]) == "41.0 / 30.0"  # an init measured before the column: no brackets

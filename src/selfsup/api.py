@@ -29,9 +29,9 @@ from torch import nn
 from selfsup.config import RunConfig, load_run, load_run_config, merge, parse_overrides, preset_names, resolve
 from selfsup.errors import UserError
 from selfsup.methods import METHODS
-from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SpectrumConfig
+from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SegmentConfig, SpectrumConfig
 from selfsup.eval.features import FEATURE_BATCH
-from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme
+from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme, run_segment
 from selfsup.runs.recipe import folder_recipe, is_method_name, keep_grid
 from selfsup.runs.resume import resume as resumed
 from selfsup.runs.session import EvalSession
@@ -133,7 +133,8 @@ def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | 
 
 PROTOCOLS: dict[str, tuple[Callable[..., dict], type]] = {
     "knn": (run_knn, KnnConfig), "linear": (run_linear, ProbeConfig), "finetune": (run_finetune, FinetuneConfig),
-    "rankme": (run_rankme, SpectrumConfig), "norms-ood": (run_norms_ood, OodConfig)}
+    "rankme": (run_rankme, SpectrumConfig), "norms-ood": (run_norms_ood, OodConfig),
+    "segment": (run_segment, SegmentConfig)}
 OOD_KEYWORDS = {"ood_root": "root", "ood_limit": "limit"}  # evaluate's names of OodConfig's (root= is the data's)
 
 
@@ -150,7 +151,8 @@ def evaluate(run: Run | str | Path, protocol: str = "knn", *, data: str | None =
     loss-side), ``flow_t=``, ``flow_block=``, ``last_blocks=``, linear's ``mode=``). ``options`` are fields of the
     protocol's config on top of the run's defaults (``KnnConfig``, ``ProbeConfig.for_method``,
     ``FinetuneConfig.for_method``, ``SpectrumConfig``, ``OodConfig`` whose ``root`` / ``limit`` are ``ood_root=`` /
-    ``ood_limit=`` here; e.g. ``evaluate(run, "knn", ks=(20,), val_fraction=0.2)``). Errors name these keywords.
+    ``ood_limit=`` here, ``SegmentConfig`` whose ``root`` is ``root=``; e.g. ``evaluate(run, "knn", ks=(20,),
+    val_fraction=0.2)``). Errors name these keywords.
     Returns the results dict, also written to ``RUN/eval/`` (or ``out``)."""
     if protocol not in PROTOCOLS:
         raise UserError(f"selfsup.evaluate: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
@@ -164,6 +166,8 @@ def evaluate(run: Run | str | Path, protocol: str = "knn", *, data: str | None =
     if mode is not None and protocol != "linear":
         raise UserError(f"selfsup.evaluate(..., {protocol!r}): mode= is the linear probe's; leave it out")
     options = {renamed.get(k, k): v for k, v in options.items()}
+    if protocol == "segment" and root is not None:  # the task's folder (--root), not the run's dataset
+        options["root"], root = str(root), None
     location = NamedWeights(os.fspath(run), backbone) if backbone else Path(run)
     try:
         session = EvalSession(location, data=data, root=None if root is None else str(root), resize=resize,

@@ -164,6 +164,42 @@ class OodConfig:
     limit: int | None = None
 
 
+# --------------------------------------------------------------------------- dense: segmentation (eval.segment)
+
+SEGMENT_TASKS = ("digits-canvas", "fmnist-canvas", "folder")  # data.canvas.CANVAS_TASKS and a user's folder
+SEGMENT_PROTOCOLS = ("linear", "knn")
+DEFAULT_SEGMENT_TASK = {"digits": "digits-canvas", "fashion-mnist": "fmnist-canvas"}  # a run's dataset → its task
+
+
+@dataclass
+class SegmentConfig:
+    """``selfsup eval segment``: the dense task (None: the canvas of the run's dataset, ``DEFAULT_SEGMENT_TASK``),
+    its folder (fmnist-canvas: Fashion-MNIST's IDX files; folder: ``images/`` + ``masks/``), the protocols and
+    their settings: the linear head (DINOv2's BNHead: BatchNorm then a 1×1 linear layer on the patch tokens; AdamW,
+    linear warm-up then linear decay to 0, per step) and the patch kNN (k, vote temperature, the seeded subset of
+    training patches it searches)."""
+
+    task: str | None = None
+    root: str | None = None
+    protocols: tuple[str, ...] = SEGMENT_PROTOCOLS
+    size: int | None = None  # folder: the side images and masks are resized to (None: the backbone's image size)
+    epochs: int = 20  # linear head: passes over the training images' cached patch features
+    batch_size: int = 32  # images per step
+    lr: float = 1e-2  # AdamW; 1e-2 over 1e-3 (the digits canvas, a DINO run and its init: +0.9 mIoU each)
+    weight_decay: float = 1e-4
+    warmup: float = 0.1  # share of the steps in the linear warm-up
+    head_bn: bool = True  # DINOv2's BNHead: BatchNorm2d before the 1×1 linear layer; False: the linear layer alone
+    k: int = 20
+    temperature: float | None = 0.07  # None: majority vote
+    max_train_patches: int = 20_000  # training patches the kNN searches (a seeded subset; 0: all of them)
+    seed: int = 0  # the head's init and batch order, the kNN's subset, a folder's train / test split
+
+    def __post_init__(self):
+        unknown = [p for p in self.protocols if p not in SEGMENT_PROTOCOLS]
+        if unknown or not self.protocols:
+            raise ValueError(f"protocols must be some of {', '.join(SEGMENT_PROTOCOLS)}, got {self.protocols!r}")
+
+
 # --------------------------------------------------------------------------- reconstructions, generation
 
 

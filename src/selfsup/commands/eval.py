@@ -1,10 +1,10 @@
-"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,all} CKPT_OR_RUN`` (and ``generation RUN``,
+"""``selfsup eval {knn,linear,finetune,rankme,norms-ood,segment,all} CKPT_OR_RUN`` (and ``generation RUN``,
 ``reconstruct RUN``): RUN/eval/*.json + a table.
 
 The front end of ``selfsup.runs.evaluate``: the ``*_config(args)`` functions are the only ones that read the command
 line and build the protocol's typed config (``KnnConfig``, ``ProbeConfig``, ``FinetuneConfig``, ``SpectrumConfig``,
-``OodConfig``); argparse takes its defaults from those dataclasses, so every default lives in one place; the
-``print_*`` functions print the tables of the runners' results.
+``OodConfig``, ``SegmentConfig``); argparse takes its defaults from those dataclasses, so every default lives in one
+place; the ``print_*`` functions print the tables of the runners' results.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from selfsup.commands.generation import add_generation_eval_parser
 from selfsup.commands.reconstruct import add_reconstruct_parser
 from selfsup.commands.tables import print_table
 from selfsup.errors import UserError, positive
-from selfsup.eval_configs import (DEFAULT_KS, FEATURE_BATCH, MAE_BASE_LR, PROTOCOL_DEFAULTS, PROTOCOLS, FinetuneConfig,
-                                  KnnConfig, MAERecipe, OodConfig, ProbeConfig, SpectrumConfig)
+from selfsup.eval_configs import (DEFAULT_KS, FEATURE_BATCH, MAE_BASE_LR, PROTOCOL_DEFAULTS, PROTOCOLS,
+                                  SEGMENT_PROTOCOLS, SEGMENT_TASKS, FinetuneConfig, KnnConfig, MAERecipe, OodConfig,
+                                  ProbeConfig, SegmentConfig, SpectrumConfig)
 
 if TYPE_CHECKING:
     from selfsup.runs.session import EvalSession
@@ -152,6 +153,20 @@ def _mae_recipe(a, dataset: str):
     return r
 
 
+def segment_config(a, session: EvalSession | None = None) -> SegmentConfig:
+    """The dense task and its protocols' settings (defaults: ``SegmentConfig``)."""
+    if a.size is not None:
+        positive(a.size, "--size")
+    if a.max_train_patches < 0:
+        raise UserError(f"--max-train-patches {a.max_train_patches} must be >= 0 (0: every training patch)")
+    return SegmentConfig(task=a.task, root=a.task_root, protocols=SEGMENT_PROTOCOLS if a.protocol == "both" else
+                         (a.protocol,), size=a.size, epochs=positive(a.epochs, "--epochs"),
+                         batch_size=positive(a.seg_batch, "--seg-batch"), lr=a.lr, weight_decay=a.weight_decay,
+                         head_bn=not a.no_head_bn, k=positive(a.k, "--k"),
+                         temperature=_parse_temperature(a.temperature, a.majority),
+                         max_train_patches=a.max_train_patches, seed=a.seed)
+
+
 def spectrum_config(a, session: EvalSession | None = None) -> SpectrumConfig:
     return SpectrumConfig(split=a.split, max_samples=positive(a.max_samples, "--max-samples"))
 
@@ -210,8 +225,17 @@ def print_norms_ood(out: dict) -> None:
     print(f"  histogram: {out['plot']}")
 
 
+def print_segment(out: dict) -> None:
+    rows = [[name, out[name]["miou"], out[name]["miou_fg"], out[name]["pixel_acc"]]
+            for name in ("linear", "knn") if name in out]
+    print_table(f"segmentation of the frozen patch features ({out['grid'][0]}x{out['grid'][1]} grid) on "
+                f"{out['task']}: {out['train_size']} train / {out['test_size']} test images, {len(out['classes'])} "
+                "classes (mIoU with the background class, mIoU of the others)",
+                ["protocol", "mIoU %", "fg mIoU %", "pixel acc %"], rows)
+
+
 PRINTERS = {"knn": print_knn, "linear": print_linear, "finetune": print_finetune, "rankme": print_rankme,
-            "norms-ood": print_norms_ood}
+            "norms-ood": print_norms_ood, "segment": print_segment}
 
 
 # --------------------------------------------------------------------------- commands
@@ -259,15 +283,20 @@ def _grid(values) -> str:
     return ",".join(f"{v:g}" for v in values)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, dataset: bool = True) -> None:
+    """The flags of every protocol; ``dataset`` False (segment: its own task and --root): no --data / --root /
+    --resize."""
     p.add_argument("ckpt", metavar="CKPT_OR_RUN", help="run folder, exported backbone .safetensors, a run's .ckpt, "
                    "a DINOv2 hub or training checkpoint, timm:<name>, or any model.weights file with --backbone")
     p.add_argument("--backbone", help="the architecture of a weights file that cannot say it (a torchvision or timm "
                    "state dict, a method's release checkpoint): a selfsup backbone (a ViT's settings read from the "
                    "file) or timm:<name>")
-    p.add_argument("--data", help="dataset name (default: the one the backbone was trained on)")
-    p.add_argument("--root", help="dataset folder (default: the run's data.root, else the dataset's default)")
-    p.add_argument("--resize", action="store_true", help="resize images of another size to the backbone's input")
+    if dataset:
+        p.add_argument("--data", help="dataset name (default: the one the backbone was trained on)")
+        p.add_argument("--root", help="dataset folder (default: the run's data.root, else the dataset's default)")
+        p.add_argument("--resize", action="store_true", help="resize images of another size to the backbone's input")
+    else:
+        p.set_defaults(data=None, root=None, resize=False)
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--batch-size", type=int, default=FEATURE_BATCH,
                    help=f"feature extraction batch (default {FEATURE_BATCH})")
@@ -380,6 +409,36 @@ def _finetune_parser(sub) -> None:
     p.set_defaults(func=command("finetune", finetune_config))
 
 
+def _segment_parser(sub) -> None:
+    """``selfsup eval segment`` (defaults: ``SegmentConfig``)."""
+    sc = SegmentConfig
+    p = sub.add_parser("segment", help="dense: DINOv2's linear head and a patch kNN on the frozen patch features, "
+                                       "mIoU on a generated canvas task or a folder of images with masks")
+    _common(p, dataset=False)
+    p.add_argument("--task", choices=SEGMENT_TASKS,
+                   help="digits-canvas | fmnist-canvas (items on a larger canvas, generated, seeded) | folder "
+                        "(--root DIR with images/ and masks/); default: the canvas of the backbone's dataset")
+    p.add_argument("--root", dest="task_root", metavar="DIR",
+                   help="folder: images/ + masks/ (PNG label maps, 255 = ignore); fmnist-canvas: Fashion-MNIST's "
+                        "IDX files (default: the dataset's own place)")
+    p.add_argument("--protocol", choices=("both", *SEGMENT_PROTOCOLS), default="both")
+    p.add_argument("--size", type=int, help="folder: the side images are resized to (default: the backbone's)")
+    p.add_argument("--epochs", type=int, default=sc.epochs, help=f"linear head epochs (default {sc.epochs})")
+    p.add_argument("--seg-batch", type=int, default=sc.batch_size, help=f"images per step (default {sc.batch_size})")
+    p.add_argument("--lr", type=float, default=sc.lr, help=f"AdamW lr of the linear head (default {sc.lr:g})")
+    p.add_argument("--weight-decay", type=float, default=sc.weight_decay)
+    p.add_argument("--no-head-bn", action="store_true",
+                   help="the linear layer alone (DINOv2's BNHead has a BatchNorm before it: the default)")
+    p.add_argument("--k", type=int, default=sc.k, help=f"patch kNN neighbours (default {sc.k})")
+    p.add_argument("--temperature", default=f"{sc.temperature:g}",
+                   help=f"vote weight exp(sim/T) (default {sc.temperature:g}); none: majority")
+    p.add_argument("--majority", action="store_true", help="plain majority voting (same as --temperature none)")
+    p.add_argument("--max-train-patches", type=int, default=sc.max_train_patches,
+                   help=f"training patches the kNN searches, a seeded subset (default {sc.max_train_patches}; 0: all)")
+    p.add_argument("--seed", type=int, default=sc.seed)
+    p.set_defaults(func=command("segment", segment_config))
+
+
 def add_eval_parser(ev) -> None:
     """The ``selfsup eval`` command's subcommands (defaults: the protocols' config dataclasses) on its parser ``ev``,
     made by ``commands.main``."""
@@ -417,5 +476,6 @@ def add_eval_parser(ev) -> None:
     _ood_args(p, required=False)
     p.set_defaults(func=cmd_all)
 
+    _segment_parser(sub)
     add_generation_eval_parser(sub)
     add_reconstruct_parser(sub)

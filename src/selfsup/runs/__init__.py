@@ -17,11 +17,11 @@ from importlib import import_module
 # name → the module that defines it, imported on first use: the run facts and the resume rules (``runs.facts``,
 # ``runs.resume``) are read without the methods and Lightning that the evaluation modules import
 _WHERE = {"run_all": "evaluate", "run_finetune": "evaluate", "run_knn": "evaluate", "run_linear": "evaluate",
-          "run_norms_ood": "evaluate", "run_rankme": "evaluate", "GenerationConfig": "generation",
-          "run_generation": "generation", "reconstruct": "reconstruct", "EvalSession": "session",
-          "load_flow_run": "source", "load_source": "source"}
-__all__ = ["EvalSession", "run_knn", "run_linear", "run_finetune", "run_rankme", "run_norms_ood", "run_all",
-           "GenerationConfig", "run_generation", "reconstruct", "load_source", "load_flow_run"]
+          "run_norms_ood": "evaluate", "run_rankme": "evaluate", "run_segment": "evaluate",
+          "GenerationConfig": "generation", "run_generation": "generation", "reconstruct": "reconstruct",
+          "EvalSession": "session", "load_flow_run": "source", "load_source": "source"}
+__all__ = ["EvalSession", "run_knn", "run_linear", "run_finetune", "run_rankme", "run_norms_ood", "run_segment",
+           "run_all", "GenerationConfig", "run_generation", "reconstruct", "load_source", "load_flow_run"]
 
 
 def __getattr__(name: str):

@@ -28,10 +28,15 @@ from selfsup.eval.finetune import FinetuneConfig, finetune, load_pretrained
 from selfsup.eval.knn import KnnConfig, knn_sweep, resolve_ks
 from selfsup.eval.linear import ProbeConfig, default_base_lr, probe_augmented, probe_features
 from selfsup.eval.ood import OodConfig, auroc, histogram, norm_scores
+from selfsup.eval.segment import SegmentConfig, knn_segment, linear_segment, patch_maps
 from selfsup.eval.splits import val_split
 from selfsup.eval.report import write_json
 from selfsup.runs.session import EvalSession, data_config
 from selfsup.eval.spectrum import SpectrumConfig, effective_rank, norm_stats, rankme, subsample
+from selfsup.data.canvas import CANVAS_TASKS, canvas_task
+from selfsup.data.dense import DenseSet
+from selfsup.data.seg_folder import folder_task
+from selfsup.eval_configs import DEFAULT_SEGMENT_TASK, SEGMENT_TASKS
 from selfsup.export import export_backbone
 from selfsup.models.backbones import build_backbone
 
@@ -131,6 +136,50 @@ def run_rankme(source: EvalSession | str | Path, cfg: SpectrumConfig | None = No
     out = {**session.header(), "split": cfg.split, "samples": len(sub), "dim": feats.shape[1], "rankme": rankme(sub),
            "effective_rank_99": effective_rank(sub, 0.99), "norms": norm_stats(feats)}
     write_json(session.out_dir, f"rankme{session.suffix()}", out)
+    return out
+
+
+def dense_sets(cfg: SegmentConfig, meta: dict) -> tuple[str, DenseSet, DenseSet]:
+    """(task name, train, test) of ``cfg.task`` (None: the canvas of the backbone's dataset), checked against the
+    backbone's channels."""
+    task = cfg.task or DEFAULT_SEGMENT_TASK.get(str(meta.get("dataset")))
+    if task is None:
+        raise UserError(f"eval segment needs --task ({', '.join(SEGMENT_TASKS)}): the backbone was trained on "
+                        f"{meta.get('dataset')}, which has no canvas task of its own")
+    if task not in SEGMENT_TASKS:
+        raise UserError(f"--task {task} is not one of {', '.join(SEGMENT_TASKS)}")
+    if task == "folder":
+        train, test = folder_task(cfg.root, meta["in_chans"], cfg.size or meta["image_size"], cfg.seed)
+    else:
+        train, test = canvas_task(task, "train", cfg.root), canvas_task(task, "test", cfg.root)
+    if train.channels != meta["in_chans"]:
+        raise UserError(f"--task {task} has {train.channels}-channel images but the backbone takes "
+                        f"{meta['in_chans']}; evaluate a {train.channels}-channel backbone (channels are never "
+                        "converted)")
+    return task, train, test
+
+
+def run_segment(source: EvalSession | str | Path, cfg: SegmentConfig | None = None) -> dict:
+    """Dense evaluation of the frozen patch features (``eval.segment``): DINOv2's linear head and a patch kNN, each
+    scored by mIoU on the task's test split: ``linear`` / ``knn`` = {"miou", "miou_fg", "pixel_acc", "iou", ...}."""
+    session, cfg = open_session(source), cfg or SegmentConfig()
+    meta = session.source.meta
+    task, train, test = dense_sets(cfg, meta)
+    train = train.subset(session.train_limit)  # --train-limit: a fixed random subset of the training images
+    t0 = time.perf_counter()
+    backbone, batch, device = session.source.backbone, session.batch_size, session.device
+    ftr = patch_maps(backbone, train.images, meta["mean"], meta["std"], batch, device)
+    fte = patch_maps(backbone, test.images, meta["mean"], meta["std"], batch, device)
+    out = {**session.header(), "dataset": task, "task": task,
+           "task_spec": vars(CANVAS_TASKS[task]) if task in CANVAS_TASKS else {"root": cfg.root},
+           "train_size": len(train), "test_size": len(test), "image_size": test.image_size,
+           "classes": list(test.classes), "grid": list(ftr.shape[-2:]), "feature_dim": ftr.shape[1],
+           "background_in_miou": True}
+    protocols = {"linear": linear_segment, "knn": knn_segment}
+    for name in cfg.protocols:
+        out[name] = protocols[name](ftr, train.masks, fte, test.masks, test.classes, cfg, device)
+    out["seconds"] = time.perf_counter() - t0
+    write_json(session.out_dir, f"segment{session.suffix()}", out)
     return out
 
 
