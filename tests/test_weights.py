@@ -313,6 +313,9 @@ def test_selfsup_eval_knn_evaluates_a_dinov2_hub_checkpoint_on_an_image_folder(t
     code, out, err = run_cli("eval", "knn", tmp_path / "dinov2_vits14_pretrain.pth", "--data", "imagefolder",
                              "--root", tmp_path / "images", "--resize")
     assert code == 0, err
+    # issue 62: it printed "data.image_size unset: using 32 px", a size the 224-px evaluation never used; the files
+    # are decoded at the size the hub file's backbone takes
+    assert "data.image_size" not in out + err
     result = json.loads((tmp_path / "dinov2_vits14_pretrain-eval" / "knn.json").read_text())
     assert result["test_size"] == 4 and result["train_size"] == 8
     torch.save(timm.create_model("resnet18", pretrained=False).state_dict(), tmp_path / "r18.pth")
