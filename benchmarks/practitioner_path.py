@@ -14,6 +14,7 @@ grayscale, half JPEG and half PNG. ``R18.pth``: a torchvision ResNet-18's state 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import subprocess
 import sys
@@ -79,16 +80,20 @@ def write_r18(path: Path) -> Path:
 
 
 def cli(args: list[str], log: Path) -> dict:
-    """``python -m selfsup ARGS`` in a new process, its output in ``log``: rc, wall seconds, peak RSS (GiB)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """``python -m selfsup ARGS`` in a new process, its output in ``log``: rc, wall seconds, the CPU seconds of it
+    and its loader workers (user + system: less disturbed by other work on the cores), peak RSS (GiB)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, cpu = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
     start = time.perf_counter()
     with log.open("w") as out:
         rc = subprocess.run([sys.executable, "-m", "selfsup", *args], env=child_env(), stdout=out,
                             stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak = usage.ru_maxrss
     text = log.read_text()
     return {"command": "selfsup " + " ".join(args), "rc": rc, "wall_s": round(wall, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu, 1), "load_average_after": os.getloadavg(),
             "peak_rss_gib": round(peak / 2**20, 2) if peak > before else None,  # the largest child so far
             "recipe": [line for line in text.splitlines() if line.startswith(("selfsup: a recipe", "  "))][:40],
             "verdict": [line for line in text.splitlines()
