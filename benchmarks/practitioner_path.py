@@ -9,6 +9,7 @@ grayscale, half JPEG and half PNG. ``R18.pth``: a torchvision ResNet-18's state 
 ``byol`` with ``trainer.max_steps=20`` and nothing else set).
 
     python -m benchmarks.practitioner_path --runs byol,distill --out benchmarks/results/practitioner_path.json
+    python -m benchmarks.practitioner_path --set trainer.max_steps=30 --out /tmp/short.json   # a shortened run
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="runs/practitioner_path")
     p.add_argument("--out", default="benchmarks/results/practitioner_path.json")
     p.add_argument("--merge", action="store_true", help="keep the other runs of --out")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override added to the timed commands (e.g. trainer.max_steps=30: a shortened run)")
     args = p.parse_args(argv)
     work = Path(args.work).resolve()
     folder, r18 = write_photos(work), write_r18(work / "R18.pth")
@@ -127,10 +130,11 @@ def main(argv=None) -> int:
         else:
             print(f"error: --runs {name}: one of byol, distill", file=sys.stderr)
             return 2
-        rows[name] = cli(argv_, work / f"{name}.log")
+        rows[name] = cli([*argv_, *args.set], work / f"{name}.log")
         print(name, rows[name]["rc"], f"{rows[name]['wall_s']} s", *rows[name]["verdict"], sep="\n  ", flush=True)
         report = {"note": "300 generated mixed images (train/<c>/ 240, val/<c>/ 60), each command in a new process "
                           "with OMP's defaults on this machine's cores, shared with other work",
+                  "overrides": args.set,
                   "machine": cpu_kind(), "folder": str(folder), "bar_s": BAR_S, "runs": rows}
         write_report(report, args.out)
     print(f"wrote {args.out}")
