@@ -333,3 +333,18 @@ def test_a_gpu_preset_given_a_folder_on_a_cpu_resolves_what_runs_here(tmp_path, 
     cpu = gpu_preset_on_cpu("dino-vit-s-imagenet", [*plain, "trainer.accelerator=cpu"])  # asked for the CPU
     assert "data.image_size=32" in cpu and "data.batch_size=8" in cpu  # 34 px to the preset's patch 16
     assert "is a GPU preset and this machine trains on its" in capsys.readouterr().out
+
+
+@pytest.mark.spawn
+def test_a_gpu_preset_on_a_folder_trains_on_this_cpu_from_the_cli(tmp_path):
+    """The user's command, with no key but the folder and a short length: the GPU preset runs here (before: exit 2,
+    "trainer.accelerator=gpu but this machine has no CUDA GPU"; with that set, 224 px at batch 1024 in 16-mixed)."""
+    root = png_folder(tmp_path / "photos")  # a ViT-Tiny for the preset's ViT-S: a shorter test
+    code, out, err = run_cli("pretrain", "dino-vit-s-imagenet", f"data.root={root}", "trainer.max_steps=1",
+                             "model.backbone=vit_tiny",
+                             "trainer.progress_bar=false", f"output_dir={tmp_path / 'runs'}", "name=g")
+    assert code == 0, err
+    assert "dino-vit-s-imagenet is a GPU preset" in out and "data.image_size=32" in out
+    cfg = yaml.safe_load((tmp_path / "runs" / "g" / "config.yaml").read_text())
+    assert (cfg["data"]["image_size"], cfg["data"]["batch_size"], cfg["trainer"]["precision"]) == (32, 8, "32-true")
+    assert cfg["trainer"]["accelerator"] == "cpu" and cfg["method"]["out_dim"] == 64
