@@ -450,9 +450,11 @@ def gpu_preset_on_cpu(preset: str, items: list[str]) -> list[str]:
     ``items`` with those keys added; unchanged for any other preset, or on a GPU."""
     overrides = parse_overrides(items)
     root = (overrides.get("data") or {}).get("root")
+    if not root:
+        return items
     preset_data = load_preset(preset)
     asked = (overrides.get("trainer") or {}).get("accelerator")
-    if not root or str((preset_data.get("trainer") or {}).get("accelerator")) not in ("gpu", "cuda") or (
+    if str((preset_data.get("trainer") or {}).get("accelerator")) not in ("gpu", "cuda") or (
             asked != "cpu" and (torch.cuda.is_available() or asked in ("gpu", "cuda"))):
         return items
     moved = student_moved(preset_data, overrides, say=False)  # said again when the run's config is loaded
