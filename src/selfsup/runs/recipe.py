@@ -34,7 +34,12 @@ the student's patches with the teacher's (the same patch). Distillation (``disti
 ``method.teacher.weights``; its queue follows LightlyTrain's buckets of the image count (``QUEUE_BUCKETS``).
 
 With ``model.weights`` (continued pretraining) the recipe is docs/pretrained.md's adaptation: the base's peak lr
-times ``ADAPT_LR`` and a warm-up of ``ADAPT_WARMUP`` epoch, so the first steps do not undo what the model knows.
+times ``ADAPT_LR`` and a warm-up of ``ADAPT_WARMUP`` epoch, so the first steps do not undo what the model knows; a
+torchvision ResNet file (``source_resnet``: its keys and shapes) makes the student that ResNet.
+
+A GPU preset given a folder where the run trains on the CPU (``gpu_preset_on_cpu``) gets the same reading of the
+folder for the CPU (``cpu_recipe``): size, data-sized heads and queues, a batch of at most ``CPU_BATCH``, about
+``TARGET_STEPS`` steps, float32, one process and the cores' workers, each change printed beside the preset's value.
 """
 
 from __future__ import annotations
