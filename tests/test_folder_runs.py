@@ -37,7 +37,12 @@ def test_a_folder_with_train_and_no_val_trains_to_the_end_and_scores_a_held_out_
     code, out, err = folder_run(root, tmp_path)
     assert code == 0, err
     run = tmp_path / "runs" / "r"
-    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+    facts = json.loads((run / "run.json").read_text())
+    assert facts["status"] == "finished"
+    # the first step's measured peak beside the estimate made before it (runs.memory.FirstStepMemory)
+    step = facts["step_memory"]
+    assert (step["step"], step["device"], step["batch"]) == (1, "cpu", 8)
+    assert step["estimate_bytes"] > 0 and step["measured_bytes"] > 0
     knn = json.loads((run / "knn.json").read_text())
     assert knn["scored_on"] == "held_out_train" and knn["held_out"] == {"fraction": 0.2, "seed": 0, "images": 5}
     assert (knn["train_size"], knn["test_size"], knn["k"]) == (19, 5, 19)  # k=20 lowered to the 19 it is fit on

@@ -222,3 +222,129 @@ def test_a_preset_given_a_folder_keeps_its_grid_of_patches(tmp_path, capsys):
     given = ["data.name=images", f"data.root={root}", "model.patch_size=4"]
     assert keep_grid("simclr-digits", given) == given  # the user's patch wins
     assert keep_grid("simclr-cnn-digits", ["data.name=images", f"data.root={root}"])[-1].startswith("data.root")
+
+
+# --------------------------------------------------------------------------- a torchvision ResNet file, a GPU preset
+def test_a_torchvision_resnet_file_makes_the_student_its_resnet_and_the_weights_load(tmp_path, capsys):
+    """Issue 62's bar ``selfsup pretrain byol data.root=F model.weights=R18.pth``: the base's ViT refused the
+    ResNet-18 file ("the weights do not fit this backbone"); the architecture is read from the file's keys."""
+    import torch
+    import torchvision
+
+    from selfsup.config import resolve
+    from selfsup.data.datasets import load_dataset
+    from selfsup.methods.build import build_method, data_info
+    from selfsup.runs.recipe import folder_recipe, source_resnet
+
+    torch.manual_seed(0)
+    r18 = torchvision.models.resnet18()
+    torch.save(r18.state_dict(), tmp_path / "R18.pth")
+
+    def layout(blocks, convs, stem, prefix=""):  # torchvision's keys (tiny tensors): what source_resnet reads
+        keys = {f"{prefix}conv1.weight": torch.zeros(64, 3, stem, stem), f"{prefix}fc.weight": torch.zeros(1)}
+        keys.update({f"{prefix}layer{i}.{b}.conv{c}.weight": torch.zeros(1)
+                     for i, n in enumerate(blocks, 1) for b in range(n) for c in range(1, convs + 1)})
+        return keys
+
+    torch.save({"state_dict": layout((3, 4, 6, 3), 3, 7, "module.")}, tmp_path / "r50.pth.tar")  # wrapped, prefixed
+    torch.save(layout((3, 4, 6, 3), 2, 3), tmp_path / "r34.pth")  # BasicBlocks, a 3 x 3 stem
+    torch.save(layout((2, 2, 3, 2), 2, 7), tmp_path / "odd.pth")  # no torchvision ResNet
+    assert source_resnet(str(tmp_path / "R18.pth")) == ("resnet18", False)
+    assert source_resnet(str(tmp_path / "r50.pth.tar")) == ("resnet50", False)
+    assert source_resnet(str(tmp_path / "r34.pth")) == ("resnet34", True)
+    assert source_resnet(str(tmp_path / "odd.pth")) is None and source_resnet(str(tmp_path / "absent.pth")) is None
+    assert source_resnet(vit_export(tmp_path)) is None
+    root = png_folder(tmp_path / "f", n=48)
+    facts = folder_facts(root)
+    data, chosen = resolve_recipe("byol", facts, {"data": {"root": str(root)},
+                                                  "model": {"weights": str(tmp_path / "R18.pth")}})
+    v = values(chosen)
+    assert v["model.backbone"] == "resnet18" and "model.small_stem" not in v and "model.patch_size" not in v
+    assert v["optim.warmup_epochs"] == 0.1  # the adaptation recipe still
+    cfg = resolve(data)
+    model = build_method(cfg, data_info(cfg, load_dataset(cfg.data, "train")))  # the file loads: no refusal
+    assert torch.equal(model.backbone.conv1.weight, r18.conv1.weight)
+    assert "model.backbone=resnet18" not in capsys.readouterr().out  # said once, in the block, not by student_moved
+    v = values(resolve_recipe("byol", facts, {"data": {"root": str(root)},
+                                              "model": {"weights": str(tmp_path / "r34.pth")}})[1])
+    assert (v["model.backbone"], v["model.small_stem"]) == ("resnet34", True)
+    given = {"data": {"root": str(root)}, "model": {"weights": str(tmp_path / "R18.pth"), "backbone": "resnet50"}}
+    assert "model.backbone" not in values(resolve_recipe("byol", facts, given)[1])  # the user's backbone wins
+    folder_recipe("byol", [f"data.root={root}", f"model.weights={tmp_path / 'R18.pth'}"])
+    assert "model.backbone=resnet18" in capsys.readouterr().out
+
+
+def _hub_patch_file(tmp_path, patch: int = 14) -> str:
+    """A file whose patch embedding is ``patch`` px: what ``source_patch`` reads of a DINOv2 hub teacher."""
+    import torch
+
+    path = tmp_path / f"teacher{patch}.pth"
+    torch.save({"patch_embed.proj.weight": torch.zeros(8, 3, patch, patch)}, path)
+    return str(path)
+
+
+def test_a_gpu_preset_given_a_folder_on_a_cpu_resolves_what_runs_here(tmp_path, capsys, monkeypatch):
+    """Issue 62: ``distill-dinov2-vits14-r18-imagefolder data.root=F`` on a CPU kept 224 px, batch 256, bf16 and
+    100 epochs (3 min 45 s a step on 2 cores). Each value below is worked out by hand for 48 images whose median
+    shorter side is 34 px on this machine's cores."""
+    import os
+
+    import torch
+
+    from selfsup.config import load_run_config
+    from selfsup.runs.recipe import CPU_BATCH, gpu_preset_on_cpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    root = png_folder(tmp_path / "f", n=48)
+    workers = min(8, max(0, (os.cpu_count() or 1) - 1))
+    given = [f"data.root={root}", f"method.teacher.weights={_hub_patch_file(tmp_path)}"]
+    items = gpu_preset_on_cpu("distill-dinov2-vits14-r18-imagefolder", given)
+    # 34 px to a multiple of the teacher's 14: 28; batch: 48 / 4 = 12, the power of two 8 (<= CPU_BATCH, 256);
+    # 6 steps an epoch: the preset's 100 epochs are 600 steps (kept); LightlyTrain's queue for 48 images: 16
+    assert items[:2] == given and sorted(items[2:]) == sorted([
+        "data.name=imagefolder", "data.image_size=28", "data.batch_size=8", "method.queue_size=16",
+        "trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=32-true", f"data.num_workers={workers}"])
+    out = capsys.readouterr().out
+    assert "distill-dinov2-vits14-r18-imagefolder is a GPU preset" in out
+    assert "data.image_size=28" in out and "the preset's 224" in out and "the preset's bf16-mixed" in out
+    cfg = load_run_config("distill-dinov2-vits14-r18-imagefolder", items)
+    assert (cfg.data.image_size, cfg.data.batch_size, cfg.trainer.precision, cfg.trainer.accelerator) == (
+        28, 8, "32-true", "cpu") and CPU_BATCH >= 8
+    # the ViT student's patch divides the teacher's size, a 4 x 4 grid (28 / 7); a key the user sets wins, unsaid
+    items = gpu_preset_on_cpu("distill-dinov2-vits14-vits-imagefolder", [*given, "data.batch_size=16"])
+    assert "model.patch_size=7" in items and not any(i.startswith("data.batch_size=8") for i in items)
+    assert load_run_config("distill-dinov2-vits14-vits-imagefolder", items).data.batch_size == 16
+    # a ViT preset without a teacher keeps its patch (ViT-S/14 stays /14) and its steps are cut to ~TARGET_STEPS
+    items = gpu_preset_on_cpu("dinov2-vit-s14-imagenet", [f"data.root={root}"])
+    cfg = load_run_config("dinov2-vit-s14-imagenet", items)
+    assert (cfg.model.patch_size, cfg.data.image_size, cfg.augment.local_crops_size) == (14, 28, 14)
+    assert cfg.trainer.max_steps == TARGET_STEPS and cfg.trainer.strategy == "auto" and cfg.data.load_size is None
+    assert cfg.method.out_dim == 64  # 48 images / 8, at least 64 prototypes
+    items = gpu_preset_on_cpu("dino-vit-s-imagenet", [f"data.root={root}"])
+    cfg = load_run_config("dino-vit-s-imagenet", items)  # 6 steps an epoch: 167 epochs for ~1,000, not 300
+    assert cfg.trainer.max_epochs == 167 and cfg.optim.warmup_epochs == pytest.approx(10 / 300 * 167, abs=1e-4)
+    # not a GPU preset, or a GPU here: nothing changes
+    capsys.readouterr()
+    plain = [f"data.root={root}"]
+    assert gpu_preset_on_cpu("simclr-fmnist", plain) is plain
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H100")
+    assert gpu_preset_on_cpu("dino-vit-s-imagenet", plain) is plain
+    cpu = gpu_preset_on_cpu("dino-vit-s-imagenet", [*plain, "trainer.accelerator=cpu"])  # asked for the CPU
+    assert "data.image_size=32" in cpu and "data.batch_size=8" in cpu  # 34 px to the preset's patch 16
+    assert "is a GPU preset and this machine trains on its" in capsys.readouterr().out
+
+
+@pytest.mark.spawn
+def test_a_gpu_preset_on_a_folder_trains_on_this_cpu_from_the_cli(tmp_path):
+    """The user's command, with no key but the folder and a short length: the GPU preset runs here (before: exit 2,
+    "trainer.accelerator=gpu but this machine has no CUDA GPU"; with that set, 224 px at batch 1024 in 16-mixed)."""
+    root = png_folder(tmp_path / "photos")  # a ViT-Tiny for the preset's ViT-S: a shorter test
+    code, out, err = run_cli("pretrain", "dino-vit-s-imagenet", f"data.root={root}", "trainer.max_steps=1",
+                             "model.backbone=vit_tiny",
+                             "trainer.progress_bar=false", f"output_dir={tmp_path / 'runs'}", "name=g")
+    assert code == 0, err
+    assert "dino-vit-s-imagenet is a GPU preset" in out and "data.image_size=32" in out
+    cfg = yaml.safe_load((tmp_path / "runs" / "g" / "config.yaml").read_text())
+    assert (cfg["data"]["image_size"], cfg["data"]["batch_size"], cfg["trainer"]["precision"]) == (32, 8, "32-true")
+    assert cfg["trainer"]["accelerator"] == "cpu" and cfg["method"]["out_dim"] == 64

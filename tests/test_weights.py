@@ -313,6 +313,9 @@ def test_selfsup_eval_knn_evaluates_a_dinov2_hub_checkpoint_on_an_image_folder(t
     code, out, err = run_cli("eval", "knn", tmp_path / "dinov2_vits14_pretrain.pth", "--data", "imagefolder",
                              "--root", tmp_path / "images", "--resize")
     assert code == 0, err
+    # issue 62: it printed "data.image_size unset: using 32 px", a size the 224-px evaluation never used; the files
+    # are decoded at the size the hub file's backbone takes
+    assert "data.image_size" not in out + err
     result = json.loads((tmp_path / "dinov2_vits14_pretrain-eval" / "knn.json").read_text())
     assert result["test_size"] == 4 and result["train_size"] == 8
     torch.save(timm.create_model("resnet18", pretrained=False).state_dict(), tmp_path / "r18.pth")
@@ -346,3 +349,27 @@ def test_the_settings_of_a_dinov2_giant_hub_file_are_read_from_its_shapes():
         state |= {f"blocks.{i}.ls1.gamma": torch.zeros(1), f"blocks.{i}.mlp.w12.weight": torch.zeros(1)}
     assert vit_settings(state, hub=True) == ("model.backbone=vit_giant2 model.patch_size=14 model.pos_embed=learned "
                                              "model.layer_scale=1e-5 model.registers=4 model.ffn=swiglu")
+
+
+def test_a_frozen_network_takes_the_file_s_tensors_themselves_one_copy_in_memory(tmp_path):
+    """Issue 62: a network built from a ``.pth`` (a teacher, an evaluated hub file) held its own parameters and the
+    file's mapped pages, 2.1x the file resident; now its parameters are the mapped file's tensors (assign)."""
+    import torchvision
+
+    from selfsup.weights import build_from_weights, copy_into
+
+    net, src = torch.nn.Linear(4, 3), {"weight": torch.randn(3, 4), "bias": torch.randn(3, dtype=torch.float64)}
+    copy_into(net, src, assign=True)
+    assert net.weight.data_ptr() == src["weight"].data_ptr()  # the same memory: no copy
+    assert isinstance(net.weight, torch.nn.Parameter) and net.weight.requires_grad  # the module's own flag
+    assert net.bias.dtype == torch.float32 and torch.equal(net.bias, src["bias"].float())  # another dtype: converted
+    copied = torch.nn.Linear(4, 3)
+    copy_into(copied, src)  # a trained backbone copies (its tensors are its own, to train and export)
+    assert copied.weight.data_ptr() != src["weight"].data_ptr() and torch.equal(copied.weight, src["weight"])
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "r18.pth")
+    module, facts, _ = build_from_weights(str(tmp_path / "r18.pth"), "resnet18", {}, 3, 32, "method.teacher.weights")
+    maps = [line.split()[0].split("-") for line in open("/proc/self/maps") if str(tmp_path / "r18.pth") in line]
+    inside = [lo <= p.data_ptr() < hi for p in module.parameters() for lo, hi in
+              [(int(a, 16), int(b, 16)) for a, b in maps]]
+    assert sum(inside) == len(list(module.parameters()))  # every parameter lies in the file's mapping
+    assert facts.source_sha256 and facts.sha256 == state_sha256(module.state_dict())

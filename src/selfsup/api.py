@@ -32,7 +32,7 @@ from selfsup.methods import METHODS
 from selfsup.eval import FinetuneConfig, KnnConfig, OodConfig, ProbeConfig, SegmentConfig, SpectrumConfig
 from selfsup.eval.features import FEATURE_BATCH
 from selfsup.runs import run_finetune, run_knn, run_linear, run_norms_ood, run_rankme, run_segment
-from selfsup.runs.recipe import folder_recipe, is_method_name, keep_grid
+from selfsup.runs.recipe import folder_recipe, gpu_preset_on_cpu, is_method_name, keep_grid
 from selfsup.runs.resume import resume as resumed
 from selfsup.runs.session import EvalSession
 from selfsup.runs.source import NamedWeights, load_source
@@ -127,7 +127,8 @@ def pretrain(preset: str | None = None, overrides: dict[str, Any] | list[str] | 
         raise UserError("selfsup.pretrain needs a preset name or YAML file (see `selfsup presets`), or resume=RUN")
     if is_method_name(preset) and preset not in preset_names():  # a method: a recipe sized to data.root's images
         return Run(Path(engine.pretrain(folder_recipe(preset, items), preset=preset, **how)))
-    items = keep_grid(preset, items)  # a preset given a folder keeps its grid of patches
+    on_cpu = gpu_preset_on_cpu(preset, items)  # a GPU preset given a folder on a CPU: what runs here, printed
+    items = on_cpu if on_cpu is not items else keep_grid(preset, items)  # else a preset keeps its grid of patches
     return Run(Path(engine.pretrain(load_run_config(preset, items), preset=preset, **how)))
 
 

@@ -608,13 +608,13 @@ def selfsup_vit(backbone: str) -> bool:
     return backbone.startswith(("vit_", "deit_"))
 
 
-def student_moved(preset: dict, given: dict) -> dict:
+def student_moved(preset: dict, given: dict, say: bool = True) -> dict:
     """A ViT preset whose ``model.backbone`` the overrides make another network (a ResNet, a ConvNet, timm's):
     the ViT-only keys the preset set (``VIT_ONLY``, and ``drop_path_rate`` but for timm's) and a method's patch
-    term (``PATCH_TERMS``: the student has no patch tokens) go back to their defaults, in one printed line, unless
-    the overrides set them too (then the backbone's own refusal names them). A DINOv3 ViT (``dinov3_vit*``) keeps
-    the pooling, the drop path and the patch term, and trains DINOv2, iBOT and MAE; its patch is its release's 16 unless
-    given: its architecture is its size's."""
+    term (``PATCH_TERMS``: the student has no patch tokens) go back to their defaults, in one printed line (``say``;
+    off for a look ahead at the config), unless the overrides set them too (then the backbone's own refusal names
+    them). A DINOv3 ViT (``dinov3_vit*``) keeps the pooling, the drop path and the patch term, and trains DINOv2,
+    iBOT and MAE; its patch is its release's 16 unless given: its architecture is its size's."""
     backbone, model = given.get("model", {}).get("backbone"), preset.get("model", {})
     method = {**preset.get("method", {}), **given.get("method", {})}
     if not isinstance(backbone, str) or selfsup_vit(backbone) or not selfsup_vit(str(model.get("backbone", ""))):
@@ -634,7 +634,7 @@ def student_moved(preset: dict, given: dict) -> dict:
     if term and not tokens and term not in given.get("method", {}) and method.get(term, 1) != 0:
         moved["method"] = {**preset.get("method", {}), term: 0}
         said.append(f"method.{term}={method.get(term, 1)} → 0 (no patch tokens: the [CLS] term only)")
-    if said:
+    if said and say:
         what = "a DINOv3 ViT, its release's architecture" if tokens else "not a selfsup ViT"
         print(f"selfsup: model.backbone={backbone} is {what}: the preset's ViT settings go back to their "
               f"defaults: {', '.join(said)}")

@@ -43,7 +43,7 @@ from selfsup.runs.facts import (RunInterrupted, kept_checkpoint, mark_run, out_o
                                 record_start_facts, write_run_facts)
 from selfsup.runs.finish import finish_run
 from selfsup.runs.loggers import finish_loggers, keep_metrics, quiet_lightning, require_loggers, run_loggers
-from selfsup.runs.memory import check_step_memory
+from selfsup.runs.memory import FirstStepMemory, check_step_memory
 from selfsup.runs.progress import progress_bars
 from selfsup.runs.resume import nothing_to_train
 
@@ -76,9 +76,9 @@ def make_trainer(cfg: RunConfig, run_dir: Path, callbacks=()) -> pl.Trainer:
             devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
             gradient_clip_val=t.gradient_clip_val, accumulate_grad_batches=t.accumulate_grad_batches,
             log_every_n_steps=t.log_every_n_steps, sync_batchnorm=sync_bn,
-            limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar,
-            enable_model_summary=False, logger=loggers,
-            callbacks=[*callbacks, checkpoint, *monitor_callbacks(cfg), BadFileEvents(run_dir), *progress_bars(t)],
+            limit_train_batches=t.limit_train_batches, enable_progress_bar=t.progress_bar, enable_model_summary=False,
+            logger=loggers, callbacks=[*callbacks, checkpoint, *monitor_callbacks(cfg), BadFileEvents(run_dir),
+                                       FirstStepMemory(run_dir), *progress_bars(t)],
             enable_checkpointing=False, plugins=[AtomicCheckpointIO()], use_distributed_sampler=False,
             num_sanity_val_steps=0,
         )
@@ -129,7 +129,7 @@ def build(cfg: RunConfig, resume: Path | None) -> Start:
     require_images(cfg.data, len(train))
     info = data_info(cfg, train)
     model = build_method(cfg, info, load_weights=resume is None)
-    check_step_memory(model, cfg)  # on a CPU: a step too large is refused in one line, not killed by the kernel
+    model.step_memory = check_step_memory(model, cfg)  # on a CPU: refused if too large; FirstStepMemory reads it
     return Start(train, model, backbone_meta(cfg, info))
 
 

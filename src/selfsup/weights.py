@@ -648,13 +648,20 @@ def convert(raw: RawWeights, module: nn.Module, what: str,
     """The source's tensors under the backbone's keys, ready for a strict ``load_state_dict`` (a ``.safetensors``
     file's still :class:`LazyTensor`: ``real``); a one-line UserError naming every mismatch otherwise.
     ``hash_source``: the facts' ``source_sha256`` of the tensors as read (a frozen network's identity)."""
+    state, facts, source = _converted(raw, module, what)
+    facts.source_sha256 = state_sha256(source) if hash_source else ""
+    return state, facts
+
+
+def _converted(raw: RawWeights, module: nn.Module, what: str) -> tuple[dict[str, Tensor], StartFacts, Mapping]:
+    """``convert``'s state and facts, and the source mapping as read (what ``source_sha256`` hashes)."""
     target = module.state_dict()
     keys = set(target)
     wrapper, prefix, state = choose(raw, keys)
+    source = dict(state)  # as read: the conversion below replaces entries of ``state`` (the position table)
     layout = _layout(raw, wrapper, prefix)
     facts = StartFacts(source="", kind=raw.kind, path=raw.path, wrapper=wrapper, prefix=prefix, layout=layout,
-                       dropped=_outside(raw, wrapper, prefix),
-                       source_sha256=state_sha256(state) if hash_source else "")
+                       dropped=_outside(raw, wrapper, prefix))
     _check_meta(raw, module, what)
     facts.heads = _check_heads(raw, layout, state, module, what)
     state = _as_named(state, keys)
@@ -681,7 +688,7 @@ def convert(raw: RawWeights, module: nn.Module, what: str,
             state[key] = target[key].clone()
             facts.kept.append(key)
     _check_fit(raw, state, target, module, (wrapper, prefix, layout), what)
-    return state, facts
+    return state, facts, source
 
 
 def _check_fit(raw: RawWeights, state: Mapping[str, Tensor], target: Mapping[str, Tensor], module: nn.Module,
@@ -764,14 +771,20 @@ def copy_into(module: nn.Module, state: Mapping[str, Tensor], chunk_bytes: int =
     """``state`` (converted and checked: every key of ``module``) copied into ``module`` a few tensors at a time
     (``load_state_dict`` of each group, so a module's own loading hooks run): a ``.safetensors`` file's tensors are
     read as they are copied, and a mapped torch file's pages as they are touched; no second copy of the file.
-    ``assign``: the tensors read become the module's (a module built on the meta device: nothing allocated twice;
-    a mapped torch file's tensors stay mapped), in the module's dtypes."""
-    own = module.state_dict() if assign else {}
+    ``assign``: the module takes the source's tensors themselves (``load_state_dict(assign=True)``; one of another
+    dtype or device is converted first), so its own are freed (a module built on the meta device: nothing allocated
+    twice) and a mapped torch file's pages are the network's: one copy in memory, not the module's and the file's
+    (a frozen network, never trained or exported)."""
+    # the module's dtype and device of each key, not its tensors: held here, they could not be freed
+    own = {k: (v.dtype, v.device) for k, v in module.state_dict().items()} if assign else {}
     group, size = {}, 0
     for key in state:
         t = real(state[key])
-        if assign and t.dtype != own[key].dtype:
-            t = t.to(own[key].dtype)
+        if assign:
+            dtype, device = own[key]
+            device = t.device if device.type == "meta" else device
+            if (t.dtype, t.device) != (dtype, device):
+                t = t.to(device, dtype)
         group[key], size = t, size + t.numel() * t.element_size()
         if size >= chunk_bytes:
             _load_group(module, group, assign)
@@ -789,12 +802,15 @@ def _load_group(module: nn.Module, group: dict[str, Tensor], assign: bool = Fals
 def load_weights(module: nn.Module, spec: str, what: str = "model.weights",
                  raw: RawWeights | None = None, hash_source: bool = False, assign: bool = False) -> StartFacts:
     """Load the source ``spec`` into ``module`` (strict: every key of the module, no other); the facts of it.
-    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``;
-    ``assign``: see ``copy_into`` (a module on the meta device)."""
+    ``raw``: the source already read (``read_weights``), so a file is read once; ``hash_source``: see ``convert``,
+    hashed once the tensors are in (a mapped file's pages then are the module's, with ``assign``: see
+    ``copy_into``; a module on the meta device takes them)."""
     raw = read_weights(spec, module, what) if raw is None else raw
-    state, facts = convert(raw, module, what, hash_source)
+    state, facts, source = _converted(raw, module, what)
     copy_into(module, state, assign=assign)
     del state
+    facts.source_sha256 = state_sha256(source) if hash_source else ""
+    del source
     loaded = module.state_dict()
     facts.source, facts.tensors = spec, len(loaded)
     facts.sha256 = state_sha256(loaded)
@@ -903,7 +919,7 @@ def build_from_weights(spec: str, backbone: str, kwargs: dict, in_chans: int, im
         raise UserError(f"{what}: the teacher {backbone} cannot be built ({' '.join(str(e).split())})") from None
     facts = load_weights(module, "timm" if spec.startswith(TIMM_PREFIX) and spec[len(TIMM_PREFIX):] ==
                          getattr(module, "timm_recipe", {}).get("model") else spec, what, raw, hash_source=True,
-                         assign=meta)
+                         assign=True)  # frozen: the file's tensors are the network's, one copy
     if meta and any(t.is_meta for t in module.state_dict().values()):
         raise RuntimeError(f"{spec}: a tensor of the {backbone} was not in the file (built on the meta device)")
     facts.source = spec

@@ -21,13 +21,22 @@ image) needs ~372 MiB an image, ~93 GiB at batch 256, refused in about 4 s; at i
 
 from __future__ import annotations
 
+import re
+import resource
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+import lightning.pytorch as pl
 import torch
 from torch import nn
 
 from selfsup.errors import UserError
+from selfsup.runs.facts import mark_run
 
+# a first step measured past WIDE x its estimate and SLACK above it is said in one line (the first step's one-off
+# allocations, the allocator's arenas and the kernels' workspaces, measured ~90 MiB on byol-digits: not a wide miss)
+WIDE, SLACK = 2.0, 256 << 20
 HEADS_SHARE = 1.3  # the backbone's saved tensors × this: the heads, the loss, the allocator's slack
 FIT_SHARE = 0.9  # of the free memory a step may take
 GIB = 1 << 30
@@ -116,15 +125,14 @@ def runs_on_cpu(cfg) -> bool:
 
 def check_step_memory(method: nn.Module, cfg, device: torch.device | None = None) -> StepEstimate | None:
     """Refuse in one line a step that would not fit the free memory of ``device``, naming the keys that shrink
-    it; returns the estimate (None where it cannot be made). ``device`` None: the CPU for a run on the CPU, no
-    check for a run on a GPU (CUDA's own out-of-memory error names the allocation there)."""
-    if device is None:
-        if not runs_on_cpu(cfg):
-            return None
-        device = torch.device("cpu")
+    it; returns the estimate (None where it cannot be made). ``device`` None: the CPU for a run on the CPU; a run
+    on a GPU is estimated (on the CPU, before the model moves) and not refused: CUDA's own out-of-memory error
+    names the allocation there, and ``FirstStepMemory`` sets the estimate beside the measured step."""
+    refuse = device is not None or runs_on_cpu(cfg)
+    device = device or torch.device("cpu")
     per_process = cfg.data.batch_size
     estimate = step_estimate(method, per_process)
-    free = free_memory(device)
+    free = free_memory(device) if refuse else None
     if estimate is None or free is None or estimate.total <= free * FIT_SHARE:
         return estimate
     fits = estimate.largest_batch(free)
@@ -137,3 +145,82 @@ def check_step_memory(method: nn.Module, cfg, device: torch.device | None = None
         f"{_size(estimate.per_image)} of activations an image at data.image_size={size}"
         f"{grid}), {where} has {_size(free)} free: {fix}" + (", or raise model.patch_size" if patch else "")
         + " (or trainer.accumulate_grad_batches for the same global batch)")
+
+
+STATUS = Path("/proc/self/status")
+
+
+def _status_bytes(field: str) -> int | None:
+    """A ``/proc/self/status`` field in bytes (VmRSS: resident now; VmHWM: the resident peak), None without it."""
+    try:
+        found = re.search(rf"^{field}:\s+(\d+) kB", STATUS.read_text(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) * 1024 if found else None
+
+
+def reset_resident_peak() -> bool:
+    """Reset this process's resident peak (VmHWM) to its resident set now (Linux's ``/proc/self/clear_refs``,
+    value 5); False where it cannot be reset (then ``ru_maxrss``, the peak since the process began, is read)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _status_bytes("VmHWM") is not None
+
+
+def resident_peak() -> int:
+    """This process's resident peak in bytes: VmHWM, else ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+class FirstStepMemory(pl.Callback):
+    """The first optimiser step's measured peak memory beside the estimate made before it (the method's
+    ``step_memory``, a ``StepEstimate``): ``run.json``'s ``step_memory``, and one line when the peak passes ``WIDE``
+    times the estimate (and ``SLACK`` above it). Measured around the first step of a session only, from the hooks
+    before and after it, never inside the (compiled) step: on a GPU torch's peak of allocated bytes since the step began
+    (``torch.cuda.max_memory_allocated``; the weights included, as in the estimate); on a CPU the process's resident
+    peak during the step less its resident set before it, plus the method's weights and buffers, which were resident
+    before it (the estimate's state counts them)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.start, self.before, self.how = Path(run_dir), None, 0, ""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.start is not None or not trainer.is_global_zero:
+            return
+        self.start, device = trainer.global_step, pl_module.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.before, self.how = 0, "torch.cuda.max_memory_allocated"
+        else:
+            reset = reset_resident_peak()
+            self.before = _status_bytes("VmRSS") if reset else 0
+            self.how = "resident peak less resident before, plus the weights" if reset else \
+                "ru_maxrss (the process's peak: no VmHWM reset here)"
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.start is None or self.how == "done" or trainer.global_step == self.start:
+            return  # before the first optimiser step is done (accumulated micro-batches)
+        device = pl_module.device
+        if device.type == "cuda":
+            measured = torch.cuda.max_memory_allocated(device)
+        else:
+            held = sum(t.numel() * t.element_size() for t in (*pl_module.parameters(), *pl_module.buffers()))
+            measured = resident_peak() - self.before + (held if self.before else 0)
+        estimate = getattr(pl_module, "step_memory", None)
+        mark_run(self.run_dir, step_memory={
+            "step": int(trainer.global_step), "device": device.type, "measured_bytes": int(measured),
+            "measured": self.how, "estimate_bytes": estimate.total if estimate else None,
+            "estimate_per_image_bytes": estimate.per_image if estimate else None,
+            "batch": estimate.batch if estimate else None})
+        self.how = "done"
+        if estimate and measured > max(WIDE * estimate.total, estimate.total + SLACK):
+            print(f"selfsup: the first step peaked at {_size(measured)}, {measured / estimate.total:.1f} x the "
+                  f"{_size(estimate.total)} estimated before it (runs/memory.py): the memory check underestimates "
+                  "this run; watch the machine's memory, or lower data.batch_size", file=sys.stderr)

@@ -34,7 +34,12 @@ the student's patches with the teacher's (the same patch). Distillation (``disti
 ``method.teacher.weights``; its queue follows LightlyTrain's buckets of the image count (``QUEUE_BUCKETS``).
 
 With ``model.weights`` (continued pretraining) the recipe is docs/pretrained.md's adaptation: the base's peak lr
-times ``ADAPT_LR`` and a warm-up of ``ADAPT_WARMUP`` epoch, so the first steps do not undo what the model knows.
+times ``ADAPT_LR`` and a warm-up of ``ADAPT_WARMUP`` epoch, so the first steps do not undo what the model knows; a
+torchvision ResNet file (``source_resnet``: its keys and shapes) makes the student that ResNet.
+
+A GPU preset given a folder where the run trains on the CPU (``gpu_preset_on_cpu``) gets the same reading of the
+folder for the CPU (``cpu_recipe``): size, data-sized heads and queues, a batch of at most ``CPU_BATCH``, about
+``TARGET_STEPS`` steps, float32, one process and the cores' workers, each change printed beside the preset's value.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ from selfsup.export import read_meta
 from selfsup.layouts import hf_config
 from selfsup.methods import METHODS
 from selfsup.models.backbones import TIMM_PREFIX
+from selfsup.models.resnet import RESNET_NAMES
+from selfsup.weights import PREFIXES, read_weights
 
 BASES = {"moco_v3": "moco-v3-vit-fmnist", "byol": "byol-fmnist", "simsiam": "simsiam-fmnist", "simclr": "simclr-fmnist",
          "barlow_twins": "barlow-twins-fmnist", "vicreg": "vicreg-fmnist", "dino": "dino-fmnist", "swav": "swav-fmnist",
@@ -81,6 +88,7 @@ MIN_SIZE, MAX_SIZE_CPU, MAX_SIZE_GPU = 16, 64, 224
 GRID_CPU, GRID_GPU = 4, 8  # ViT patches a side: 16 tokens on a CPU (the *-fmnist presets' 28 / 7), 64 on a GPU
 GRID_CPU_OF = {"ijepa": 7}  # I-JEPA's target blocks need more patches: ijepa-fmnist's 7 x 7 (28 / 4)
 MIN_BATCHES, MIN_BATCH = 4, 8
+CPU_BATCH = 64  # a GPU preset's batch on a CPU (gpu_preset_on_cpu): a step of seconds, not minutes
 TARGET_STEPS, MIN_EPOCHS, MAX_EPOCHS = 1000, 5, 300
 WARMUP_SHARE = 0.1
 IMAGES_PER_PROTOTYPE, MIN_PROTOTYPES = 8, 64
@@ -130,6 +138,39 @@ def source_patch(spec: str | None) -> int | None:
     except Exception:  # the loader names what is wrong with the file when the run builds it
         return None
     return _kernel(state)
+
+
+# torchvision's ResNets by their blocks a stage and block kind (torchvision models/resnet.py: resnet18 .. resnet152)
+RESNET_STAGES = {((2, 2, 2, 2), False): "resnet18", ((3, 4, 6, 3), False): "resnet34", ((3, 4, 6, 3), True): "resnet50",
+                 ((3, 4, 23, 3), True): "resnet101", ((3, 8, 36, 3), True): "resnet152"}
+
+
+def source_resnet(spec: str | None) -> tuple[str, bool] | None:
+    """The selfsup ResNet a weights source holds, read from its keys and shapes without building it: (its name,
+    whether its stem is the small 3 x 3 one), from a selfsup export's metadata or a torchvision-layout state dict
+    (blocks a stage, BasicBlock or Bottleneck, conv1's kernel; any wrapper or prefix ``model.weights`` strips);
+    None for any other network or a source that cannot be read here (the run names what is wrong)."""
+    if not spec or spec.startswith(TIMM_PREFIX) or not Path(spec).expanduser().exists():
+        return None
+    try:
+        raw = read_weights(str(Path(spec).expanduser()), None, "model.weights")
+    except (UserError, OSError):
+        return None
+    if raw.kind == "selfsup":
+        kwargs = raw.meta.get("kwargs", {})
+        name = raw.meta.get("backbone")
+        return (name, bool(kwargs.get("small_stem"))) if name in RESNET_NAMES else None
+    for state in raw.candidates.values():
+        for prefix in PREFIXES:
+            stem = state.get(f"{prefix}conv1.weight")
+            if stem is None or len(stem.shape) != 4 or f"{prefix}layer1.0.conv1.weight" not in state:
+                continue
+            depth = 1 + prefix.count(".")  # the block index of layer<i>.<block>. after the prefix
+            blocks = tuple(len({k.split(".")[depth] for k in state if k.startswith(f"{prefix}layer{i}.")})
+                           for i in range(1, 5))
+            name = RESNET_STAGES.get((blocks, f"{prefix}layer1.0.conv3.weight" in state))
+            return (name, stem.shape[-1] == 3) if name else None
+    return None
 
 
 def _kernel(obj, depth: int = 0) -> int | None:
@@ -190,8 +231,10 @@ def _given(overrides: dict, key: str) -> bool:
 def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[dict, list[tuple[str, object, str]]]:
     """The recipe's config mapping (the base preset, the resolved values, then ``overrides`` on top) and the
     resolved values with why: (key, value, reason), the keys the user set left out."""
-    base = student_moved(load_preset(BASES[method]), overrides)  # a ResNet asked for: the base's ViT keys reset
-    cfg = resolve(merge(base, overrides))  # the base with the user's keys: what the resolution starts from
+    held = None if _given(overrides, "model.backbone") else source_resnet((overrides.get("model") or {}).get("weights"))
+    given = merge(overrides, {"model": {"backbone": held[0]}}) if held else overrides
+    base = student_moved(load_preset(BASES[method]), given, say=not held)  # a ResNet: the base's ViT keys reset
+    cfg = resolve(merge(base, given))  # the base with the user's keys: what the resolution starts from
     gpu = facts.gpu is not None
     chosen: list[tuple[str, object, str]] = []
 
@@ -199,6 +242,10 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
         if not _given(overrides, key):
             chosen.append((key, value, why))
 
+    if held:
+        put("model.backbone", held[0], f"model.weights holds a torchvision {held[0]} (the base's ViT settings reset)")
+        if held[1]:
+            put("model.small_stem", True, "model.weights' 3 x 3 stem")
     put("data.name", "imagefolder" if facts.labelled else "images",
         "train/<class>/ folders: labelled" if facts.labelled else "an unlabelled folder")
     put("data.root", str(facts.root), "")
@@ -230,10 +277,12 @@ def resolve_recipe(method: str, facts: FolderFacts, overrides: dict) -> tuple[di
     return merge(merge(base, values), overrides), chosen
 
 
-def _size_and_patch(method: str, facts: FolderFacts, cfg: RunConfig, overrides: dict, put) -> tuple[int, int | None]:
+def _size_and_patch(method: str, facts: FolderFacts, cfg: RunConfig, overrides: dict, put,
+                    keep: bool = False) -> tuple[int, int | None]:
     """``data.image_size`` and the ViT patch (None: a ConvNet). The size: the median shorter side clamped to the
     machine's range. A patch the user, the weights or a timm backbone fixes is kept, a teacher's patch too, and the
-    size is a multiple of each; otherwise a selfsup ViT gets ``size // grid`` (a grid of ``GRID_*`` patches)."""
+    size is a multiple of each; otherwise a selfsup ViT gets ``size // grid`` (a grid of ``GRID_*`` patches), or
+    with ``keep`` and no teacher the patch of ``cfg`` (a preset's ViT-S/14 stays /14)."""
     gpu = facts.gpu is not None
     median = int(statistics.median(facts.short_sides))
     top, grid = (MAX_SIZE_GPU, GRID_GPU) if gpu else (MAX_SIZE_CPU, GRID_CPU_OF.get(method, GRID_CPU))
@@ -242,6 +291,8 @@ def _size_and_patch(method: str, facts: FolderFacts, cfg: RunConfig, overrides: 
     own = cfg.model.backbone.startswith(("vit_", "deit_"))  # a selfsup ViT: its patch is the recipe's to choose
     fixed, source = _fixed_patch(cfg, overrides)
     teacher = source_patch(cfg.method.teacher.weights) if method in TEACHER_METHODS else None
+    if own and keep and fixed is None and not teacher and method not in GRID_CPU_OF:  # I-JEPA: its grid
+        fixed, source = cfg.model.patch_size, "the preset"
     unit = math.lcm(*(p for p in (fixed, teacher) if p)) if (fixed or teacher) else 1
     if not given_size and unit > 1:
         size = max(unit, size // unit * unit)
@@ -397,3 +448,92 @@ def keep_grid(preset: str, items: list[str]) -> list[str]:
               f"{native} px, patch {base.model.patch_size}): model.patch_size={patch}, data.image_size={size} (the "
               f"folder's median shorter side, {median} px); set either to choose")
     return [*items, f"model.patch_size={patch}", f"data.image_size={size}"]
+
+
+def _value(cfg: RunConfig, key: str):
+    section, _, name = key.partition(".")
+    return getattr(getattr(cfg, section), name, None)
+
+
+def gpu_preset_on_cpu(preset: str, items: list[str]) -> list[str]:
+    """A GPU preset (``trainer.accelerator: gpu``) given ``data.root=FOLDER`` of images, run where there is no GPU
+    (or with ``trainer.accelerator=cpu``): what runs on the CPU, resolved from the folder as the folder recipe
+    resolves it (``cpu_recipe``) and printed in one block, each changed key with the preset's value. Returns
+    ``items`` with those keys added; unchanged for any other preset, or on a GPU."""
+    overrides = parse_overrides(items)
+    root = (overrides.get("data") or {}).get("root")
+    if not root:
+        return items
+    preset_data = load_preset(preset)
+    asked = (overrides.get("trainer") or {}).get("accelerator")
+    if str((preset_data.get("trainer") or {}).get("accelerator")) not in ("gpu", "cuda") or (
+            asked != "cpu" and (torch.cuda.is_available() or asked in ("gpu", "cuda"))):
+        return items
+    moved = student_moved(preset_data, overrides, say=False)  # said again when the run's config is loaded
+    cfg = resolve(merge(moved, overrides))
+    if cfg.data.name not in FOLDER_DATASETS:
+        return items
+    facts = folder_facts(root)
+    facts.gpu = None  # the recipe of this machine's CPU, whatever CUDA shows (trainer.accelerator=cpu)
+    own = resolve(moved)
+    chosen = [(k, v, why) for k, v, why in cpu_recipe(cfg, facts, overrides) if k != "data.root" and (
+        v != _value(own, k) or k == "trainer.accelerator")]
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        lines = [f"selfsup: {preset} is a GPU preset and this machine trains on its {facts.cores} CPU cores: what "
+                 f"runs here, sized to {facts.root} ({facts.images} images, "
+                 f"{'labelled' if facts.labelled else 'unlabelled'}); any key=value you give wins:"]
+        said = [(f"{k}={_said(v)}", why, _said(_value(own, k))) for k, v, why in chosen]
+        width = max(len(item) for item, _, _ in said)
+        lines += [f"  {item:<{width}}  {why}{'; ' if why else ''}the preset's {was}" for item, why, was in said]
+        print("\n".join(lines))
+    return [*items, *(f"{k}={_said(v)}" for k, v, _ in chosen)]
+
+
+def _said(value) -> str:
+    """A value as an override gives it (YAML's null, true, false)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def cpu_recipe(cfg: RunConfig, facts: FolderFacts, overrides: dict) -> list[tuple[str, object, str]]:
+    """The keys of a GPU preset's ``cfg`` that run on a CPU, with why: the folder recipe's image size (the model's
+    and the teacher's patch grid), data-sized heads and queues, one CPU device in float32 with the cores' workers;
+    a batch of at most ``CPU_BATCH`` and the preset's epochs cut to about ``TARGET_STEPS`` steps, its warm-up the
+    same share of the run; the evaluation's resize follows the size. Keys in ``overrides`` are left out."""
+    chosen: list[tuple[str, object, str]] = []
+
+    def put(key: str, value, why: str) -> None:
+        if not _given(overrides, key):
+            chosen.append((key, value, why))
+
+    method = cfg.method_name
+    put("data.name", "imagefolder" if facts.labelled else "images",
+        "train/<class>/ folders: labelled" if facts.labelled else "an unlabelled folder")
+    if not facts.labelled:
+        put("eval.knn_every_n_steps", 0, "no labels")
+        put("eval.online_probe", False, "no labels")
+    size, patch = _size_and_patch(method, facts, cfg, overrides, put, keep=True)
+    if cfg.augment.local_crops_number and not _given(overrides, "augment.local_crops_size"):
+        local = round(size * 96 / 224 / (patch or 1)) * (patch or 1)
+        put("augment.local_crops_size", max(patch or 8, local), "96/224 of the image size, as DINO's")
+    if cfg.data.load_size:
+        put("data.load_size", None, "the evaluation's resize follows the image size (its / 0.875)")
+    batch = cfg.data.batch_size if _given(overrides, "data.batch_size") else max(MIN_BATCH, min(
+        cfg.data.batch_size, CPU_BATCH, _pow2_at_most(facts.images / MIN_BATCHES), facts.images // 2))
+    put("data.batch_size", batch, f"a CPU step: at most {CPU_BATCH} and {facts.images} images / {MIN_BATCHES}")
+    steps_per_epoch = max(1, facts.images // batch)
+    t = cfg.trainer
+    if t.max_steps:
+        put("trainer.max_steps", min(t.max_steps, TARGET_STEPS), f"at most ~{TARGET_STEPS} optimiser steps")
+    epochs = cfg.trainer.max_epochs if _given(overrides, "trainer.max_epochs") else max(
+        1, min(t.max_epochs, -(-TARGET_STEPS // steps_per_epoch)))
+    put("trainer.max_epochs", epochs, f"at most ~{TARGET_STEPS} optimiser steps of {steps_per_epoch} an epoch")
+    if cfg.optim.warmup_epochs and epochs != t.max_epochs:
+        share = cfg.optim.warmup_epochs / max(t.max_epochs, 1)
+        put("optim.warmup_epochs", round(share * epochs, 4), f"the preset's {share:.0%} of the run")
+    _data_sizes(method, cfg.method, facts, batch, put)
+    put("trainer.accelerator", "cpu", facts.gpu or f"no GPU; {facts.cores} CPU cores")
+    put("trainer.devices", 1, "one process")
+    put("trainer.strategy", "auto", "one process")
+    put("trainer.precision", "32-true", "float32 on a CPU (bf16 autocast is slower there)")
+    put("data.num_workers", min(8, max(0, facts.cores - 1)), f"{facts.cores} cores less one, at most 8")
+    return chosen

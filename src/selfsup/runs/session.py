@@ -23,13 +23,17 @@ from selfsup.runs.source import load_source, loss_embedding, with_flow_features,
 def data_config(source, name: str | None = None, root: str | None = None) -> DataConfig:
     """The run's DataConfig (or one for the backbone's training dataset) with ``name`` / ``root`` overrides.
     Image files without ``data.image_size``: the run's own at the size it trained at (a run made before the size was
-    recorded), another dataset at its first images' size (``datasets.infer_image_size``)."""
+    recorded), a weights file's folder (no run: a DINOv2 hub file, a torchvision file) at the size its backbone
+    takes, what its features are computed at (nothing inferred from the files or said), a run's other folder at
+    its first images' size (``datasets.infer_image_size``)."""
     run_cfg = getattr(source, "run_cfg", None)
     base = copy.deepcopy(run_cfg.data) if run_cfg is not None else DataConfig(name=source.meta.get("dataset", "digits"))
     if base.name in DECODED and base.image_size is None and run_cfg is not None:
         base.image_size = source.meta.get("image_size")
     if name and name != base.name:
         base = DataConfig(name=name)  # another dataset: none of the run's root / layout settings apply
+    if base.name in DECODED and base.image_size is None and run_cfg is None:
+        base.image_size = source.meta.get("image_size")
     if base.name in UNLABELLED:
         raise needs_labels(base.name)
     if root:
