@@ -231,6 +231,33 @@ def test_v2_and_v3_read_a_dinov3_teacher_file_s_grid(tmp_path):
         assert torch.isfinite(loss) and m.backbone.cls_token.grad is not None
 
 
+def test_a_dinov3_convnext_teacher_file_gives_its_last_map_to_v2_and_v3(tmp_path):
+    """A DINOv3 ConvNeXt hub file as the teacher: v3's pooled feature is the mean of its normed last map (2 × 2 at
+    64 px), and a step trains; v2 takes its last map only (n_teacher_blocks=1), its last two stages are one line."""
+    from ssl_helpers import tiny_config
+
+    from selfsup.methods import DataInfo
+    from selfsup.methods.build import build_method
+    from selfsup.models.dinov3 import DINOv3ConvNeXt
+
+    torch.save(_randomised(DINOv3ConvNeXt(depths=(1, 1, 1, 1), dims=(4, 8, 8, 12))).state_dict(), tmp_path / "c.pth")
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+
+    def method(version, **extra):
+        cfg = tiny_config("distill", {"teacher": {"weights": str(tmp_path / "c.pth")}, "queue_size": 8,
+                                      "version": version, **extra}, data={"image_size": 64}, model={"patch_size": 16})
+        return build_method(cfg, DataInfo(3, 64, (0.5,) * 3, (0.25,) * 3))
+
+    for m in (method("v3"), method("v2", n_teacher_blocks=1)):
+        assert isinstance(m.teacher.network, DINOv3ConvNeXt)
+        pooled, fmap = m.teacher_maps(x)
+        assert pooled.shape == (2, 12) and fmap.shape == (2, 12, 2, 2)
+        torch.testing.assert_close(pooled, fmap.mean(dim=(2, 3)))
+        assert torch.isfinite(m.forward_views([x]).loss)
+    with pytest.raises(UserError, match="method.n_teacher_blocks=2: a DINOv3ConvNeXt teacher gives its last feature"):
+        method("v2", n_teacher_blocks=2)
+
+
 def test_the_student_map_is_projected_per_position_then_resized_bilinearly_to_the_teacher_grid():
     g = torch.Generator().manual_seed(2)
     fmap = torch.randn(2, 3, 2, 2, generator=g)
