@@ -191,6 +191,9 @@ def test_feature_maps_of_a_dinov3_convnext_are_its_normed_last_stage_pooled_by_t
     torch.testing.assert_close(fmap.flatten(2).transpose(1, 2), net.forward_dict(x)["x_norm_patchtokens"])
     with pytest.raises(UserError, match="a DINOv3 ConvNeXt gives its last stage's map, not its last 2"):
         feature_maps(net, x, 2)
+    assert feature_maps(net, x[..., :32, :32])[1][0].shape == (2, 12, 1, 1)
+    with pytest.raises(UserError, match=r"at least 32 px a side \(its stride\), got \(31, 32\); set data.image_size"):
+        net(x[..., :31, :32])
 
 
 def dinov3_hub_file(tmp_path, name="dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth", **kwargs) -> str:

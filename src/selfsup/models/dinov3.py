@@ -421,6 +421,9 @@ class DINOv3ConvNeXt(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def feature_map(self, x: Tensor) -> Tensor:
+        if min(x.shape[-2:]) < 32:  # the stem's stride 4, then three of 2: a 1 x 1 map left for the last 2 x 2 conv
+            raise UserError(f"a DINOv3 ConvNeXt needs images of at least 32 px a side (its stride), got "
+                            f"{tuple(x.shape[-2:])}; set data.image_size=32 or more")
         for down, stage in zip(self.downsample_layers, self.stages):
             x = stage(down(x))
         return x
