@@ -13,12 +13,15 @@ device, mode and gradient; each step's wall time (the device synchronised at its
 steps (the loader's wait and the loop); the teacher's forward alone on the step's batch; the peak memory the
 process allocated on the GPU; every step's loss and whether all are finite.
 
-The v3 presets (LightlyTrain's current distillation, a ViT-B/14 teacher: ``MORE``) run with ``--presets``; the GPU
-session's ``distill`` part runs the two v1 presets.
+The v3 presets (LightlyTrain's current distillation, a DINOv2 ViT-B/14 or a DINOv3 ViT-B/16 teacher: ``MORE``; the
+DINOv3 stand-in is selfsup's ``dinov3_vitb16`` in the official hub layout, random values) run with ``--presets``; the
+GPU session's ``distill`` part runs the two v1 presets.
 
     python -m benchmarks.distill_presets --out distill_presets_gpu.json       # on a GPU host
     python -m benchmarks.distill_presets --presets distill-v3-dinov2-vitb14-r18-imagefolder,\
         distill-v3-dinov2-vitb14-vits-imagefolder --out distill_v3_presets_gpu.json
+    python -m benchmarks.distill_presets --presets distill-dinov3-vitb16-r18-imagefolder,\
+        distill-dinov3-vitb16-vits-imagefolder --out distill_dinov3_presets_gpu.json
     python -m benchmarks.distill_presets --dry-run --out /tmp/distill.json    # on a CPU, toy size
 """
 
@@ -43,18 +46,23 @@ CONFIG_KEYS = ("model.backbone", "model.patch_size", "data.image_size", "data.ba
                "data.decode", "trainer.precision", "trainer.accelerator", "optim.name", "method.queue_size",
                "method.version")
 PRESETS = ("distill-dinov2-vits14-r18-imagefolder", "distill-dinov2-vits14-vits-imagefolder")
-# the other GPU distillation presets (--presets): LightlyTrain's v3 from a ViT-B/14 teacher
-MORE = ("distill-v3-dinov2-vitb14-r18-imagefolder", "distill-v3-dinov2-vitb14-vits-imagefolder")
-# a preset's teacher file → timm's DINOv2 model whose shapes its hub-layout stand-in takes
+# the other GPU distillation presets (--presets): LightlyTrain's v3 from a DINOv2 ViT-B/14 and a DINOv3 ViT-B/16
+MORE = ("distill-v3-dinov2-vitb14-r18-imagefolder", "distill-v3-dinov2-vitb14-vits-imagefolder",
+        "distill-dinov3-vitb16-r18-imagefolder", "distill-dinov3-vitb16-vits-imagefolder")
+# a preset's teacher file → timm's DINOv2 model whose shapes its hub-layout stand-in takes (a DINOv3 file: selfsup's
+# own DINOv3 ViT of that name, whose state dict is the official module's, with the file's (1, D) mask token)
 TEACHERS = {"dinov2_vits14_pretrain.pth": "vit_small_patch14_dinov2",
-            "dinov2_vitb14_pretrain.pth": "vit_base_patch14_dinov2"}
+            "dinov2_vitb14_pretrain.pth": "vit_base_patch14_dinov2",
+            "dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth": "dinov3_vitb16"}
 NOTE = ("teacher: a checkpoint written on the device in DINOv2's torch.hub layout (the preset's file's keys and "
         "shapes, dinov2_vits14_pretrain.pth or dinov2_vitb14_pretrain.pth: LayerScale ls1/ls2, mask_token, a 518-px "
         "pos_embed of 37x37+1) with random values (timm's vit_small / vit_base_patch14_dinov2 init), the real file "
         "being out of reach of a device with no network: this checks "
         "the loading path, the position table's resampling, the frozen teacher's bf16 autocast, the step time and the "
         "peak memory on the GPU, not the weights' quality. Data: synthetic JPEGs (smooth colour fields, "
-        "benchmarks.decode.make_jpegs), an unlabelled folder as the presets take it")
+        "benchmarks.decode.make_jpegs), an unlabelled folder as the presets take it. A DINOv3 preset's teacher: "
+        "selfsup's dinov3_vitb16 (random init) in DINOv3's hub layout (the official module's keys, a (1, D) "
+        "mask_token)")
 
 
 def write_images(folder: Path, n: int, side: int, unique: int = 256) -> Path:
@@ -179,11 +187,28 @@ def teacher_of(preset: str) -> str:
     return name
 
 
+def write_dinov3_teacher(path: Path, name: str, seed: int = 0) -> Path:
+    """DINOv3's hub layout: selfsup's ``name`` (random init; the official module's keys) and a (1, D) mask token."""
+    from selfsup.models.backbones import build_backbone
+
+    torch.manual_seed(seed)
+    net = build_backbone(name, in_chans=3, image_size=224)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**net.state_dict(), "mask_token": torch.zeros(1, net.embed_dim)}, path)
+    return path
+
+
 def write_teacher(path: Path) -> dict:
     """The hub-layout stand-in of the file ``path.name`` (``TEACHERS``), written to ``path``: its layout's facts."""
     from benchmarks.hub_layout import write_hub_checkpoint
 
-    teacher = write_hub_checkpoint(path, TEACHERS[path.name])
+    model = TEACHERS[path.name]
+    if model.startswith("dinov3"):
+        hub = torch.load(write_dinov3_teacher(path, model), map_location="cpu", weights_only=True)
+        return {"keys": len(hub), "rope_periods": list(hub["rope_embed.periods"].shape),
+                "storage_tokens": list(hub["storage_tokens"].shape), "mask_token": list(hub["mask_token"].shape),
+                "layer_scale": "blocks.0.ls1.gamma" in hub, "mib": round(path.stat().st_size / 2**20, 1)}
+    teacher = write_hub_checkpoint(path, model)
     hub = torch.load(teacher, map_location="cpu", weights_only=True)
     return {"keys": len(hub), "pos_embed": list(hub["pos_embed"].shape), "mask_token": list(hub["mask_token"].shape),
             "layer_scale": "blocks.0.ls1.gamma" in hub and "blocks.0.ls2.gamma" in hub,
@@ -221,7 +246,9 @@ def main(argv=None) -> int:
             teacher = work / teachers[preset]
             overrides = [f"data.root={images}", f"method.teacher.weights={teacher}", "trainer.max_epochs=1",
                          f"trainer.limit_train_batches={steps}", "trainer.progress_bar=false", "trainer.seed=0", *toy]
-            if args.dry_run and "vits" in preset.split("-")[-2]:
+            if args.dry_run and teachers[preset].startswith("dinov3"):
+                overrides.append("data.image_size=32")  # the DINOv3 teacher's 2 x 2 patches of 16 px
+            elif args.dry_run and "vits" in preset.split("-")[-2]:
                 overrides.append("model.patch_size=14")  # 28 px: the ViT-S/16 student at the teacher's patch
             rows.append(run_preset(preset, overrides, work / "runs" / preset, warmup, device))
             r = rows[-1]

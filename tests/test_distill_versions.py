@@ -134,6 +134,133 @@ def test_feature_maps_of_a_convnet_are_its_last_map_and_its_own_pooled_output(na
         feature_maps(net, x, 2)
 
 
+def _randomised(net, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for t in net.parameters():
+            t.normal_(0, 0.2)
+    return net.eval()
+
+
+def test_feature_maps_of_a_dinov3_vit_are_its_last_blocks_final_norm_patch_tokens():
+    """The official get_intermediate_layers(x, n, norm=True, reshape=True) (dinov3 vision_transformer.py:285-308,
+    lightly-train's copy :321-392) written as its block loop: [CLS, storage, patches], each block with the image's
+    rotary (sin, cos); each of the last n through cls_norm (the class and storage tokens, untied) and norm (the
+    patches); the storage tokens dropped; the patches a row-major grid (here 2 × 3: not square). The pooled feature
+    is the final-norm [CLS] (LightlyTrain's forward_pool, dinov3_vit.py:86-87), forward's."""
+    from selfsup.models.dinov3 import DINOv3ViT
+
+    vit = _randomised(DINOv3ViT(image_size=32, patch_size=4, embed_dim=16, depth=3, num_heads=2, storage_tokens=2,
+                                untie_cls_norm=True))
+    x = torch.randn(2, 3, 8, 12, generator=torch.Generator().manual_seed(1))
+    pooled, maps = feature_maps(vit, x, 2)
+    patches = vit.patch_embed(x)
+    t = torch.cat([vit.cls_token.expand(2, -1, -1), vit.storage_tokens.expand(2, -1, -1), patches], dim=1)
+    rope, outs = vit.rope_embed(2, 3), []
+    for block in vit.blocks:
+        t = block(t, rope)
+        outs.append(torch.cat([vit.cls_norm(t[:, :3]), vit.norm(t[:, 3:])], dim=1))
+    assert len(maps) == 2
+    for got, want in zip(maps, outs[-2:]):
+        assert got.shape == (2, 16, 2, 3)
+        for r in range(2):
+            for c in range(3):
+                torch.testing.assert_close(got[:, :, r, c], want[:, 3 + 3 * r + c])
+    torch.testing.assert_close(pooled, outs[-1][:, 0])
+    torch.testing.assert_close(pooled, vit(x))
+    torch.testing.assert_close(vit.forward_last_blocks(x, 2), torch.cat([o[:, 0] for o in outs[-2:]], dim=-1))
+
+
+def test_feature_maps_of_a_dinov3_convnext_are_its_normed_last_stage_pooled_by_the_mean():
+    """LightlyTrain's DINOv3 ConvNeXt (dinov3_convnext.py:63-78): the last stage's map, the final LayerNorm at each
+    position (x_norm_patchtokens as a grid), pooled by an average pool (not the official [CLS], the norm of the mean);
+    one map only (the stages' widths differ)."""
+    from selfsup.models.dinov3 import DINOv3ConvNeXt
+
+    net = _randomised(DINOv3ConvNeXt(depths=(1, 1, 1, 1), dims=(4, 8, 8, 12)))
+    x = torch.randn(2, 3, 64, 32, generator=torch.Generator().manual_seed(1))
+    pooled, (fmap,) = feature_maps(net, x)
+    y = x
+    for down, stage in zip(net.downsample_layers, net.stages):
+        y = stage(down(y))
+    mu, var = y.mean(1, keepdim=True), y.var(1, unbiased=False, keepdim=True)
+    want = (y - mu) / torch.sqrt(var + 1e-6) * net.norm.weight[:, None, None] + net.norm.bias[:, None, None]
+    assert fmap.shape == (2, 12, 2, 1)
+    torch.testing.assert_close(fmap, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pooled, want.mean(dim=(2, 3)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fmap.flatten(2).transpose(1, 2), net.forward_dict(x)["x_norm_patchtokens"])
+    with pytest.raises(UserError, match="a DINOv3 ConvNeXt gives its last stage's map, not its last 2"):
+        feature_maps(net, x, 2)
+    assert feature_maps(net, x[..., :32, :32])[1][0].shape == (2, 12, 1, 1)
+    with pytest.raises(UserError, match=r"at least 32 px a side \(its stride\), got \(31, 32\); set data.image_size"):
+        net(x[..., :31, :32])
+
+
+def dinov3_hub_file(tmp_path, name="dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth", **kwargs) -> str:
+    """A tiny random DINOv3 ViT in the official hub layout (its state dict and the file's (1, D) mask token), patch
+    16 (the releases')."""
+    from selfsup.models.dinov3 import DINOv3ViT
+
+    net = _randomised(DINOv3ViT(**{"image_size": 32, "patch_size": 16, "embed_dim": 16, "depth": 2, "num_heads": 2,
+                                   **kwargs}))
+    torch.save({**net.state_dict(), "mask_token": torch.zeros(1, net.embed_dim)}, tmp_path / name)
+    return str(tmp_path / name)
+
+
+def test_v2_and_v3_read_a_dinov3_teacher_file_s_grid(tmp_path):
+    """A DINOv3 hub file as the teacher (its architecture read from the file), in its own input normalisation:
+    v3's pooled feature is its [CLS] and its map the 2 × 2 grid of a 32-px view at patch 16; v2 reads its last two
+    blocks (2 × 16 channels); a step of each trains."""
+    from ssl_helpers import tiny_config
+
+    from selfsup.methods import DataInfo
+    from selfsup.methods.build import build_method
+    from selfsup.models.dinov3 import DINOv3ViT
+
+    path = dinov3_hub_file(tmp_path)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    for version, n in (("v3", 1), ("v2", 2)):
+        cfg = tiny_config("distill", {"teacher": {"weights": path}, "queue_size": 8, "version": version},
+                          data={"image_size": 32}, model={"patch_size": 8})
+        m = build_method(cfg, DataInfo(3, 32, (0.5,) * 3, (0.25,) * 3))
+        assert isinstance(m.teacher.network, DINOv3ViT)
+        pooled, fmap = m.teacher_maps(x, n)
+        assert pooled.shape == (2, 16) and fmap.shape == (2, 16 * n, 2, 2)
+        want_pooled, want_maps = feature_maps(m.teacher.network, m.teacher.input_map(x), n)
+        torch.testing.assert_close(fmap, torch.cat(want_maps, dim=1))
+        torch.testing.assert_close(pooled, m.teacher.network(m.teacher.input_map(x)))
+        loss = m.forward_views([x]).loss
+        loss.backward()
+        assert torch.isfinite(loss) and m.backbone.cls_token.grad is not None
+
+
+def test_a_dinov3_convnext_teacher_file_gives_its_last_map_to_v2_and_v3(tmp_path):
+    """A DINOv3 ConvNeXt hub file as the teacher: v3's pooled feature is the mean of its normed last map (2 × 2 at
+    64 px), and a step trains; v2 takes its last map only (n_teacher_blocks=1), its last two stages are one line."""
+    from ssl_helpers import tiny_config
+
+    from selfsup.methods import DataInfo
+    from selfsup.methods.build import build_method
+    from selfsup.models.dinov3 import DINOv3ConvNeXt
+
+    torch.save(_randomised(DINOv3ConvNeXt(depths=(1, 1, 1, 1), dims=(4, 8, 8, 12))).state_dict(), tmp_path / "c.pth")
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+
+    def method(version, **extra):
+        cfg = tiny_config("distill", {"teacher": {"weights": str(tmp_path / "c.pth")}, "queue_size": 8,
+                                      "version": version, **extra}, data={"image_size": 64}, model={"patch_size": 16})
+        return build_method(cfg, DataInfo(3, 64, (0.5,) * 3, (0.25,) * 3))
+
+    for m in (method("v3"), method("v2", n_teacher_blocks=1)):
+        assert isinstance(m.teacher.network, DINOv3ConvNeXt)
+        pooled, fmap = m.teacher_maps(x)
+        assert pooled.shape == (2, 12) and fmap.shape == (2, 12, 2, 2)
+        torch.testing.assert_close(pooled, fmap.mean(dim=(2, 3)))
+        assert torch.isfinite(m.forward_views([x]).loss)
+    with pytest.raises(UserError, match="method.n_teacher_blocks=2: a DINOv3ConvNeXt teacher gives its last feature"):
+        method("v2", n_teacher_blocks=2)
+
+
 def test_the_student_map_is_projected_per_position_then_resized_bilinearly_to_the_teacher_grid():
     g = torch.Generator().manual_seed(2)
     fmap = torch.randn(2, 3, 2, 2, generator=g)
@@ -306,18 +433,28 @@ def test_user_errors(tmp_path):
 # --------------------------------------------------------------------------- the presets
 
 
-@pytest.mark.parametrize("preset, wd", [("distill-v3-dinov2-vitb14-r18-imagefolder", 1e-6),
-                                        ("distill-v3-dinov2-vitb14-vits-imagefolder", 0.04)])
-def test_the_v3_gpu_presets_are_lightlytrain_v3_s_defaults(preset, wd):
+DINOV2_B14, DINOV3_B16 = "dinov2_vitb14_pretrain.pth", "dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth"
+
+
+@pytest.mark.parametrize("preset, wd, teacher", [("distill-v3-dinov2-vitb14-r18-imagefolder", 1e-6, DINOV2_B14),
+                                                 ("distill-v3-dinov2-vitb14-vits-imagefolder", 0.04, DINOV2_B14),
+                                                 ("distill-dinov3-vitb16-r18-imagefolder", 1e-6, DINOV3_B16),
+                                                 ("distill-dinov3-vitb16-vits-imagefolder", 0.04, DINOV3_B16)])
+def test_the_v3_gpu_presets_are_lightlytrain_v3_s_defaults(preset, wd, teacher):
     """distillationv3.py:83-168 and method.py:89-121: τ 0.07 twice, local weight 1, the queue for 20,000+ images,
     AdamW 5e-4 at a batch of 1536 scaled by its square root, wd "auto" (1e-6 for a BatchNorm ConvNet, 0.04 for a
-    ViT), none on biases and norms, warm-up min(10, epochs / 10), the end at 0.001 of the peak, clip 1; the teacher
-    DINOv2 ViT-B/14 (v1 / v2's default: v3's, DINOv3 ViT-B/16, waits for its backbone) at the student's 224 px."""
+    ViT), none on biases and norms, warm-up min(10, epochs / 10), the end at 0.001 of the peak, clip 1, bf16 on a
+    GPU; the teacher DINOv3 ViT-B/16 (v3's default, :96; the official file name, dinov3 hub/backbones.py:57,
+    :277-285) or DINOv2 ViT-B/14 (v1 / v2's) at the student's 224 px; the ViT student DeiT-S/16 with learned
+    positions and truncated-normal init. The teacher's file need not exist for the preset to resolve."""
     from selfsup.config import load_run_config
 
     c = load_run_config(preset, [])
     m, o = c.method, c.optim
-    assert (c.method_name, m.version, m.teacher.weights) == ("distill", "v3", "dinov2_vitb14_pretrain.pth")
+    assert (c.method_name, m.version, m.teacher.weights) == ("distill", "v3", teacher)
+    assert (c.trainer.precision, c.trainer.accelerator, c.trainer.max_epochs) == ("bf16-mixed", "gpu", 100)
+    vit = (c.model.backbone, c.model.patch_size, c.model.pos_embed, c.model.init)
+    assert vit == (("deit_small", 16, "learned", "trunc_normal") if wd == 0.04 else ("resnet18",) + vit[1:])
     assert (m.temperature, m.temperature_local, m.local_weight, m.queue_size, m.mixup) == (0.07, 0.07, 1.0, 8192, True)
     assert (o.name, o.lr_scaling, o.weight_decay, o.decay_1d, tuple(o.betas)) == ("adamw", "sqrt", wd, False,
                                                                                   (0.9, 0.999))

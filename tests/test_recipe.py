@@ -207,6 +207,32 @@ def test_distill_on_a_folder_trains_from_the_cli(tmp_path):
     assert cfg["method"]["queue_size"] == 16 and cfg["data"]["image_size"] % 4 == 0
 
 
+@pytest.mark.train
+def test_distill_on_a_folder_with_a_dinov3_teacher_trains_on_a_cpu(tmp_path):
+    """``selfsup pretrain distill data.root=F method.teacher.weights=DINOv3_FILE`` (LightlyTrain v3's teacher): the
+    recipe reads the file's patch 16 (its patch embedding's kernel), sizes the images to a multiple of it within the
+    CPU's 64 px, the student's own patch to a 4 × 4 grid, a CPU batch, and trains v3 against the teacher's grid."""
+    import json
+
+    import torch
+    from test_distill_versions import dinov3_hub_file
+
+    root = png_folder(tmp_path / "photos", labelled=False)
+    teacher = dinov3_hub_file(tmp_path)
+    assert source_patch(teacher) == 16
+    code, out, err = run_cli("pretrain", "distill", f"data.root={root}", f"method.teacher.weights={teacher}",
+                             "method.version=v3", "data.num_workers=0", "trainer.max_steps=2",
+                             "trainer.progress_bar=false", f"output_dir={tmp_path / 'runs'}", "name=d")
+    assert code == 0, err
+    assert "of the teacher's patch 16" in out and "trainer.accelerator=cpu" in out
+    cfg = yaml.safe_load((tmp_path / "runs" / "d" / "config.yaml").read_text())
+    size, patch = cfg["data"]["image_size"], cfg["model"]["patch_size"]
+    assert size % 16 == 0 and 16 <= size <= 64 and size // patch == 4 and cfg["data"]["batch_size"] == 8
+    facts = json.loads((tmp_path / "runs" / "d" / "run.json").read_text())
+    assert facts["teacher"]["kind"] == "dinov3-hub" and cfg["method"]["version"] == "v3"
+    assert torch.load(tmp_path / "runs" / "d" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
 def test_a_preset_given_a_folder_keeps_its_grid_of_patches(tmp_path, capsys):
     """``simclr-digits data.name=images data.root=PHOTOS``: the digits preset's 4 x 4 grid (8 px, patch 2) at the
     folder's size, not patch 2 at it (4,489 tokens an image on 134-px photos, killed by the kernel)."""

@@ -41,7 +41,7 @@ from selfsup.errors import UserError
 from selfsup.losses import distillation_mse_loss, global_distillation_loss, local_distillation_loss
 from selfsup.methods.base import SSLMethod
 from selfsup.methods.frozen import load_teacher
-from selfsup.models.dense import feature_maps, has_feature_maps
+from selfsup.models.dense import feature_maps, gives_last_blocks, has_feature_maps
 from selfsup.schedules import step_seed
 from selfsup.step import StepOutput
 
@@ -169,10 +169,10 @@ class Distill(SSLMethod):
                 raise UserError(f"method.version={c.version} reads the {who}'s feature map; a {type(net).__name__} "
                                 "returning (B, D) gives none: give one returning its map (B, C, H, W), or use "
                                 "method.version=v1")
-        if c.version == "v2" and c.n_teacher_blocks > 1 and not hasattr(self.teacher.network, "feature_maps"):
+        if c.version == "v2" and c.n_teacher_blocks > 1 and not gives_last_blocks(self.teacher.network):
             raise UserError(f"method.n_teacher_blocks={c.n_teacher_blocks}: a {type(self.teacher.network).__name__} "
-                            "teacher gives its last feature map only (a selfsup ViT or a DINOv2 file gives its last "
-                            "blocks'); set method.n_teacher_blocks=1")
+                            "teacher gives its last feature map only (a selfsup ViT, a DINOv2 or DINOv3 ViT file gives "
+                            "its last blocks'); set method.n_teacher_blocks=1")
         if c.version == "v2":  # the teacher's last blocks concatenated (distillationv2.py:177-191)
             self.local_projector = v2_head(self.backbone.num_features, c.n_teacher_blocks * width,
                                            c.projection_layers, c.projection_hidden_dim)

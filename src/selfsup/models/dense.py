@@ -3,7 +3,9 @@ backbone (LightlyTrain's ``forward_features`` + ``forward_pool``, the distillati
 
 ``feature_maps(network, x, n)`` → (the pooled feature (B, C), exactly the network's own output; the maps
 (B, C, h, w) of its last ``n`` blocks). A network that defines ``feature_maps(x, n)`` answers for itself (the
-selfsup ViT: the final-norm patch tokens of its last n blocks, as a grid); the others have one map (n = 1): a
+selfsup ViT and the DINOv3 ViT: the final-norm patch tokens of its last n blocks, as a grid; the DINOv3 ConvNeXt: its
+last stage's map through its final norm, pooled by the mean as LightlyTrain pools it, not its own [CLS]); the others
+have one map (n = 1): a
 torchvision ResNet's ``layer4`` output before its average pool (lightly-train ``_models/torchvision/resnet.py:28-41``),
 the BatchNorm ConvNet's last stage, a timm model's ``forward_features`` (a grid of patch tokens for a ViT) pooled by
 its ``forward_head(pre_logits=True)``, a user's network that returns a map (``own.GlobalPool``).
@@ -42,6 +44,11 @@ def has_feature_maps(network: nn.Module) -> bool:
     """Whether :func:`feature_maps` reads ``network`` (its kinds above; the others are one line there)."""
     return (hasattr(network, "feature_maps") or isinstance(network, (ResNet, ConvNet, GlobalPool))
             or (hasattr(network, "forward_features") and hasattr(network, "forward_head")))
+
+
+def gives_last_blocks(network: nn.Module) -> bool:
+    """Whether :func:`feature_maps` gives the last n > 1 blocks' maps of ``network`` (a ViT's), not one map only."""
+    return hasattr(network, "feature_maps") and hasattr(network, "blocks")
 
 
 def feature_maps(network: nn.Module, x: Tensor, n: int = 1) -> tuple[Tensor, list[Tensor]]:

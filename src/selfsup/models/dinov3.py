@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from selfsup.architectures import DINOV3_CONVNEXT_SIZES as DINOV3_CONVNEXT_SIZES
 from selfsup.architectures import DINOV3_VIT_SIZES as DINOV3_VIT_SIZES
+from selfsup.errors import UserError
 
 from .vit import DropPath, LayerScale, Mlp, PatchEmbed, VisionTransformer, attention
 
@@ -331,17 +332,20 @@ class DINOv3ViT(VisionTransformer):
             t = block(t, (sin[ids_keep], cos[ids_keep]))
         return self._without_registers(self._final_norm(t))
 
-    def forward_last_blocks(self, x: Tensor, n: int) -> Tensor:
-        """The pooled features of the last ``n`` blocks concatenated, each through the final norms (the official
-        ``get_intermediate_layers(norm=True)``, :285-308)."""
+    def last_blocks_tokens(self, x: Tensor, n: int) -> list[Tensor]:
+        """The [CLS, patches] (B, 1 + N, D) of each of the last ``n`` blocks, each through the final norms (``cls_norm``
+        on the class token where untied, never ``local_cls_norm``), storage tokens dropped: the official
+        ``get_intermediate_layers(n, norm=True)`` (vision_transformer.py:285-308), which LightlyTrain's distillation
+        v2 reads of a DINOv3 teacher (lightly-train 8f5a75c4 distillationv2.py:230-233) and v3 through its wrapper
+        (``_models/dinov3/dinov3_vit.py:55-87``). The inherited ``feature_maps`` and ``forward_last_blocks`` read it."""
         if not 1 <= n <= self.depth:
             raise ValueError(f"n={n} last blocks: the ViT has {self.depth}")
-        rope, t, pooled = self._rope(x), self._with_registers(self._tokens(x)), []
+        rope, t, out = self._rope(x), self._with_registers(self._tokens(x)), []
         for i, block in enumerate(self.blocks):
             t = block(t, rope())
             if i >= self.depth - n:
-                pooled.append(self.pool_tokens(self._without_registers(self._final_norm(t))))
-        return torch.cat(pooled, dim=-1)
+                out.append(self._without_registers(self._final_norm(t)))
+        return out
 
     def layer_id(self, param_name: str) -> int:
         """0 the embeddings and tokens, i + 1 block i, depth + 1 the final norms (layer-wise lr decay)."""
@@ -417,6 +421,9 @@ class DINOv3ConvNeXt(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def feature_map(self, x: Tensor) -> Tensor:
+        if min(x.shape[-2:]) < 32:  # the stem's stride 4, then three of 2: a 1 x 1 map left for the last 2 x 2 conv
+            raise UserError(f"a DINOv3 ConvNeXt needs images of at least 32 px a side (its stride), got "
+                            f"{tuple(x.shape[-2:])}; set data.image_size=32 or more")
         for down, stage in zip(self.downsample_layers, self.stages):
             x = stage(down(x))
         return x
@@ -430,3 +437,16 @@ class DINOv3ConvNeXt(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(self.feature_map(x).mean((-2, -1)))
+
+    def feature_maps(self, x: Tensor, n: int = 1) -> tuple[Tensor, list[Tensor]]:
+        """(the mean of the normalised map (B, C), [the last stage's map, the final LayerNorm at each position,
+        (B, C, h, w)]): what ``models.dense.feature_maps`` reads, as LightlyTrain's distillation reads a DINOv3
+        ConvNeXt (lightly-train 8f5a75c4 ``_models/dinov3/dinov3_convnext.py:63-78``: ``x_norm_patchtokens`` as a
+        grid, pooled by an average pool, distillationv3.py:304; v2's ``get_intermediate_layers(n=1, reshape=True)``,
+        ``dinov3_src/models/convnext.py:298-325``, the same map). The pool is not :meth:`forward`'s [CLS], the norm of
+        the mean. One map only: the stages differ in width, so their maps do not concatenate to n × C."""
+        if n != 1:
+            raise UserError(f"a DINOv3 ConvNeXt gives its last stage's map, not its last {n} stages' (their widths "
+                            "differ); set method.n_teacher_blocks=1")
+        fmap = self.norm(self.feature_map(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return fmap.mean((-2, -1)), [fmap]
