@@ -48,6 +48,7 @@ def test_moco_head_is_v2s_mlp_and_the_queue_starts_unit_and_is_checkpointed():
     assert m.projector[2].out_features == 32
     assert m.projector[0].bias is not None and m.projector[2].bias is not None
     assert [type(x) for x in moco(mlp=False, proj_hidden_dim=0).projector] == [nn.Linear]  # v1's fc
+    assert [type(x) for x in moco(hidden_bn=True).projector] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]
     assert moco(proj_hidden_dim=0).projector[0].out_features == m.backbone.num_features  # the code's dim_mlp
     torch.testing.assert_close(m.queue.norm(dim=1), torch.ones(48))
     assert {"queue", "queue_ptr"} <= set(m.state_dict())

@@ -14,7 +14,9 @@ statistics come from other processes' images than its query's; in one process (o
 BatchNorm) it changes nothing and is skipped. The queue is a buffer of the checkpoint (the code's too:
 ``model.state_dict()``), rows (K, D) where the code keeps columns (D, K); K must be a multiple of the global
 batch (builder.py:73's assert). The momentum is constant (builder.py:63); ``method.momentum_schedule=cosine`` is
-an option (MoCo v3's ramp), as is ``method.mlp=false`` (MoCo v1's linear head).
+an option (MoCo v3's ramp), as are ``method.mlp=false`` (MoCo v1's linear head) and ``method.hidden_bn=true`` (a
+BatchNorm in the MLP, not the code's: the small presets', whose micro ViT's random-init keys are nearly one
+direction without it).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class MoCoV2Config:
     mlp: bool = True  # --mlp: Linear → ReLU → Linear head (builder.py:34-41); false: one Linear (MoCo v1)
     proj_hidden_dim: int = 0  # the MLP's hidden width; 0: the backbone's width, as the code (builder.py:35)
     shuffle_bn: bool = True  # shuffle the keys' batch across processes (builder.py:145-152)
+    hidden_bn: bool = False  # BatchNorm after the MLP's hidden Linear: not the code's (MoCo v3's, SimCLR's); small presets
 
     def validate(self) -> None:
         if not self.temperature > 0:
@@ -78,7 +81,7 @@ class MoCoV2(SSLMethod):
                             f"{cfg.data.batch_size} (the queue takes whole batches: moco builder.py:73)")
         width = self.backbone.num_features
         hidden = c.proj_hidden_dim or width
-        self.projector = (mlp(width, hidden, c.dim, 2, bias=True, hidden_bn=False) if c.mlp
+        self.projector = (mlp(width, hidden, c.dim, 2, bias=True, hidden_bn=c.hidden_bn) if c.mlp
                           else mlp(width, hidden, c.dim, 1, bias=True))
         self.momentum_backbone = self.momentum_target(self.backbone)
         self.momentum_projector = self.momentum_target(self.projector)
