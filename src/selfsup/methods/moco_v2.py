@@ -66,7 +66,8 @@ class MoCoV2(SSLMethod):
     """q = projector(backbone(x_1)); k = momentum_projector(momentum_backbone(x_2)); negatives: the queue."""
 
     Config = MoCoV2Config
-    collapse_remedy = "a larger queue (method.queue_size); method.temperature 0.2; a lower optim.base_lr"
+    collapse_remedy = ("method.hidden_bn=true (a BatchNorm in the head: keys that start as one direction spread); a larger "
+                       "queue (method.queue_size); a lower optim.base_lr")
     recipe = "moco_v2"
     loss_embedding = ("projector",)  # q is normalised by the loss
     uses_momentum = True
