@@ -47,7 +47,8 @@ from benchmarks.redundancy import overrides as budget_overrides  # the shared fi
 
 PRESETS = ("simclr-fmnist", "byol-fmnist", "simsiam-fmnist", "moco-v3-vit-fmnist", "barlow-twins-fmnist",
            "vicreg-fmnist", "dino-fmnist", "ibot-fmnist", "dinov2-fmnist", "dinov3-fmnist", "mae-fmnist", "swav-fmnist",
-           "wmse-vit-fmnist", "wmse-fmnist", "nnclr-fmnist", "ijepa-fmnist", "lejepa-fmnist")
+           "wmse-vit-fmnist", "wmse-fmnist", "nnclr-fmnist", "ijepa-fmnist", "lejepa-fmnist",
+           "moco-v2-fmnist", "tico-fmnist")
 FINETUNED = ("MAE",)  # methods judged by fine-tuning (issue 16): their encoder and its random init are fine-tuned
 
 

@@ -59,6 +59,8 @@ HEADS = {
     "swav": dict(hidden_mlp=32, feat_dim=16, nmb_prototypes=24),
     "wmse": dict(head_size=32, emb=4, w_size=8),
     "nnclr": dict(proj_hidden_dim=64, dim=32, pred_hidden_dim=64, queue_size=40),
+    "moco_v2": dict(proj_hidden_dim=64, dim=32, queue_size=48),
+    "tico": dict(proj_hidden_dim=64, dim=32),
     "ijepa": dict(pred_depth=1, pred_emb_dim=32, pred_num_heads=4, min_keep=1, pred_mask_scale=[0.2, 0.3],
                   num_pred_masks=2),
     "lejepa": dict(proj_hidden_dim=32, proj_dim=8, num_slices=16),

@@ -62,7 +62,26 @@ def test_the_rank_fraction_is_configurable_and_the_default_signs_are_named_as_th
     assert {s.name: s.threshold for s in collapse_signs(0.1)}["eff_rank_batch"] == 0.1
     assert {s.name for s in SIGNS} == {"eff_rank_batch", "dim_std_projection_batch", "knn_over_init",
                                        "dino_teacher_spread", "swav_code_entropy_over_log_k", "wmse_cov_condition",
-                                       "ijepa_target_std", "ijepa_prediction_std", "lejepa_sigreg_over_point_mass"}
+                                       "ijepa_target_std", "ijepa_prediction_std", "lejepa_sigreg_over_point_mass",
+                                       "moco_queue_similarity", "tico_covariance_concentration"}
+
+
+def test_the_moco_v2_and_tico_signs_on_the_digits_runs_curves():
+    """MoCo v2's keys' mean cosine to its queue and TiCo's ||C||_F^2 / tr(C)^2, above 0.9: the series of the digits
+    runs (docs/contrastive.md, seed 0, steps 0-110): MoCo v2 with the code's head (+4.2 kNN, inside the noise) holds
+    its keys at 0.93-0.98 and fires; with the BatchNorm head (+30.6) and TiCo (+23.4) the alarm stays silent."""
+    code_head = [(0, -0.003), (10, 0.981), (20, 0.97), (30, 0.964), (40, 0.967), (50, 0.965), (60, 0.963),
+                 (70, 0.958), (80, 0.95), (90, 0.947), (100, 0.943), (110, 0.932)]
+    bn_head = [(0, -0.003), (10, 0.39), (20, 0.444), (30, 0.45), (40, 0.429), (50, 0.395), (60, 0.36), (70, 0.325),
+               (80, 0.291), (90, 0.26), (100, 0.229), (110, 0.201)]
+    tico = [(0, 0.235), (10, 0.065), (20, 0.064), (30, 0.056), (40, 0.069), (50, 0.07), (60, 0.086), (70, 0.077),
+            (80, 0.068), (90, 0.077), (100, 0.069), (110, 0.074)]
+    fired = CollapseAlarm(5, collapse_signs()).replay({"moco_queue_similarity": code_head}, warmup_steps=0)
+    assert [(e["sign"], e["step"]) for e in fired] == [("moco_queue_similarity", 50)]
+    healthy = {"moco_queue_similarity": bn_head, "tico_covariance_concentration": tico}
+    assert CollapseAlarm(5, collapse_signs()).replay(healthy, warmup_steps=0) == []
+    collapsed = {"tico_covariance_concentration": [(0, 0.235)] + [(10 * i, 0.97) for i in range(1, 8)]}
+    assert [e["sign"] for e in CollapseAlarm(5, collapse_signs()).replay(collapsed)] == ["tico_covariance_concentration"]
 
 
 def test_the_jepa_signs_fire_on_a_collapse_and_not_on_the_pilots_curves():

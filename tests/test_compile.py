@@ -35,6 +35,8 @@ CASES = {
     "swav": ({}, {}, {}),
     "wmse": ({"emb": 8, "w_size": 16, "head_size": 32}, {}, {}),  # its permutations: step_draws
     "nnclr": ({}, {}, {}),
+    "moco_v2": ({}, {}, {}),  # its queue's enqueue in the step
+    "tico": ({}, {}, {}),  # its running covariance C in the step
     "lejepa": ({}, {}, {}),  # its slices: step_draws
     "distill": ({"queue_size": 32}, {}, {}),  # the queue, mixup's λ and permutation (step_draws), a frozen teacher
     # LightlyTrain's v3: both networks' feature maps, the student's resized to the teacher's grid, the local term

@@ -181,6 +181,12 @@ def simsiam_values(step, epoch):
     return StepValues(PEAK * 0.5 * (1 + math.cos(math.pi * (step // SPE) / EPOCHS)), PEAK)
 
 
+def moco_v2_values(step, epoch):
+    """moco main_moco.py:488-497 with --cos, once per epoch: ``lr · ½ (1 + cos(π epoch / epochs))``, no warm-up;
+    the key encoder's m constant (builder.py:63)."""
+    return StepValues(PEAK * 0.5 * (1 + math.cos(math.pi * (step // SPE) / EPOCHS)), PEAK, momentum=0.99)
+
+
 def ramped(values, weight, ramp):
     """Self-Flow's / REPA's representation weight, ramped linearly from 0 over ``ramp`` steps (selfsup's own
     option: both official codes use the full weight from step 0)."""
@@ -247,6 +253,11 @@ OFFICIAL = {  # name -> (build the method, its official values at (step, epoch))
     "swav": (lambda tmp: joint("swav", {"start_warmup_lr": 1e-5}), swav_values()),
     "wmse": (lambda tmp: joint("wmse", {"lr_schedule": "step", "warmup_iters": 5, "lr_drops": [2, 1]}), wmse_values()),
     "nnclr": (lambda tmp: joint("nnclr"), with_warmup_cosine(SCALED_MIN)),  # no official code: selfsup's own
+    "moco_v2": (lambda tmp: joint("moco_v2", {"momentum": 0.99}, optim={"warmup_epochs": 0, "min_lr": 0.0,
+                                                                       "lr_schedule_unit": "epoch"}), moco_v2_values),
+    # no official code: lightly's benchmark (tico.py:50-57, 119-130): warm-up + cosine per step, m0 → 1 by a cosine
+    "tico": (lambda tmp: joint("tico", {"momentum": 0.99}, optim={"min_lr": 0.0}),
+             with_warmup_cosine(0.0, lambda s: ema_cosine(s, 0.99))),
     "ijepa": (lambda tmp: joint("ijepa", {"ipe_scale": 1.25}, optim={"weight_decay": 0.04}), ijepa_values()),
     "lejepa": (lambda tmp: joint("lejepa"), lejepa_values),
     # LightlyTrain's distillation: the shared warm-up + cosine per step (lightly CosineWarmupScheduler; its end value

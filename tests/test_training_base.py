@@ -67,7 +67,8 @@ def test_every_registered_method_is_on_the_one_base():
     assert all(issubclass(cls, TrainingBase) for cls in METHODS.values())
     assert {cls.family for cls in METHODS.values()} == {"joint", "flow"}
     assert {name for name, cls in METHODS.items() if cls.uses_momentum} == {"moco_v3", "byol", "dino", "ibot", "dinov2",
-                                                                            "dinov3", "ijepa", "distill_dinov2"}
+                                                                            "dinov3", "ijepa", "distill_dinov2",
+                                                                            "moco_v2", "tico"}
 
 
 @pytest.mark.parametrize("case", CASES)

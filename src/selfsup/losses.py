@@ -474,3 +474,42 @@ def distillation_mse_loss(student: Tensor, teacher: Tensor) -> Tensor:
     ``MSELoss()``, the mean over every element of the student's projected patch features ``student`` (B, N, D) and
     the teacher's ``teacher`` (B, N, D, its last blocks concatenated), neither normalised."""
     return F.mse_loss(student.float(), teacher.float().detach())
+
+
+def moco_info_nce(q: Tensor, k: Tensor, queue: Tensor, temperature: float) -> Tensor:
+    """MoCo's InfoNCE (He et al. 2020, eq. 1; facebookresearch/moco moco/builder.py:138-168 and main_moco.py:289,
+    418): the batch mean of ``CE([q·k, q·queueᵀ] / τ, 0)``, the positive logit first. ``q`` (N, D) the queries and
+    ``k`` (N, D) their keys, both L2-normalised here (builder.py:139, 149); ``queue`` (K, D) the negative keys (the
+    code's (D, K) columns as rows), already unit, copied without gradient (builder.py:159 ``clone().detach()``)."""
+    q = F.normalize(q, dim=1)
+    k = F.normalize(k.detach(), dim=1)
+    l_pos = (q * k).sum(dim=1, keepdim=True)
+    l_neg = q @ queue.clone().detach().t()  # a copy: the caller enqueues into the queue after the loss
+    logits = torch.cat([l_pos, l_neg], dim=1) / temperature
+    return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+
+
+def tico_batch_covariance(z: Tensor) -> Tensor:
+    """TiCo's B = zᵀz / N of the L2-normalised projections ``z`` (N, D) (sayannag/TiCo-pytorch TiCo/main.py:75;
+    lightly loss/tico_loss.py:124): the batch's second moment, not centred."""
+    return z.t() @ z / z.shape[0]
+
+
+def tico_loss(z1: Tensor, z2: Tensor, covariance: Tensor, *, all_z1: Tensor | None = None, beta: float = 0.9,
+              rho: float = 8.0, covariance_gradient: bool = True) -> tuple[Tensor, Tensor]:
+    """TiCo's loss (Zhu et al. 2022; sayannag/TiCo-pytorch TiCo/main.py:72-78, cross-checked with lightly
+    loss/tico_loss.py:119-140): with z1, z2 the L2-normalised online and momentum projections,
+
+        C ← β C + (1 − β) B(z1),   loss = −mean_i(z1_i · z2_i) + ρ · mean_i(z1_i C z1_iᵀ)
+
+    ``covariance`` the running C (D, D) before this step; ``all_z1`` the online projections of the global batch
+    (default ``z1``) that B is computed from. ``covariance_gradient``: B keeps its gradient inside this step's C
+    (main.py:75-77, C detached only after the step, main.py:125); false: B detached (lightly tico_loss.py:124).
+    Returns (the loss, the updated C, detached). The invariance term omits lightly's constant 1 (no gradient)."""
+    z1 = F.normalize(z1, dim=1)
+    z2 = F.normalize(z2.detach(), dim=1)
+    all_z1 = z1 if all_z1 is None else F.normalize(all_z1, dim=1)
+    b = tico_batch_covariance(all_z1)
+    c = beta * covariance.detach() + (1 - beta) * (b if covariance_gradient else b.detach())
+    loss = -(z1 * z2).sum(dim=1).mean() + rho * ((z1 @ c) * z1).sum(dim=1).mean()
+    return loss, c.detach()

@@ -55,7 +55,7 @@ class AugmentConfig:
     solarize_p: float = 0.0     # PIL ImageOps.solarize(threshold=128): pixels >= 128/255 become 1 - x
 
 
-_RECIPES = ("moco_v3", "byol", "simsiam", "simclr", "dino", "mae", "ijepa", "lejepa", "distillation")
+_RECIPES = ("moco_v3", "moco_v2", "byol", "simsiam", "simclr", "dino", "mae", "ijepa", "lejepa", "distillation")
 
 
 def recipe_branches(recipe: str) -> tuple[AugmentConfig, ...]:
@@ -81,7 +81,8 @@ def recipe_branches(recipe: str) -> tuple[AugmentConfig, ...]:
     if recipe in ("moco_v3", "byol"):
         base = AugmentConfig(crop_min=0.08, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
         return replace(base, blur_p=1.0, solarize_p=0.0), replace(base, blur_p=0.1, solarize_p=0.2)
-    if recipe == "simsiam":
+    if recipe in ("simsiam", "moco_v2"):  # moco main_moco.py:326-338 (--aug-plus), SimSiam's the same: crop (0.2, 1),
+        # jitter (0.4, 0.4, 0.4, 0.1) p 0.8, grayscale 0.2, blur sigma (0.1, 2) p 0.5, flip; both views alike
         base = AugmentConfig(crop_min=0.2, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, blur_p=0.5)
         return base, replace(base)
     if recipe == "simclr":  # colour-jitter strength s = 1.0 -> (0.8 s, 0.8 s, 0.8 s, 0.2 s)

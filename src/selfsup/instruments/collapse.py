@@ -99,6 +99,10 @@ SIGNS = (
          "the batch (spread over its first value)"),
     Sign("ijepa_prediction_std", 0.1, relative=True, meaning="the predictor's outputs no longer vary (spread over "
          "its first value)"),
+    Sign("moco_queue_similarity", 0.9, above=True, meaning="MoCo v2's keys are nearly all one direction (their mean "
+         "cosine to the queue of past keys)"),
+    Sign("tico_covariance_concentration", 0.9, above=True, meaning="TiCo's running covariance has one direction "
+         "(||C||_F^2 / tr(C)^2: 1 / dim when isotropic, 1 at collapse)"),
     Sign("lejepa_sigreg_over_point_mass", 0.5, above=True, meaning="the projections are as far from an isotropic "
          "Gaussian as half a collapse to one point (SIGReg over a point mass's)"),
 )

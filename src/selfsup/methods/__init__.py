@@ -18,11 +18,13 @@ from selfsup.methods.ibot import iBOT
 from selfsup.methods.ijepa import IJEPA
 from selfsup.methods.lejepa import LeJEPA
 from selfsup.methods.mae import MAE
+from selfsup.methods.moco_v2 import MoCoV2
 from selfsup.methods.moco_v3 import MoCoV3
 from selfsup.methods.nnclr import NNCLR
 from selfsup.methods.simclr import SimCLR
 from selfsup.methods.simsiam import SimSiam
 from selfsup.methods.swav import SwAV
+from selfsup.methods.tico import TiCo
 from selfsup.methods.vicreg import VICReg
 from selfsup.methods.wmse import WMSE
 
@@ -43,6 +45,8 @@ METHODS: dict[str, type] = {
     "mae": MAE,
     "ijepa": IJEPA,
     "lejepa": LeJEPA,
+    "moco_v2": MoCoV2,
+    "tico": TiCo,
     "distill": Distill,
     "distill_dinov2": DistillDINOv2,
     "flow_matching": FlowMatching,
@@ -62,4 +66,4 @@ def registered_name(method_cfg) -> str:
 
 __all__ = ["METHODS", "DataInfo", "SSLMethod", "registered_name", "MoCoV3", "BYOL", "SimSiam", "SimCLR", "BarlowTwins",
            "VICReg", "DINO", "DINOv2", "SwAV", "WMSE", "NNCLR", "iBOT", "MAE", "IJEPA", "LeJEPA", "Distill",
-           "DistillDINOv2", "FlowMatching", "SelfFlow", "Repa"]
+           "DistillDINOv2", "FlowMatching", "SelfFlow", "Repa", "MoCoV2", "TiCo"]
