@@ -58,9 +58,9 @@ def train(name: str, preset: str, overrides: list[str], root: Path, seed: int) -
 def rule() -> dict:
     """The label-free rule's constants, as the JSON records them."""
     from selfsup.runs.label_free import LABEL_FREE_IMAGES
-    from selfsup.runs.learning import NOISE_Z, RANK_KEPT
+    from selfsup.runs.learning import NOISE_Z, RANK_GAIN, RANK_KEPT
 
-    return {"rank_kept": RANK_KEPT, "noise_z": NOISE_Z, "images_at_most": LABEL_FREE_IMAGES}
+    return {"rank_kept": RANK_KEPT, "rank_gain": RANK_GAIN, "noise_z": NOISE_Z, "images_at_most": LABEL_FREE_IMAGES}
 
 
 def scored(name: str, preset: str, overrides: list[str], run: Path, wall) -> dict:

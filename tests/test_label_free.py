@@ -12,8 +12,8 @@ from PIL import Image
 
 from selfsup.eval import label_free
 from selfsup.eval.label_free import alignment, nn_agreement, uniformity, view_uniformity
-from selfsup.runs.learning import (LABEL_FREE_VERDICTS, NOISE_Z, RANK_KEPT, agreement_band, label_free_verdict,
-                                   label_free_words)
+from selfsup.runs.learning import (LABEL_FREE_VERDICTS, NOISE_Z, RANK_GAIN, RANK_KEPT, agreement_band,
+                                   label_free_verdict, label_free_words)
 from ssl_helpers import TINY, run_cli
 
 
@@ -73,12 +73,15 @@ def test_the_agreement_band_is_the_knn_binomial_rule():
 
 def test_the_verdict_rule():
     assert label_free_verdict(lf(30, 10))[0] == "learned"  # +20 past ±10.7
-    assert label_free_verdict(lf(18, 10))[0] == "noise"  # +8 inside ±9.6
+    assert label_free_verdict(lf(18, 10))[0] == "noise"  # +8 inside ±9.6, the rank unmoved (an unmoved backbone)
     assert label_free_verdict(lf(2, 20))[0] == "collapse"  # −18 past ±8.3
-    low = RANK_KEPT * 10 - 0.01
-    verdict, why = label_free_verdict(lf(60, 10, rank_trained=low))
+    verdict, why = label_free_verdict(lf(18, 10, rank_trained=RANK_GAIN * 10 + 0.01))
+    assert verdict == "learned" and "the rank rose" in why  # the agreement inside its noise, the rank past its gain
+    assert label_free_verdict(lf(18, 10, rank_trained=RANK_GAIN * 10 - 0.01))[0] == "noise"
+    verdict, why = label_free_verdict(lf(60, 10, rank_trained=RANK_KEPT * 10 - 0.01))
     assert verdict == "collapse" and "collapsed" in why  # a rise of the agreement does not excuse a lost rank
     assert label_free_verdict(lf(60, 10, rank_trained=RANK_KEPT * 10 + 0.01))[0] == "learned"
+    assert label_free_verdict(lf(2, 20, rank_trained=30))[0] == "collapse"  # a fall past the band, whatever the rank
     assert set(LABEL_FREE_VERDICTS.values()) == {"gain", "noise", "loss"}
 
 
