@@ -29,6 +29,9 @@ DIGITS = ("swav-digits", "ibot-digits", "vicreg-digits", "dino-digits", "barlow-
           "wmse-digits", "mae-digits", "simclr-digits", "simsiam-digits", "byol-digits", "moco-v3-vit-digits",
           "dinov2-digits", "simclr-cnn-digits", "simsiam-cnn-digits", "nnclr-cnn-digits", "swav-cnn-digits",
           "wmse-cnn-digits", "lejepa-digits", "ijepa-digits")  # the distill presets need a teacher run: left out
+CHOSEN_ON = ("vicreg-inv", "dino-nocenter", "wmse-10lr", "swav-digits", "vicreg-digits", "barlow-twins-digits")
+# the runs whose measurements chose the rule's thresholds (runs.learning RANK_KEPT, RANK_GAIN); every other row is
+# judged by the rule as it was then fixed
 
 
 def fmnist_overrides(seed: int) -> list[str]:
@@ -87,7 +90,7 @@ def scored(name: str, preset: str, overrides: list[str], run: Path, wall) -> dic
             "label_free": {"verdict": lf["verdict"], "why": lf["why"], "images": lf["images"],
                            "scored_on": lf["scored_on"], "views": lf["views"],
                            "pretrained": lf["pretrained"], "random_init": lf["random_init"]},
-            "answers": LABEL_FREE_VERDICTS[lf["verdict"]], "learned": learned,
+            "answers": LABEL_FREE_VERDICTS[lf["verdict"]], "learned": learned, "rule_chosen_on_it": name in CHOSEN_ON,
             "agree": learned["knn"] == learned["label_free"]}
 
 
@@ -133,6 +136,9 @@ def main(argv=None) -> int:
     write_report({"note": f"seed {args.seed}, one thread per run on a 2-core machine shared with other work",
                   "machine": cpu_kind(), "rule": rule(), "rows": rows,
                   "agreement": f"{sum(r['agree'] for r in rows)} of {len(rows)}",
+                  "agreement_on_runs_the_rule_was_not_chosen_on":
+                      f"{sum(r['agree'] for r in rows if not r['rule_chosen_on_it'])} of "
+                      f"{sum(not r['rule_chosen_on_it'] for r in rows)}",
                   "collapses": [r["name"] for r in rows if r["name"] in COLLAPSES]}, out)
     print(f"wrote {out}: the verdicts agree on {sum(r['agree'] for r in rows)} of {len(rows)} runs")
     return 0
