@@ -55,15 +55,17 @@ def test_nn_agreement_in_chunks_equals_the_whole_matrix(monkeypatch):
     assert nn_agreement(z1, z2) == pytest.approx(by_hand) and 0 < by_hand < 1
 
 
-def measured(agreement: float, rankme: float) -> dict:
-    return {"nn_agreement": agreement, "rankme": rankme, "effective_rank_99": 3, "alignment": 0.5,
+def measured(agreement: float, rankme: float, effective: int) -> dict:
+    return {"nn_agreement": agreement, "rankme": rankme, "effective_rank_99": effective, "alignment": 0.5,
             "uniformity": -1.0}
 
 
-def lf(trained: float, start: float, rank_trained: float = 10.0, rank_start: float = 10.0, n: int = 100) -> dict:
-    return {"images": n, "scored_on": f"{n} images", "views": "two crops", "pretrained": measured(trained, rank_trained),
-            "random_init": measured(start, rank_start), "labels": {"pretrained": "pretrained",
-                                                                   "random_init": "random_init"}}
+def lf(trained: float, start: float, rank_trained: float = 10.0, rank_start: float = 10.0, n: int = 100,
+       eff_trained: int = 20, eff_start: int = 20) -> dict:
+    return {"images": n, "scored_on": f"{n} images", "views": "two crops",
+            "pretrained": measured(trained, rank_trained, eff_trained),
+            "random_init": measured(start, rank_start, eff_start),
+            "labels": {"pretrained": "pretrained", "random_init": "random_init"}}
 
 
 def test_the_agreement_band_is_the_knn_binomial_rule():
@@ -76,11 +78,12 @@ def test_the_verdict_rule():
     assert label_free_verdict(lf(18, 10))[0] == "noise"  # +8 inside ±9.6, the rank unmoved (an unmoved backbone)
     assert label_free_verdict(lf(2, 20))[0] == "collapse"  # −18 past ±8.3
     verdict, why = label_free_verdict(lf(18, 10, rank_trained=RANK_GAIN * 10 + 0.01))
-    assert verdict == "learned" and "the rank rose" in why  # the agreement inside its noise, the rank past its gain
+    assert verdict == "learned" and "RankMe rose" in why  # the agreement inside its noise, the rank past its gain
     assert label_free_verdict(lf(18, 10, rank_trained=RANK_GAIN * 10 - 0.01))[0] == "noise"
-    verdict, why = label_free_verdict(lf(60, 10, rank_trained=RANK_KEPT * 10 - 0.01))
+    verdict, why = label_free_verdict(lf(60, 10, eff_trained=int(RANK_KEPT * 20) - 1))
     assert verdict == "collapse" and "collapsed" in why  # a rise of the agreement does not excuse a lost rank
-    assert label_free_verdict(lf(60, 10, rank_trained=RANK_KEPT * 10 + 0.01))[0] == "learned"
+    assert label_free_verdict(lf(60, 10, eff_trained=int(RANK_KEPT * 20)))[0] == "learned"  # at the share: kept
+    assert label_free_verdict(lf(60, 10, rank_trained=2.0))[0] == "learned"  # RankMe falling is no collapse
     assert label_free_verdict(lf(2, 20, rank_trained=30))[0] == "collapse"  # a fall past the band, whatever the rank
     assert set(LABEL_FREE_VERDICTS.values()) == {"gain", "noise", "loss"}
 
@@ -124,6 +127,6 @@ def test_the_report_shows_the_measures_beside_the_start_and_the_verdict():
     rows = label_free_rows(saved, "random init")
     assert rows[0] == ("NN agreement of two views, trained / random init", "30.00% / 10.00%",
                        "100 images, two views each")
-    assert ("effective rank (99%), trained / random init", "3 / 3", "") in rows
+    assert ("effective rank (99%), trained / random init", "20 / 20", "") in rows
     assert rows[-1] == ("label-free verdict", "learned", "NN agreement +20.00 points")
     assert label_free_rows({}, "random init") == []
