@@ -1,6 +1,7 @@
 """The finishing work of a run (export, the end-of-run report: knn.json, a flow run's samples_end.png) survives a
 kill: killed at any point of it, a resume finishes the run, and the folder then holds the same files as the run that
-was never killed (the same backbone and heads bytes, the same kNN numbers, the same samples)."""
+was never killed (the same backbone and heads bytes, the same kNN numbers and label-free measures, the same
+samples)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,9 @@ def assert_same_finish(a: Path, b: Path) -> None:
         if (a / name).exists():
             assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert json.loads((a / "knn.json").read_text()) == json.loads((b / "knn.json").read_text())
+    assert (a / "label_free.json").exists() == (b / "label_free.json").exists()
+    if (a / "label_free.json").exists():  # the label-free measures: the same views, the same numbers
+        assert json.loads((a / "label_free.json").read_text()) == json.loads((b / "label_free.json").read_text())
     facts = json.loads((b / "run.json").read_text())
     assert facts["status"] == "finished" and "finished_steps" not in facts
     assert not list(b.glob(".*.tmp"))
@@ -128,8 +132,9 @@ def test_a_run_killed_once_trained_is_finished_from_its_checkpoint_as_if_never_k
 
 
 # the atomic writes of the finishing: backbone, heads (a joint run's), run.json (export done), knn.json,
-# samples_end.png (a flow run's), run.json (report done), run.json (finished)
-WRITES = {"joint": 6, "flow": 6}
+# label_free.json and run.json's label_free (a joint run's), samples_end.png (a flow run's), run.json (report done),
+# run.json (finished)
+WRITES = {"joint": 8, "flow": 6}
 
 
 @pytest.mark.parametrize("before", [True, False], ids=["before-rename", "after-rename"])

@@ -259,6 +259,7 @@ class EvalConfig:
     knn_temperature: float = 0.07
     batch_size: int = 512
     knn_at_end: bool = True  # false: no end-of-run kNN report nor its not-learning verdict (selfsup eval knn RUN later)
+    label_free_at_end: bool = True  # false: no end-of-run label-free measures nor their verdict (runs/label_free.py)
     knn_every_n_steps: int = 0  # kNN monitor during pretraining (monitor/knn_top1) every N steps; 0 = off
     knn_monitor_train: int = 5000  # fixed train / test subset sizes of the monitor
     knn_monitor_test: int = 1000

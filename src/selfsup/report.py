@@ -43,6 +43,7 @@ class Run:
     series: dict[str, list[tuple[int, float]]]
     events: list[dict] = field(default_factory=list)
     knn: dict | None = None
+    label_free: dict | None = None  # label_free.json: the label-free measures and verdict against the start
     final_norms: dict | None = None
     config: dict = field(default_factory=dict)
     facts: dict = field(default_factory=dict)  # run.json
@@ -111,6 +112,7 @@ def load_run(run_dir: str | Path) -> Run:
         raise UserError(f"{path} has no metrics (metrics.csv missing or empty); train it with selfsup pretrain first")
     run = Run(path, path.name, series, read_events(path / "events.jsonl"), last_epoch=last_epoch)
     run.knn = _read_json(path / "knn.json")
+    run.label_free = _read_json(path / "label_free.json")
     run.config = _run_config(path)
     run.facts = _read_json(path / "run.json") or {}
     if (path / "backbone.safetensors").exists():
@@ -283,11 +285,27 @@ def headline_rows(run: Run) -> list[tuple[str, str, str]]:
     if (trained and floor and isinstance(trained.get("top1"), (int, float))
             and isinstance(floor.get("top1"), (int, float))):
         rows.append(("gain over the floor", f"{trained['top1'] - floor['top1']:+.2f} points", ""))
+    rows += label_free_rows(run.label_free or {}, start)
     order = ("knn", "linear", "finetune", "rankme", "norms", "generation")
     named = sorted(run.evals.items(), key=lambda kv: (order.index(_kind(kv[0])) if _kind(kv[0]) in order
                                                       else len(order), kv[0]))
     for name, ev in named:
         rows.extend(_eval_rows(name, ev))
+    return rows
+
+
+def label_free_rows(lf: dict, start: str) -> list[tuple[str, str, str]]:
+    """The label-free measures of the trained backbone and of its start (``label_free.json``), then the verdict."""
+    trained, floor = lf.get("pretrained"), lf.get("random_init")
+    if not (isinstance(trained, dict) and isinstance(floor, dict)):
+        return []
+    how = f"{lf.get('scored_on', '?')}, two views each"
+    rows = [(f"NN agreement of two views, trained / {start}",
+             f"{_pct(trained.get('nn_agreement'))} / {_pct(floor.get('nn_agreement'))}", how)]
+    for key, name in (("rankme", "RankMe"), ("effective_rank_99", "effective rank (99%)"),
+                      ("alignment", "alignment"), ("uniformity", "uniformity")):
+        rows.append((f"{name}, trained / {start}", f"{_fmt(trained.get(key))} / {_fmt(floor.get(key))}", ""))
+    rows.append(("label-free verdict", str(lf.get("verdict", "?")), str(lf.get("why", ""))))
     return rows
 
 

@@ -1,6 +1,7 @@
 """The finishing work of a trained run (rank 0), after fit or at the resume of a run killed in it (``finish_run``):
 the export of the evaluated backbone and its heads, then the end-of-run report, from what the method declares: the
-weighted kNN of its ``eval_backbone`` trained and at its random init (``knn.json``), and for a flow run a grid of its
+weighted kNN of its ``eval_backbone`` trained and at its random init (``knn.json``), the label-free measures and
+verdict of the same two (``runs.label_free``: ``label_free.json``; an unlabelled run's only one), and for a flow run a grid of its
 EMA model's samples (``samples_end.png``). Each step is idempotent and recorded in run.json once done. A method holds
 its algorithm only; this module evaluates it."""
 
@@ -28,6 +29,7 @@ from selfsup.export import HEADS_FILE, export_backbone, export_heads
 from selfsup.methods.base import DataInfo, TrainingBase
 from selfsup.runs.data import BAD_FILES, bad_files
 from selfsup.runs.facts import mark_run, out_of_space, read_run_facts, start_label
+from selfsup.runs.label_free import label_free_report
 from selfsup.runs.learning import knn_verdict, learning_report, noise_words, start_words
 
 _INIT_KNN: dict[str, dict] = {}  # random-init kNN results of this process, by init_knn_key
@@ -124,12 +126,17 @@ def knn_lines(out: dict, cfg) -> list[str]:
 
 
 def joint_report(model: TrainingBase, train, init_backbone: nn.Module, run_dir, step: int) -> list[str]:
-    """A joint-embedding run: :func:`knn_report` of the trained and the random-init ``eval_backbone``, and
-    :func:`not_learning` on it (an event at ``step``, the run's last)."""
-    lines = knn_report(model.eval_backbone, init_backbone, model.cfg, model.info, train, run_dir)
-    if (run_dir / "knn.json").exists() and model.cfg.instruments.enabled and model.cfg.instruments.collapse_alarm:
-        knn = json.loads((run_dir / "knn.json").read_text())
+    """A joint-embedding run: :func:`knn_report` of the trained and the random-init ``eval_backbone``,
+    :func:`not_learning` on it (an event at ``step``, the run's last), then the label-free measures and verdict
+    (``runs.label_free``; beside the kNN verdict where the run has one)."""
+    cfg = model.cfg
+    lines = knn_report(model.eval_backbone, init_backbone, cfg, model.info, train, run_dir)
+    knn = json.loads((run_dir / "knn.json").read_text()) if (run_dir / "knn.json").exists() else None
+    if knn is not None and cfg.instruments.enabled and cfg.instruments.collapse_alarm:
         lines += not_learning(knn, run_dir, step, model.collapse_remedy)
+    if cfg.eval.label_free_at_end:
+        said = knn_verdict(knn)[0] if knn is not None and cfg.eval.knn_at_end else None
+        lines += label_free_report(model.eval_backbone, init_backbone, cfg, model.info, train, run_dir, said)
     return lines
 
 

@@ -132,3 +132,61 @@ def learning_report(model, init_backbone: nn.Module, run_dir: Path, step: int | 
                       meaning=check["line"])
         lines.append(f"  not learning: {check['line']}")
     return lines
+
+
+# --------------------------------------------------------------------------- without labels
+RANK_KEPT = 0.5  # collapse: the effective rank (99%) under this share of its start's (docs/evaluation.md: chosen on
+# the digits runs; the first rule's RankMe under 80% called the healthy dino-digits a collapse: its mean direction)
+RANK_GAIN = 1.25  # learned: RankMe over this multiple of its start's (an unmoved backbone: exactly 1)
+LABEL_FREE_VERDICTS = {"learned": "gain", "noise": "noise", "collapse": "loss"}  # the kNN verdict each answers
+
+
+def agreement_band(lf: dict) -> float:
+    """Half-width, in points, of the 95% band of the NN-agreement difference trained − start on ``lf['images']``
+    images: the kNN's binomial rule (``knn_noise_band``) on the two agreements."""
+    n = max(int(lf.get("images", 0)), 1)
+    p1, p0 = lf["pretrained"]["nn_agreement"] / 100, lf["random_init"]["nn_agreement"] / 100
+    return 100 * NOISE_Z * math.sqrt((p1 * (1 - p1) + p0 * (1 - p0)) / n)
+
+
+def label_free_verdict(lf: dict) -> tuple[str, str]:
+    """``learned``, ``noise`` or ``collapse`` from the label-free measures of a run and of its start
+    (``runs.label_free``), with the reason in words. The rule (docs/evaluation.md): ``collapse`` when the trained
+    effective rank (99% variance) is under ``RANK_KEPT`` of the start's or the two views' nearest-neighbour
+    agreement fell past its band (``agreement_band``); else ``learned`` when the agreement rose past the band or
+    RankMe rose over ``RANK_GAIN`` times the start's; else ``noise``."""
+    trained, start = lf["pretrained"], lf["random_init"]
+    diff, band = trained["nn_agreement"] - start["nn_agreement"], agreement_band(lf)
+    kept = trained["effective_rank_99"] / max(start["effective_rank_99"], 1)
+    gained = trained["rankme"] / max(start["rankme"], 1e-12)
+    said = (f"NN agreement {diff:+.2f} points (band ±{band:.2f}), effective rank {kept:.0%} and RankMe "
+            f"{gained:.0%} of the start's")
+    if kept < RANK_KEPT:
+        return "collapse", f"{said}: the effective rank under {RANK_KEPT:.0%}, the embedding collapsed"
+    if diff < -band:
+        return "collapse", f"{said}: the views' agreement fell past the noise"
+    if diff > band:
+        return "learned", f"{said}: the views' agreement rose past the noise"
+    if gained > RANK_GAIN:
+        return "learned", f"{said}: RankMe rose over {RANK_GAIN:.0%} of the start's"
+    return "noise", (f"{said}: the agreement moved inside the noise and RankMe under {RANK_GAIN:.0%}; train "
+                     "longer, or check the data and lr")
+
+
+def label_free_words(lf: dict, knn_verdict: str | None = None) -> list[str]:
+    """The printed lines: the measures of the trained backbone and of its start, then the verdict (and whether the
+    kNN verdict agrees where the run has one)."""
+    labels, width = lf["labels"], max(12, *(len(v) for v in lf["labels"].values()))
+    lines = [f"label-free (no labels read) on {lf['scored_on']}, two views each ({lf['views']}):"]
+    for key in ("pretrained", "random_init"):
+        m = lf[key]
+        lines.append(f"  {labels[key]:<{width}} NN agreement {m['nn_agreement']:6.2f}%   RankMe {m['rankme']:7.2f}   "
+                     f"eff. rank {m['effective_rank_99']:4d}   alignment {m['alignment']:.3f}   "
+                     f"uniformity {m['uniformity']:.3f}")
+    verdict, why = label_free_verdict(lf)
+    start = "its random init" if labels["random_init"] == "random_init" else f"its {labels['random_init']}"
+    line = f"  label-free verdict against {start}: {verdict} ({why})"
+    if knn_verdict is not None:
+        agree = LABEL_FREE_VERDICTS[verdict] == knn_verdict or (verdict != "learned" and knn_verdict != "gain")
+        line += f"; the kNN verdict: {knn_verdict} ({'agrees' if agree else 'disagrees'})"
+    return lines + [line]
