@@ -49,7 +49,7 @@ class MoCoV2Config:
     mlp: bool = True  # --mlp: Linear → ReLU → Linear head (builder.py:34-41); false: one Linear (MoCo v1)
     proj_hidden_dim: int = 0  # the MLP's hidden width; 0: the backbone's width, as the code (builder.py:35)
     shuffle_bn: bool = True  # shuffle the keys' batch across processes (builder.py:145-152)
-    hidden_bn: bool = False  # BatchNorm after the MLP's hidden Linear: not the code's (MoCo v3's, SimCLR's); small presets
+    hidden_bn: bool = False  # BatchNorm after the MLP's hidden Linear: not the code's (MoCo v3's, SimCLR's)
 
     def validate(self) -> None:
         if not self.temperature > 0:
@@ -66,8 +66,8 @@ class MoCoV2(SSLMethod):
     """q = projector(backbone(x_1)); k = momentum_projector(momentum_backbone(x_2)); negatives: the queue."""
 
     Config = MoCoV2Config
-    collapse_remedy = ("method.hidden_bn=true (a BatchNorm in the head: keys that start as one direction spread); a larger "
-                       "queue (method.queue_size); a lower optim.base_lr")
+    collapse_remedy = ("method.hidden_bn=true (a BatchNorm in the head: keys that start as one direction spread); "
+                       "a larger queue (method.queue_size); a lower optim.base_lr")
     recipe = "moco_v2"
     loss_embedding = ("projector",)  # q is normalised by the loss
     uses_momentum = True

@@ -1,9 +1,9 @@
 """The finishing work of a trained run (rank 0), after fit or at the resume of a run killed in it (``finish_run``):
 the export of the evaluated backbone and its heads, then the end-of-run report, from what the method declares: the
 weighted kNN of its ``eval_backbone`` trained and at its random init (``knn.json``), the label-free measures and
-verdict of the same two (``runs.label_free``: ``label_free.json``; an unlabelled run's only one), and for a flow run a grid of its
-EMA model's samples (``samples_end.png``). Each step is idempotent and recorded in run.json once done. A method holds
-its algorithm only; this module evaluates it."""
+verdict of the same two (``runs.label_free``: ``label_free.json``; an unlabelled run's only one), and for a flow
+run a grid of its EMA model's samples (``samples_end.png``). Each step is idempotent and recorded in run.json once
+done. A method holds its algorithm only; this module evaluates it."""
 
 from __future__ import annotations
 
