@@ -198,7 +198,7 @@ class DINOv3ViT(VisionTransformer):
     second entry of its list, :238-247). The storage tokens are dropped from ``forward_features`` as registers are;
     ``forward_dict`` returns the official outputs. ``ffn_hidden``: the FFN's exact width (a file's), else by ratio."""
 
-    def __init__(self, image_size: int = 224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 384,
+    def build(self, image_size: int = 224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 384,
                  depth: int = 12, num_heads: int = 6, ffn_ratio: float = 4.0, ffn: str = "mlp", ffn_align: int = 8,
                  ffn_hidden: int | None = None, qkv_bias: bool = True, mask_k_bias: bool = True,
                  layer_scale: float = 1e-5, norm: str = "layernormbf16", storage_tokens: int = 4,
@@ -206,8 +206,7 @@ class DINOv3ViT(VisionTransformer):
                  rope_min_period: float | None = None, rope_max_period: float | None = None,
                  rope_normalize: str = "separate", rope_shift: float | None = None,
                  rope_jitter: float | None = None, rope_rescale: float | None = 2.0, drop_path_rate: float = 0.0,
-                 pool: str = "cls"):
-        nn.Module.__init__(self)
+                 pool: str = "cls") -> None:
         if pool not in ("cls", "avg") or ffn not in ("mlp", "swiglu"):
             raise ValueError(f"pool must be cls or avg and ffn mlp or swiglu, got {pool!r}, {ffn!r}")
         if image_size % patch_size:

@@ -211,7 +211,13 @@ class VisionTransformer(nn.Module):
     are the patches only, the position table (1, N, D), and the feature is their mean (``pool`` avg or global).
     """
 
-    def __init__(
+    def __init__(self, *args, **kwargs):
+        """The module, then its layers by ``build`` (its arguments are ``build``'s): a subclass with other layers
+        (DINOv3's ViT) gives its own ``build`` and keeps this class's forward passes."""
+        super().__init__()
+        self.build(*args, **kwargs)
+
+    def build(
         self,
         image_size: int = 224,
         patch_size: int = 16,
@@ -232,8 +238,7 @@ class VisionTransformer(nn.Module):
         ffn: str = "mlp",
         drop_path_uniform: bool = False,
         class_token: bool = True,
-    ):
-        super().__init__()
+    ) -> None:
         if not class_token and pool == "cls":
             raise ValueError("a ViT without a class token pools its patch tokens: use pool avg or global")
         if pool not in ("cls", "avg", "global"):
