@@ -9,7 +9,7 @@ label-free verdict (``runs.label_free``: the measures of the trained backbone an
 ``backbone.safetensors`` and ``backbone_init.safetensors``), and whether the two agree on learned (a gain) or not
 learned (noise or loss). Writes ``benchmarks/results/label_free_agreement.json``.
 
-    python -m benchmarks.label_free_agreement                        # every digits case (~70 min on one thread)
+    python -m benchmarks.label_free_agreement                        # every digits case (4-14 min each, loaded)
     python -m benchmarks.label_free_agreement --only vicreg-inv --train-only
     python -m benchmarks.label_free_agreement --fmnist simclr-fmnist --only none
 """
