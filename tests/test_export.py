@@ -125,7 +125,7 @@ def test_readme_rebuild_without_selfsup_gives_selfsups_features(exported, case):
 def test_the_metadata_holds_every_constructor_argument(exported):
     work = exported[0]
     vit = read_meta(work / "vit_layer_scale.safetensors")["architecture"]
-    assert set(vit["kwargs"]) == set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}
+    assert set(vit["kwargs"]) == set(inspect.signature(VisionTransformer.build).parameters) - {"self"}
     assert vit["kwargs"] | {"drop_path_rate": None} == dict(
         image_size=16, patch_size=4, in_chans=3, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0, qkv_bias=True,
         drop_path_rate=None, pool="cls", stop_grad_conv1=False, layer_scale=0.1, pos_embed="sincos", init="moco_v3",

@@ -33,12 +33,13 @@ def gram_phase(epochs: float) -> list[str]:
             f"method.gram_loss_weight_schedule=[0,0,2,{0.7 * e:g},{0.05 * e:g}]"]
 
 
-def dense_miou(run: Path) -> float:
+def dense_miou(run: Path, quick: bool = False) -> float:
     """The dense score of a run's evaluated backbone, in %: the mIoU of ``selfsup eval segment``'s linear protocol
     (DINOv2's BNHead) on the generated Fashion-MNIST canvas task (``runs.evaluate.run_segment``), its items read
-    from the run's own Fashion-MNIST files (``data.root``)."""
+    from the run's own Fashion-MNIST files (``data.root``); ``quick`` (a smoke test): one epoch of the head."""
     root = load_run_config(str(Path(run) / "config.yaml")).data.root
-    result = evaluate.run_segment(run, SegmentConfig(task="fmnist-canvas", root=root, protocols=("linear",)))
+    cfg = SegmentConfig(task="fmnist-canvas", root=root, protocols=("linear",), epochs=1 if quick else 20)
+    result = evaluate.run_segment(run, cfg)
     return float(result["linear"]["miou"])
 
 
@@ -51,7 +52,7 @@ def measure_gram_keeps_dense(ctx: Context, epochs: float | None = None) -> dict:
         runs = {arm: pretrain_run(ctx, PRESET, f"{arm}-s{seed}", [f"trainer.seed={seed}", *gram_phase(epochs), *off])
                 for arm, off in (("gram", []), ("no_gram", ["method.gram_use_loss=false"]))}
         for arm, run in runs.items():
-            m[f"{arm}_miou"].append(dense_miou(run))
+            m[f"{arm}_miou"].append(dense_miou(run, ctx.quick))
             m[f"{arm}_knn"].append(knn_top1(run))
         m["miou_gain"].append(m["gram_miou"][-1] - m["no_gram_miou"][-1])
         m["knn_gain"].append(m["gram_knn"][-1] - m["no_gram_knn"][-1])
